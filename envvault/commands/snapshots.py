@@ -1,0 +1,263 @@
+"""snap, list, show, export, verify: parse, call the library, render."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from envvault.cli import cli
+from envvault.env.probe import find_target
+from envvault.output import Progress, emit_json, human_bytes, style
+from envvault.snap import take_snapshot
+from envvault.vault.store import Vault
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+venv_option = click.option(
+    "--venv", type=click.Path(file_okay=False), help="The environment (default: $VIRTUAL_ENV)."
+)
+
+
+def open_vault(ctx: click.Context, create: bool = False) -> Vault:
+    return Vault.open(ctx.obj.get("vault_path"), create=create)
+
+
+def torch_label(doc: dict) -> str:
+    for p in doc.get("packages", ()):
+        if p["name"] == "torch":
+            info = p.get("build_info") or {}
+            label = p["version"]
+            if info.get("version") and info["version"] != p["version"]:
+                label += f" ({info['version']})"
+            if info.get("cuda"):
+                label += f" cuda {info['cuda']}"
+            return label
+    return ""
+
+
+def snapshot_row(sid: str, doc: dict) -> dict:
+    return {
+        "id": sid,
+        "short_id": sid[:12],
+        "created": doc.get("created"),
+        "message": doc.get("message", ""),
+        "trigger": doc.get("trigger"),
+        "venv": doc.get("venv"),
+        "python": (doc.get("python") or {}).get("version"),
+        "packages": len(doc.get("packages", ())),
+        "torch": torch_label(doc) or None,
+        "lock_only": doc.get("lock_only", False),
+        "new_bytes": (doc.get("stats") or {}).get("new_bytes"),
+        "caches": len(doc.get("caches") or ()),
+    }
+
+
+@cli.command()
+@venv_option
+@click.option("-m", "--message", default="", help="A note stored with the snapshot.")
+@click.option("--lock-only", is_flag=True, help="Record the exact lockfile and hashes only; store no files.")
+@click.option("--no-caches", is_flag=True, help="Do not archive torch.compile / Triton caches.")
+@click.option("--cache-dir", "cache_dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Another cache directory to archive (repeatable).")
+@json_option
+@click.pass_context
+def snap(ctx, venv, message, lock_only, no_caches, cache_dirs, as_json):
+    """Freeze an environment: exact lockfile plus every installed file, into the vault.
+
+    \b
+    Examples:
+      envvault snap -m "before installing sglang"
+      envvault snap --venv ~/venvs/train --lock-only
+    """
+    target = find_target(venv)
+    vault = open_vault(ctx, create=True)
+    progress = Progress("snap", 1, enabled=not as_json)
+    hook = None
+    if not no_caches and not lock_only:
+        hook = _cache_hook(vault, target, cache_dirs)
+    try:
+        result = take_snapshot(vault, target, message=message, lock_only=lock_only, progress=_total_progress(progress),
+                               cache_hook=hook)
+    finally:
+        progress.close()
+    if as_json:
+        emit_json(result.to_json())
+        return
+    d = result.to_json()
+    click.echo(
+        f"snapshot {style(d['short_id'], 'yellow')} of {d['venv']}: {d['packages']} packages, {d['files']} files "
+        f"({human_bytes(d['bytes'])}), {human_bytes(d['new_bytes'])} new in the vault"
+    )
+    for w in d["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+
+
+def _total_progress(bar: Progress):
+    def update(done: int) -> None:
+        bar(done)
+    return update
+
+
+def _cache_hook(vault, target, cache_dirs):
+    try:
+        from envvault.caches.snap import make_cache_hook
+    except ImportError:
+        return None
+    return make_cache_hook(vault, target, [Path(d) for d in cache_dirs])
+
+
+@cli.command("list")
+@venv_option
+@click.option("--all", "show_all", is_flag=True, help="Snapshots of every environment (default: --venv or $VIRTUAL_ENV, else all).")
+@json_option
+@click.pass_context
+def list_(ctx, venv, show_all, as_json):
+    """List snapshots, newest first.
+
+    \b
+    Examples:
+      envvault list
+      envvault list --venv ~/venvs/train --json
+    """
+    vault = open_vault(ctx)
+    snaps = vault.snapshots()
+    if not show_all and (venv or _active_venv()):
+        target = str(find_target(venv))
+        snaps = [s for s in snaps if s.doc.get("venv") == target]
+    tags_by_id: dict[str, list[str]] = {}
+    for name, sid in vault.tags().items():
+        tags_by_id.setdefault(sid, []).append(name)
+    rows = []
+    for s in snaps:
+        row = snapshot_row(s.id, s.doc)
+        row["tags"] = sorted(tags_by_id.get(s.id, []))
+        rows.append(row)
+    if as_json:
+        emit_json({"snapshots": rows})
+        return
+    if not rows:
+        click.echo("no snapshots yet; run `envvault snap`", err=True)
+        return
+    for r in rows:
+        tags = f" [{', '.join(r['tags'])}]" if r["tags"] else ""
+        torch = f" torch {r['torch']}" if r["torch"] else ""
+        lock = " lock-only" if r["lock_only"] else ""
+        click.echo(
+            f"{style(r['short_id'], 'yellow')}  {r['created'][:19].replace('T', ' ')}  py{r['python']}  "
+            f"{r['packages']:>4} pkgs{torch}{lock}  +{human_bytes(r['new_bytes'] or 0)}  {r['message']}{tags}"
+        )
+
+
+def _active_venv() -> bool:
+    import os
+    return bool(os.environ.get("VIRTUAL_ENV"))
+
+
+@cli.command()
+@click.argument("snapshot_id")
+@json_option
+@click.pass_context
+def show(ctx, snapshot_id, as_json):
+    """Show one snapshot: interpreter, host, packages.
+
+    \b
+    Examples:
+      envvault show latest
+      envvault show 3fa9c2 --json
+    """
+    vault = open_vault(ctx)
+    ref = vault.load_snapshot(resolve_ref(vault, snapshot_id))
+    doc = ref.doc
+    if as_json:
+        emit_json({"id": ref.id, **doc})
+        return
+    py = doc["python"]
+    host = doc["host"]
+    click.echo(f"snapshot {style(ref.id, 'yellow')}")
+    click.echo(f"created  {doc['created']}  ({doc.get('trigger')})  {doc.get('message', '')}")
+    click.echo(f"venv     {doc['venv']}")
+    click.echo(f"python   {py['implementation']} {py['version']} {py['abi']} {py['platform']}")
+    gpus = ", ".join(g["name"] for g in host.get("gpus") or []) or "no GPU seen"
+    click.echo(f"host     {host.get('hostname')} {host.get('os')} {host.get('arch')} glibc {host.get('glibc')}; {gpus}"
+               + (f"; driver {host['driver']}" if host.get("driver") else ""))
+    if doc.get("env"):
+        click.echo("env      " + " ".join(f"{k}={v}" for k, v in doc["env"].items()))
+    click.echo(f"packages {len(doc['packages'])}" + (" (lock only)" if doc.get("lock_only") else ""))
+    for p in doc["packages"]:
+        extra = ""
+        info = p.get("build_info") or {}
+        if info:
+            extra = "  " + " ".join(f"{k}={v}" for k, v in info.items() if v not in (None, False))
+        mod = style(f"  {len(p['modified'])} file(s) edited in place", "red") if p.get("modified") else ""
+        click.echo(f"  {p['name']:<32} {p['version']:<22} build {p['build_id'][:12]}{extra}{mod}")
+    for c in doc.get("caches") or ():
+        click.echo(f"cache    {c.get('kind')} {c.get('root')}: {c.get('files')} files, {human_bytes(c.get('bytes', 0))}")
+    for w in doc.get("warnings", ()):
+        click.echo(f"warning  {w}")
+
+
+def resolve_ref(vault: Vault, ref: str) -> str:
+    """Resolve an id/prefix/tag/latest. Other areas (checkpoints, pylock paths) extend diff/restore."""
+    return vault.resolve(ref)
+
+
+@cli.command()
+@click.argument("snapshot_id")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write (default: pylock.toml or requirements.txt).")
+@click.option("--format", "fmt", type=click.Choice(["pylock", "requirements"]), default="pylock", show_default=True)
+@click.option("--no-wheels", is_flag=True, help="pylock only: do not rebuild wheels from the vault.")
+@json_option
+@click.pass_context
+def export(ctx, snapshot_id, output, fmt, no_wheels, as_json):
+    """Export a snapshot as a PEP 751 pylock.toml (with rebuilt wheels) or requirements.txt.
+
+    \b
+    Examples:
+      envvault export latest -o pylock.toml      # then: uv pip sync --offline pylock.toml
+      envvault export 3fa9c2 --format requirements -o requirements.txt
+    """
+    from envvault.lock.export import export_snapshot
+
+    vault = open_vault(ctx)
+    sid = resolve_ref(vault, snapshot_id)
+    out = Path(output or ("pylock.toml" if fmt == "pylock" else "requirements.txt")).absolute()
+    result = export_snapshot(vault, sid, out, fmt=fmt, wheels=not no_wheels)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"wrote {result['path']} ({result['packages']} packages" +
+               (f", {result['wheels']} wheels in {result['wheel_dir']})" if result.get("wheels") else ")"))
+    for w in result.get("warnings", ()):
+        click.echo(f"warning: {w}", err=True)
+
+
+@cli.command()
+@click.option("--snapshot", "snapshot_ids", multiple=True, help="Verify only these snapshots (default: all).")
+@json_option
+@click.pass_context
+def verify(ctx, snapshot_ids, as_json):
+    """Re-hash every object the snapshots reference; exit 5 if anything is damaged or missing.
+
+    \b
+    Examples:
+      envvault verify
+      envvault verify --json
+    """
+    from envvault.vault.verify import verify_vault
+
+    vault = open_vault(ctx)
+    ids = [resolve_ref(vault, s) for s in snapshot_ids] or None
+    report = verify_vault(vault, ids)
+    if as_json:
+        emit_json(report)
+    else:
+        click.echo(
+            f"checked {report['snapshots']} snapshots, {report['objects']} objects "
+            f"({human_bytes(report['bytes'])}): " + (style("ok", "green") if report["ok"] else style("DAMAGED", "red"))
+        )
+        for p in report["problems"]:
+            broken = ", ".join(s[:12] for s in p["snapshots"]) or "none"
+            click.echo(f"  {p['object'][:12]} {p['problem']}; breaks snapshots: {broken}")
+    if not report["ok"]:
+        sys.exit(5)

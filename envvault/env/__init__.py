@@ -1,0 +1,1 @@
+"""Reading an environment: its interpreter, its distributions, the host it runs on."""

@@ -1,0 +1,211 @@
+"""Scan installed distributions: dist-info metadata and RECORD, the way pip and uv leave them.
+
+Nothing here reads file contents beyond the dist-info folder (and a torch-like ``version.py``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from envvault.errors import EnvironmentProblem
+
+__all__ = ["RecordEntry", "InstalledDist", "scan_dists", "read_dist", "GENERATED_NAMES"]
+
+# Files an installer writes itself; they differ between pip and uv installs of one wheel.
+GENERATED_NAMES = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json"}
+
+
+@dataclass(frozen=True)
+class RecordEntry:
+    """One RECORD row: ``path`` as RECORD writes it, hash as ``algo`` + urlsafe-b64 digest (or None)."""
+
+    path: str
+    algo: str | None
+    digest: str | None
+    size: int | None
+
+
+@dataclass
+class InstalledDist:
+    name: str  # normalized
+    version: str
+    dist_info: Path  # absolute
+    site: Path  # the directory RECORD paths are relative to
+    installer: str | None
+    requested: bool
+    wheel: dict
+    direct_url: dict | None
+    record: list[RecordEntry] | None  # None: no RECORD (egg-info / distutils)
+    scripts: set[str] = field(default_factory=set)  # console/gui script names (launchers are generated)
+    kind: str = "dist-info"
+
+    @property
+    def display(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
+
+
+def _parse_record(text: str, where: Path) -> list[RecordEntry]:
+    entries = []
+    try:
+        for row in csv.reader(io.StringIO(text)):
+            if not row:
+                continue
+            if len(row) != 3:
+                raise ValueError(f"row {len(entries) + 1} has {len(row)} fields, not 3")
+            path, hash_, size = row
+            algo = digest = None
+            if hash_:
+                if "=" not in hash_:
+                    raise ValueError(f"bad hash {hash_!r} for {path}")
+                algo, digest = hash_.split("=", 1)
+            entries.append(RecordEntry(path, algo, digest, int(size) if size else None))
+    except (csv.Error, ValueError) as err:
+        raise EnvironmentProblem(
+            f"{where} is garbled ({err}); reinstall that package (pip install --force-reinstall) and snap again"
+        ) from None
+    return entries
+
+
+def _entry_point_scripts(dist_info: Path) -> set[str]:
+    text = _read_text(dist_info / "entry_points.txt")
+    if not text:
+        return set()
+    names, section = set(), None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+        elif section in ("console_scripts", "gui_scripts") and "=" in line:
+            names.add(line.split("=", 1)[0].strip())
+    return names
+
+
+def read_dist(dist_info: Path, site: Path) -> InstalledDist:
+    """Parse one ``*.dist-info`` folder. Missing or garbled METADATA/RECORD is an EnvironmentProblem."""
+    meta_text = _read_text(dist_info / "METADATA")
+    if meta_text is None:
+        raise EnvironmentProblem(
+            f"{dist_info}/METADATA is missing; reinstall that package or remove the folder, then snap again"
+        )
+    headers = HeaderParser().parsestr(meta_text, headersonly=True)
+    name, version = headers.get("Name"), headers.get("Version")
+    if not name or not version or "\n" in name or "\n" in version:
+        raise EnvironmentProblem(
+            f"{dist_info}/METADATA is garbled (no Name or Version); reinstall that package, then snap again"
+        )
+    record_text = _read_text(dist_info / "RECORD")
+    if record_text is None:
+        raise EnvironmentProblem(
+            f"{dist_info}/RECORD is missing, so its files are unknown; reinstall {name} "
+            "(pip install --force-reinstall) or remove the folder, then snap again"
+        )
+    record = _parse_record(record_text, dist_info / "RECORD")
+    wheel: dict = {"tags": [], "build": None, "generator": None, "root_is_purelib": None}
+    wheel_text = _read_text(dist_info / "WHEEL")
+    if wheel_text:
+        wh = HeaderParser().parsestr(wheel_text, headersonly=True)
+        wheel = {
+            "tags": wh.get_all("Tag") or [],
+            "build": wh.get("Build"),
+            "generator": wh.get("Generator"),
+            "root_is_purelib": (wh.get("Root-Is-Purelib") or "").strip().lower() == "true",
+        }
+    direct_url = None
+    du_text = _read_text(dist_info / "direct_url.json")
+    if du_text:
+        try:
+            direct_url = json.loads(du_text)
+        except ValueError:
+            direct_url = {"unparsable": du_text[:200]}
+    installer = (_read_text(dist_info / "INSTALLER") or "").strip() or None
+    return InstalledDist(
+        name=canonicalize_name(name),
+        version=version.strip(),
+        dist_info=dist_info,
+        site=site,
+        installer=installer,
+        requested=(dist_info / "REQUESTED").exists(),
+        wheel=wheel,
+        direct_url=direct_url,
+        record=record,
+        scripts=_entry_point_scripts(dist_info),
+    )
+
+
+def _read_egg_info(path: Path, site: Path) -> InstalledDist | None:
+    meta = path / "PKG-INFO" if path.is_dir() else path
+    text = _read_text(meta)
+    if text is None:
+        return None
+    headers = HeaderParser().parsestr(text, headersonly=True)
+    name, version = headers.get("Name"), headers.get("Version")
+    if not name or not version:
+        return None
+    return InstalledDist(
+        name=canonicalize_name(name), version=version.strip(), dist_info=path, site=site, installer=None,
+        requested=False, wheel={"tags": [], "build": None, "generator": None, "root_is_purelib": None},
+        direct_url=None, record=None, kind="egg-info",
+    )
+
+
+def scan_dists(sites: list[Path]) -> list[InstalledDist]:
+    """Every distribution in the given site directories, sorted by name."""
+    dists: list[InstalledDist] = []
+    seen: set[Path] = set()
+    for site in sites:
+        if site in seen or not site.is_dir():
+            continue
+        seen.add(site)
+        for entry in sorted(os.scandir(site), key=lambda e: e.name):
+            if entry.name.endswith(".dist-info") and entry.is_dir():
+                dists.append(read_dist(Path(entry.path), site))
+            elif entry.name.endswith(".egg-info"):
+                egg = _read_egg_info(Path(entry.path), site)
+                if egg is not None:
+                    dists.append(egg)
+    dists.sort(key=lambda d: (d.name, d.version))
+    return dists
+
+
+_VERSION_FIELDS = re.compile(r"^(__version__|cuda|git_version|hip|debug)\s*(?::\s*[^=]+)?=\s*(.+)$", re.M)
+
+
+def build_info(dist: InstalledDist) -> dict | None:
+    """For torch and torch-like packages: the fields of ``<pkg>/version.py`` (read as text, never executed)."""
+    if not dist.record:
+        return None
+    top = dist.name.replace("-", "_")
+    wanted = f"{top}/version.py"
+    if not any(e.path == wanted for e in dist.record):
+        return None
+    text = _read_text(dist.site / wanted)
+    if not text:
+        return None
+    found = {}
+    for key, raw in _VERSION_FIELDS.findall(text):
+        raw = raw.strip()
+        if raw.startswith(("'", '"')) and raw[-1:] == raw[0]:
+            found[key.strip("_")] = raw[1:-1]
+        elif raw in ("None", "True", "False"):
+            found[key.strip("_")] = None if raw == "None" else raw == "True"
+    if "cuda" not in found and "git_version" not in found:
+        return None
+    return found

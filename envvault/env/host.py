@@ -1,0 +1,83 @@
+"""Host facts that decide whether a GPU environment works, and the environment variables that change behaviour."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+from typing import Mapping
+
+__all__ = ["host_facts", "relevant_env", "redact"]
+
+_ENV_EXACT = {"CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD",
+              "CUDA_CACHE_PATH", "HF_HOME", "OMP_NUM_THREADS", "PYTHONHASHSEED", "TMPDIR"}
+_ENV_PREFIXES = ("TORCH", "TRITON", "NCCL", "INDUCTOR", "PYTORCH", "CUBLAS", "CUDNN", "XLA_", "JAX_")
+_INDEX_VARS = re.compile(r"^(PIP_(INDEX_URL|EXTRA_INDEX_URL|FIND_LINKS|TRUSTED_HOST|CONSTRAINT|NO_INDEX|PRE)"
+                         r"|UV_(INDEX|INDEX_URL|DEFAULT_INDEX|EXTRA_INDEX_URL|FIND_LINKS|INDEX_STRATEGY|PRERELEASE|TORCH_BACKEND|NO_INDEX|OFFLINE))$")
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|CREDENTIAL)", re.I)
+_URL_CRED = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^/@\s]+)@")
+
+
+def redact(value: str) -> str:
+    """Hide credentials in URLs: ``https://user:tok@host`` -> ``https://***@host``."""
+    return _URL_CRED.sub(lambda m: m.group("scheme") + "***@", value)
+
+
+def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    out = {}
+    for key, value in environ.items():
+        if key in _ENV_EXACT or key.startswith(_ENV_PREFIXES) or _INDEX_VARS.match(key):
+            out[key] = "***" if _SECRET_NAME.search(key) else redact(value)
+    return dict(sorted(out.items()))
+
+
+def _glibc() -> str | None:
+    lib, ver = platform.libc_ver()
+    return ver if lib == "glibc" and ver else None
+
+
+def _nvidia() -> dict:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {"nvidia_smi": "failed"}
+    if out.returncode != 0:
+        return {"nvidia_smi": "failed"}
+    gpus, driver = [], None
+    for line in out.stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3:
+            gpus.append({"name": parts[0], "compute_cap": parts[1], "memory": parts[3] if len(parts) > 3 else None})
+            driver = parts[2]
+    cuda = None
+    try:
+        head = subprocess.run([exe], capture_output=True, text=True, timeout=20).stdout
+        m = re.search(r"CUDA Version:\s*([0-9.]+)", head)
+        cuda = m.group(1) if m else None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"gpus": gpus, "driver": driver, "driver_cuda": cuda}
+
+
+def host_facts() -> dict:
+    facts = {
+        "os": f"{platform.system()}-{platform.release()}",
+        "arch": platform.machine(),
+        "glibc": _glibc(),
+        "hostname": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "gpus": [],
+        "driver": None,
+    }
+    facts.update(_nvidia())
+    return facts

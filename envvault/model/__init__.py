@@ -1,0 +1,1 @@
+"""Pure records and their canonical encoding. No I/O here."""

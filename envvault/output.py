@@ -1,0 +1,88 @@
+"""Rendering for the CLI: one JSON document on stdout, or text for people; progress on stderr.
+
+Library code never prints: it returns results and, for long work, calls a ``progress`` callable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+__all__ = ["emit_json", "use_colour", "style", "Progress", "human_bytes"]
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def use_colour(stream=None) -> bool:
+    stream = stream or sys.stdout
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+_CODES = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36, "bold": 1, "dim": 2}
+
+
+def style(text: str, colour: str, enabled: bool | None = None) -> str:
+    if enabled is None:
+        enabled = use_colour()
+    if not enabled:
+        return text
+    return f"\x1b[{_CODES[colour]}m{text}\x1b[0m"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a TTY and enabled.
+
+    Usage: ``p = Progress("snap", total_bytes, enabled=...)``; ``p(done_bytes)``; ``p.close()``.
+    It is a plain callable so library code can take ``progress: Callable[[int], None]``.
+    """
+
+    def __init__(self, label: str, total: int, *, enabled: bool = True, unit: str = "bytes") -> None:
+        self.label = label
+        self.total = max(total, 1)
+        self.unit = unit
+        self.enabled = enabled and sys.stderr.isatty()
+        self._last = 0.0
+        self.done = 0
+
+    def __call__(self, done: int) -> None:
+        self.done = done
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._last < 0.1 and done < self.total:
+            return
+        self._last = now
+        frac = min(done / self.total, 1.0)
+        width = 30
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        if self.unit == "bytes":
+            amount = f"{human_bytes(done)}/{human_bytes(self.total)}"
+        else:
+            amount = f"{done}/{self.total}"
+        sys.stderr.write(f"\r{self.label} [{bar}] {frac * 100:5.1f}% {amount}  ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r" + " " * 79 + "\r")
+            sys.stderr.flush()
+
+
+ProgressFn = Callable[[int], None]

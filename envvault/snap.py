@@ -1,0 +1,366 @@
+"""Taking a snapshot: scan the environment, store what is new, commit the snapshot document last."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import blake3
+
+from envvault import __version__
+from envvault.env.dists import GENERATED_NAMES, InstalledDist, build_info, read_dist, _read_egg_info
+from envvault.env.host import host_facts, relevant_env
+from envvault.env.probe import Interpreter, probe
+from envvault.errors import EnvironmentProblem
+from envvault.model.encoding import canonical_json, object_id
+from envvault.vault.ingest import Ingester, StatCache, stat_key
+from envvault.vault.store import FORMAT, Vault, _now
+
+__all__ = ["take_snapshot", "SnapResult", "scan_environment", "dist_build_id", "statcache_for"]
+
+CacheHook = Callable[[Vault, Ingester, StatCache], "list[dict]"]
+
+
+@dataclass(frozen=True)
+class SnapResult:
+    id: str
+    doc: dict
+    reused: bool = False  # an identical snapshot already existed (not used for manual snaps)
+
+    def to_json(self) -> dict:
+        d = self.doc
+        return {
+            "id": self.id,
+            "short_id": self.id[:12],
+            "created": d["created"],
+            "message": d["message"],
+            "venv": d["venv"],
+            "packages": len(d["packages"]),
+            "files": d["stats"]["files"],
+            "bytes": d["stats"]["bytes"],
+            "new_bytes": d["stats"]["new_bytes"],
+            "new_objects": d["stats"]["new_objects"],
+            "lock_only": d["lock_only"],
+            "fingerprint": d["fingerprint"],
+            "warnings": d["warnings"],
+        }
+
+
+def statcache_for(vault: Vault, target: Path) -> StatCache:
+    key = blake3.blake3(str(target).encode()).hexdigest()[:20]
+    return StatCache(vault.state_path(f"stat-{key}.json.zst"))
+
+
+def _is_pyc(record_path: str) -> bool:
+    return record_path.endswith((".pyc", ".pyo")) or "/__pycache__/" in f"/{record_path}"
+
+
+def dist_build_id(dist: InstalledDist, prefix: Path, scripts_dir: Path) -> str:
+    """BLAKE3 over RECORD rows minus what installers generate (see docs/format.md, 'build id')."""
+    lines = []
+    di_name = dist.dist_info.name
+    for e in dist.record or ():
+        if _is_pyc(e.path):
+            continue
+        parts = e.path.split("/")
+        if len(parts) == 2 and parts[0] == di_name and parts[1] in GENERATED_NAMES:
+            continue
+        if dist.scripts:
+            absolute = os.path.normpath(dist.site / e.path)
+            if os.path.dirname(absolute) == str(scripts_dir) and os.path.basename(absolute) in dist.scripts:
+                continue
+        # Rows are keyed by the path relative to the dist's site dir, as RECORD gives it.
+        lines.append(f"{e.path},{e.algo or ''}={e.digest or ''},{e.size if e.size is not None else ''}")
+    lines.sort()
+    return blake3.blake3("\n".join(lines).encode()).hexdigest()
+
+
+def _state_id(build_id: str, modified: list[tuple[str, str]]) -> str:
+    if not modified:
+        return build_id
+    text = build_id + "\n" + "\n".join(f"{p} {h}" for p, h in sorted(modified))
+    return blake3.blake3(text.encode()).hexdigest()
+
+
+class _Builder:
+    """Builds distribution manifests for one snap."""
+
+    def __init__(self, vault: Vault, interp: Interpreter, ingester: Ingester, cache: StatCache, lock_only: bool):
+        self.vault = vault
+        self.interp = interp
+        self.prefix = interp.prefix
+        self.ing = ingester
+        self.cache = cache
+        self.lock_only = lock_only
+        self.file_count = 0
+        self.byte_count = 0
+        self.warnings: list[str] = []
+
+    def chunks_present(self, chunks) -> bool:
+        idx = self.vault.index()
+        writer = self.ing.writer
+        return all(c in idx or (writer is not None and writer.queued(c)) for c in chunks)
+
+    def file_entry(self, dist: InstalledDist, rec) -> dict | None:
+        absolute = Path(os.path.normpath(dist.site / rec.path))
+        try:
+            rel = absolute.relative_to(self.prefix).as_posix()
+        except ValueError:
+            self.warnings.append(f"{dist.display}: {rec.path} lies outside the environment; not stored")
+            return None
+        entry = {"path": rel, "record": rec.path}
+        if rec.digest is not None:
+            entry["sha256" if rec.algo == "sha256" else f"record_{rec.algo}"] = rec.digest
+        if rec.size is not None:
+            entry["size"] = rec.size
+        if _is_pyc(rec.path):
+            entry["state"] = "ok"
+            return entry
+        try:
+            st = os.lstat(absolute)
+        except FileNotFoundError:
+            entry["state"] = "missing"
+            return entry
+        except OSError as err:
+            raise EnvironmentProblem(f"cannot stat {absolute}: {err.strerror}") from None
+        entry["mode"] = st.st_mode & 0o7777
+        if os.path.islink(absolute):
+            entry["link"] = os.readlink(absolute)
+            entry["state"] = "ok"
+            return entry
+        self.file_count += 1
+        self.byte_count += st.st_size
+        hit = self.cache.lookup(rel, st)
+        if hit is not None and (self.lock_only or (hit[2] is not None and self.chunks_present(hit[2]))):
+            sha, chunks = hit[1], hit[2]
+        else:
+            fd = self.ing.ingest(absolute, st.st_size)
+            sha, chunks = fd.sha256, fd.chunks
+            self.cache.put(rel, st, sha, chunks)
+        if not self.lock_only:
+            entry["chunks"] = chunks
+        entry["size"] = st.st_size
+        if rec.algo == "sha256" and rec.digest is not None:
+            if sha != rec.digest:
+                entry["state"] = "modified"
+                entry["record_sha256"] = rec.digest
+                entry["sha256"] = sha
+            else:
+                entry["state"] = "ok"
+        else:
+            entry["state"] = "unhashed"
+            entry["sha256"] = sha
+        return entry
+
+    def manifest(self, dist: InstalledDist) -> dict:
+        files = []
+        modified = []
+        for rec in dist.record or ():
+            entry = self.file_entry(dist, rec)
+            if entry is None:
+                continue
+            files.append(entry)
+            if entry["state"] == "modified":
+                modified.append((entry["path"], entry["sha256"]))
+        build_id = dist_build_id(dist, self.prefix, self.interp.scripts)
+        return {
+            "kind": "dist",
+            "format": FORMAT,
+            "name": dist.name,
+            "version": dist.version,
+            "dist_info": dist.dist_info.relative_to(self.prefix).as_posix(),
+            "installer": dist.installer,
+            "requested": dist.requested,
+            "wheel": dist.wheel,
+            "direct_url": dist.direct_url,
+            "record": "ok" if dist.record is not None else "missing",
+            "build_id": build_id,
+            "state_id": _state_id(build_id, modified),
+            "build_info": build_info(dist),
+            "files": files,
+        }
+
+
+def _summary(man: dict, oid: str) -> dict:
+    files = man["files"]
+    return {
+        "name": man["name"],
+        "version": man["version"],
+        "build_id": man["build_id"],
+        "state_id": man["state_id"],
+        "manifest": oid,
+        "installer": man["installer"],
+        "requested": man["requested"],
+        "record": man["record"],
+        "build_info": man["build_info"],
+        "files": sum(1 for f in files if "mode" in f),
+        "size": sum(f.get("size", 0) for f in files if "mode" in f),
+        "modified": sorted(f["path"] for f in files if f.get("state") == "modified"),
+        "missing": sorted(f["path"] for f in files if f.get("state") == "missing"),
+    }
+
+
+def _dist_dirs(sites: list[Path]) -> list[tuple[Path, Path]]:
+    out, seen = [], set()
+    for site in sites:
+        if site in seen or not site.is_dir():
+            continue
+        seen.add(site)
+        for entry in os.scandir(site):
+            if entry.name.endswith((".dist-info", ".egg-info")):
+                out.append((Path(entry.path), site))
+    out.sort(key=lambda t: t[0].name)
+    return out
+
+
+def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
+    """True when RECORD and every stored file still have the stats recorded at the last snap."""
+    try:
+        if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
+            return False
+        if group.get("meta_stat") != stat_key(os.stat(dist_info / "METADATA")):
+            return False
+        for rel, key in group["files"]:
+            if stat_key(os.lstat(prefix / rel)) != key:
+                return False
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
+def scan_environment(
+    vault: Vault,
+    prefix: Path,
+    *,
+    lock_only: bool,
+    writer=None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Interpreter, list[dict], list[str], StatCache, Ingester, dict]:
+    """Scan ``prefix``; store new objects through ``writer`` unless lock-only. Returns packages summaries."""
+    interp = probe(prefix)
+    cache = statcache_for(vault, prefix)
+    ing = Ingester(writer, vault.has, store=not lock_only)
+    builder = _Builder(vault, interp, ing, cache, lock_only)
+    mkey = "manifest_lock" if lock_only else "manifest"
+    packages: list[dict] = []
+    slow: list[InstalledDist] = []
+    warnings: list[str] = []
+    for dist_info, site in _dist_dirs([interp.purelib, interp.platlib]):
+        key = dist_info.relative_to(prefix).as_posix()
+        group = cache.groups.get(key)
+        if group and group.get(mkey) and vault.has(group[mkey]) and _group_fresh(group, prefix, dist_info):
+            summary = dict(group["summary"], manifest=group[mkey])
+            packages.append(summary)
+            cache.touch(rel for rel, _ in group["files"])
+            builder.file_count += summary["files"]
+            builder.byte_count += summary["size"]
+            continue
+        if dist_info.name.endswith(".egg-info"):
+            egg = _read_egg_info(dist_info, site)
+            if egg is not None:
+                slow.append(egg)
+            continue
+        slow.append(read_dist(dist_info, site))
+    total = sum(e.size or 0 for d in slow for e in (d.record or ()))
+    done = 0
+    for dist in slow:
+        if dist.record is None:
+            warnings.append(f"{dist.display} has no RECORD ({dist.kind} install): its files are not stored; reinstall it with pip to make it restorable")
+        man = builder.manifest(dist)
+        data = canonical_json(man)
+        oid = object_id(data)
+        if not lock_only and not vault.has(oid) and not writer.queued(oid):
+            writer.add(oid, data, "m")
+        summary = _summary(man, oid)
+        packages.append(summary)
+        if dist.record is not None:
+            try:
+                key = dist.dist_info.relative_to(prefix).as_posix()
+                group = dict(cache.groups.get(key) or {})
+                if group.get("record_stat") != stat_key(os.stat(dist.dist_info / "RECORD")):
+                    group = {}
+                group.update({
+                    "record_stat": stat_key(os.stat(dist.dist_info / "RECORD")),
+                    "meta_stat": stat_key(os.stat(dist.dist_info / "METADATA")),
+                    "files": [[f["path"], cache.files[f["path"]][0]] for f in man["files"] if f["path"] in cache.files and "mode" in f and "link" not in f],
+                    "summary": {k: v for k, v in summary.items() if k != "manifest"},
+                    mkey: oid,
+                })
+                cache.set_group(key, group)
+            except OSError:
+                pass
+        done += sum(e.size or 0 for e in (dist.record or ()))
+        if progress:
+            progress(done)
+    packages.sort(key=lambda p: (p["name"], p["version"]))
+    warnings = builder.warnings + warnings
+    stats = {"files": builder.file_count, "bytes": builder.byte_count}
+    return interp, packages, warnings, cache, ing, stats
+
+
+def fingerprint(python_version: str, packages: list[dict]) -> str:
+    lines = [f"python {python_version}"] + sorted(f"{p['name']} {p['version']} {p['state_id']}" for p in packages)
+    return blake3.blake3("\n".join(lines).encode()).hexdigest()
+
+
+def take_snapshot(
+    vault: Vault,
+    prefix: Path,
+    *,
+    message: str = "",
+    lock_only: bool = False,
+    trigger: str = "manual",
+    argv: list[str] | None = None,
+    progress: Callable[[int], None] | None = None,
+    cache_hook: CacheHook | None = None,
+    extra: dict | None = None,
+) -> SnapResult:
+    """Snapshot ``prefix`` into ``vault``. Objects first, then the snapshot file (the commit point)."""
+    started = time.monotonic()
+    with vault.lock():
+        writer = vault.writer()
+        try:
+            interp, packages, warnings, cache, ing, stats = scan_environment(
+                vault, prefix, lock_only=lock_only, writer=writer, progress=progress
+            )
+            caches = cache_hook(vault, ing, cache) if cache_hook else []
+            writer.flush()
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+        doc = {
+            "format": FORMAT,
+            "kind": "snapshot",
+            "created": _now(),
+            "message": message,
+            "trigger": trigger,
+            "argv": list(argv if argv is not None else sys.argv),
+            "venv": str(prefix),
+            "lock_only": lock_only,
+            "python": interp.to_dict(),
+            "host": host_facts(),
+            "env": relevant_env(),
+            "packages": packages,
+            "caches": caches,
+            "fingerprint": fingerprint(interp.version, packages),
+            "warnings": warnings,
+            "stats": {
+                "files": stats["files"],
+                "bytes": stats["bytes"],
+                "new_bytes": writer.written_bytes,
+                "new_objects": writer.written_objects,
+                "seconds": round(time.monotonic() - started, 3),
+            },
+            "tool": {"envvault": __version__},
+        }
+        if extra:
+            doc.update(extra)
+        doc["stats"]["new_bytes"] += len(canonical_json(doc))
+        sid = vault.commit_snapshot(doc)
+    cache.save()
+    return SnapResult(sid, doc)

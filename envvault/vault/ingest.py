@@ -1,0 +1,153 @@
+"""Turning files into stored objects: one read, hashing while reading, chunking large files.
+
+Shared by environment snaps and cache snaps, together with the stat cache that lets an unchanged file
+skip the read.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import stat as statmod
+from dataclasses import dataclass
+from pathlib import Path
+
+import zstandard
+from pyfastcdc import FastCDC
+
+from envvault.errors import EnvironmentProblem
+from envvault.model.encoding import object_id
+from envvault.vault.fsutil import atomic_write
+from envvault.vault.packs import PackWriter
+
+__all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256"]
+
+SMALL_FILE = 1 << 20  # files below this are one object; larger ones are cut by FastCDC
+_CDC = FastCDC(avg_size=1 << 20, min_size=256 << 10, max_size=4 << 20)
+
+
+def b64_sha256(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """What one read of a file yields: its RECORD-style sha256, size, and the blob ids of its content."""
+
+    sha256: str
+    size: int
+    chunks: list[str] | None  # None when contents were hashed but not stored (lock-only)
+
+
+class Ingester:
+    """Reads files once: sha256 for RECORD checks, blake3 ids, compression via the pack writer.
+
+    ``store=False`` hashes only (lock-only snaps). ``known(oid)`` says whether the vault holds an object.
+    """
+
+    def __init__(self, writer: PackWriter | None, known, *, store: bool = True):
+        self.writer = writer
+        self.known = known
+        self.store = store
+        self.bytes_read = 0
+
+    def _put(self, data: bytes) -> str:
+        oid = object_id(data)
+        if self.store and not self.known(oid) and not self.writer.queued(oid):
+            self.writer.add(oid, data)
+        return oid
+
+    def ingest(self, path: Path, size_hint: int, algo: str = "sha256") -> FileDigest:
+        h = hashlib.new(algo)
+        chunks: list[str] = []
+        try:
+            with open(path, "rb") as f:
+                if size_hint < SMALL_FILE:
+                    data = f.read()
+                    h.update(data)
+                    size = len(data)
+                    if self.store and data:
+                        chunks.append(self._put(data))
+                else:
+                    size = 0
+                    for ch in _CDC.cut_stream(f):
+                        data = bytes(ch.data)
+                        h.update(data)
+                        size += len(data)
+                        if self.store:
+                            chunks.append(self._put(data))
+        except PermissionError:
+            raise EnvironmentProblem(f"cannot read {path}: permission denied; fix its mode or run as its owner") from None
+        except OSError as err:
+            raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
+        self.bytes_read += size
+        digest = b64_sha256(h.digest()) if algo == "sha256" else base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+        return FileDigest(digest, size, chunks if self.store else None)
+
+
+class StatCache:
+    """Per-target cache: path -> (stat key, sha256, chunks), and per-dist shortcuts. Not vault data."""
+
+    VERSION = 2
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.files: dict[str, list] = {}
+        self.groups: dict[str, dict] = {}
+        self.extra: dict = {}
+        self.touched: set[str] = set()  # entries used by this run; the rest is dropped on save
+        self._dirty = False
+        try:
+            raw = zstandard.ZstdDecompressor().decompress(path.read_bytes())
+            doc = json.loads(raw)
+            if doc.get("version") == self.VERSION:
+                self.files = doc.get("files", {})
+                self.groups = doc.get("groups", {})
+                self.extra = doc.get("extra", {})
+        except (OSError, ValueError, zstandard.ZstdError):
+            pass
+
+    def lookup(self, rel: str, st: os.stat_result) -> list | None:
+        hit = self.files.get(rel)
+        if hit is not None and hit[0] == stat_key(st):
+            self.touched.add(rel)
+            return hit
+        return None
+
+    def put(self, rel: str, st: os.stat_result, sha256: str, chunks: list[str] | None) -> None:
+        old = self.files.get(rel)
+        # Keep stored chunks when a lock-only pass re-hashes an unchanged file.
+        if chunks is None and old is not None and old[0] == stat_key(st):
+            chunks = old[2]
+        self.files[rel] = [stat_key(st), sha256, chunks]
+        self.touched.add(rel)
+        self._dirty = True
+
+    def set_group(self, key: str, value: dict) -> None:
+        self.groups[key] = value
+        self._dirty = True
+
+    def touch(self, rels) -> None:
+        self.touched.update(rels)
+
+    def save(self) -> None:
+        """Write the cache, keeping only entries this run used; never fails the caller."""
+        if not self._dirty and self.touched >= self.files.keys():
+            return
+        self.files = {k: v for k, v in self.files.items() if k in self.touched}
+        doc = {"version": self.VERSION, "files": self.files, "groups": self.groups, "extra": self.extra}
+        data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
+        try:
+            atomic_write(self.path, data, tmp_dir=self.path.parent.parent / "tmp")
+        except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
+            pass
+
+
+def is_regular(st: os.stat_result) -> bool:
+    return statmod.S_ISREG(st.st_mode)

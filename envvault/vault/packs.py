@@ -1,0 +1,215 @@
+"""Pack files: many objects, grouped into zstd frames, written once with an index file beside them.
+
+The writer compresses frames on a thread pool (zstandard releases the GIL) and writes them in order, so a
+snap uses every core while memory stays bounded by the frames in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import blake3
+import zstandard
+
+from envvault.errors import CorruptError
+from envvault.vault.fsutil import fsync_dir, storage_error, tmp_name
+
+__all__ = ["PackWriter", "PACK_MAGIC", "read_frame", "FRAME_TARGET", "MAX_FRAME"]
+
+PACK_MAGIC = b"EVPK\x01\x00\x00\x00"
+FRAME_TARGET = 1 << 20  # small objects are grouped until a frame holds about this much
+PACK_TARGET = 32 << 20  # a pack is closed once its compressed bytes pass this
+MAX_FRAME = 64 << 20  # a frame that claims more is refused as damaged or hostile
+_IN_FLIGHT = 8
+
+Location = tuple  # (pack_id, frame_offset, frame_length, offset_in_frame, length, kind)
+
+
+class PackWriter:
+    """Accepts objects, writes packs + index files. Not thread-safe: one producer thread.
+
+    ``on_commit(pack_id, objects)`` is called after a pack and its index are durable, with
+    ``objects = {oid: location}`` so the caller can add them to its in-memory index.
+    """
+
+    def __init__(self, vault_root: Path, level: int, on_commit: Callable[[str, dict], None], threads: int | None = None):
+        self.root = vault_root
+        self.level = level
+        self.on_commit = on_commit
+        self._pool = ThreadPoolExecutor(max_workers=threads or max(os.cpu_count() or 1, 2))
+        self._local = threading.local()
+        self._pending: deque[tuple[Future, list]] = deque()
+        self._frame: list[tuple[str, bytes, str]] = []
+        self._frame_size = 0
+        self._pack_fd: int | None = None
+        self._pack_tmp: Path | None = None
+        self._pack_hash = None
+        self._pack_len = 0
+        self._pack_frames: list[list[int]] = []
+        self._pack_objects: dict[str, list] = {}
+        self.written_bytes = 0
+        self.written_objects = 0
+        self._queued: set[str] = set()
+
+    # -- producer side -------------------------------------------------------------------------
+    def add(self, oid: str, data: bytes, kind: str = "b") -> None:
+        """Queue one object; the caller has checked it is not stored yet."""
+        if oid in self._queued:
+            return
+        self._queued.add(oid)
+        if len(data) >= FRAME_TARGET // 2:
+            self._submit([(oid, data, kind)])
+            return
+        self._frame.append((oid, data, kind))
+        self._frame_size += len(data)
+        if self._frame_size >= FRAME_TARGET:
+            self._flush_frame()
+
+    def queued(self, oid: str) -> bool:
+        return oid in self._queued
+
+    def _flush_frame(self) -> None:
+        if self._frame:
+            self._submit(self._frame)
+            self._frame = []
+            self._frame_size = 0
+
+    def _compress(self, items: list) -> bytes:
+        cctx = getattr(self._local, "cctx", None)
+        if cctx is None:
+            cctx = self._local.cctx = zstandard.ZstdCompressor(level=self.level, write_content_size=True)
+        raw = items[0][1] if len(items) == 1 else b"".join(it[1] for it in items)
+        return cctx.compress(raw)
+
+    def _submit(self, items: list) -> None:
+        fut = self._pool.submit(self._compress, items)
+        meta = [(oid, len(data), kind) for oid, data, kind in items]
+        self._pending.append((fut, meta))
+        while len(self._pending) > _IN_FLIGHT:
+            self._write_one()
+
+    # -- writer side ---------------------------------------------------------------------------
+    def _open_pack(self) -> None:
+        tmpdir = self.root / "tmp"
+        self._pack_tmp = tmp_name(tmpdir, "pack")
+        try:
+            self._pack_fd = os.open(self._pack_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as err:
+            raise storage_error(err, self._pack_tmp) from None
+        self._pack_hash = blake3.blake3()
+        self._pack_len = 0
+        self._pack_frames = []
+        self._pack_objects = {}
+        self._write_bytes(PACK_MAGIC)
+
+    def _write_bytes(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._pack_fd, view)
+                view = view[n:]
+        except OSError as err:
+            raise storage_error(err, self.root) from None
+        self._pack_hash.update(data)
+        self._pack_len += len(data)
+
+    def _write_one(self) -> None:
+        fut, meta = self._pending.popleft()
+        comp = fut.result()
+        if self._pack_fd is None:
+            self._open_pack()
+        frame_index = len(self._pack_frames)
+        self._pack_frames.append([self._pack_len, len(comp)])
+        self._write_bytes(comp)
+        off = 0
+        for oid, length, kind in meta:
+            self._pack_objects[oid] = [frame_index, off, length, kind]
+            off += length
+        self.written_bytes += len(comp)
+        self.written_objects += len(meta)
+        if self._pack_len >= PACK_TARGET:
+            self._close_pack()
+
+    def _close_pack(self) -> None:
+        if self._pack_fd is None:
+            return
+        fd, tmp = self._pack_fd, self._pack_tmp
+        self._pack_fd = None
+        pack_id = self._pack_hash.hexdigest()
+        final = self.root / "packs" / pack_id[:2] / f"{pack_id}.pack"
+        idx_doc = {"format": 1, "pack": pack_id, "frames": self._pack_frames, "objects": self._pack_objects}
+        idx_bytes = json.dumps(idx_doc, separators=(",", ":")).encode()
+        try:
+            os.fsync(fd)
+            os.close(fd)
+            final.parent.mkdir(mode=0o700, exist_ok=True)
+            os.replace(tmp, final)
+            fsync_dir(final.parent)
+            idx_tmp = tmp_name(self.root / "tmp", "idx")
+            with open(idx_tmp, "wb") as f:
+                f.write(idx_bytes)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(idx_tmp, self.root / "index" / f"{pack_id}.idx")
+            fsync_dir(self.root / "index")
+        except OSError as err:
+            raise storage_error(err, final) from None
+        locs = {
+            oid: (pack_id, self._pack_frames[fi][0], self._pack_frames[fi][1], off, length, kind)
+            for oid, (fi, off, length, kind) in self._pack_objects.items()
+        }
+        self.on_commit(pack_id, locs)
+
+    def flush(self) -> None:
+        """Make every queued object durable (packs and index files written)."""
+        self._flush_frame()
+        while self._pending:
+            self._write_one()
+        self._close_pack()
+
+    def abort(self) -> None:
+        for fut, _ in self._pending:
+            fut.cancel()
+        self._pending.clear()
+        if self._pack_fd is not None:
+            try:
+                os.close(self._pack_fd)
+                os.unlink(self._pack_tmp)
+            except OSError:
+                pass
+            self._pack_fd = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+_dctx = threading.local()
+
+
+def read_frame(pack_path: Path, offset: int, length: int) -> bytes:
+    """Read and decompress one frame; damage becomes a CorruptError naming the pack."""
+    try:
+        with open(pack_path, "rb") as f:
+            f.seek(offset)
+            comp = f.read(length)
+    except FileNotFoundError:
+        raise CorruptError(f"pack {pack_path.name} is missing; run `envvault verify`") from None
+    if len(comp) != length:
+        raise CorruptError(f"pack {pack_path.name} is truncated; run `envvault verify`")
+    d = getattr(_dctx, "d", None)
+    if d is None:
+        d = _dctx.d = zstandard.ZstdDecompressor()
+    try:
+        params = zstandard.get_frame_parameters(comp)
+        if params.content_size > MAX_FRAME:
+            raise CorruptError(f"pack {pack_path.name} holds a frame of {params.content_size} bytes; refused")
+        return d.decompress(comp, max_output_size=MAX_FRAME)
+    except zstandard.ZstdError as err:
+        raise CorruptError(f"pack {pack_path.name} has a damaged frame at {offset} ({err}); run `envvault verify`") from None
