@@ -89,15 +89,13 @@ def _state_id(build_id: str, modified: list[tuple[str, str]]) -> str:
 class _Builder:
     """Builds distribution manifests for one snap."""
 
-    def __init__(self, vault: Vault, interp: Interpreter, ingester: Ingester, cache: StatCache, lock_only: bool):
+    def __init__(self, vault: Vault, interp: Interpreter, ingester: Ingester, cache: StatCache, mode: str):
         self.vault = vault
         self.interp = interp
         self.prefix = interp.prefix
         self.ing = ingester
         self.cache = cache
-        self.lock_only = lock_only
-        self.file_count = 0
-        self.byte_count = 0
+        self.mode = mode  # "full": hash and store; "check": hash only; "lock": RECORD only
         self.warnings: list[str] = []
 
     def chunks_present(self, chunks) -> bool:
@@ -120,6 +118,9 @@ class _Builder:
         if _is_pyc(rec.path):
             entry["state"] = "ok"
             return entry
+        if self.mode == "lock":
+            entry["state"] = "unchecked"
+            return entry
         try:
             st = os.lstat(absolute)
         except FileNotFoundError:
@@ -132,16 +133,14 @@ class _Builder:
             entry["link"] = os.readlink(absolute)
             entry["state"] = "ok"
             return entry
-        self.file_count += 1
-        self.byte_count += st.st_size
         hit = self.cache.lookup(rel, st)
-        if hit is not None and (self.lock_only or (hit[2] is not None and self.chunks_present(hit[2]))):
+        if hit is not None and (self.mode == "check" or (hit[2] is not None and self.chunks_present(hit[2]))):
             sha, chunks = hit[1], hit[2]
         else:
             fd = self.ing.ingest(absolute, st.st_size)
             sha, chunks = fd.sha256, fd.chunks
             self.cache.put(rel, st, sha, chunks)
-        if not self.lock_only:
+        if self.mode == "full":
             entry["chunks"] = chunks
         entry["size"] = st.st_size
         if rec.algo == "sha256" and rec.digest is not None:
@@ -187,6 +186,7 @@ class _Builder:
 
 def _summary(man: dict, oid: str) -> dict:
     files = man["files"]
+    counted = [f for f in files if f.get("state") != "missing" and not _is_pyc(f["record"])]
     return {
         "name": man["name"],
         "version": man["version"],
@@ -197,8 +197,8 @@ def _summary(man: dict, oid: str) -> dict:
         "requested": man["requested"],
         "record": man["record"],
         "build_info": man["build_info"],
-        "files": sum(1 for f in files if "mode" in f),
-        "size": sum(f.get("size", 0) for f in files if "mode" in f),
+        "files": sum(1 for f in counted),
+        "size": sum(f.get("size") or 0 for f in counted),
         "modified": sorted(f["path"] for f in files if f.get("state") == "modified"),
         "missing": sorted(f["path"] for f in files if f.get("state") == "missing"),
     }
@@ -236,28 +236,29 @@ def scan_environment(
     vault: Vault,
     prefix: Path,
     *,
-    lock_only: bool,
+    mode: str,
     writer=None,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[Interpreter, list[dict], list[str], StatCache, Ingester, dict]:
-    """Scan ``prefix``; store new objects through ``writer`` unless lock-only. Returns packages summaries."""
+    """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
+    hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
+    queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
     interp = probe(prefix)
     cache = statcache_for(vault, prefix)
-    ing = Ingester(writer, vault.has, store=not lock_only)
-    builder = _Builder(vault, interp, ing, cache, lock_only)
-    mkey = "manifest_lock" if lock_only else "manifest"
+    ing = Ingester(writer, vault.has, store=mode == "full")
+    builder = _Builder(vault, interp, ing, cache, mode)
+    mkey = "manifest_" + mode
     packages: list[dict] = []
     slow: list[InstalledDist] = []
     warnings: list[str] = []
     for dist_info, site in _dist_dirs([interp.purelib, interp.platlib]):
         key = dist_info.relative_to(prefix).as_posix()
         group = cache.groups.get(key)
-        if group and group.get(mkey) and vault.has(group[mkey]) and _group_fresh(group, prefix, dist_info):
+        if (mode != "lock" and group and group.get(mkey) and (writer is None or vault.has(group[mkey]))
+                and _group_fresh(group, prefix, dist_info)):
             summary = dict(group["summary"], manifest=group[mkey])
             packages.append(summary)
             cache.touch(rel for rel, _ in group["files"])
-            builder.file_count += summary["files"]
-            builder.byte_count += summary["size"]
             continue
         if dist_info.name.endswith(".egg-info"):
             egg = _read_egg_info(dist_info, site)
@@ -273,11 +274,11 @@ def scan_environment(
         man = builder.manifest(dist)
         data = canonical_json(man)
         oid = object_id(data)
-        if not lock_only and not vault.has(oid) and not writer.queued(oid):
+        if writer is not None and not vault.has(oid) and not writer.queued(oid):
             writer.add(oid, data, "m")
         summary = _summary(man, oid)
         packages.append(summary)
-        if dist.record is not None:
+        if dist.record is not None and mode != "lock":
             try:
                 key = dist.dist_info.relative_to(prefix).as_posix()
                 group = dict(cache.groups.get(key) or {})
@@ -298,7 +299,7 @@ def scan_environment(
             progress(done)
     packages.sort(key=lambda p: (p["name"], p["version"]))
     warnings = builder.warnings + warnings
-    stats = {"files": builder.file_count, "bytes": builder.byte_count}
+    stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
     return interp, packages, warnings, cache, ing, stats
 
 
@@ -325,7 +326,7 @@ def take_snapshot(
         writer = vault.writer()
         try:
             interp, packages, warnings, cache, ing, stats = scan_environment(
-                vault, prefix, lock_only=lock_only, writer=writer, progress=progress
+                vault, prefix, mode="lock" if lock_only else "full", writer=writer, progress=progress
             )
             caches = cache_hook(vault, ing, cache) if cache_hook else []
             writer.flush()

@@ -21,7 +21,7 @@ from envvault.errors import EnvironmentProblem
 __all__ = ["RecordEntry", "InstalledDist", "scan_dists", "read_dist", "GENERATED_NAMES"]
 
 # Files an installer writes itself; they differ between pip and uv installs of one wheel.
-GENERATED_NAMES = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json"}
+GENERATED_NAMES = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json", "uv_cache.json"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,142 @@
+"""Rebuild a wheel from a vaulted distribution manifest, so any installer can put the files back offline."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+from envvault.env.dists import GENERATED_NAMES
+from envvault.vault.fsutil import tmp_name
+from envvault.vault.store import Vault
+
+__all__ = ["rebuild_wheel", "wheel_filename", "wheel_member"]
+
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+_SHEBANG = re.compile(rb"^#!.*python[0-9.]*(?:\s|$)")
+
+
+def _escape(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def wheel_filename(man: dict) -> str:
+    tags = (man.get("wheel") or {}).get("tags") or ["py3-none-any"]
+    pys, abis, plats = [], [], []
+    for tag in tags:
+        parts = tag.split("-")
+        if len(parts) != 3:
+            continue
+        for part, acc in zip(parts, (pys, abis, plats)):
+            if part not in acc:
+                acc.append(part)
+    tag = "-".join(".".join(acc) for acc in (pys, abis, plats)) if pys else "py3-none-any"
+    build = (man.get("wheel") or {}).get("build")
+    build_part = f"-{build}" if build else ""
+    version = man["version"].replace("-", "_")
+    return f"{_escape(man['name'])}-{version}{build_part}-{tag}.whl"
+
+
+def wheel_member(man: dict, f: dict, python: dict) -> str | None:
+    """Where an installed file goes inside a wheel, or None when the installer regenerates it."""
+    record = f["record"]
+    di = PurePosixPath(man["dist_info"]).name
+    parts = record.split("/")
+    if len(parts) == 2 and parts[0] == di and parts[1] in GENERATED_NAMES:
+        return None
+    if record.endswith((".pyc", ".pyo")) or "__pycache__" in parts:
+        return None
+    if not record.startswith("../"):
+        return record
+    data_dir = di[: -len(".dist-info")] + ".data"
+    rel = PurePosixPath(f["path"])
+    scripts = PurePosixPath(python.get("scripts") or "bin")
+    if rel.parent == scripts:
+        return f"{data_dir}/scripts/{rel.name}"
+    if rel.parts[:2] == ("include", "site") and len(rel.parts) > 4:
+        return f"{data_dir}/headers/" + "/".join(rel.parts[4:])
+    return f"{data_dir}/data/{rel.as_posix()}"
+
+
+def _file_bytes(vault: Vault, f: dict) -> Iterator[bytes]:
+    for oid in f.get("chunks") or ():
+        yield vault.get(oid)
+
+
+def _console_scripts(vault: Vault, man: dict) -> set[str]:
+    di = PurePosixPath(man["dist_info"]).name
+    for f in man["files"]:
+        if f["record"] == f"{di}/entry_points.txt" and f.get("chunks") is not None:
+            text = b"".join(_file_bytes(vault, f)).decode("utf-8", "replace")
+            names, section = set(), None
+            for line in text.splitlines():
+                line = line.strip()
+                if line.startswith("["):
+                    section = line.strip("[]").strip()
+                elif section in ("console_scripts", "gui_scripts") and "=" in line:
+                    names.add(line.split("=", 1)[0].strip())
+            return names
+    return set()
+
+
+def rebuild_wheel(vault: Vault, man: dict, python: dict, out_dir: Path) -> tuple[Path, str, int]:
+    """Write ``out_dir/<wheel>``; return (path, sha256 hex, size). Deterministic bytes for one manifest."""
+    name = wheel_filename(man)
+    final = out_dir / name
+    scripts = _console_scripts(vault, man)
+    scripts_dir = PurePosixPath(python.get("scripts") or "bin")
+    di = PurePosixPath(man["dist_info"]).name
+    record_rows = []
+    tmp = tmp_name(out_dir, name)
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for f in sorted(man["files"], key=lambda f: f["record"]):
+                if f.get("chunks") is None and "link" not in f:
+                    continue
+                rel = PurePosixPath(f["path"])
+                if rel.parent == scripts_dir and rel.name in scripts:
+                    continue  # console-script launcher: the installer writes a fresh one
+                member = wheel_member(man, f, python)
+                if member is None:
+                    continue
+                is_script = member.startswith(di[: -len(".dist-info")] + ".data/scripts/")
+                info = zipfile.ZipInfo(member, date_time=_ZIP_EPOCH)
+                info.external_attr = ((f.get("mode") or 0o644) | 0o100000) << 16
+                h, size = hashlib.sha256(), 0
+                with zf.open(info, "w", force_zip64=(f.get("size") or 0) > (1 << 30)) as out:
+                    pieces = [f["link"].encode()] if "link" in f else _file_bytes(vault, f)
+                    for i, data in enumerate(pieces):
+                        if i == 0 and is_script and _SHEBANG.match(data):
+                            data = b"#!python" + data[data.index(b"\n"):] if b"\n" in data else b"#!python\n"
+                        out.write(data)
+                        h.update(data)
+                        size += len(data)
+                digest = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+                record_rows.append(f"{member},sha256={digest},{size}")
+            record_rows.append(f"{di}/RECORD,,")
+            info = zipfile.ZipInfo(f"{di}/RECORD", date_time=_ZIP_EPOCH)
+            info.external_attr = 0o100644 << 16
+            zf.writestr(info, "\n".join(_csv_quote(r) for r in record_rows) + "\n")
+        h = hashlib.sha256()
+        with open(tmp, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return final, h.hexdigest(), final.stat().st_size
+
+
+def _csv_quote(row: str) -> str:
+    path, rest = row.split(",", 1)
+    if "," in path or '"' in path:
+        path = '"' + path.replace('"', '""') + '"'
+    return f"{path},{rest}"

@@ -1,0 +1,37 @@
+"""Shared pytest fixtures: the wheel catalogue (built once per session) and a venv factory."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# Make the repository's top-level packages (envvault, fixtures) importable however pytest is started.
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from fixtures import build_catalogue  # noqa: E402
+from fixtures import make_venv as _make_venv  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The fixture catalogue (``fixtures.catalogue``), built once: ``{key: wheel path}``."""
+    return build_catalogue(tmp_path_factory.mktemp("wheelhouse"))
+
+
+@pytest.fixture
+def make_venv(tmp_path: Path):
+    """Factory ``make_venv(kind="uv", python=None, *, with_pip=False, name=None) -> Path`` that creates
+    a fresh venv under this test's tmp_path (see ``fixtures.venvs.make_venv``)."""
+    count = 0
+
+    def factory(kind: str = "uv", python: str | Path | None = None, *, with_pip: bool = False,
+                name: str | None = None) -> Path:
+        nonlocal count
+        count += 1
+        return _make_venv(tmp_path / (name or f"venv{count}"), kind, python, with_pip=with_pip)
+
+    return factory
