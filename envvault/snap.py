@@ -12,7 +12,6 @@ from typing import Callable
 import blake3
 
 from envvault import __version__
-from envvault.env.dists import GENERATED_NAMES, InstalledDist, build_info, read_dist, _read_egg_info
 from envvault.env.host import host_facts, relevant_env
 from envvault.env.probe import Interpreter, probe
 from envvault.errors import EnvironmentProblem
@@ -52,7 +51,19 @@ class SnapResult:
 
 def statcache_for(vault: Vault, target: Path) -> StatCache:
     key = blake3.blake3(str(target).encode()).hexdigest()[:20]
-    return StatCache(vault.state_path(f"stat-{key}.json.zst"))
+    return StatCache(vault.state_path(f"stat-{key}"))
+
+
+class _LazyDists:
+    """``envvault.env.dists`` (email, packaging) imported on first use: the fast path never needs it."""
+
+    def __getattr__(self, name):
+        from envvault.env import dists
+
+        return getattr(dists, name)
+
+
+_dists = _LazyDists()
 
 
 def _is_pyc(record_path: str) -> bool:
@@ -67,7 +78,7 @@ def dist_build_id(dist: InstalledDist, prefix: Path, scripts_dir: Path) -> str:
         if _is_pyc(e.path):
             continue
         parts = e.path.split("/")
-        if len(parts) == 2 and parts[0] == di_name and parts[1] in GENERATED_NAMES:
+        if len(parts) == 2 and parts[0] == di_name and parts[1] in _dists.GENERATED_NAMES:
             continue
         if dist.scripts:
             absolute = os.path.normpath(dist.site / e.path)
@@ -97,11 +108,6 @@ class _Builder:
         self.cache = cache
         self.mode = mode  # "full": hash and store; "check": hash only; "lock": RECORD only
         self.warnings: list[str] = []
-
-    def chunks_present(self, chunks) -> bool:
-        idx = self.vault.index()
-        writer = self.ing.writer
-        return all(c in idx or (writer is not None and writer.queued(c)) for c in chunks)
 
     def file_entry(self, dist: InstalledDist, rec) -> dict | None:
         absolute = Path(os.path.normpath(dist.site / rec.path))
@@ -134,7 +140,7 @@ class _Builder:
             entry["state"] = "ok"
             return entry
         hit = self.cache.lookup(rel, st)
-        if hit is not None and (self.mode == "check" or (hit[2] is not None and self.chunks_present(hit[2]))):
+        if hit is not None and (self.mode == "check" or hit[2] is not None):
             sha, chunks = hit[1], hit[2]
         else:
             fd = self.ing.ingest(absolute, st.st_size)
@@ -179,7 +185,7 @@ class _Builder:
             "record": "ok" if dist.record is not None else "missing",
             "build_id": build_id,
             "state_id": _state_id(build_id, modified),
-            "build_info": build_info(dist),
+            "build_info": _dists.build_info(dist),
             "files": files,
         }
 
@@ -219,13 +225,16 @@ def _dist_dirs(sites: list[Path]) -> list[tuple[Path, Path]]:
 
 def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
     """True when RECORD and every stored file still have the stats recorded at the last snap."""
+    base = f"{prefix}/"
+    lstat = os.lstat
     try:
         if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
             return False
         if group.get("meta_stat") != stat_key(os.stat(dist_info / "METADATA")):
             return False
-        for rel, key in group["files"]:
-            if stat_key(os.lstat(prefix / rel)) != key:
+        for rel, key in zip(group["files"], group["stats"]):
+            st = lstat(base + rel)
+            if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns] != key:
                 return False
     except (OSError, KeyError, TypeError, ValueError):
         return False
@@ -243,8 +252,8 @@ def scan_environment(
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
     queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
-    interp = probe(prefix)
     cache = statcache_for(vault, prefix)
+    interp = cached_probe(prefix, cache)
     ing = Ingester(writer, vault.has, store=mode == "full")
     builder = _Builder(vault, interp, ing, cache, mode)
     mkey = "manifest_" + mode
@@ -254,18 +263,19 @@ def scan_environment(
     for dist_info, site in _dist_dirs([interp.purelib, interp.platlib]):
         key = dist_info.relative_to(prefix).as_posix()
         group = cache.groups.get(key)
-        if (mode != "lock" and group and group.get(mkey) and (writer is None or vault.has(group[mkey]))
-                and _group_fresh(group, prefix, dist_info)):
+        # Ids in the stat cache are trusted without consulting the index: the cache is saved only after
+        # a commit, and gc deletes every stat cache before it removes anything.
+        if mode != "lock" and group and group.get(mkey) and _group_fresh(group, prefix, dist_info):
             summary = dict(group["summary"], manifest=group[mkey])
             packages.append(summary)
-            cache.touch(rel for rel, _ in group["files"])
+            cache.touch(group["files"])
             continue
         if dist_info.name.endswith(".egg-info"):
-            egg = _read_egg_info(dist_info, site)
+            egg = _dists.read_egg_info(dist_info, site)
             if egg is not None:
                 slow.append(egg)
             continue
-        slow.append(read_dist(dist_info, site))
+        slow.append(_dists.read_dist(dist_info, site))
     total = sum(e.size or 0 for d in slow for e in (d.record or ()))
     done = 0
     for dist in slow:
@@ -280,6 +290,7 @@ def scan_environment(
         packages.append(summary)
         if dist.record is not None and mode != "lock":
             try:
+                stored = [f["path"] for f in man["files"] if f["path"] in cache.files and "mode" in f and "link" not in f]
                 key = dist.dist_info.relative_to(prefix).as_posix()
                 group = dict(cache.groups.get(key) or {})
                 if group.get("record_stat") != stat_key(os.stat(dist.dist_info / "RECORD")):
@@ -287,7 +298,8 @@ def scan_environment(
                 group.update({
                     "record_stat": stat_key(os.stat(dist.dist_info / "RECORD")),
                     "meta_stat": stat_key(os.stat(dist.dist_info / "METADATA")),
-                    "files": [[f["path"], cache.files[f["path"]][0]] for f in man["files"] if f["path"] in cache.files and "mode" in f and "link" not in f],
+                    "files": stored,
+                    "stats": [cache.files[rel][0] for rel in stored],
                     "summary": {k: v for k, v in summary.items() if k != "manifest"},
                     mkey: oid,
                 })
@@ -301,6 +313,29 @@ def scan_environment(
     warnings = builder.warnings + warnings
     stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
     return interp, packages, warnings, cache, ing, stats
+
+
+def cached_probe(prefix: Path, cache: StatCache) -> Interpreter:
+    """``probe`` costs a subprocess; reuse its answer while pyvenv.cfg and the interpreter are unchanged."""
+    try:
+        exe = prefix / "bin" / "python"
+        if not exe.exists():
+            exe = prefix / "bin" / "python3"
+        key = [str(exe.resolve())] + stat_key(exe.stat())
+        cfg = prefix / "pyvenv.cfg"
+        key += stat_key(cfg.stat()) if cfg.exists() else []
+    except OSError:
+        return probe(prefix)
+    hit = cache.extra.get("probe")
+    if hit and hit.get("key") == key:
+        try:
+            return Interpreter.from_cache(prefix, hit["value"])
+        except (KeyError, TypeError):
+            pass
+    interp = probe(prefix)
+    cache.extra["probe"] = {"key": key, "value": interp.to_cache()}
+    cache.mark_dirty()
+    return interp
 
 
 def fingerprint(python_version: str, packages: list[dict]) -> str:

@@ -204,7 +204,8 @@ def test_index_pages_hashes_and_metadata(wheelhouse):
 # (pip -U --upgrade-strategy eager, uv -U) when the index offers a build that sorts higher
 # (2.11.0+cu130 > 2.11.0+cu128 > 2.11.0).
 
-SWAP_INSTALLERS = ["uv", "pip"]
+# Venvs with their own pip cost ~6 s each (ensurepip); the swap proof below runs with it, the other
+# scenarios use the dev venv's pip (same pip version) through --python.
 
 
 def _venv_with_cu128(wheelhouse, make_venv, installer: str) -> Path:
@@ -214,7 +215,8 @@ def _venv_with_cu128(wheelhouse, make_venv, installer: str) -> Path:
 
 
 @pytest.mark.parametrize("installer, extra", [
-    ("uv", []), ("uv", ["-U"]), ("pip", []), ("pip", ["-U"]), ("pip", ["-U", "--upgrade-strategy", "eager"]),
+    ("uv", []), ("uv", ["-U"]),
+    ("pip--python", []), ("pip--python", ["-U"]), ("pip--python", ["-U", "--upgrade-strategy", "eager"]),
 ])
 def test_plain_pin_keeps_labelled_build(wheelhouse, make_venv, installer, extra):
     venv = _venv_with_cu128(wheelhouse, make_venv, installer)
@@ -225,7 +227,8 @@ def test_plain_pin_keeps_labelled_build(wheelhouse, make_venv, installer, extra)
     assert _run(venv, str(venv / "bin" / "serve")) == "serving with torchlike 2.11.0+cu128 cuda 12.8"
 
 
-@pytest.mark.parametrize("installer, force", [("uv", "--reinstall"), ("pip", "--force-reinstall")])
+@pytest.mark.parametrize("installer, force", [
+    ("uv", "--reinstall"), ("pip", "--force-reinstall"), ("pip--python", "--force-reinstall")])
 def test_forced_reinstall_swaps_to_served_plain_build(wheelhouse, make_venv, installer, force):
     venv = _venv_with_cu128(wheelhouse, make_venv, installer)
     with serve_index([wheelhouse[SERVING], wheelhouse[TORCH_PLAIN_B]]) as url:
@@ -236,7 +239,7 @@ def test_forced_reinstall_swaps_to_served_plain_build(wheelhouse, make_venv, ins
     assert not (site_packages(venv) / "torchlike-2.11.0+cu128.dist-info").exists()
 
 
-@pytest.mark.parametrize("installer, extra", [("uv", ["-U"]), ("pip", ["-U", "--upgrade-strategy", "eager"])])
+@pytest.mark.parametrize("installer, extra", [("uv", ["-U"]), ("pip--python", ["-U", "--upgrade-strategy", "eager"])])
 def test_eager_upgrade_swaps_to_higher_label(wheelhouse, make_venv, installer, extra):
     venv = _venv_with_cu128(wheelhouse, make_venv, installer)
     with serve_index([wheelhouse[SERVING], wheelhouse[TORCH_CU130]]) as url:
@@ -245,7 +248,7 @@ def test_eager_upgrade_swaps_to_higher_label(wheelhouse, make_venv, installer, e
     assert _torchlike_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
 
 
-@pytest.mark.parametrize("installer, force", [("uv", "--reinstall-package=torchlike"), ("pip", "--force-reinstall")])
+@pytest.mark.parametrize("installer, force", [("uv", "--reinstall-package=torchlike"), ("pip--python", "--force-reinstall")])
 def test_same_version_other_build_needs_force(wheelhouse, make_venv, installer, force):
     venv = _venv_for(make_venv, installer)
     _install(installer, venv, "torchlike==2.11.0", find_links=[wheelhouse[TORCH_PLAIN_A].parent])

@@ -10,7 +10,6 @@ import click
 from envvault.cli import cli
 from envvault.env.probe import find_target
 from envvault.output import Progress, emit_json, human_bytes, style
-from envvault.snap import take_snapshot
 from envvault.vault.store import Vault
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
@@ -70,6 +69,8 @@ def snap(ctx, venv, message, lock_only, no_caches, cache_dirs, as_json):
       envvault snap -m "before installing sglang"
       envvault snap --venv ~/venvs/train --lock-only
     """
+    from envvault.snap import take_snapshot
+
     target = find_target(venv)
     vault = open_vault(ctx, create=True)
     progress = Progress("snap", 1, enabled=not as_json)

@@ -150,7 +150,7 @@ def read_dist(dist_info: Path, site: Path) -> InstalledDist:
     )
 
 
-def _read_egg_info(path: Path, site: Path) -> InstalledDist | None:
+def read_egg_info(path: Path, site: Path) -> InstalledDist | None:
     meta = path / "PKG-INFO" if path.is_dir() else path
     text = _read_text(meta)
     if text is None:
@@ -178,7 +178,7 @@ def scan_dists(sites: list[Path]) -> list[InstalledDist]:
             if entry.name.endswith(".dist-info") and entry.is_dir():
                 dists.append(read_dist(Path(entry.path), site))
             elif entry.name.endswith(".egg-info"):
-                egg = _read_egg_info(Path(entry.path), site)
+                egg = read_egg_info(Path(entry.path), site)
                 if egg is not None:
                     dists.append(egg)
     dists.sort(key=lambda d: (d.name, d.version))

@@ -53,6 +53,16 @@ class Interpreter:
     def minor(self) -> str:
         return ".".join(self.version.split(".")[:2])
 
+    def to_cache(self) -> dict:
+        d = {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
+        d.pop("prefix")
+        return d
+
+    @classmethod
+    def from_cache(cls, prefix: Path, d: dict) -> "Interpreter":
+        paths = ("executable", "purelib", "platlib", "scripts")
+        return cls(prefix=prefix, **{k: Path(v) if k in paths else v for k, v in d.items()})
+
     def to_dict(self) -> dict:
         rel = lambda p: _rel(p, self.prefix)  # noqa: E731
         return {

@@ -36,8 +36,11 @@ def storage_error(err: OSError, where: Path | str) -> StorageError:
     return StorageError(f"cannot write {where}: {err.strerror or err}")
 
 
-def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so that ``path`` either does not change or holds all of ``data``."""
+def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: int = 0o600, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that ``path`` either does not change or holds all of ``data``.
+
+    ``durable=False`` skips the fsyncs, for caches that may be lost in a crash but never seen half-written.
+    """
     tmp_dir = tmp_dir or path.parent
     tmp = tmp_name(tmp_dir, path.name)
     try:
@@ -47,11 +50,13 @@ def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: 
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
     except OSError as err:
         try:
             os.unlink(tmp)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zstandard
-from pyfastcdc import FastCDC
 
+from envvault import __version__
 from envvault.errors import EnvironmentProblem
 from envvault.model.encoding import object_id
 from envvault.vault.fsutil import atomic_write
@@ -25,7 +25,16 @@ from envvault.vault.packs import PackWriter
 __all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256"]
 
 SMALL_FILE = 1 << 20  # files below this are one object; larger ones are cut by FastCDC
-_CDC = FastCDC(avg_size=1 << 20, min_size=256 << 10, max_size=4 << 20)
+_CDC = None
+
+
+def _chunker():
+    global _CDC
+    if _CDC is None:
+        from pyfastcdc import FastCDC
+
+        _CDC = FastCDC(avg_size=1 << 20, min_size=256 << 10, max_size=4 << 20)
+    return _CDC
 
 
 def b64_sha256(digest: bytes) -> str:
@@ -76,7 +85,7 @@ class Ingester:
                         chunks.append(self._put(data))
                 else:
                     size = 0
-                    for ch in _CDC.cut_stream(f):
+                    for ch in _chunker().cut_stream(f):
                         data = bytes(ch.data)
                         h.update(data)
                         size += len(data)
@@ -92,26 +101,46 @@ class Ingester:
 
 
 class StatCache:
-    """Per-target cache: path -> (stat key, sha256, chunks), and per-dist shortcuts. Not vault data."""
+    """Per-target cache of file stats and hashes, and per-distribution shortcuts. Not vault data.
 
-    VERSION = 2
+    Two files: ``<name>.groups.json`` (per distribution: its files, their stats, its summary; read on every
+    snap) and ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
+    """
+
+    VERSION = 4
 
     def __init__(self, path: Path):
-        self.path = path
-        self.files: dict[str, list] = {}
+        self.groups_path = path.with_name(path.name + ".groups.json")
+        self.files_path = path.with_name(path.name + ".files.json.zst")
+        self._files: dict[str, list] | None = None
         self.groups: dict[str, dict] = {}
         self.extra: dict = {}
-        self.touched: set[str] = set()  # entries used by this run; the rest is dropped on save
-        self._dirty = False
+        self.touched: set[str] = set()  # file entries used by this run; the rest is dropped on save
+        self._dirty_groups = False
+        self._dirty_files = False
+        doc = self._load(self.groups_path, compressed=False)
+        if doc:
+            self.groups = doc.get("groups", {})
+            self.extra = doc.get("extra", {})
+
+    def _load(self, path: Path, compressed: bool) -> dict | None:
         try:
-            raw = zstandard.ZstdDecompressor().decompress(path.read_bytes())
+            raw = path.read_bytes()
+            if compressed:
+                raw = zstandard.ZstdDecompressor().decompress(raw)
             doc = json.loads(raw)
-            if doc.get("version") == self.VERSION:
-                self.files = doc.get("files", {})
-                self.groups = doc.get("groups", {})
-                self.extra = doc.get("extra", {})
         except (OSError, ValueError, zstandard.ZstdError):
-            pass
+            return None
+        if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:
+            return None
+        return doc
+
+    @property
+    def files(self) -> dict[str, list]:
+        if self._files is None:
+            doc = self._load(self.files_path, compressed=True)
+            self._files = doc.get("files", {}) if doc else {}
+        return self._files
 
     def lookup(self, rel: str, st: os.stat_result) -> list | None:
         hit = self.files.get(rel)
@@ -122,29 +151,35 @@ class StatCache:
 
     def put(self, rel: str, st: os.stat_result, sha256: str, chunks: list[str] | None) -> None:
         old = self.files.get(rel)
-        # Keep stored chunks when a lock-only pass re-hashes an unchanged file.
+        # Keep stored chunks when a hash-only pass re-reads an unchanged file.
         if chunks is None and old is not None and old[0] == stat_key(st):
             chunks = old[2]
         self.files[rel] = [stat_key(st), sha256, chunks]
         self.touched.add(rel)
-        self._dirty = True
+        self._dirty_files = True
 
     def set_group(self, key: str, value: dict) -> None:
         self.groups[key] = value
-        self._dirty = True
+        self._dirty_groups = True
+
+    def mark_dirty(self) -> None:
+        self._dirty_groups = True
 
     def touch(self, rels) -> None:
         self.touched.update(rels)
 
     def save(self) -> None:
-        """Write the cache, keeping only entries this run used; never fails the caller."""
-        if not self._dirty and self.touched >= self.files.keys():
-            return
-        self.files = {k: v for k, v in self.files.items() if k in self.touched}
-        doc = {"version": self.VERSION, "files": self.files, "groups": self.groups, "extra": self.extra}
-        data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
+        """Write what changed; entries this run did not use are dropped. Never fails the caller."""
         try:
-            atomic_write(self.path, data, tmp_dir=self.path.parent.parent / "tmp")
+            if self._files is not None and (self._dirty_files or not self.touched >= self._files.keys()):
+                self._files = {k: v for k, v in self._files.items() if k in self.touched}
+                doc = {"version": self.VERSION, "tool": __version__, "files": self._files}
+                data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
+                atomic_write(self.files_path, data, tmp_dir=self.files_path.parent.parent / "tmp", durable=False)
+            if self._dirty_groups:
+                doc = {"version": self.VERSION, "tool": __version__, "groups": self.groups, "extra": self.extra}
+                data = json.dumps(doc, separators=(",", ":")).encode()
+                atomic_write(self.groups_path, data, tmp_dir=self.groups_path.parent.parent / "tmp", durable=False)
         except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
             pass
 

@@ -1,0 +1,120 @@
+"""Reading the few facts a cache fingerprint needs from a venv's files, without running or importing it."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import io
+import re
+from pathlib import Path
+
+import blake3
+
+from ..errors import EnvironmentProblem, UsageError
+
+__all__ = ["site_packages", "python_version", "find_dist_info", "record_digest", "module_constants"]
+
+# Entries an installer writes itself (they differ between pip and uv installs of one wheel).
+_INSTALLER_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "RECORD.jws", "RECORD.p7s"}
+
+
+def python_version(venv: Path) -> str | None:
+    """The venv's Python version from ``pyvenv.cfg`` (``version_info`` or ``version``), else from the
+    ``lib/pythonX.Y`` folder name (then only ``X.Y``); None when neither says."""
+    cfg = venv / "pyvenv.cfg"
+    if cfg.is_file():
+        values = {}
+        for line in cfg.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                values[key.strip()] = value.strip()
+        for key in ("version_info", "version"):
+            m = re.match(r"(\d+\.\d+(?:\.\d+)?)", values.get(key, ""))
+            if m:
+                return m.group(1)
+    libs = sorted(p.name for p in (venv / "lib").glob("python3*") if p.is_dir())
+    for name in libs:
+        m = re.fullmatch(r"python(\d+\.\d+)t?", name)
+        if m:
+            return m.group(1)
+    return None
+
+
+def site_packages(venv: Path) -> Path:
+    """The venv's ``site-packages``; raises ``UsageError`` when ``venv`` has none."""
+    version = python_version(venv)
+    candidates = sorted((venv / "lib").glob("python3*/site-packages")) + [venv / "Lib" / "site-packages"]
+    if version:
+        mm = ".".join(version.split(".")[:2])
+        candidates.sort(key=lambda p: p.parent.name not in (f"python{mm}", f"python{mm}t"))
+    for path in candidates:
+        if path.is_dir():
+            return path
+    raise UsageError(f"{venv} is not a virtual environment: no site-packages under it")
+
+
+def find_dist_info(site: Path, package: str) -> Path | None:
+    """The ``.dist-info`` folder whose RECORD installs ``<package>/__init__.py``; None when absent."""
+    wanted = f"{package}/__init__.py,"
+    infos = sorted(site.glob("*.dist-info"))
+    # Name-based guesses first (torch, triton, pytorch_triton ...), then every other dist-info.
+    infos.sort(key=lambda p: package not in p.name.lower())
+    for info in infos:
+        record = info / "RECORD"
+        try:
+            text = record.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if text.startswith(wanted) or f"\n{wanted}" in text:
+            return info
+    return None
+
+
+def record_digest(dist_info: Path) -> str:
+    """BLAKE3 (hex) over the sorted lines of RECORD that describe the wheel's own files.
+
+    Left out: ``.pyc`` and ``__pycache__`` (pip compiles and lists them, uv does not), paths outside
+    site-packages (console scripts carry the venv's path) and the files installers write into the
+    dist-info. So pip and uv installs of the same wheel give the same digest, and another build of the
+    same version does not.
+    """
+    try:
+        text = (dist_info / "RECORD").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EnvironmentProblem(f"cannot read {dist_info / 'RECORD'}: {exc}") from exc
+    kept = []
+    for row in csv.reader(io.StringIO(text)):
+        if not row or not row[0]:
+            continue
+        path = row[0]
+        if path.endswith(".pyc") or "__pycache__/" in path or path.startswith("../"):
+            continue
+        folder, _, name = path.rpartition("/")
+        if folder == dist_info.name and name in _INSTALLER_FILES:
+            continue
+        kept.append(",".join(row))
+    kept.sort()
+    return blake3.blake3("\n".join(kept).encode("utf-8")).hexdigest()
+
+
+def module_constants(path: Path, names: set[str]) -> dict[str, object]:
+    """Top-level ``NAME = <literal>`` (or annotated) assignments of a Python file, read without running it."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise EnvironmentProblem(f"cannot parse {path}: {exc}") from exc
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in names:
+                try:
+                    found[target.id] = ast.literal_eval(value)
+                except ValueError:
+                    pass
+    return found
