@@ -42,6 +42,8 @@ def cli(ctx: click.Context, vault_path: str | None) -> None:
 def _register() -> None:
     # One import per area; each module adds its commands to ``cli``.
     from envvault.commands import snapshots  # noqa: F401
+    from envvault.commands import restore  # noqa: F401
+    from envvault.commands import guard  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

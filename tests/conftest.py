@@ -35,3 +35,24 @@ def make_venv(tmp_path: Path):
         return _make_venv(tmp_path / (name or f"venv{count}"), kind, python, with_pip=with_pip)
 
     return factory
+
+
+@pytest.fixture(scope="session")
+def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with real torch 2.13.0+cpu and numpy, installed by pip from this machine's disk.
+
+    Shared by the whole session: tests must not change it (copy it or make their own). Set
+    ``ENVVAULT_TEST_TORCH_VENV`` to reuse a venv built earlier. Without torch the tests fail, never skip.
+    """
+    import os
+    import subprocess
+
+    given = os.environ.get("ENVVAULT_TEST_TORCH_VENV")
+    if given:
+        return Path(given)
+    venv = tmp_path_factory.mktemp("torch") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "torch==2.13.0", "numpy"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"cannot install torch 2.13.0 (tests need it): {proc.stderr[-2000:]}"
+    return venv

@@ -4,6 +4,8 @@ works for pip and uv, and the torch-swap scenarios behave as fixtures/README.md 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import stat
 import subprocess
 import urllib.error
@@ -28,14 +30,12 @@ from fixtures import (
 )
 from fixtures.catalogue import (
     BROKEN,
-    NS_ALPHA,
-    NS_BETA,
+    SMALL_01,
     SERVING,
     TORCH_CU128,
     TORCH_CU130,
     TORCH_PLAIN_A,
     TORCH_PLAIN_B,
-    WITH_HEADERS,
 )
 
 TORCHES = (TORCH_CU128, TORCH_CU130, TORCH_PLAIN_A, TORCH_PLAIN_B)
@@ -268,3 +268,28 @@ def test_make_venv_refuses_unknown_kind_and_uv_with_pip(tmp_path):
         plain_make_venv(tmp_path / "a", "conda")
     with pytest.raises(ValueError):
         plain_make_venv(tmp_path / "b", "uv", with_pip=True)
+
+
+def test_uv_stamps_local_wheel_installs_into_record(wheelhouse, make_venv, tmp_path):
+    """uv 0.13 adds dist-info/uv_cache.json to RECORD for --find-links and path installs (not for index
+    installs). It holds the wheel file's ctime, so the same wheel bytes copied anew give another RECORD."""
+    links = tmp_path / "links"
+    links.mkdir()
+    wheel = links / wheelhouse[SMALL_01].name
+    records = []
+    for _ in range(2):
+        wheel.unlink(missing_ok=True)
+        wheel.write_bytes(wheelhouse[SMALL_01].read_bytes())
+        ctime_ns = os.stat(wheel).st_ctime_ns
+        venv = make_venv("uv")
+        uv_install(venv, "smallpkg==0.1.0", find_links=[links])
+        dist_info = site_packages(venv) / "smallpkg-0.1.0.dist-info"
+        stamp = json.loads((dist_info / "uv_cache.json").read_text())["timestamp"]
+        assert stamp["secs_since_epoch"] * 10**9 + stamp["nanos_since_epoch"] == ctime_ns
+        records.append((dist_info / "RECORD").read_text().splitlines())
+    differing = set(records[0]) ^ set(records[1])
+    assert {line.split(",")[0] for line in differing} == {"smallpkg-0.1.0.dist-info/uv_cache.json"}
+    venv = make_venv("uv")
+    with serve_index([wheel]) as url:
+        uv_install(venv, "smallpkg==0.1.0", index_url=url)
+    assert not (site_packages(venv) / "smallpkg-0.1.0.dist-info/uv_cache.json").exists()

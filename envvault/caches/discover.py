@@ -67,7 +67,8 @@ def discover_caches(
     """Every compile cache location for a process started with ``env``, in a fixed order.
 
     Returns inductor, triton, torch_extensions, cuda, then one ``user`` entry per ``extra`` path (made
-    absolute, ``~`` expanded). A path already listed is not listed twice. With ``use_torch_python``, that
+    absolute, ``~`` expanded). A path already listed is not listed twice; one location may lie inside
+    another (a ``TRITON_CACHE_DIR`` under the Inductor root, as Inductor itself sets it). With ``use_torch_python``, that
     interpreter (a venv's python with torch) is asked for Inductor's root under the same ``env`` and its
     answer is used; raises ``EnvironmentProblem`` when it cannot answer.
     """
@@ -102,7 +103,7 @@ def inductor_cache_dir(env: Mapping[str, str] = os.environ) -> tuple[Path, str]:
         return Path(os.path.abspath(value)), "TORCHINDUCTOR_CACHE_DIR"
     user = _UNSAFE_IN_USER.sub("_", _getuser(env))
     tmp, tmp_reason = _gettempdir(env)
-    return Path(os.path.abspath(os.path.join(tmp, "torchinductor_" + user))), f"default under {tmp_reason}"
+    return Path(os.path.abspath(os.path.join(tmp, "torchinductor_" + user))), f"default, in the temp dir ({tmp_reason})"
 
 
 def triton_cache_dir(env: Mapping[str, str] = os.environ) -> tuple[Path, str]:
@@ -158,12 +159,11 @@ def _getuser(env: Mapping[str, str]) -> str:
 
 def _gettempdir(env: Mapping[str, str]) -> tuple[str, str]:
     # tempfile._candidate_tempdir_list + _get_default_tempdir, reading env instead of os.environ:
-    # the first candidate where a file can be created wins.
-    candidates = [(env[name], name) for name in ("TMPDIR", "TEMP", "TMP") if env.get(name)]
-    # POSIX only: Windows adds other defaults, and envvault does not target it.
-    candidates += [(p, "a system default") for p in ("/tmp", "/var/tmp", "/usr/tmp")]
+    # the first candidate where a file can be created wins. POSIX only (Windows adds other defaults).
+    candidates = [(env[name], f"${name}") for name in ("TMPDIR", "TEMP", "TMP") if env.get(name)]
+    candidates += [(p, p) for p in ("/tmp", "/var/tmp", "/usr/tmp")]
     candidates.append((os.getcwd(), "the current directory"))
-    for directory, reason in candidates:
+    for directory, label in candidates:
         directory = os.path.abspath(directory)
         try:
             fd, probe = tempfile.mkstemp(dir=directory)
@@ -171,7 +171,7 @@ def _gettempdir(env: Mapping[str, str]) -> tuple[str, str]:
             continue
         os.close(fd)
         os.unlink(probe)
-        return directory, (reason if reason.startswith(("a ", "the ")) else f"${reason}")
+        return directory, label
     raise EnvironmentProblem("no usable temporary directory: set TMPDIR to a writable directory")
 
 
@@ -188,13 +188,21 @@ def _home(env: Mapping[str, str]) -> str:
     return home.rstrip("/") or "/"
 
 
-_ASK = (
-    "import os\n"
-    "from torch._inductor.runtime import cache_dir_utils as c\n"
-    "d = os.environ.get('TORCHINDUCTOR_CACHE_DIR')\n"
-    # default_cache_dir() is cache_dir() without its makedirs: asking must not create the root.
-    "print(os.path.abspath(d if d is not None else c.default_cache_dir()))\n"
-)
+# Runs torch's own cache_dir() in the target interpreter. Importing torch (or torch._inductor) runs
+# torch._dynamo.package, which creates the root, and takes seconds; so the parent packages are bare
+# module objects over torch's real folders and only cache_dir_utils.py (which needs torch._environment
+# alone) executes. makedirs is disabled because asking must not create the root.
+_ASK = """
+import importlib.util, os, sys, types
+root = os.path.dirname(importlib.util.find_spec("torch").origin)
+for name, rel in (("torch", ""), ("torch._inductor", "_inductor"), ("torch._inductor.runtime", "_inductor/runtime")):
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [os.path.join(root, rel)]
+    sys.modules[name] = pkg
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+os.makedirs = lambda *args, **kwargs: None
+print(cache_dir())
+"""
 
 
 def _ask_torch(python: Path, env: Mapping[str, str]) -> Path:

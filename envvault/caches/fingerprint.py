@@ -267,71 +267,97 @@ def fingerprint_from_tree(root: Path) -> Fingerprint:
 def compare(cache_fp: Fingerprint, env_fp: Fingerprint) -> list[Mismatch]:
     """Every component where ``cache_fp`` (who built the cache) and ``env_fp`` (who would use it) differ.
 
-    At most one mismatch per component (torch, torch_build, triton, gpu, python) plus one per compile
-    variable (``env:<NAME>``); unknown values never count as differences. Empty when nothing known
-    differs.
+    At most one mismatch per component, in this order: torch (version), torch_build (same version, other
+    build, CUDA/ROCm or edited files), triton, gpu, python; then one per compile variable
+    (``env:<NAME>``). Unknown values never count as differences. Empty when nothing known differs.
     """
-    found: list[Mismatch] = []
+    found = [
+        _torch_mismatch(cache_fp, env_fp),
+        _triton_mismatch(cache_fp, env_fp),
+        _gpu_mismatch(cache_fp, env_fp),
+        _python_mismatch(cache_fp, env_fp),
+    ]
+    return [m for m in found if m is not None] + _env_mismatches(cache_fp, env_fp)
+
+
+def _torch_mismatch(cache_fp: Fingerprint, env_fp: Fingerprint) -> Mismatch | None:
+    c, e = cache_fp.torch_version, env_fp.torch_version
     built_by = _torch_on(cache_fp)
-    here = _torch_on(env_fp)
-    c_torch, e_torch = cache_fp.torch_version, env_fp.torch_version
-    if _both_known(cache_fp, env_fp, c_torch, e_torch) and c_torch != e_torch:
-        found.append(Mismatch(
-            component="torch", cached=c_torch, current=e_torch,
-            message=f"built by {built_by}; this environment has {here}: Inductor will not use it",
-        ))  # fmt: skip
-    elif c_torch and c_torch == e_torch and (why := _build_difference(cache_fp, env_fp)):
-        found.append(Mismatch(component="torch_build", cached=why[0], current=why[1],
-                              message=f"built by {built_by} {why[2]}: Inductor will not use it"))
-    c_tri, e_tri = cache_fp.triton_version, env_fp.triton_version
-    if _both_known(cache_fp, env_fp, c_tri, e_tri) and c_tri != e_tri:
-        found.append(Mismatch(
-            component="triton", cached=c_tri, current=e_tri,
-            message=f"kernels built with {_label('Triton', c_tri)}; this environment has "
-            f"{_label('Triton', e_tri)}: Triton will recompile them",
-        ))  # fmt: skip
-    elif c_tri and c_tri == e_tri and None not in (cache_fp.triton_record, env_fp.triton_record):
-        if cache_fp.triton_record != env_fp.triton_record:
-            found.append(Mismatch(
-                component="triton", cached=cache_fp.triton_record, current=env_fp.triton_record,
-                message=f"kernels built with another build of Triton {c_tri} (its files differ): "
-                "Triton will recompile them",
-            ))  # fmt: skip
-    if cache_fp.gpus is not None and env_fp.gpus is not None:
-        c_gpu, e_gpu = _gpu_names(cache_fp.gpus), _gpu_names(env_fp.gpus)
-        if c_gpu and c_gpu != e_gpu:
-            found.append(Mismatch(
-                component="gpu", cached=c_gpu, current=e_gpu or None,
-                message=f"built on {c_gpu}; this environment has {e_gpu or 'no NVIDIA GPU'}: "
-                "the GPU name is part of Inductor's key, so it will not use it",
-            ))  # fmt: skip
-    c_py, e_py = _major_minor(cache_fp.python_version), _major_minor(env_fp.python_version)
-    if c_py and e_py and c_py != e_py:
-        found.append(Mismatch(
-            component="python", cached=c_py, current=e_py,
-            message=f"built under Python {c_py}; this environment has Python {e_py}: torch's key covers "
-            "its compiled _C module and the cached .so files are per Python, so it will not be used",
-        ))  # fmt: skip
-    found.extend(_env_mismatches(cache_fp, env_fp))
-    return found
+    if _both_known(cache_fp, env_fp, c, e) and c != e:
+        return Mismatch(
+            component="torch", cached=c, current=e,
+            message=f"built by {built_by}; this environment has {_torch_on(env_fp)}: Inductor will not use it",
+        )  # fmt: skip
+    if c is None or c != e:
+        return None
+    why = _build_difference(cache_fp, env_fp)
+    if why is None:
+        return None
+    return Mismatch(component="torch_build", cached=why[0], current=why[1],
+                    message=f"built by {built_by} {why[2]}: Inductor will not use it")  # fmt: skip
 
 
 def _build_difference(cache_fp: Fingerprint, env_fp: Fingerprint) -> tuple[str | None, str | None, str] | None:
-    pairs = [
-        ("git_version", cache_fp.torch_git_version, env_fp.torch_git_version, "from git {c}; this one is from git {e}"),
-        ("cuda", cache_fp.torch_cuda, env_fp.torch_cuda, "for CUDA {c}; this one is for CUDA {e}"),
-        ("hip", cache_fp.torch_hip, env_fp.torch_hip, "for ROCm {c}; this one is for ROCm {e}"),
-        ("record", cache_fp.torch_record, env_fp.torch_record,
-         "from other files (RECORD digest {c}); this environment's torch differs ({e})"),
-        ("key_hash", cache_fp.torch_key_hash, env_fp.torch_key_hash,
-         "whose source files hash to {c}; this environment's torch files hash to {e} (edited in place?)"),
-    ]  # fmt: skip
-    for name, c, e, text in pairs:
-        cuda_like = name in ("cuda", "hip")  # known whenever the version is; None means "none"
-        if (cuda_like or (c is not None and e is not None)) and c != e:
-            short = (lambda v: v[:12] if v and name in ("git_version", "record") else v)
-            return c, e, text.format(c=short(c) or "none", e=short(e) or "none")
+    """(cached, current, phrase) for the build detail that differs between two equal torch versions."""
+    for c, e in ((cache_fp.torch_cuda, env_fp.torch_cuda), (cache_fp.torch_hip, env_fp.torch_hip)):
+        # Known whenever the version is; None means a build without it.
+        if c != e:
+            return c, e, f"for {_label('CUDA/ROCm', c)}; this one is for {_label('CUDA/ROCm', e)}"
+    c, e = cache_fp.torch_key_hash, env_fp.torch_key_hash
+    if c is not None and e is not None:
+        # Inductor's own key over torch's module files decides; RECORD also covers files it ignores.
+        if c == e:
+            return None
+        return c, e, f"whose module files hash to {c[:12]}; this environment's torch hashes to {e[:12]} (edited?)"
+    checks = [
+        (cache_fp.torch_git_version, env_fp.torch_git_version, "from git {c}; this one is from git {e}"),
+        (cache_fp.torch_record, env_fp.torch_record, "with other files (RECORD digest {c}; here {e})"),
+    ]
+    for c, e, phrase in checks:
+        if c is not None and e is not None and c != e:
+            return c, e, phrase.format(c=c[:12], e=e[:12])
     return None
+
+
+def _triton_mismatch(cache_fp: Fingerprint, env_fp: Fingerprint) -> Mismatch | None:
+    c, e = cache_fp.triton_version, env_fp.triton_version
+    if _both_known(cache_fp, env_fp, c, e) and c != e:
+        effect = "its kernels cannot be used" if e is None else "Triton will recompile every kernel"
+        return Mismatch(
+            component="triton", cached=c, current=e,
+            message=f"kernels built with {_label('Triton', c)}; this environment has {_label('Triton', e)}: {effect}",
+        )  # fmt: skip
+    c_rec, e_rec = cache_fp.triton_record, env_fp.triton_record
+    if c is not None and c == e and c_rec is not None and e_rec is not None and c_rec != e_rec:
+        return Mismatch(
+            component="triton", cached=c_rec, current=e_rec,
+            message=f"kernels built with another build of Triton {c} (its files differ): Triton will recompile them",
+        )  # fmt: skip
+    return None
+
+
+def _gpu_mismatch(cache_fp: Fingerprint, env_fp: Fingerprint) -> Mismatch | None:
+    if cache_fp.gpus is None or env_fp.gpus is None:
+        return None
+    c, e = _gpu_names(cache_fp.gpus), _gpu_names(env_fp.gpus)
+    if not c or c == e:
+        return None
+    return Mismatch(
+        component="gpu", cached=c, current=e or None,
+        message=f"built on {c}; this environment has {e or 'no NVIDIA GPU'}: "
+        "the GPU name is part of Inductor's key, so it will not use it",
+    )  # fmt: skip
+
+
+def _python_mismatch(cache_fp: Fingerprint, env_fp: Fingerprint) -> Mismatch | None:
+    c, e = _major_minor(cache_fp.python_version), _major_minor(env_fp.python_version)
+    if not c or not e or c == e:
+        return None
+    return Mismatch(
+        component="python", cached=c, current=e,
+        message=f"built under Python {c}; this environment has Python {e}: torch's key covers its "
+        "compiled _C module and the cached .so files are per Python, so it will not be used",
+    )  # fmt: skip
 
 
 def _env_mismatches(cache_fp: Fingerprint, env_fp: Fingerprint) -> list[Mismatch]:

@@ -151,12 +151,13 @@ class _StatLike(Protocol):
 def stable_read(path: Path, expected_stat: os.stat_result | CacheFile | _StatLike) -> bytes | None:
     """The bytes of ``path``, or None when the file is not the one ``expected_stat`` describes.
 
-    None means: it vanished, it is no longer a regular file, its size or mtime differ from
-    ``expected_stat`` (a ``CacheFile`` or an ``os.stat_result``), or it changed or was replaced while being
-    read (a compile is writing it). The caller skips such an entry with a warning. Symlinks are not
+    None means: it vanished, it is no longer a regular file, its size or mtime (and, given an
+    ``os.stat_result``, its inode) differ from ``expected_stat`` (a ``CacheFile`` or an ``os.stat_result``),
+    or it changed or was replaced while being read (a compile is writing it). The caller skips such an entry with a warning. Symlinks are not
     followed. Other read errors raise ``EnvironmentProblem``.
     """
     want_size, want_mtime = _size_mtime(expected_stat)
+    want_inode = getattr(expected_stat, "st_ino", None), getattr(expected_stat, "st_dev", None)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -169,6 +170,8 @@ def stable_read(path: Path, expected_stat: os.stat_result | CacheFile | _StatLik
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode) or (before.st_size, before.st_mtime_ns) != (want_size, want_mtime):
             return None
+        if want_inode[0] is not None and want_inode != (before.st_ino, before.st_dev):
+            return None  # replaced since expected_stat was taken
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)

@@ -9,7 +9,6 @@ through :mod:`envvault.torch.pickle_reader`, which imports and runs nothing the 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import zipfile

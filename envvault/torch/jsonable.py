@@ -24,7 +24,7 @@ from envvault.torch.pickle_reader import (
 
 __all__ = ["to_jsonable", "TensorSummary", "summarize"]
 
-MAX_DEPTH = 64
+MAX_DEPTH = 100
 MAX_NODES = 1_000_000
 _CUT = "…"  # marks a subtree left out because of a cycle or a limit
 
@@ -122,7 +122,8 @@ def _conv_node(o: Any, conv: Any) -> Any:
     if isinstance(o, (list, tuple)):
         return [conv(v) for v in o]
     if isinstance(o, (set, frozenset)):
-        return [conv(v) for v in sorted(o, key=lambda v: (type(v).__name__, repr(v)))]
+        # Sets have no order: sort the rendered elements (never repr(): it recurses without bound).
+        return sorted((conv(v) for v in o), key=lambda v: json.dumps(v, sort_keys=True))
     if isinstance(o, (bytes, bytearray)):
         return {"bytes": len(o)}
     if isinstance(o, complex):

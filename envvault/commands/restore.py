@@ -1,0 +1,327 @@
+"""diff, status, restore, tag, untag, gc: parse, call the library, render.
+
+Exit codes (beyond the error table in envvault/errors.py): ``diff``/``status --exit-code`` exit 1 when
+something differs; ``restore`` exits 1 when it finished but the environment does not verify against the
+snapshot (the JSON's ``remaining`` says what still differs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from envvault.cli import cli
+from envvault.commands.snapshots import json_option, open_vault, resolve_ref, venv_option
+from envvault.errors import NotFoundError, UsageError
+from envvault.output import Progress, emit_json, human_bytes, style
+from envvault.vault.store import Vault
+
+__all__ = ["resolve_side", "resolve_snapshot"]
+
+
+def _is_lockfile(path: Path) -> bool:
+    return path.suffix == ".toml" or path.name.startswith("pylock")
+
+
+def resolve_side(vault: Vault, arg: str, *, venv: str | None = None) -> tuple[str, dict]:
+    """One side of a diff as (label, document): ``current`` (the live environment, nothing written to the
+    vault), a path to a pylock.toml, or a snapshot id / prefix / tag / ``latest``."""
+    if arg == "current":
+        from envvault.diff import current_document
+        from envvault.env.probe import find_target
+
+        target = find_target(venv)
+        return f"current ({target})", current_document(vault, target)
+    path = Path(arg).expanduser()
+    if path.is_file():
+        if _is_lockfile(path):
+            from envvault.diff import lockfile_document
+
+            return str(path), lockfile_document(path)
+        return _path_side(vault, path)
+    sid = resolve_ref(vault, arg)
+    return sid[:12], vault.load_snapshot(sid).doc
+
+
+def _path_side(vault: Vault, path: Path) -> tuple[str, dict]:
+    """A file that is not a lockfile. Hook for checkpoints (the torch area): map the file to the snapshot
+    stamped into it and return ``(label, snapshot document)``; ``resolve_snapshot`` uses it too."""
+    sid = _checkpoint_snapshot(vault, path)
+    return f"{path.name} ({sid[:12]})", vault.load_snapshot(sid).doc
+
+
+def _checkpoint_snapshot(vault: Vault, path: Path) -> str:
+    raise UsageError(f"{path} is not a pylock.toml, and reading snapshots stamped into checkpoints is not available yet")
+
+
+def resolve_snapshot(vault: Vault, arg: str) -> str:
+    """A snapshot id for restore: id / prefix / tag / ``latest``, or a file stamped with one."""
+    path = Path(arg).expanduser()
+    if path.is_file() and not _is_lockfile(path):
+        return _checkpoint_snapshot(vault, path)
+    return resolve_ref(vault, arg)
+
+
+def _render_diff(result) -> None:
+    from envvault.diff import render_text
+
+    text = render_text(result)
+    if text:
+        click.echo(text)
+    else:
+        click.echo(f"no differences between {result.old_label} and {result.new_label}")
+
+
+@cli.command()
+@click.argument("old")
+@click.argument("new")
+@venv_option
+@json_option
+@click.option("--exit-code", is_flag=True, help="Exit 1 when anything differs.")
+@click.pass_context
+def diff(ctx, old, new, venv, as_json, exit_code):
+    """Show what changed from OLD to NEW.
+
+    Each side is a snapshot id, unique prefix, tag or `latest`; `current` (the live environment, read
+    without writing to the vault); or a path to a pylock.toml.
+
+    \b
+    Examples:
+      envvault diff latest current
+      envvault diff before-sglang after-sglang --json
+      envvault diff 3fa9c2 pylock.toml --exit-code
+    """
+    from envvault.diff import diff_snapshots
+
+    vault = open_vault(ctx)
+    old_label, old_doc = resolve_side(vault, old, venv=venv)
+    new_label, new_doc = resolve_side(vault, new, venv=venv)
+    result = diff_snapshots(old_doc, new_doc, vault=vault, old_label=old_label, new_label=new_label)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        _render_diff(result)
+    if exit_code and not result.empty:
+        sys.exit(1)
+
+
+@cli.command()
+@venv_option
+@click.option("--against", "against", default=None, help="Compare with this snapshot (default: the latest of the environment).")
+@json_option
+@click.option("--exit-code", is_flag=True, help="Exit 1 when the environment differs from the snapshot.")
+@click.pass_context
+def status(ctx, venv, against, as_json, exit_code):
+    """What changed in the environment since its latest snapshot (or the snapshot last restored onto it):
+    installs, removals, upgrades, other builds, files edited in place. Host and environment variables are
+    left to `diff latest current`.
+
+    \b
+    Examples:
+      envvault status
+      envvault status --venv ~/venvs/train --json
+    """
+    from envvault.diff import current_document, diff_snapshots
+    from envvault.env.probe import find_target
+    from envvault.restore.execute import baseline_snapshot
+
+    target = find_target(venv)
+    vault = open_vault(ctx)
+    sid = resolve_ref(vault, against) if against else baseline_snapshot(vault, target)
+    snap = vault.load_snapshot(sid).doc
+    now = current_document(vault, target)
+    result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
+    if as_json:
+        emit_json({"venv": str(target), "snapshot": sid, **result.to_json()})
+    elif result.empty:
+        click.echo(f"{target}: unchanged since snapshot {style(sid[:12], 'yellow')}")
+    else:
+        click.echo(f"{target}: changed since snapshot {style(sid[:12], 'yellow')}")
+        _render_diff(result)
+    if exit_code and not result.empty:
+        sys.exit(1)
+
+
+def _restore_target(vault: Vault, sid: str, venv: str | None) -> Path:
+    from envvault.env.probe import find_target
+
+    if venv is not None:
+        return find_target(venv)
+    recorded = vault.load_snapshot(sid).doc.get("venv")
+    if recorded and Path(recorded).is_dir():
+        return Path(recorded)
+    if os.environ.get("VIRTUAL_ENV"):
+        return find_target(None)
+    raise UsageError(f"the snapshot's environment {recorded} does not exist; pass --venv PATH or --into NEW_PATH")
+
+
+@cli.command()
+@click.argument("snapshot_id")
+@venv_option
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--into", "into", type=click.Path(file_okay=False), help="Build a new venv at this path instead.")
+@click.option("--no-backup", is_flag=True, help="Do not snapshot the environment before changing it.")
+@click.option("--no-caches", is_flag=True, help="Do not restore compile caches stored with the snapshot.")
+@json_option
+@click.pass_context
+def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, as_json):
+    """Put an environment back exactly as a snapshot recorded it, offline, from the vault.
+
+    In place (default: the snapshot's own environment, or --venv): distributions the snapshot lacks are
+    removed, changed ones (other version, other build, edited files) are rewritten, the rest is left
+    untouched. The current state is snapshotted first, so `envvault restore <backup id>` undoes it.
+
+    \b
+    Examples:
+      envvault restore latest --dry-run
+      envvault restore before-sglang
+      envvault restore 3fa9c2 --into ~/venvs/train-copy
+    """
+    from envvault.restore.execute import restore_snapshot
+
+    vault = open_vault(ctx)
+    sid = resolve_snapshot(vault, snapshot_id)
+    target = Path(into).absolute() if into else _restore_target(vault, sid, venv)
+    total = (vault.load_snapshot(sid).doc.get("stats") or {}).get("bytes") or 1
+    bar = Progress("restore", total, enabled=not as_json)
+    try:
+        result = restore_snapshot(vault, sid, target, backup=not no_backup, dry_run=dry_run,
+                                  into=Path(into).absolute() if into else None, progress=bar, caches=not no_caches)
+    finally:
+        bar.close()
+    doc = result.to_json()
+    if as_json:
+        emit_json(doc)
+    else:
+        _render_restore(result, doc)
+    if not dry_run and not result.verified:
+        sys.exit(1)
+
+
+def _render_restore(result, doc: dict) -> None:
+    short = result.restored[:12]
+    plan = doc.get("plan") or {}
+    if result.mode == "into":
+        verb = "would build" if result.dry_run else "built"
+        click.echo(f"{verb} {result.target} from snapshot {style(short, 'yellow')}: python {plan.get('python')}, "
+                   f"{len(plan.get('install') or ())} packages")
+    else:
+        diff_json = plan.get("diff") or {}
+        if result.dry_run:
+            click.echo(f"restore {style(short, 'yellow')} onto {result.target} would:")
+        lines = _diff_lines(diff_json)
+        for line in lines:
+            click.echo(line)
+        if result.dry_run:
+            click.echo(f"write {plan.get('write_files', 0)} files ({human_bytes(plan.get('write_bytes', 0))}), "
+                       f"remove {plan.get('remove_files', 0)} files, leave everything else untouched")
+        elif result.changed == 0 and result.verified:
+            click.echo(f"{result.target} already matches snapshot {style(short, 'yellow')}; nothing to do")
+        else:
+            click.echo(f"restored {style(short, 'yellow')} onto {result.target}: {result.changed} package(s) changed, "
+                       f"{result.written_files} files written ({human_bytes(result.written_bytes)}), "
+                       f"{result.removed_files} removed in {result.seconds:.2f}s")
+            if result.backup:
+                click.echo(f"backup {style(result.backup[:12], 'yellow')} (undo with: envvault restore {result.backup[:12]})")
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    if not result.dry_run:
+        if result.verified:
+            click.echo(style("verified", "green") + ": the environment matches the snapshot")
+        else:
+            click.echo(style("NOT verified", "red") + ": still differs from the snapshot:", err=True)
+            for line in _diff_lines(result.remaining or {}):
+                click.echo(line, err=True)
+
+
+def _diff_lines(diff_json: dict) -> list[str]:
+    """Text for a diff given as JSON (what plans and results carry)."""
+    from envvault.diff import DiffResult, PackageChange, PackageRef, render_text
+
+    if not diff_json:
+        return []
+    pk = diff_json.get("packages") or {}
+    changed = []
+    for c in pk.get("changed") or ():
+        facts = c.get("build_facts") or {}
+        changed.append(PackageChange(
+            c["name"], c["old_version"], c["new_version"], c.get("kind", "build"), c.get("build_changed", False),
+            c.get("old_build_id"), c.get("new_build_id"),
+            {k: v[0] for k, v in facts.items()}, {k: v[1] for k, v in facts.items()},
+            tuple(c.get("modified_files") or ()), tuple(c.get("missing_files") or ()),
+        ))
+    result = DiffResult(
+        diff_json.get("old", "old"), diff_json.get("new", "new"),
+        tuple(PackageRef(p["name"], p["version"], p.get("build_id")) for p in pk.get("added") or ()),
+        tuple(PackageRef(p["name"], p["version"], p.get("build_id")) for p in pk.get("removed") or ()),
+        tuple(changed),
+        {k: (v["old"], v["new"]) for k, v in (diff_json.get("python") or {}).items()},
+    )
+    text = render_text(result)
+    return text.splitlines() if text else []
+
+
+@cli.command()
+@click.argument("snapshot_id")
+@click.argument("name")
+@click.pass_context
+def tag(ctx, snapshot_id, name):
+    """Name a snapshot (gc keeps tagged snapshots). Moves the tag if it exists.
+
+    \b
+    Examples:
+      envvault tag latest known-good
+    """
+    vault = open_vault(ctx)
+    sid = resolve_ref(vault, snapshot_id)
+    vault.set_tag(name, sid)
+    click.echo(f"tagged {style(sid[:12], 'yellow')} as {name}")
+
+
+@cli.command()
+@click.argument("name")
+@click.pass_context
+def untag(ctx, name):
+    """Remove a tag (the snapshot stays).
+
+    \b
+    Examples:
+      envvault untag known-good
+    """
+    vault = open_vault(ctx)
+    vault.remove_tag(name)
+    click.echo(f"removed tag {name}")
+
+
+@cli.command()
+@click.option("--keep-last", type=click.IntRange(min=0), default=None,
+              help="Keep only the newest N snapshots of each environment (tagged ones always stay).")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@json_option
+@click.pass_context
+def gc(ctx, keep_last, dry_run, as_json):
+    """Delete snapshots beyond --keep-last and every object no kept snapshot needs.
+
+    Safe while snaps run: it waits for them (they hold the vault lock shared, gc takes it exclusive).
+
+    \b
+    Examples:
+      envvault gc --keep-last 10 --dry-run
+      envvault gc
+    """
+    from envvault.vault.gc import collect_garbage
+
+    vault = open_vault(ctx)
+    result = collect_garbage(vault, keep_last=keep_last, dry_run=dry_run)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {len(result.removed_snapshots)} snapshot(s), {result.removed_packs} pack(s), "
+               f"rewrote {result.rewritten_packs}; {'would free' if dry_run else 'freed'} {human_bytes(result.freed_bytes)}; "
+               f"kept {len(result.kept_snapshots)} snapshot(s)")
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)

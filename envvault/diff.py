@@ -1,0 +1,407 @@
+"""What differs between two environment documents (snapshots, the live environment, a pylock.toml), as data.
+
+``diff_snapshots(old, new)`` reads only the documents' package summaries, so diffing two 200-package
+snapshots costs two JSON parses. With ``vault`` it also opens the two manifests of a package whose files
+were edited in place, to name exactly the files whose bytes differ.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from envvault.output import style
+
+__all__ = [
+    "DiffResult",
+    "PackageChange",
+    "PackageRef",
+    "current_document",
+    "diff_snapshots",
+    "render_text",
+]
+
+_PY_KEYS = ("implementation", "version", "abi", "soabi", "platform")
+_HOST_KEYS = ("os", "arch", "glibc", "hostname", "cpus", "driver", "driver_cuda", "gpus")
+_LIST_LIMIT = 8  # files listed per package in text; JSON lists them all
+
+
+@dataclass(frozen=True)
+class PackageRef:
+    name: str
+    version: str
+    build_id: str | None = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "version": self.version, "build_id": self.build_id}
+
+
+@dataclass(frozen=True)
+class PackageChange:
+    """One package present on both sides whose installed bytes differ.
+
+    ``kind``: ``upgrade`` / ``downgrade`` (public version), ``local`` (only the local label, ``+cu128`` ->
+    ``+cu130``), ``build`` (same version string, other RECORD), ``edited`` (same build, files edited in
+    place, deleted or put back).
+    """
+
+    name: str
+    old_version: str
+    new_version: str
+    kind: str
+    build_changed: bool
+    old_build_id: str | None
+    new_build_id: str | None
+    old_build_info: dict | None
+    new_build_info: dict | None
+    modified_files: tuple[str, ...] = ()
+    missing_files: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "old_version": self.old_version,
+            "new_version": self.new_version,
+            "kind": self.kind,
+            "build_changed": self.build_changed,
+            "old_build_id": self.old_build_id,
+            "new_build_id": self.new_build_id,
+            "build_facts": _build_facts(self.old_build_info, self.new_build_info),
+            "modified_files": list(self.modified_files),
+            "missing_files": list(self.missing_files),
+        }
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """Differences from ``old`` to ``new``. ``python`` and ``host`` map a key to ``(old, new)``; ``env`` has
+    ``added`` / ``removed`` ({name: value}) and ``changed`` ({name: (old, new)})."""
+
+    old_label: str
+    new_label: str
+    added: tuple[PackageRef, ...] = ()
+    removed: tuple[PackageRef, ...] = ()
+    changed: tuple[PackageChange, ...] = ()
+    python: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+
+    @property
+    def packages_empty(self) -> bool:
+        return not (self.added or self.removed or self.changed)
+
+    @property
+    def environment_empty(self) -> bool:
+        """Nothing differs in the environment itself (interpreter and packages)."""
+        return self.packages_empty and not self.python
+
+    @property
+    def empty(self) -> bool:
+        return self.environment_empty and not self.host and not any(self.env.values())
+
+    def to_json(self) -> dict:
+        return {
+            "old": self.old_label,
+            "new": self.new_label,
+            "empty": self.empty,
+            "packages": {
+                "added": [p.to_json() for p in self.added],
+                "removed": [p.to_json() for p in self.removed],
+                "changed": [c.to_json() for c in self.changed],
+            },
+            "python": {k: {"old": o, "new": n} for k, (o, n) in self.python.items()},
+            "host": {k: {"old": o, "new": n} for k, (o, n) in self.host.items()},
+            "env": {
+                "added": dict(self.env.get("added", {})),
+                "removed": dict(self.env.get("removed", {})),
+                "changed": {k: {"old": o, "new": n} for k, (o, n) in self.env.get("changed", {}).items()},
+            },
+        }
+
+
+# -- computing -------------------------------------------------------------------------------------
+
+
+def diff_snapshots(old: dict, new: dict, *, vault=None, old_label: str = "old", new_label: str = "new",
+                   scope: str = "all") -> DiffResult:
+    """Compare two environment documents. ``scope="environment"`` leaves out host and environment
+    variables (facts of the shell, not of the environment: what ``status`` and restore checks use)."""
+    added, removed, changed = _diff_packages(old.get("packages") or [], new.get("packages") or [], vault)
+    python = _diff_keys(old.get("python"), new.get("python"), _PY_KEYS)
+    host: dict = {}
+    env: dict = {}
+    if scope == "all":
+        host = _diff_keys(_host_view(old.get("host")), _host_view(new.get("host")), _HOST_KEYS)
+        env = _diff_env(old.get("env"), new.get("env"))
+    return DiffResult(old_label, new_label, tuple(added), tuple(removed), tuple(changed), python, host, env)
+
+
+def _by_name(packages: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for p in packages:
+        out.setdefault(p["name"], []).append(p)
+    return out
+
+
+def _same_state(a: dict, b: dict) -> bool:
+    if a.get("version") != b.get("version"):
+        return False
+    if a.get("build_id") and b.get("build_id"):
+        if a["build_id"] != b["build_id"]:
+            return False
+        if a.get("state_id") and b.get("state_id") and a["state_id"] != b["state_id"]:
+            return False
+        return set(a.get("missing") or ()) == set(b.get("missing") or ())
+    return True  # a side without build facts (a foreign pylock) can only be compared by version
+
+
+def _diff_packages(old: list[dict], new: list[dict], vault) -> tuple[list, list, list]:
+    old_by, new_by = _by_name(old), _by_name(new)
+    added, removed, changed = [], [], []
+    for name in sorted(old_by.keys() | new_by.keys()):
+        o_list, n_list = list(old_by.get(name, ())), list(new_by.get(name, ()))
+        # Pair identical entries first (several dist-infos of one name happen in damaged environments).
+        for o in list(o_list):
+            twin = next((n for n in n_list if _same_state(o, n)), None)
+            if twin is not None:
+                o_list.remove(o)
+                n_list.remove(twin)
+        while o_list and n_list:
+            changed.append(_change(o_list.pop(0), n_list.pop(0), vault))
+        removed += [PackageRef(p["name"], p["version"], p.get("build_id")) for p in o_list]
+        added += [PackageRef(p["name"], p["version"], p.get("build_id")) for p in n_list]
+    return added, removed, changed
+
+
+def _parse_version(text: str):
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def _change(o: dict, n: dict, vault) -> PackageChange:
+    ov, nv = o["version"], n["version"]
+    ob, nb = o.get("build_id"), n.get("build_id")
+    build_changed = bool(ob and nb and ob != nb)
+    if ov != nv:
+        pv_o, pv_n = _parse_version(ov), _parse_version(nv)
+        if pv_o is not None and pv_n is not None and pv_o.public == pv_n.public:
+            kind = "local"
+        elif pv_o is not None and pv_n is not None and pv_n < pv_o:
+            kind = "downgrade"
+        else:
+            kind = "upgrade"
+    elif build_changed:
+        kind = "build"
+    else:
+        kind = "edited"
+    o_mod, n_mod = set(o.get("modified") or ()), set(n.get("modified") or ())
+    if build_changed or ov != nv:
+        modified = sorted(n_mod)
+    else:
+        modified = _edited_files(o, n, o_mod, n_mod, vault)
+    missing = sorted(set(o.get("missing") or ()) ^ set(n.get("missing") or ()))
+    return PackageChange(
+        name=n["name"], old_version=ov, new_version=nv, kind=kind, build_changed=build_changed,
+        old_build_id=ob, new_build_id=nb, old_build_info=o.get("build_info"), new_build_info=n.get("build_info"),
+        modified_files=tuple(modified), missing_files=tuple(missing),
+    )
+
+
+def _edited_files(o: dict, n: dict, o_mod: set, n_mod: set, vault) -> list[str]:
+    """Files whose bytes differ between two states of one build."""
+    if vault is not None:
+        exact = _edited_from_manifests(o, n, vault)
+        if exact is not None:
+            return exact
+    files = o_mod ^ n_mod
+    if not files and o.get("state_id") != n.get("state_id"):
+        files = o_mod & n_mod  # edited on both sides, differently
+    return sorted(files)
+
+
+def _edited_from_manifests(o: dict, n: dict, vault) -> list[str] | None:
+    try:
+        if not (o.get("manifest") and n.get("manifest") and vault.has(o["manifest"]) and vault.has(n["manifest"])):
+            return None
+        om, nm = vault.get_json(o["manifest"]), vault.get_json(n["manifest"])
+    except Exception:  # noqa: BLE001 - a damaged manifest only costs precision here; verify reports it
+        return None
+    o_sha = {f["path"]: f.get("sha256") for f in om.get("files", ()) if f.get("state") in ("ok", "modified")}
+    n_sha = {f["path"]: f.get("sha256") for f in nm.get("files", ()) if f.get("state") in ("ok", "modified")}
+    return sorted(p for p in o_sha.keys() & n_sha.keys() if o_sha[p] != n_sha[p])
+
+
+def _diff_keys(old: dict | None, new: dict | None, keys) -> dict:
+    if not old or not new:
+        return {}
+    return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k) and (k in old and k in new)}
+
+
+def _host_view(host: dict | None) -> dict | None:
+    if not host:
+        return None
+    view = {k: host.get(k) for k in _HOST_KEYS if k in host}
+    if "gpus" in host:
+        view["gpus"] = ", ".join(f"{g.get('name')} (sm {g.get('compute_cap')})" for g in host.get("gpus") or []) or "none"
+    return view
+
+
+def _diff_env(old: dict | None, new: dict | None) -> dict:
+    if old is None or new is None:
+        return {}
+    out = {
+        "added": {k: v for k, v in new.items() if k not in old},
+        "removed": {k: v for k, v in old.items() if k not in new},
+        "changed": {k: (old[k], new[k]) for k in old.keys() & new.keys() if old[k] != new[k]},
+    }
+    return {k: dict(sorted(v.items())) for k, v in out.items()}
+
+
+def _build_facts(old: dict | None, new: dict | None) -> dict:
+    """``{field: [old, new]}`` for the torch-style build facts that differ (cuda, git_version, version...)."""
+    old, new = old or {}, new or {}
+    return {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
+
+
+# -- the live environment as a document ------------------------------------------------------------
+
+
+def current_document(vault, prefix: Path, *, save_cache: bool = True) -> dict:
+    """The live environment at ``prefix`` in snapshot shape (packages, python, host, env), read without
+    writing to the vault. Files are hashed against RECORD (stat-cached under the vault's ``state/``, which
+    ``save_cache`` keeps warm for the next call)."""
+    from envvault.env.host import host_facts, relevant_env
+    from envvault.snap import fingerprint, scan_environment
+
+    interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check")
+    if save_cache:
+        cache.touch(list(cache.files))  # keep entries other scans (caches, full snaps) rely on
+        cache.save()
+    return {
+        "kind": "current",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "venv": str(prefix),
+        "lock_only": False,
+        "python": interp.to_dict(),
+        "host": host_facts(),
+        "env": relevant_env(),
+        "packages": packages,
+        "caches": [],
+        "fingerprint": fingerprint(interp.version, packages),
+        "warnings": warnings,
+        "stats": stats,
+    }
+
+
+def lockfile_document(path: Path) -> dict:
+    """A pylock.toml (PEP 751) as a document diff can compare: packages by name and version, plus the
+    build and state ids envvault's own exports carry under ``[packages.tool.envvault]``."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    from envvault.errors import CorruptError, NotFoundError
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NotFoundError(f"no lockfile at {path}") from None
+    except (OSError, ValueError) as err:
+        raise CorruptError(f"{path} is not a readable pylock.toml ({err})") from None
+    if not isinstance(data.get("packages"), list):
+        raise CorruptError(f"{path} is not a pylock.toml: it has no [[packages]]")
+    packages = []
+    for i, pkg in enumerate(data["packages"]):
+        if not isinstance(pkg, dict) or not isinstance(pkg.get("name"), str):
+            raise CorruptError(f"{path}: packages[{i}].name is missing")
+        tool = (pkg.get("tool") or {}).get("envvault") or {}
+        from packaging.utils import canonicalize_name
+
+        packages.append({
+            "name": canonicalize_name(pkg["name"]),
+            "version": str(pkg.get("version") or ""),
+            "build_id": tool.get("build_id"),
+            "state_id": tool.get("state_id"),
+            "build_info": tool.get("build_info"),
+            "modified": list(tool.get("modified_files") or ()),
+            "missing": [],
+        })
+    packages.sort(key=lambda p: (p["name"], p["version"]))
+    ev = (data.get("tool") or {}).get("envvault") or {}
+    python = {"version": ev["python"], "abi": ev.get("abi")} if ev.get("python") else None
+    return {"kind": "lockfile", "venv": None, "python": python, "host": None, "env": None, "packages": packages}
+
+
+# -- text ------------------------------------------------------------------------------------------
+
+
+def _build_words(c: PackageChange) -> str:
+    facts = _build_facts(c.old_build_info, c.new_build_info)
+    words = []
+    keys = ("cuda", "hip", "git_version", "version", "debug") if c.kind == "build" else ("cuda", "hip", "git_version")
+    for key in keys:
+        if key in facts:
+            o, n = facts[key]
+            if key == "git_version":
+                o, n = (o or "none")[:7], (n or "none")[:7]
+                key = "git"
+            words.append(f"{key} {o} -> {n}")
+    if not words and c.build_changed:
+        words.append(f"build {(c.old_build_id or '?')[:12]} -> {(c.new_build_id or '?')[:12]}")
+    return ", ".join(words)
+
+
+def _files_line(label: str, files: tuple[str, ...], colour: bool, tint: str) -> list[str]:
+    shown = list(files[:_LIST_LIMIT])
+    more = len(files) - len(shown)
+    lines = [f"    {style(label, tint, colour)} {f}" for f in shown]
+    if more:
+        lines.append(f"    ... and {more} more (--json lists all)")
+    return lines
+
+
+def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
+    """Lines for people, in the order: interpreter, added/removed, versions, builds, edits, host, env."""
+    lines: list[str] = []
+    c = colour
+
+    def head(word: str, tint: str) -> str:
+        return style(f"{word:<10}", tint, c)
+
+    for k, (o, n) in result.python.items():
+        lines.append(f"{head('python', 'magenta')}{k} {o} -> {n}")
+    for p in result.added:
+        lines.append(f"{head('added', 'green')}{p.name} {p.version}")
+    for p in result.removed:
+        lines.append(f"{head('removed', 'red')}{p.name} {p.version}")
+    for ch in result.changed:
+        if ch.kind in ("upgrade", "downgrade", "local"):
+            note = " (local label)" if ch.kind == "local" else ""
+            facts = _build_words(ch) if ch.kind == "local" else ""
+            lines.append(f"{head(ch.kind if ch.kind != 'local' else 'version', 'yellow')}{ch.name} "
+                         f"{ch.old_version} -> {ch.new_version}{note}" + (f": {facts}" if facts else ""))
+    for ch in result.changed:
+        if ch.kind == "build":
+            lines.append(f"{head('build', 'red')}{ch.name} {ch.new_version}: {_build_words(ch)}")
+    for ch in result.changed:
+        if ch.modified_files or ch.missing_files:
+            lines.append(f"{head('edited', 'red')}{ch.name} {ch.new_version}: "
+                         f"{len(ch.modified_files)} file(s) differ, {len(ch.missing_files)} deleted or put back")
+            lines += _files_line("~", ch.modified_files, c, "red")
+            lines += _files_line("-", ch.missing_files, c, "red")
+    for k, (o, n) in result.host.items():
+        lines.append(f"{head('host', 'cyan')}{k} {o} -> {n}")
+    env = result.env
+    for k, v in (env.get("added") or {}).items():
+        lines.append(f"{head('env', 'cyan')}+{k}={v}")
+    for k, v in (env.get("removed") or {}).items():
+        lines.append(f"{head('env', 'cyan')}-{k}={v}")
+    for k, (o, n) in (env.get("changed") or {}).items():
+        lines.append(f"{head('env', 'cyan')}{k}: {o} -> {n}")
+    return "\n".join(lines)

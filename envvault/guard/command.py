@@ -1,0 +1,248 @@
+"""What a command line will do to an environment: which tool, which action, which environment.
+
+Pure parsing of argv plus a few lookups on PATH and the file system; nothing here runs the command.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+__all__ = ["Command", "parse_command", "locate_target", "uv_project_root"]
+
+# Tools: "pip" (pip, pip3, python -m pip), "uv-pip" (uv pip ...), "uv-project" (uv add/remove/sync), None.
+# Actions that change an environment; everything else a tool does is passed through untouched.
+_PIP_MUTATING = {"install", "uninstall"}
+_UV_PIP_MUTATING = {"install", "uninstall", "sync"}
+_UV_PROJECT_MUTATING = {"add", "remove", "sync"}
+
+# pip's general options that take a value (pip --help, "General Options"), so the subcommand is found.
+_PIP_GLOBAL_VALUE = {
+    "--python", "--log", "--log-file", "--proxy", "--retries", "--timeout", "--exists-action",
+    "--trusted-host", "--cert", "--client-cert", "--cache-dir", "--use-feature", "--use-deprecated",
+    "--keyring-provider", "--local-log",
+}
+# uv's global options that take a value and may come before the subcommand.
+_UV_GLOBAL_VALUE = {"--directory", "--project", "--cache-dir", "--config-file", "--color", "--python", "-p"}
+# Options that send pip's or uv's changes somewhere other than the environment itself.
+_ELSEWHERE = {"--target", "-t", "--prefix", "--root", "--user", "--system"}
+_PYTHON_NAMES = ("python", "python3")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command:
+    """A parsed command line. ``mutating`` is True when it would install, remove or sync packages of an
+    environment (and is not a dry run, nor aimed at ``--target``/``--user``/``--system``)."""
+
+    argv: tuple[str, ...]
+    tool: str | None  # "pip", "uv-pip", "uv-project" or None (anything else)
+    action: str | None  # "install", "uninstall", "sync", "add", "remove", or another subcommand
+    mutating: bool
+    args: tuple[str, ...] = ()  # the subcommand's own arguments (after ``install`` etc.)
+    python: str | None = None  # an explicit ``--python`` / ``-p`` value
+    elsewhere: bool = False  # installs into --target/--prefix/--root/--user/--system, not the environment
+    project: str | None = None  # ``uv --project`` / ``--directory`` for uv project commands
+
+    @property
+    def known(self) -> bool:
+        """True for pip and uv commands envvault understands (mutating or not)."""
+        return self.tool is not None
+
+    @property
+    def display(self) -> str:
+        return " ".join(self.argv)
+
+
+def _option_value(args: list[str], i: int) -> tuple[str | None, int]:
+    """The value of the option at ``args[i]`` (``--opt value`` or ``--opt=value``) and the next index."""
+    arg = args[i]
+    if arg.startswith("--") and "=" in arg:
+        return arg.split("=", 1)[1], i + 1
+    if i + 1 < len(args):
+        return args[i + 1], i + 2
+    return None, i + 1
+
+
+def _split_subcommand(args: list[str], value_opts: set[str]) -> tuple[str | None, list[str], dict[str, str]]:
+    """Skip leading options; return (subcommand, its arguments, the leading options that took values)."""
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            return arg, args[i + 1 :], opts
+        name = arg.split("=", 1)[0]
+        if name in value_opts:
+            value, i = _option_value(args, i)
+            if value is not None:
+                opts[name] = value
+            continue
+        i += 1
+    return (args[i], args[i + 1 :], opts) if i < len(args) else (None, [], opts)
+
+
+def _has_option(args: list[str], names: set[str]) -> bool:
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg.split("=", 1)[0] in names:
+            return True
+    return False
+
+
+def _find_option(args: list[str], names: set[str]) -> str | None:
+    found = None
+    i = 0
+    while i < len(args):
+        if args[i] == "--":
+            break
+        if args[i].split("=", 1)[0] in names:
+            found, i = _option_value(args, i)
+            continue
+        i += 1
+    return found
+
+
+def _is_python(word: str) -> bool:
+    base = os.path.basename(word)
+    if base in _PYTHON_NAMES:
+        return True
+    return base.startswith("python3.") and base[len("python3.") :].isdigit()
+
+
+def _is_pip(word: str) -> bool:
+    base = os.path.basename(word)
+    return base in ("pip", "pip3") or (base.startswith("pip3.") and base[len("pip3.") :].isdigit())
+
+
+def parse_command(argv: list[str] | tuple[str, ...]) -> Command:
+    """Recognise ``pip``, ``pip3``, ``python -m pip``, ``uv pip``, ``uv add``, ``uv remove`` and ``uv sync``."""
+    argv = tuple(argv)
+    if not argv:
+        return Command(argv=argv, tool=None, action=None, mutating=False)
+    head = argv[0]
+    rest: list[str]
+    if _is_pip(head):
+        rest = list(argv[1:])
+    elif _is_python(head) and len(argv) >= 3 and argv[1] == "-m" and argv[2] == "pip":
+        rest = list(argv[3:])
+    elif _is_python(head) and len(argv) >= 2 and argv[1] == "-mpip":
+        rest = list(argv[2:])
+    elif os.path.basename(head) == "uv":
+        return _parse_uv(argv)
+    else:
+        return Command(argv=argv, tool=None, action=None, mutating=False)
+    action, args, opts = _split_subcommand(rest, _PIP_GLOBAL_VALUE)
+    python = opts.get("--python")
+    elsewhere = _has_option(args, _ELSEWHERE)
+    dry = _has_option(args, {"--dry-run"})
+    mutating = action in _PIP_MUTATING and not dry and not elsewhere
+    return Command(argv=argv, tool="pip", action=action, mutating=mutating, args=tuple(args), python=python,
+                   elsewhere=elsewhere)
+
+
+def _parse_uv(argv: tuple[str, ...]) -> Command:
+    top, args, opts = _split_subcommand(list(argv[1:]), _UV_GLOBAL_VALUE)
+    project = opts.get("--project") or opts.get("--directory")
+    if top == "pip":
+        action, sub_args, sub_opts = _split_subcommand(args, _UV_GLOBAL_VALUE)
+        python = _find_option(sub_args, {"--python", "-p"}) or sub_opts.get("--python") or sub_opts.get("-p") \
+            or opts.get("--python") or opts.get("-p")
+        elsewhere = _has_option(sub_args, _ELSEWHERE)
+        dry = _has_option(sub_args, {"--dry-run"})
+        mutating = action in _UV_PIP_MUTATING and not dry and not elsewhere
+        return Command(argv=argv, tool="uv-pip", action=action, mutating=mutating, args=tuple(sub_args),
+                       python=python, elsewhere=elsewhere)
+    if top in _UV_PROJECT_MUTATING:
+        dry = _has_option(args, {"--dry-run"})
+        # --frozen/--no-sync on add/remove only edit pyproject.toml and uv.lock, never the environment.
+        no_sync = top != "sync" and _has_option(args, {"--no-sync", "--frozen"})
+        project = _find_option(args, {"--project", "--directory"}) or project
+        python = _find_option(args, {"--python", "-p"}) or opts.get("--python") or opts.get("-p")
+        return Command(argv=argv, tool="uv-project", action=top, mutating=not dry and not no_sync,
+                       args=tuple(args), python=python, project=project)
+    return Command(argv=argv, tool="uv-project" if top else None, action=top, mutating=False, args=tuple(args))
+
+
+# -- which environment will change -------------------------------------------------------------
+
+
+def _is_env(path: Path) -> bool:
+    return (path / "pyvenv.cfg").is_file() or (path / "conda-meta").is_dir()
+
+
+def _env_of_executable(exe: str, env: Mapping[str, str]) -> Path | None:
+    """The environment an executable (``pip``, ``python``) belongs to, found through PATH like the shell."""
+    found = exe if os.sep in exe else shutil.which(exe, path=env.get("PATH"))
+    if not found:
+        return None
+    path = Path(os.path.abspath(found))
+    # A venv's bin/python is a symlink to the base interpreter: the venv is the folder above bin/.
+    prefix = path.parent.parent
+    return prefix if _is_env(prefix) else None
+
+
+def _env_of_python_option(value: str, cwd: Path) -> Path | None:
+    path = (cwd / value).expanduser()
+    if path.is_dir():
+        return path.absolute() if _is_env(path) else None
+    if path.exists():
+        prefix = Path(os.path.abspath(path)).parent.parent
+        return prefix if _is_env(prefix) else None
+    return None  # a version request such as "3.11": uv decides; the caller falls back
+
+
+def uv_project_root(cmd: Command, cwd: Path) -> Path | None:
+    """The uv project (workspace root) a ``uv add/remove/sync`` works on: the nearest ``pyproject.toml``
+    from ``--project``/``--directory`` or ``cwd`` upward, then its workspace root when it is a member."""
+    start = (cwd / cmd.project).absolute() if cmd.project else cwd
+    project = next((d for d in (start, *start.parents) if (d / "pyproject.toml").is_file()), None)
+    if project is None:
+        return None
+    for parent in project.parents:
+        pp = parent / "pyproject.toml"
+        try:
+            if pp.is_file() and "[tool.uv.workspace]" in pp.read_text(encoding="utf-8", errors="replace"):
+                return parent
+        except OSError:
+            continue
+    return project
+
+
+def _uv_project_env(cmd: Command, env: Mapping[str, str], cwd: Path) -> Path | None:
+    if _has_option(list(cmd.args), {"--active"}) and env.get("VIRTUAL_ENV"):
+        return Path(env["VIRTUAL_ENV"]).absolute()
+    project = uv_project_root(cmd, cwd)
+    if project is None:
+        return None
+    custom = env.get("UV_PROJECT_ENVIRONMENT")
+    return (project / custom).absolute() if custom else project / ".venv"
+
+
+def locate_target(cmd: Command, env: Mapping[str, str], cwd: Path) -> Path | None:
+    """The environment ``cmd`` would change, as pip or uv would pick it; None when it cannot be told.
+
+    pip: ``--python``, else the environment of the ``pip``/``python`` found on PATH. uv pip: ``--python``,
+    else ``$VIRTUAL_ENV``, ``$CONDA_PREFIX``, or ``.venv`` in this or a parent folder. uv add/remove/sync:
+    the project's ``.venv`` (or ``$UV_PROJECT_ENVIRONMENT``; ``--active`` takes ``$VIRTUAL_ENV``).
+    """
+    if cmd.tool == "pip":
+        if cmd.python:
+            return _env_of_python_option(cmd.python, cwd)
+        return _env_of_executable(cmd.argv[0], env)
+    if cmd.tool == "uv-pip":
+        if cmd.python:
+            return _env_of_python_option(cmd.python, cwd)
+        for key in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+            if env.get(key):
+                return Path(env[key]).absolute()
+        return next((d / ".venv" for d in (cwd, *cwd.parents) if _is_env(d / ".venv")), None)
+    if cmd.tool == "uv-project":
+        return _uv_project_env(cmd, env, cwd)
+    return None

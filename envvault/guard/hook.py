@@ -1,0 +1,146 @@
+"""Shell code that routes mutating pip and uv pip commands through ``envvault guard``.
+
+``eval "$(envvault shell-hook bash)"`` (or zsh; ``envvault shell-hook fish | source``) defines functions
+``pip``, ``pip3``, ``python``, ``python3`` and ``uv``. Each one runs the real command (``command ...``)
+unless all of these hold, in which case it runs ``envvault guard -- <the same words>``:
+
+- a virtual environment is active (``$VIRTUAL_ENV`` is set);
+- ``$ENVVAULT_DISABLE`` is empty or ``0``;
+- it is not already inside a guarded command (``$ENVVAULT_GUARD_ACTIVE``);
+- the words are ``pip``/``pip3 ...``, ``python``/``python3 -m pip ...`` or ``uv ... pip ...``, and one of
+  them is ``install``, ``uninstall`` or ``sync``. guard parses the command exactly and runs anything that
+  does not change the environment (``pip install --dry-run``, ``pip install --target``) untouched.
+
+The functions call the interpreter envvault was installed with, so the hook works in any venv, including
+ones without envvault. If that interpreter disappears, the hook warns and runs the command unguarded.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+__all__ = ["SHELLS", "hook_code"]
+
+SHELLS = ("bash", "zsh", "fish")
+
+_POSIX = r"""# envvault shell hook ({shell}): eval "$(envvault shell-hook {shell})"
+# Routes pip, pip3, python -m pip and uv pip installs, uninstalls and syncs through `envvault guard`
+# while a virtual environment is active. ENVVAULT_DISABLE=1 turns it off.
+__envvault_python={python}
+
+__envvault_wanted() {{
+    [ -n "${{VIRTUAL_ENV:-}}" ] || return 1
+    case "${{ENVVAULT_DISABLE:-}}" in ""|0) ;; *) return 1 ;; esac
+    [ -z "${{ENVVAULT_GUARD_ACTIVE:-}}" ] || return 1
+    local __envvault_word
+    for __envvault_word in "$@"; do
+        case "$__envvault_word" in install|uninstall|sync) return 0 ;; esac
+    done
+    return 1
+}}
+
+__envvault_run() {{
+    if __envvault_wanted "$@"; then
+        if [ -x "$__envvault_python" ]; then
+            "$__envvault_python" -m envvault guard -- "$@"
+            return
+        fi
+        echo "envvault: $__envvault_python is gone; running $1 unguarded (ENVVAULT_DISABLE=1 silences this)" >&2
+    fi
+    command "$@"
+}}
+
+function pip {{ __envvault_run pip "$@"; }}
+function pip3 {{ __envvault_run pip3 "$@"; }}
+function python {{
+    if [ "${{1:-}}" = "-m" ] && [ "${{2:-}}" = "pip" ]; then __envvault_run python "$@"; else command python "$@"; fi
+}}
+function python3 {{
+    if [ "${{1:-}}" = "-m" ] && [ "${{2:-}}" = "pip" ]; then __envvault_run python3 "$@"; else command python3 "$@"; fi
+}}
+function uv {{
+    local __envvault_word
+    for __envvault_word in "$@"; do
+        if [ "$__envvault_word" = "pip" ]; then __envvault_run uv "$@"; return; fi
+    done
+    command uv "$@"
+}}
+"""
+
+_FISH = r"""# envvault shell hook (fish): envvault shell-hook fish | source
+# Routes pip, pip3, python -m pip and uv pip installs, uninstalls and syncs through `envvault guard`
+# while a virtual environment is active. ENVVAULT_DISABLE=1 turns it off.
+set -g __envvault_python {python}
+
+function __envvault_wanted
+    test -n "$VIRTUAL_ENV"; or return 1
+    if set -q ENVVAULT_DISABLE; and test -n "$ENVVAULT_DISABLE"; and test "$ENVVAULT_DISABLE" != 0
+        return 1
+    end
+    if set -q ENVVAULT_GUARD_ACTIVE; and test -n "$ENVVAULT_GUARD_ACTIVE"
+        return 1
+    end
+    for word in $argv
+        switch $word
+            case install uninstall sync
+                return 0
+        end
+    end
+    return 1
+end
+
+function __envvault_run
+    if __envvault_wanted $argv
+        if test -x "$__envvault_python"
+            $__envvault_python -m envvault guard -- $argv
+            return $status
+        end
+        echo "envvault: $__envvault_python is gone; running $argv[1] unguarded (ENVVAULT_DISABLE=1 silences this)" >&2
+    end
+    command $argv
+end
+
+function pip --wraps pip
+    __envvault_run pip $argv
+end
+function pip3 --wraps pip3
+    __envvault_run pip3 $argv
+end
+function python --wraps python
+    if test (count $argv) -ge 2; and test "$argv[1]" = -m; and test "$argv[2]" = pip
+        __envvault_run python $argv
+    else
+        command python $argv
+    end
+end
+function python3 --wraps python3
+    if test (count $argv) -ge 2; and test "$argv[1]" = -m; and test "$argv[2]" = pip
+        __envvault_run python3 $argv
+    else
+        command python3 $argv
+    end
+end
+function uv --wraps uv
+    if contains -- pip $argv
+        __envvault_run uv $argv
+    else
+        command uv $argv
+    end
+end
+"""
+
+
+def _fish_quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def hook_code(shell: str, python: str | None = None) -> str:
+    """The hook for ``shell`` ("bash", "zsh" or "fish"), calling envvault through ``python``
+    (default: the interpreter running this envvault)."""
+    python = python or sys.executable
+    if shell in ("bash", "zsh"):
+        return _POSIX.format(shell=shell, python=shlex.quote(python))
+    if shell == "fish":
+        return _FISH.format(python=_fish_quote(python))
+    raise ValueError(f"unknown shell {shell!r}; choose one of {', '.join(SHELLS)}")

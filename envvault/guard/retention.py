@@ -1,0 +1,83 @@
+"""How many automatic snapshots an environment keeps, so guarded installs never grow the vault without bound.
+
+Policy: per environment, the newest ``keep`` snapshots whose trigger is automatic (``guard``) stay; older
+automatic ones are forgotten. Manual snapshots, those of other triggers (a restore's backup) and every
+tagged snapshot always stay. Forgetting deletes only snapshot files; gc then removes the objects no
+remaining snapshot references, and nothing else.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from envvault.vault.fsutil import storage_error
+from envvault.vault.store import SnapshotRef, Vault
+
+__all__ = ["AUTOMATIC_TRIGGERS", "RetentionResult", "plan_retention", "apply_retention"]
+
+AUTOMATIC_TRIGGERS = frozenset({"guard"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetentionResult:
+    venv: str
+    kept: int
+    forgotten: tuple[str, ...]
+    gc: dict | None = None  # gc's report, when it ran
+
+    def to_json(self) -> dict:
+        return {"venv": self.venv, "kept": self.kept, "forgotten": list(self.forgotten), "gc": self.gc}
+
+
+def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str], keep: int) -> list[str]:
+    """Ids of the automatic snapshots of ``venv`` beyond the newest ``keep`` (tagged ones never)."""
+    if keep < 1:
+        raise ValueError("keep must be at least 1")
+    auto = [s for s in snapshots if s.doc.get("venv") == venv and s.doc.get("trigger") in AUTOMATIC_TRIGGERS]
+    auto.sort(key=lambda s: (s.created, s.id), reverse=True)
+    return [s.id for s in auto[keep:] if s.id not in tagged]
+
+
+def _forget(vault: Vault, ids: list[str]) -> bool:
+    """Delete the snapshot files of ``ids`` under the exclusive vault lock, taken without waiting: while
+    another snap or restore runs, retention waits for the next guarded command instead."""
+    path = vault.root / "locks" / "vault.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise storage_error(err, path) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        for sid in ids:
+            try:
+                os.unlink(vault.root / "snapshots" / f"{sid}.json")
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                raise storage_error(err, vault.root / "snapshots") from None
+        return True
+    finally:
+        os.close(fd)
+
+
+def apply_retention(vault: Vault, venv: Path, *, keep: int, gc: bool = True) -> RetentionResult:
+    """Forget the automatic snapshots of ``venv`` that the policy drops, then let gc delete the objects
+    no remaining snapshot references (gc keeps every remaining snapshot whole)."""
+    snapshots = vault.snapshots()
+    drop = plan_retention(snapshots, str(venv), set(vault.tags().values()), keep)
+    mine = sum(1 for s in snapshots if s.doc.get("venv") == str(venv))
+    if not drop or not _forget(vault, drop):
+        return RetentionResult(venv=str(venv), kept=mine, forgotten=())
+    report = None
+    if gc:
+        from envvault.vault.gc import collect_garbage
+
+        report = collect_garbage(vault).to_json()
+    return RetentionResult(venv=str(venv), kept=mine - len(drop), forgotten=tuple(drop), gc=report)

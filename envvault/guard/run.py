@@ -1,0 +1,364 @@
+"""The guarded run: snapshot, ask the tool for its plan, get consent, run, snapshot, diff, roll back.
+
+``guard(...)`` decides and acts; it talks to people only through a ``GuardUI`` the caller passes (the CLI's
+prints and prompts), and returns a ``GuardResult``. The pre-command work overlaps: the tool's dry run
+runs in a child process while the snapshot before is taken.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Protocol
+
+from packaging.utils import canonicalize_name
+
+from envvault.diff import DiffResult, diff_snapshots
+from envvault.env.probe import find_target
+from envvault.errors import EnvvaultError, UsageError
+from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
+from envvault.guard.plan import Change, Installed, Plan, start_dry_run
+from envvault.guard.protect import Protection, load_protection
+from envvault.guard.provenance import carry, current_builds, pip_indexes, report_provenance
+from envvault.vault.fsutil import atomic_write
+from envvault.vault.store import Vault
+
+__all__ = ["GuardOptions", "GuardUI", "GuardResult", "guard", "run_command", "GUARD_ACTIVE"]
+
+TRIGGER = "guard"
+GUARD_ACTIVE = "ENVVAULT_GUARD_ACTIVE"  # set for the guarded command, so a nested shell hook stays out
+_PROJECT_FILES = ("pyproject.toml", "uv.lock")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardOptions:
+    protect: tuple[str, ...] = ()
+    unprotect: tuple[str, ...] = ()
+    yes: bool = False  # consent to every protected change up front
+    restore: bool = True  # roll back a failed or refused run (--no-restore keeps the wreck)
+    interactive: bool = False  # a person can answer prompts (stdin is a TTY)
+    venv: Path | None = None
+    quiet_command: bool = False  # send the command's stdout to stderr (for --json)
+
+
+class GuardUI(Protocol):
+    def note(self, text: str) -> None: ...
+
+    def show_plan(self, plan: Plan, protected: list[tuple[Change, str]], target: Path, before: str) -> None: ...
+
+    def confirm(self, question: str, default: bool) -> bool: ...
+
+    def show_diff(self, diff: DiffResult, before: str, after: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardResult:
+    """What happened. ``outcome``: "passthrough" (not an install: run as is), "ran", "refused" (protected
+    change without consent: not run, or rolled back), "declined" (the user said no before it ran),
+    "restored" (failed or unwanted: rolled back), "failed" (failed, nothing to roll back or --no-restore)."""
+
+    command: tuple[str, ...]
+    outcome: str
+    exit_code: int
+    command_exit: int | None = None
+    target: str | None = None
+    before: str | None = None
+    after: str | None = None
+    restored_to: str | None = None
+    plan: Plan | None = None
+    protected: tuple[str, ...] = ()  # protected names the plan (or, without a plan, the result) touches
+    diff: DiffResult | None = None
+    reason: str | None = None
+    restore_error: EnvvaultError | None = None
+    warnings: tuple[str, ...] = ()
+    timings: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "command": list(self.command),
+            "outcome": self.outcome,
+            "exit_code": self.exit_code,
+            "command_exit": self.command_exit,
+            "venv": self.target,
+            "before": self.before,
+            "after": self.after,
+            "restored_to": self.restored_to,
+            "plan": self.plan.to_json() if self.plan is not None else None,
+            "protected": list(self.protected),
+            "diff": self.diff.to_json() if self.diff is not None else None,
+            "reason": self.reason,
+            "restore_error": str(self.restore_error) if self.restore_error else None,
+            "warnings": list(self.warnings),
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+        }
+
+
+def run_command(argv: tuple[str, ...], env: Mapping[str, str], *, stdout_to_stderr: bool = False) -> tuple[int, float]:
+    """Run ``argv`` with the terminal, return (exit code as a shell reports it, wall-clock start time).
+
+    While it runs, Ctrl-C reaches only the child (it shares the terminal's process group); guard stays
+    alive to snapshot and roll back whatever the interrupted command left.
+    """
+    started = time.time()
+    try:
+        proc = subprocess.Popen(list(argv), env=dict(env), stdout=sys.stderr if stdout_to_stderr else None)
+    except FileNotFoundError:
+        return 127, started
+    except PermissionError:
+        return 126, started
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rc = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    return (128 - rc if rc < 0 else rc), started
+
+
+def _installed(doc: dict, prefix: Path, provenance: dict) -> dict[str, Installed]:
+    sites = _sites(doc, prefix)
+    dist_infos: dict[tuple[str, str], Path] = {}
+    for site in sites:
+        try:
+            names = os.listdir(site)
+        except OSError:
+            continue
+        for entry in names:
+            if entry.endswith(".dist-info") and "-" in entry:
+                stem, version = entry[: -len(".dist-info")].rsplit("-", 1)
+                dist_infos[(canonicalize_name(stem), version)] = site / entry
+    out = {}
+    for p in doc.get("packages", ()):
+        prov = provenance.get(p["name"]) or {}
+        known = {prov["sha256"]} if prov.get("sha256") and prov.get("build_id") == p.get("build_id") else set()
+        out[p["name"]] = Installed(name=p["name"], version=p["version"], build_id=p.get("build_id") or "",
+                                   dist_info=dist_infos.get((p["name"], p["version"])), known_sha256=frozenset(known))
+    return out
+
+
+def _sites(doc: dict, prefix: Path) -> list[Path]:
+    py = doc.get("python") or {}
+    return list(dict.fromkeys(prefix / py[k] for k in ("purelib", "platlib") if py.get(k)))
+
+
+def _previous_provenance(vault: Vault, target: Path) -> dict:
+    """The provenance of the newest snapshot of ``target`` that has one."""
+    for ref in vault.snapshots():
+        if ref.doc.get("venv") == str(target) and isinstance(ref.doc.get("provenance"), dict):
+            return ref.doc["provenance"]
+    return {}
+
+
+def _touched(diff: DiffResult, protection: Protection) -> list[str]:
+    """Protected names the run removed or changed (adding a new distribution is not protected)."""
+    names = [p.name for p in diff.removed] + [c.name for c in diff.changed]
+    return sorted({n for n in names if protection.match(n)})
+
+
+def _target_for(cmd: Command, options: GuardOptions, env: Mapping[str, str], cwd: Path) -> Path | None:
+    derived = locate_target(cmd, env, cwd) if cmd.known else None
+    if options.venv is not None:
+        chosen = find_target(options.venv)
+        if derived is not None and derived.absolute() != chosen:
+            raise UsageError(f"`{cmd.display}` would change {derived}, not --venv {chosen}; "
+                             "run it with that environment's pip or drop --venv")
+        return chosen
+    if derived is not None:
+        return find_target(derived) if derived.exists() else None
+    if cmd.tool in ("pip", "uv-project"):
+        return None  # pip from outside any environment, or no uv project: nothing of ours to guard
+    fallback = env.get("VIRTUAL_ENV") or env.get("CONDA_PREFIX")
+    return find_target(fallback) if fallback else None
+
+
+def guard(
+    argv: list[str] | tuple[str, ...],
+    options: GuardOptions,
+    ui: GuardUI,
+    *,
+    vault_path: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> GuardResult:
+    """Run ``argv`` under guard (see docs/guard.md and ``envvault guard --help``)."""
+    t0 = time.monotonic()
+    env = dict(os.environ if env is None else env)
+    cwd = Path(cwd or os.getcwd())
+    cmd = parse_command(argv)
+    if not argv:
+        raise UsageError("no command given: envvault guard -- pip install ...")
+    child_env = dict(env, **{GUARD_ACTIVE: "1"})
+    if cmd.known and not cmd.mutating:
+        if cmd.elsewhere:
+            ui.note(f"`{cmd.display}` installs outside the environment; running it unguarded")
+        rc, _ = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
+        return GuardResult(command=cmd.argv, outcome="passthrough", exit_code=rc, command_exit=rc)
+    target = _target_for(cmd, options, env, cwd)
+    if target is None:
+        if cmd.known:
+            ui.note(f"`{cmd.display}` does not act on a virtual environment here; running it unguarded")
+            rc, _ = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
+            return GuardResult(command=cmd.argv, outcome="passthrough", exit_code=rc, command_exit=rc)
+        raise UsageError("no environment to guard: pass --venv PATH or activate a virtual environment")
+
+    # The dry run works in the background while the snapshot is taken.
+    dry = start_dry_run(cmd, env, cwd) if cmd.known else None
+    timings: dict[str, float] = {}
+    warnings: list[str] = []
+    try:
+        from envvault.snap import take_snapshot
+
+        vault = Vault.open(vault_path, create=True)
+        protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
+        t = time.monotonic()
+        prev = _previous_provenance(vault, target)
+        prov_before = carry(prev, current_builds(target, _sites_guess(target), prev)) if prev else {}
+        record_argv = ["envvault", "guard", "--", *cmd.argv]
+        before = take_snapshot(vault, target, message=f"before: {cmd.display}", trigger=TRIGGER, argv=record_argv,
+                               extra={"guard": {"phase": "before", "command": list(cmd.argv)},
+                                      **({"provenance": prov_before} if prov_before else {})})
+        timings["snapshot_before"] = time.monotonic() - t
+        t = time.monotonic()
+        installed = _installed(before.doc, target, prov_before)
+        plan = dry.finish(installed) if dry is not None else Plan(source=None, error="not a pip or uv command")
+        timings["plan_wait"] = time.monotonic() - t
+    finally:
+        if dry is not None:
+            dry.kill()
+    if plan.environment and Path(cwd, plan.environment).absolute() != target:
+        raise UsageError(f"{cmd.argv[0]} says it would use {plan.environment}, but guard snapshotted {target}; "
+                         "pass --venv with the environment it should guard")
+    protected = [(c, pat) for c in plan.changes if c.touches_build and (pat := protection.match(c.name))]
+    ui.show_plan(plan, protected, target, before.id)
+    base = dict(command=cmd.argv, target=str(target), before=before.id, plan=plan,
+                protected=tuple(sorted({c.name for c, _ in protected})))
+
+    consented: set[str] = set()
+    if protected:
+        names = ", ".join(sorted({c.name for c, _ in protected}))
+        if options.yes:
+            consented = {c.name for c, _ in protected}
+        elif options.interactive:
+            timings["pre_command"] = time.monotonic() - t0
+            if not ui.confirm(f"{names} would change. Go ahead?", False):
+                return GuardResult(outcome="declined", exit_code=3, reason=f"you declined the change to {names}",
+                                   timings=timings, **base)
+            consented = {c.name for c, _ in protected}
+        else:
+            timings["pre_command"] = time.monotonic() - t0
+            return GuardResult(outcome="refused", exit_code=3, timings=timings, **base,
+                               reason=f"{names} would change and there is no terminal to ask; rerun with --yes to allow it")
+
+    project_files = _read_project_files(cmd, cwd)
+    timings.setdefault("pre_command", time.monotonic() - t0)
+    rc, started = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
+    timings["command"] = time.time() - started
+    timings["command_started_at"] = started
+
+    t = time.monotonic()
+    fresh = report_provenance(plan.installs, pip_indexes(cmd, env, target)) if cmd.tool == "pip" else {}
+    merged = {**prov_before, **fresh}
+    prov_after = carry(merged, current_builds(target, _sites(before.doc, target), merged)) if merged else {}
+    after = take_snapshot(vault, target, message=f"after: {cmd.display} (exit {rc})", trigger=TRIGGER,
+                          argv=record_argv,
+                          extra={"guard": {"phase": "after", "command": list(cmd.argv), "exit_code": rc,
+                                           "before": before.id},
+                                 **({"provenance": prov_after} if prov_after else {})})
+    timings["snapshot_after"] = time.monotonic() - t
+    diff = diff_snapshots(before.doc, after.doc, vault=vault, old_label=before.id[:12], new_label=after.id[:12],
+                          scope="environment")
+    ui.show_diff(diff, before.id, after.id)
+    base.update(after=after.id, diff=diff, command_exit=rc)
+
+    unexpected = [n for n in _touched(diff, protection) if n not in consented and not options.yes]
+    reason, outcome, exit_code = None, ("ran" if rc == 0 else "failed"), rc
+    undo = False
+    if diff.environment_empty:
+        pass
+    elif rc != 0:
+        undo, reason = True, f"`{cmd.display}` exited {rc}"
+    elif unexpected:
+        names = ", ".join(unexpected)
+        what = "the plan did not show it" if plan.known else "there was no plan to show first"
+        if options.interactive:
+            undo = not ui.confirm(f"{names} changed ({what}). Keep this change?", False)
+            reason = f"you chose to undo the change to {names}" if undo else None
+        else:
+            undo, exit_code, outcome = True, 3, "refused"
+            reason = f"{names} changed ({what}) and there is no terminal to ask; rerun with --yes to allow it"
+    elif consented and options.interactive and not options.yes and _touched(diff, protection):
+        undo = not ui.confirm("Keep this change?", True)
+        reason = "you chose to undo it" if undo else None
+
+    restore_error = None
+    if undo and options.restore:
+        t = time.monotonic()
+        try:
+            from envvault.restore.execute import restore_snapshot
+
+            restored = restore_snapshot(vault, before.id, target, backup=False, caches=False)
+            _write_project_files(project_files)
+            if not restored.verified:
+                warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
+                                f"`envvault status --against {before.id[:12]}` shows how")
+            outcome = "restored" if outcome != "refused" else outcome
+            base["restored_to"] = before.id
+        except EnvvaultError as err:
+            restore_error = err
+        timings["restore"] = time.monotonic() - t
+    elif undo:
+        warnings.append(f"--no-restore: the environment stays as the command left it; "
+                        f"`envvault restore {before.id[:12]}` brings back the state before")
+
+    warnings += _retain(vault, target, protection)
+    return GuardResult(outcome=outcome, exit_code=exit_code, reason=reason, restore_error=restore_error,
+                       warnings=tuple(warnings), timings=timings, **base)
+
+
+def _sites_guess(prefix: Path) -> list[Path]:
+    """site-packages folders of a POSIX venv, found without starting its interpreter."""
+    return sorted(prefix.glob("lib*/python3*/site-packages"))
+
+
+def _read_project_files(cmd: Command, cwd: Path) -> dict[Path, bytes | None]:
+    """``uv add/remove/sync`` edit pyproject.toml and uv.lock: keep their bytes to put back on rollback."""
+    if cmd.tool != "uv-project":
+        return {}
+    root = uv_project_root(cmd, cwd)
+    if root is None:
+        return {}
+    out: dict[Path, bytes | None] = {}
+    for name in _PROJECT_FILES:
+        try:
+            out[root / name] = (root / name).read_bytes()
+        except FileNotFoundError:
+            out[root / name] = None
+    return out
+
+
+def _write_project_files(files: dict[Path, bytes | None]) -> None:
+    for path, data in files.items():
+        try:
+            now = path.read_bytes()
+        except FileNotFoundError:
+            now = None
+        if now == data:
+            continue
+        if data is None:
+            path.unlink()
+        else:
+            atomic_write(path, data, mode=0o644)
+
+
+def _retain(vault: Vault, target: Path, protection: Protection) -> list[str]:
+    from envvault.guard.retention import apply_retention
+
+    try:
+        apply_retention(vault, target, keep=protection.keep)
+    except EnvvaultError as err:
+        return [f"retention skipped: {err}"]
+    return []

@@ -1,0 +1,735 @@
+"""Carry out a restore. The only code in envvault that changes an environment.
+
+In place (see docs/format.md, "Restoring an environment"): back up, plan (``plan.make_plan``), check every
+destination against symlinks that lead out, write a journal, stage every file next to its final path as
+``.<name>.envvault-<pid>.tmp`` (bytes from the vault, BLAKE3 per object and sha256 per file checked while
+writing), rename the staged files into place, delete what the snapshot lacks, verify, drop the journal.
+A SIGKILL at any point leaves complete files under final names; rerunning the restore re-plans from what is
+on disk, adds the journal's pending deletions, and completes.
+
+``--into`` builds a fresh venv with uv from rebuilt wheels; lock-only snapshots go through uv
+(``envvault.restore.uv``).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import inspect
+import json
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+import blake3
+
+from envvault.diff import current_document, diff_snapshots
+from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError, NotFoundError, RefusedError, UsageError
+from envvault.model.encoding import parse_json
+from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, check_rel_path, make_plan
+from envvault.vault.fsutil import atomic_write, fsync_dir, storage_error
+from envvault.vault.ingest import b64_sha256
+from envvault.vault.packs import read_frame
+from envvault.vault.store import Vault
+
+__all__ = ["RestoreResult", "restore_snapshot", "read_current", "baseline_snapshot", "JOURNAL_NAME"]
+
+JOURNAL_NAME = ".envvault-restore.json"
+_TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
+_BATCH_BYTES = 16 << 20  # staging work is handed to threads in runs of about this many bytes
+_WORKERS = max(1, min(4, os.cpu_count() or 1))
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    restored: str
+    target: str
+    mode: str  # "in-place", "into", "lock"
+    backup: str | None = None
+    changed: int = 0
+    verified: bool = False
+    dry_run: bool = False
+    written_files: int = 0
+    written_bytes: int = 0
+    removed_files: int = 0
+    seconds: float = 0.0
+    plan: dict | None = None
+    remaining: dict | None = None  # what still differs after the restore (diff JSON), when not verified
+    warnings: tuple[str, ...] = ()
+    caches: object = None
+
+    def to_json(self) -> dict:
+        return {
+            "restored": self.restored,
+            "target": self.target,
+            "mode": self.mode,
+            "backup": self.backup,
+            "changed": self.changed,
+            "verified": self.verified,
+            "dry_run": self.dry_run,
+            "written_files": self.written_files,
+            "written_bytes": self.written_bytes,
+            "removed_files": self.removed_files,
+            "seconds": self.seconds,
+            "plan": self.plan,
+            "remaining": self.remaining,
+            "warnings": list(self.warnings),
+            "caches": self.caches,
+        }
+
+
+# -- test hook: die at a named point ---------------------------------------------------------------
+
+_crash_lock = threading.Lock()
+_crash_counts: dict[str, int] = {}
+
+
+def _crash_point(name: str) -> None:
+    """With ``ENVVAULT_TEST_CRASH_AT=<name>[:<n>]`` the process SIGKILLs itself at the n-th (default 1st)
+    passage of that point. For the crash-safety tests; costs one dict lookup otherwise."""
+    spec = os.environ.get("ENVVAULT_TEST_CRASH_AT")
+    if not spec:
+        return
+    want, _, nth = spec.partition(":")
+    if want != name:
+        return
+    with _crash_lock:
+        _crash_counts[name] = _crash_counts.get(name, 0) + 1
+        hit = _crash_counts[name] >= int(nth or 1)
+    if hit:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- reading objects, one frame cache per thread ---------------------------------------------------
+
+
+class _ChunkReader:
+    def __init__(self, vault: Vault):
+        self.vault = vault
+        self.index = vault.index()
+        self._local = threading.local()
+
+    def get(self, oid: str) -> memoryview:
+        loc = self.index.get(oid)
+        if loc is None:
+            raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify`")
+        pack, fo, fl, off, length, _kind = loc
+        cached = getattr(self._local, "frame", None)
+        if cached is not None and cached[0] == (pack, fo):
+            frame = cached[1]
+        else:
+            frame = memoryview(read_frame(self.vault.pack_path(pack), fo, fl))
+            self._local.frame = ((pack, fo), frame)
+        data = frame[off: off + length]
+        if len(data) != length:
+            raise CorruptError(f"object {oid[:12]} lies beyond its frame in pack {pack[:12]}; run `envvault verify`")
+        if blake3.blake3(data).hexdigest() != oid:
+            raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify`")
+        return data
+
+    def first_location(self, w: FileWrite) -> tuple:
+        if not w.chunks:
+            return ("", 0, 0)
+        loc = self.index.get(w.chunks[0])
+        return (loc[0], loc[1], loc[3]) if loc else ("", 0, 0)
+
+
+# -- the environment now ---------------------------------------------------------------------------
+
+
+def read_current(prefix: Path, interp, packages: list[dict]) -> list[CurrentDist]:
+    """Pair each package summary of a scan with its RECORD, as ``CurrentDist`` records for the planner."""
+    from envvault.env.dists import scan_dists
+
+    dists = scan_dists([interp.purelib, interp.platlib])
+    by_key: dict[tuple[str, str], list] = {}
+    for d in dists:
+        by_key.setdefault((d.name, d.version), []).append(d)
+    out = []
+    for p in packages:
+        cands = by_key.get((p["name"], p["version"])) or []
+        d = cands.pop(0) if cands else None
+        if d is None or d.record is None:
+            out.append(CurrentDist(p, None, {}, has_record=False))
+            continue
+        bad = set(p.get("modified") or ()) | set(p.get("missing") or ())
+        files: dict[str, str | None] = {}
+        for e in d.record:
+            absolute = os.path.normpath(d.site / e.path)
+            try:
+                rel = Path(absolute).relative_to(prefix).as_posix()
+            except ValueError:
+                continue  # outside the environment: never deleted by a restore
+            files[rel] = e.digest if (e.algo == "sha256" and e.digest and rel not in bad) else None
+        try:
+            di = d.dist_info.relative_to(prefix).as_posix()
+        except ValueError:
+            di = None
+        out.append(CurrentDist(p, di, files))
+    return out
+
+
+# -- journal ---------------------------------------------------------------------------------------
+
+
+def _read_journal(target: Path) -> dict | None:
+    path = target / JOURNAL_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
+    try:
+        doc = parse_json(data, str(path))
+    except CorruptError:
+        return {"snapshot": None, "removals": [], "staging_dirs": []}
+    if not isinstance(doc, dict):
+        return {"snapshot": None, "removals": [], "staging_dirs": []}
+    for key in ("removals", "staging_dirs"):
+        if not isinstance(doc.get(key), list):
+            doc[key] = []
+    return doc
+
+
+def _write_journal(target: Path, doc: dict) -> None:
+    """Temp name that a rerun's cleanup recognises, fsync, rename, fsync the folder."""
+    final = str(target / JOURNAL_NAME)
+    tmp = _tmp_for(final, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(json.dumps(doc, separators=(",", ":")).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(target)
+    except OSError as err:
+        raise storage_error(err, final) from None
+
+
+def _remove_journal(target: Path) -> None:
+    try:
+        os.unlink(target / JOURNAL_NAME)
+    except FileNotFoundError:
+        pass
+
+
+# -- paths -----------------------------------------------------------------------------------------
+
+
+class _Paths:
+    """Maps manifest paths to absolute ones, refusing any that resolve outside the target."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self.real = os.path.realpath(target)
+        self._dirs: dict[str, bool] = {}
+
+    def dir_inside(self, rel_dir: str) -> bool:
+        ok = self._dirs.get(rel_dir)
+        if ok is None:
+            real = os.path.realpath(os.path.join(self.target, rel_dir)) if rel_dir else self.real
+            ok = real == self.real or real.startswith(self.real + os.sep)
+            self._dirs[rel_dir] = ok
+        return ok
+
+    def check(self, rel: str) -> str | None:
+        why = check_rel_path(rel)
+        if why is not None:
+            return why
+        if not self.dir_inside(os.path.dirname(rel)):
+            return "lies under a symlink that leads out of the environment"
+        return None
+
+    def abs(self, rel: str) -> str:
+        return os.path.join(self.target, rel)
+
+
+def _tmp_for(abs_path: str, pid: int) -> str:
+    d, name = os.path.split(abs_path)
+    if len(name) > 200:
+        name = name[:150] + "~" + blake3.blake3(name.encode()).hexdigest()[:12]
+    return os.path.join(d, f".{name}.envvault-{pid}.tmp")
+
+
+def _clean_temps(target: Path, rel_dirs, paths: _Paths, *, keep_pid: int | None = None) -> int:
+    n = 0
+    for rel in set(rel_dirs):
+        if not isinstance(rel, str) or (rel and paths.check(rel + "/x") is not None):
+            continue
+        try:
+            entries = os.listdir(paths.abs(rel) if rel else target)
+        except OSError:
+            continue
+        for name in entries:
+            m = _TMP_RE.match(name)
+            if m and (keep_pid is None or int(m.group(1)) != keep_pid):
+                try:
+                    os.unlink(os.path.join(paths.abs(rel) if rel else target, name))
+                    n += 1
+                except OSError:
+                    pass
+    return n
+
+
+# -- staging and committing ------------------------------------------------------------------------
+
+
+@dataclass
+class _Staged:
+    write: FileWrite
+    tmp: str
+    sha256: str | None
+
+
+def _stage_one(reader: _ChunkReader, paths: _Paths, w: FileWrite, pid: int) -> _Staged:
+    final = paths.abs(w.path)
+    tmp = _tmp_for(final, pid)
+    try:
+        if w.link is not None:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            os.symlink(w.link, tmp)
+            return _Staged(w, tmp, None)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        h = hashlib.sha256()
+        size = 0
+        try:
+            for oid in w.chunks:
+                data = reader.get(oid)
+                h.update(data)
+                size += len(data)
+                while data:
+                    n = os.write(fd, data)
+                    data = data[n:]
+            os.fchmod(fd, w.mode & 0o777)  # never setuid/setgid from a vault
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise storage_error(err, final) from None
+    sha = b64_sha256(h.digest())
+    if w.sha256 is not None and sha != w.sha256:
+        raise CorruptError(f"{w.path} ({w.package}) restored from the vault does not match its recorded sha256; "
+                           "nothing was renamed into place; run `envvault verify`")
+    if size != w.size and w.chunks:
+        raise CorruptError(f"{w.path} ({w.package}) restored with {size} bytes, the snapshot says {w.size}")
+    _crash_point("stage")
+    return _Staged(w, tmp, sha)
+
+
+def _batches(writes: list[FileWrite]) -> Iterator[list[FileWrite]]:
+    batch, size = [], 0
+    for w in writes:
+        batch.append(w)
+        size += w.size + 4096
+        if size >= _BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Progress | None) -> list[_Staged]:
+    reader = _ChunkReader(vault)
+    for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
+        full = paths.abs(d) if d else str(paths.target)
+        if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):
+            if os.path.islink(full) and os.path.isdir(full):
+                continue  # a symlinked directory inside the target (checked by _Paths)
+            raise EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
+        try:
+            os.makedirs(full, exist_ok=True)
+        except OSError as err:
+            raise storage_error(err, full) from None
+    # Read the vault in pack order so each frame is decompressed once.
+    ordered = sorted(plan.writes, key=reader.first_location)
+    staged: list[_Staged] = []
+    done = 0
+
+    def run(batch: list[FileWrite]) -> list[_Staged]:
+        return [_stage_one(reader, paths, w, pid) for w in batch]
+
+    try:
+        with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+            for result in pool.map(run, _batches(ordered)):
+                staged.extend(result)
+                done += sum(s.write.size for s in result)
+                if progress:
+                    progress(done)
+    except BaseException:
+        for w in ordered:
+            try:
+                os.unlink(_tmp_for(paths.abs(w.path), pid))
+            except OSError:
+                pass
+        raise
+    return staged
+
+
+def _drop_bytecode(abs_py: str, seen: dict[str, list[str]]) -> None:
+    """Delete ``__pycache__/<stem>.*.pyc`` of a source file we replaced or removed (a stale .pyc with the
+    same source size and mtime second would otherwise win over the restored source)."""
+    d, name = os.path.split(abs_py)
+    stem = name[:-3]
+    cache = os.path.join(d, "__pycache__")
+    if cache not in seen:
+        try:
+            seen[cache] = os.listdir(cache)
+        except OSError:
+            seen[cache] = []
+    for entry in seen[cache]:
+        if entry.startswith(stem + ".") and entry.endswith(".pyc") and entry.count(".") == stem.count(".") + 2:
+            try:
+                os.unlink(os.path.join(cache, entry))
+            except OSError:
+                pass
+
+
+def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str]) -> int:
+    pyc_seen: dict[str, list[str]] = {}
+    parents: set[str] = set()
+    for s in staged:
+        final = paths.abs(s.write.path)
+        try:
+            os.rename(s.tmp, final)
+        except IsADirectoryError:
+            _rmdir_tree_if_empty(final)
+            os.rename(s.tmp, final)
+        except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(final) and not os.path.islink(final):
+                raise EnvironmentProblem(f"{final} is a non-empty directory where the snapshot has a file; move it and run again") from None
+            raise storage_error(err, final) from None
+        if final.endswith(".py"):
+            _drop_bytecode(final, pyc_seen)
+        _crash_point("commit")
+    for rel, mode in plan.keeps:
+        full = paths.abs(rel)
+        try:
+            st = os.lstat(full)
+            if (st.st_mode & 0o777) != (mode & 0o777) and not os.path.islink(full):
+                os.chmod(full, mode & 0o777)
+        except OSError:
+            pass
+    removed = 0
+    for rel in plan.removals:
+        if paths.check(rel) is not None:
+            continue
+        full = paths.abs(rel)
+        try:
+            if os.path.isdir(full) and not os.path.islink(full):
+                continue
+            os.unlink(full)
+            removed += 1
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise storage_error(err, full) from None
+        if full.endswith(".py"):
+            _drop_bytecode(full, pyc_seen)
+        parents.add(os.path.dirname(full))
+        _crash_point("commit")
+    for rel in plan.remove_dirs:
+        if paths.check(rel) is not None:
+            continue
+        full = paths.abs(rel)
+        if os.path.islink(full):
+            os.unlink(full)
+        elif os.path.isdir(full):
+            shutil.rmtree(full, ignore_errors=True)
+        parents.add(os.path.dirname(full))
+        _crash_point("commit")
+    for cache_dir in pyc_seen:
+        parents.add(cache_dir)
+    _prune_empty(parents, protected)
+    return removed
+
+
+def _rmdir_tree_if_empty(path: str) -> None:
+    for root, dirs, files in os.walk(path, topdown=False):
+        if files:
+            raise EnvironmentProblem(f"{path} is a non-empty directory where the snapshot has a file; move it and run again")
+        os.rmdir(root)
+
+
+def _prune_empty(dirs: set[str], protected: set[str]) -> None:
+    """Remove directories left empty by deletions, bottom-up, never a protected one (prefix, site-packages, bin)."""
+    for d in sorted(dirs, key=len, reverse=True):
+        while d not in protected and len(d) > 1:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+            d = os.path.dirname(d)
+
+
+def _populate_statcache(vault: Vault, target: Path, staged: list[_Staged]) -> None:
+    """Record the hashes computed while writing, so verification and the next status need not re-read."""
+    from envvault.snap import statcache_for
+
+    cache = statcache_for(vault, target)
+    cache.touch(list(cache.files))
+    for s in staged:
+        if s.write.link is not None or s.sha256 is None:
+            continue
+        try:
+            st = os.lstat(os.path.join(target, s.write.path))
+        except OSError:
+            continue
+        cache.put(s.write.path, st, s.sha256, list(s.write.chunks))
+    cache.save()
+
+
+# -- locks -----------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _target_lock(vault: Vault, target: Path) -> Iterator[None]:
+    key = blake3.blake3(str(target).encode()).hexdigest()[:20]
+    path = vault.root / "locks" / f"restore-{key}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise storage_error(err, path) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RefusedError(f"another envvault restore of {target} is running; wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- the entry point -------------------------------------------------------------------------------
+
+
+def restore_snapshot(
+    vault: Vault,
+    sid: str,
+    target: Path,
+    *,
+    backup: bool = True,
+    dry_run: bool = False,
+    into: Path | None = None,
+    progress: Progress | None = None,
+    caches: bool = True,
+) -> RestoreResult:
+    """Restore snapshot ``sid`` onto the environment ``target`` (or, with ``into``, into a new venv there).
+
+    In place, untouched distributions keep every file as it is (mtimes included); changed ones are put
+    back from vault objects only; distributions the snapshot lacks are removed. ``backup`` snapshots the
+    environment first. Raises ``RefusedError`` for unsafe manifests or an interpreter mismatch.
+    """
+    started = time.monotonic()
+    ref = vault.load_snapshot(sid)
+    doc = ref.doc
+    if into is not None:
+        from envvault.restore.into import restore_into
+
+        result = restore_into(vault, ref.id, doc, Path(into).absolute(), dry_run=dry_run, progress=progress)
+    elif doc.get("lock_only"):
+        from envvault.restore.uv import restore_lock_only
+
+        result = restore_lock_only(vault, ref.id, doc, Path(target).absolute(), backup=backup, dry_run=dry_run)
+    else:
+        result = _restore_in_place(vault, ref.id, doc, Path(target).absolute(), backup=backup, dry_run=dry_run,
+                                   progress=progress)
+    if result.verified and not result.dry_run:
+        _record_restored(vault, Path(into or target).absolute(), ref.id)
+    cache_result = None
+    if caches and doc.get("caches"):
+        cache_result = _restore_caches(vault, doc, Path(into or target).absolute(), dry_run, progress)
+    return replace(result, caches=cache_result, seconds=round(time.monotonic() - started, 3))
+
+
+def _marker(vault: Vault, target: Path) -> Path:
+    key = blake3.blake3(str(target).encode()).hexdigest()[:20]
+    return vault.state_path(f"restored-{key}.json")
+
+
+def _record_restored(vault: Vault, target: Path, sid: str) -> None:
+    """Remember that ``target`` now holds snapshot ``sid`` (a cache under ``state/``: losing it only makes
+    ``status`` fall back to the newest snapshot)."""
+    try:
+        atomic_write(_marker(vault, target), json.dumps({"snapshot": sid, "venv": str(target), "at": _utc_now()}).encode(),
+                     tmp_dir=vault.root / "tmp")
+    except EnvvaultError:
+        pass
+
+
+def _utc_now() -> str:
+    from envvault.vault.store import _now
+
+    return _now()
+
+
+def baseline_snapshot(vault: Vault, target: Path) -> str:
+    """The snapshot ``status`` compares ``target`` with: the newest of its snapshots (backups taken by a
+    restore excluded) and the snapshot most recently restored onto it."""
+    target = Path(target)
+    snaps = [s for s in vault.snapshots() if s.doc.get("venv") == str(target)]
+    own = [s for s in snaps if s.doc.get("trigger") != "restore-backup"] or snaps
+    best = (own[0].created, own[0].id) if own else None
+    try:
+        marker = json.loads(_marker(vault, target).read_bytes())
+        sid, at = marker["snapshot"], marker["at"]
+        if isinstance(sid, str) and (vault.root / "snapshots" / f"{sid}.json").exists() and (best is None or at > best[0]):
+            best = (at, sid)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if best is None:
+        raise NotFoundError(f"no snapshot of {target} in {vault.root}; run `envvault snap` first")
+    return best[1]
+
+
+def _restore_caches(vault: Vault, doc: dict, target: Path, dry_run: bool, progress: Progress | None):
+    """Hook for the compile-cache area: ``envvault.caches.restore.restore_snapshot_caches(vault, doc, ...)``."""
+    try:
+        from envvault.caches.restore import restore_snapshot_caches
+    except ImportError:
+        return None
+    offered = {"target": target, "venv": target, "dry_run": dry_run, "progress": progress}
+    params = inspect.signature(restore_snapshot_caches).parameters
+    kwargs = {k: v for k, v in offered.items() if k in params}
+    result = restore_snapshot_caches(vault, doc, **kwargs)
+    return result.to_json() if hasattr(result, "to_json") else result
+
+
+def _scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[dict, str | None]:
+    """The environment's state, from a backup snapshot (one read of every new file) or a check scan."""
+    if backup:
+        from envvault.snap import take_snapshot
+
+        snap = take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}", trigger="restore-backup",
+                             argv=["envvault", "restore", sid])
+        return snap.doc, snap.id
+    return current_document(vault, target), None
+
+
+def _discard_snapshot(vault: Vault, sid: str | None) -> None:
+    """Drop a backup this run made but did not need (its objects become garbage for gc)."""
+    if sid:
+        try:
+            os.unlink(vault.root / "snapshots" / f"{sid}.json")
+        except OSError:
+            pass
+
+
+def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool,
+                      progress: Progress | None) -> RestoreResult:
+    if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists():
+        raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
+    with vault.lock(), (_nullcontext() if dry_run else _target_lock(vault, target)):
+        journal = _read_journal(target)
+        resumed = journal is not None
+        take_backup = backup and not dry_run and not resumed
+        now_doc, backup_id = _scan_now(vault, target, sid, take_backup)
+        if resumed:
+            backup_id = journal.get("backup") if isinstance(journal.get("backup"), str) else None
+        try:
+            check_python(doc["python"], now_doc["python"])
+            interp = _Layout.of(target, now_doc["python"])
+            current = read_current(target, interp, now_doc["packages"])
+            plan = make_plan(sid, doc, now_doc, current, vault.get_json,
+                             pending_removals=(journal or {}).get("removals", ()))
+            paths = _Paths(target)
+            bad = [f"{w.path}: {why}" for w in plan.writes if (why := paths.check(w.path)) is not None]
+            bad += [f"{w.path}: symlink target leads out of the environment" for w in plan.writes
+                    if w.link is not None and not _link_inside(paths, w)]
+            if bad:
+                raise RefusedError(f"refusing to restore {sid[:12]}: " + "; ".join(bad[:10]) +
+                                   (f"; and {len(bad) - 10} more" if len(bad) > 10 else ""))
+        except BaseException:
+            if take_backup:
+                _discard_snapshot(vault, backup_id)
+            raise
+        if dry_run:
+            return RestoreResult(sid, str(target), "in-place", None, plan.changed, False, True,
+                                 len(plan.writes), plan.bytes, len(plan.removals), plan=plan.to_json(),
+                                 warnings=plan.warnings)
+        if plan.empty and not resumed:
+            _discard_snapshot(vault, backup_id if take_backup else None)
+            return RestoreResult(sid, str(target), "in-place", None, 0, plan.diff.packages_empty, False,
+                                 plan=plan.to_json(), remaining=None if plan.diff.packages_empty else plan.diff.to_json(),
+                                 warnings=plan.warnings)
+        pid = os.getpid()
+        _write_journal(target, {
+            "format": 1, "snapshot": sid, "backup": backup_id, "pid": pid,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "staging_dirs": sorted(set(plan.staging_dirs()) | set(_str_list(journal, "staging_dirs"))),
+            "removals": list(plan.removals),
+        })
+        _crash_point("journal")
+        _clean_temps(target, _str_list(journal, "staging_dirs") + plan.staging_dirs(), paths, keep_pid=pid)
+        staged = _stage_all(vault, plan, paths, pid, progress)
+        _crash_point("staged")
+        protected = _protected_dirs(target, interp)
+        removed = _commit(plan, staged, paths, protected)
+        _populate_statcache(vault, target, staged)
+        _crash_point("committed")
+        after = current_document(vault, target)
+        remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
+        _remove_journal(target)
+        _crash_point("verified")
+    warnings = list(plan.warnings)
+    for k, (o, n) in remaining.python.items():
+        warnings.append(f"python {k} is {o}, the snapshot had {n}")
+    return RestoreResult(
+        sid, str(target), "in-place", backup_id, plan.changed, remaining.packages_empty, False,
+        len(staged), plan.bytes, removed, plan=plan.to_json(),
+        remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
+    )
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The install paths of an environment, from a document's ``python`` section (no second probe)."""
+
+    purelib: Path
+    platlib: Path
+    scripts: Path
+
+    @classmethod
+    def of(cls, prefix: Path, python: dict) -> "_Layout":
+        def at(key: str, default: str) -> Path:
+            value = Path(python.get(key) or default)
+            return value if value.is_absolute() else prefix / value
+        return cls(at("purelib", "lib"), at("platlib", python.get("purelib") or "lib"), at("scripts", "bin"))
+
+
+def _str_list(journal: dict | None, key: str) -> list[str]:
+    return [x for x in (journal or {}).get(key, ()) if isinstance(x, str)]
+
+
+def _link_inside(paths: _Paths, w: FileWrite) -> bool:
+    parent = os.path.dirname(paths.abs(w.path))
+    dest = os.path.realpath(os.path.join(os.path.realpath(parent), w.link))
+    return dest == paths.real or dest.startswith(paths.real + os.sep)
+
+
+def _protected_dirs(target: Path, interp) -> set[str]:
+    keep = {str(target)}
+    for p in (interp.purelib, interp.platlib, interp.scripts):
+        p = str(p)
+        while p.startswith(str(target)) and p not in keep:
+            keep.add(p)
+            p = os.path.dirname(p)
+    return keep
+
+
+@contextmanager
+def _nullcontext() -> Iterator[None]:
+    yield

@@ -1,0 +1,284 @@
+"""Plan an in-place restore: which files to write, which to delete, which to leave alone. Pure: no I/O.
+
+The plan is computed from the snapshot document, the snapshot's manifests (read through a callable, so a
+plan never touches the environment) and the environment's current state (``CurrentDist`` records, built by
+``envvault.restore.execute.read_current``). ``--dry-run`` prints exactly this plan.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from envvault.diff import DiffResult, diff_snapshots
+from envvault.errors import RefusedError
+
+__all__ = ["CurrentDist", "FileWrite", "Plan", "make_plan", "check_python", "check_rel_path", "is_pyc"]
+
+
+@dataclass(frozen=True)
+class CurrentDist:
+    """One installed distribution as it is now. ``files`` maps every RECORD path (relative to the
+    environment) to its sha256 (urlsafe b64) when the bytes on disk are known to match it, else None."""
+
+    summary: dict  # the scan's package summary (name, version, build_id, state_id, modified, missing)
+    dist_info: str | None  # relative to the environment; None when unknown
+    files: dict[str, str | None]
+    has_record: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.summary["name"]
+
+
+@dataclass(frozen=True)
+class FileWrite:
+    """One file to put in place: its content is the concatenation of ``chunks`` (or a symlink to ``link``)."""
+
+    path: str
+    chunks: tuple[str, ...]
+    size: int
+    sha256: str | None
+    mode: int
+    link: str | None
+    package: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    snapshot_id: str
+    diff: DiffResult  # from the environment now to the snapshot
+    writes: tuple[FileWrite, ...]
+    keeps: tuple[tuple[str, int], ...]  # files of changed packages whose bytes already match (path, mode)
+    removals: tuple[str, ...]  # files to delete
+    remove_dirs: tuple[str, ...]  # dist-info folders of removed or replaced distributions
+    install: tuple[str, ...]  # "name version" of packages written whole or in part
+    remove: tuple[str, ...]  # "name version" of packages removed
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.writes or self.removals or self.remove_dirs)
+
+    @property
+    def bytes(self) -> int:
+        return sum(w.size for w in self.writes)
+
+    @property
+    def changed(self) -> int:
+        """Packages the restore touches: installed, reinstalled, repaired or removed."""
+        return len(self.install) + len(self.remove)
+
+    def staging_dirs(self) -> list[str]:
+        return sorted({posixpath.dirname(w.path) for w in self.writes})
+
+    def to_json(self) -> dict:
+        return {
+            "snapshot": self.snapshot_id,
+            "diff": self.diff.to_json(),
+            "install": list(self.install),
+            "remove": list(self.remove),
+            "write_files": len(self.writes),
+            "write_bytes": self.bytes,
+            "keep_files": len(self.keeps),
+            "remove_files": len(self.removals),
+            "remove_dirs": list(self.remove_dirs),
+            "warnings": list(self.warnings),
+        }
+
+
+def is_pyc(path: str) -> bool:
+    return path.endswith((".pyc", ".pyo")) or "/__pycache__/" in f"/{path}"
+
+
+def check_rel_path(path: object) -> str | None:
+    """Why ``path`` (from a manifest) cannot name a file inside the environment, or None when it can."""
+    if not isinstance(path, str) or not path:
+        return "not a path"
+    if "\x00" in path:
+        return "contains NUL"
+    if path.startswith("/"):
+        return "is absolute"
+    parts = path.split("/")
+    if ".." in parts:
+        return "contains '..'"
+    if any(p in ("", ".") for p in parts):
+        return "is not a normalised path"
+    return None
+
+
+def _link_problem(path: str, link: object) -> str | None:
+    if not isinstance(link, str) or not link or "\x00" in link:
+        return "has a bad symlink target"
+    if link.startswith("/"):
+        return f"is a symlink to an absolute path ({link})"
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), link))
+    if joined == ".." or joined.startswith("../") or joined.startswith("/"):
+        return f"is a symlink that leads out of the environment ({link})"
+    return None
+
+
+def check_python(snapshot_python: dict, current_python: dict) -> None:
+    """Refuse an in-place restore across interpreters whose installed files are not interchangeable."""
+    def minor(v: str | None) -> str:
+        return ".".join((v or "").split(".")[:2])
+
+    problems = []
+    if snapshot_python.get("implementation") != current_python.get("implementation"):
+        problems.append(f"implementation {snapshot_python.get('implementation')} vs {current_python.get('implementation')}")
+    if minor(snapshot_python.get("version")) != minor(current_python.get("version")):
+        problems.append(f"Python {snapshot_python.get('version')} vs {current_python.get('version')}")
+    elif snapshot_python.get("abi") != current_python.get("abi") or (
+        snapshot_python.get("soabi") and current_python.get("soabi") and snapshot_python["soabi"] != current_python["soabi"]
+    ):
+        problems.append(f"ABI {snapshot_python.get('soabi') or snapshot_python.get('abi')} vs "
+                        f"{current_python.get('soabi') or current_python.get('abi')}")
+    if snapshot_python.get("platform") != current_python.get("platform"):
+        problems.append(f"platform {snapshot_python.get('platform')} vs {current_python.get('platform')}")
+    if problems:
+        raise RefusedError(
+            "refusing to restore in place: the snapshot was taken with " + "; ".join(problems) +
+            " (snapshot vs this environment); use --into NEW_PATH to build a fresh environment"
+        )
+
+
+def _same(snap: dict, cur: dict) -> bool:
+    return (
+        snap.get("version") == cur.get("version")
+        and snap.get("build_id") == cur.get("build_id")
+        and snap.get("state_id") == cur.get("state_id")
+        and set(snap.get("missing") or ()) == set(cur.get("missing") or ())
+    )
+
+
+def make_plan(
+    snapshot_id: str,
+    snapshot: dict,
+    current_doc: dict,
+    current: list[CurrentDist],
+    manifest_of: Callable[[str], dict],
+    *,
+    pending_removals: Iterable[str] = (),
+) -> Plan:
+    """Decide the restore of ``snapshot`` onto the environment described by ``current_doc``/``current``.
+
+    ``pending_removals``: files an interrupted restore had planned to delete (from its journal); they are
+    deleted now unless the snapshot owns them. Raises ``RefusedError`` listing every unsafe manifest path.
+    """
+    diff = diff_snapshots(current_doc, snapshot, old_label="current", new_label=snapshot_id[:12], scope="environment")
+    cur_by_name: dict[str, list[CurrentDist]] = {}
+    for c in current:
+        cur_by_name.setdefault(c.name, []).append(c)
+
+    untouched: list[CurrentDist] = []
+    to_install: list[tuple[dict, CurrentDist | None]] = []
+    for p in snapshot.get("packages") or ():
+        cands = cur_by_name.get(p["name"], [])
+        twin = next((c for c in cands if _same(p, c.summary)), None)
+        if twin is not None:
+            cands.remove(twin)
+            untouched.append(twin)
+            continue
+        to_install.append((p, cands.pop(0) if cands else None))
+    leaving = [c for cs in cur_by_name.values() for c in cs]  # current dists the snapshot does not keep
+
+    warnings: list[str] = []
+    problems: list[str] = []
+    known: dict[str, str | None] = {}
+    for c in current:
+        for path, sha in c.files.items():
+            known[path] = sha if known.get(path, sha) == sha else None
+    kept_paths = {path for c in untouched for path in c.files}
+
+    writes: list[FileWrite] = []
+    keeps: list[tuple[str, int]] = []
+    owned: set[str] = set(kept_paths)
+    absent: set[str] = set()
+    install_names: list[str] = []
+    replaced: list[CurrentDist] = []
+    for p, cur in to_install:
+        label = f"{p['name']} {p['version']}"
+        if cur is not None:
+            replaced.append(cur)
+        if p.get("record") == "missing":
+            warnings.append(f"{label} was installed without RECORD: its files are not in the vault, so it cannot be restored")
+            if cur is not None:
+                kept_paths.update(cur.files)
+                owned.update(cur.files)
+                replaced.remove(cur)
+            continue
+        man = manifest_of(p["manifest"])
+        install_names.append(label)
+        mdi = man.get("dist_info")
+        for i, f in enumerate(man.get("files") or ()):
+            path = f.get("path")
+            why = check_rel_path(path)
+            if why is not None:
+                problems.append(f"{label}: files[{i}].path {path!r} {why}")
+                continue
+            if is_pyc(path):
+                owned.add(path)
+                continue
+            state = f.get("state")
+            if state == "missing":
+                absent.add(path)
+                continue
+            if "link" in f:
+                lp = _link_problem(path, f["link"])
+                if lp is not None:
+                    problems.append(f"{label}: files[{i}].path {path!r} {lp}")
+                    continue
+                writes.append(FileWrite(path, (), 0, None, 0o777, f["link"], p["name"]))
+                owned.add(path)
+                continue
+            chunks = f.get("chunks")
+            if chunks is None:
+                warnings.append(f"{label}: {path} has no stored content (lock-only or damaged manifest)")
+                continue
+            mode = int(f.get("mode") or 0o644) & 0o7777
+            owned.add(path)
+            if known.get(path) is not None and known[path] == f.get("sha256"):
+                keeps.append((path, mode))
+                continue
+            writes.append(FileWrite(path, tuple(chunks), int(f.get("size") or 0), f.get("sha256"), mode, None, p["name"]))
+        if isinstance(mdi, str) and check_rel_path(mdi) is None:
+            owned.add(mdi)
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise RefusedError(f"refusing to restore {snapshot_id[:12]}: its manifests name paths outside the environment: {shown}")
+
+    # Paths written by the plan: their parents must not be symlinks the plan itself creates.
+    link_paths = {w.path for w in writes if w.link is not None}
+    if link_paths:
+        for w in writes:
+            parts = w.path.split("/")
+            for k in range(1, len(parts)):
+                if "/".join(parts[:k]) in link_paths:
+                    raise RefusedError(f"refusing to restore {snapshot_id[:12]}: {w.path} would be written through a symlink the snapshot creates")
+
+    removals: set[str] = set()
+    remove_names: list[str] = []
+    for c in leaving:
+        remove_names.append(f"{c.summary['name']} {c.summary['version']}")
+        if not c.has_record:
+            warnings.append(f"{c.summary['name']} {c.summary['version']} was installed without RECORD: its files are unknown, so they stay")
+    for c in leaving + replaced:
+        removals.update(c.files)
+    removals.update(absent)
+    removals.update(p for p in pending_removals if check_rel_path(p) is None)
+    removals -= owned
+    remove_dirs = sorted(
+        {c.dist_info for c in leaving + replaced if c.dist_info and c.has_record} - owned
+    )
+    return Plan(
+        snapshot_id=snapshot_id,
+        diff=diff,
+        writes=tuple(sorted(writes, key=lambda w: w.path)),
+        keeps=tuple(sorted(keeps)),
+        removals=tuple(sorted(removals)),
+        remove_dirs=tuple(remove_dirs),
+        install=tuple(install_names),
+        remove=tuple(remove_names),
+        warnings=tuple(warnings),
+    )

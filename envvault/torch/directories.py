@@ -1,0 +1,164 @@
+"""Checkpoint directories: torch distributed checkpoints (DCP) and Hugging Face style model folders.
+
+A DCP directory holds a pickled ``.metadata`` (tensor names, shapes, dtypes and where each piece lives)
+and ``__<rank>_<n>.distcp`` data files; envvault stamps it with an ``envvault.json`` sidecar. A Hugging
+Face folder holds ``config.json``, ``*.safetensors`` / ``pytorch_model*.bin`` shards and maybe an
+``*.index.json``; each checkpoint file is read with the single-file readers and reported on its own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from envvault.errors import CorruptError, EnvvaultError, UsageError
+from envvault.torch import pickle_reader as pr
+from envvault.torch.checkpoint import (
+    CHECKPOINT_SUFFIXES,
+    MAX_SIDE_BYTES,
+    SIDECAR_NAME,
+    CheckpointInfo,
+    FileInfo,
+    _parse_stamp,
+    _read_file,
+    _zip_pickle,
+)
+from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
+
+__all__ = ["read_directory"]
+
+
+def read_directory(d: Path) -> CheckpointInfo:
+    """Describe a DCP or Hugging Face style directory; :class:`UsageError` when it holds no checkpoint."""
+    notes: list[str] = []
+    stamp = _sidecar(d, notes)
+    if (d / ".metadata").is_file():
+        return _read_dcp(d, stamp, notes)
+    return _read_model_dir(d, stamp, notes)
+
+
+def _sidecar(d: Path, notes: list[str]) -> dict | None:
+    side = d / SIDECAR_NAME
+    if not side.is_file():
+        return None
+    if side.stat().st_size > MAX_SIDE_BYTES:
+        notes.append(f"{SIDECAR_NAME} is larger than {MAX_SIDE_BYTES} bytes; stamp ignored")
+        return None
+    return _parse_stamp(side.read_bytes(), SIDECAR_NAME, notes)
+
+
+def _read_dcp(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
+    with open(d / ".metadata", "rb") as f:
+        result = pr.load(f, what=f"{d / '.metadata'}")
+    state = _state(result.obj)
+    entries = state.get("state_dict_metadata")
+    if not isinstance(entries, dict):
+        raise CorruptError(f"{d / '.metadata'}: no state_dict_metadata; not a distributed checkpoint")
+    where = _storage_index(state.get("storage_data"))
+    content: dict[str, Any] = {}
+    tensors: dict[str, pr.TensorInfo] = {}
+    for fqn, entry in entries.items():
+        fields = _state(entry)
+        if "size" in fields:
+            tensors[str(fqn)] = info = pr.TensorInfo(tuple(fields["size"]) if isinstance(fields["size"], tuple)
+                                                     else None, _dcp_dtype(fields.get("properties")))
+            content[str(fqn)] = to_jsonable(info)
+        else:
+            content[str(fqn)] = _dcp_bytes(d, where.get(str(fqn)), notes)
+    files = tuple(FileInfo(f.name, "distcp", f.stat().st_size, TensorSummary())
+                  for f in sorted(d.glob("*.distcp")))
+    summary = summarize(tensors, storage_bytes=sum(fi.size for fi in files))
+    return CheckpointInfo(str(d), "dcp", stamp, SIDECAR_NAME if stamp else None, content, summary,
+                          result.findings, result.globals, files, tuple(notes))
+
+
+def _state(rec: Any) -> dict:
+    return rec.state if isinstance(rec, pr.Opaque) and isinstance(rec.state, dict) else {}
+
+
+def _dcp_dtype(props: Any) -> str:
+    # TensorProperties pickles its fields as a tuple (dtype first); older torch used a plain __dict__.
+    state = props.state if isinstance(props, pr.Opaque) else None
+    if isinstance(state, tuple) and state:
+        dtype = state[0]
+    else:
+        dtype = state.get("dtype") if isinstance(state, dict) else None
+    return dtype.text.removeprefix("torch.") if isinstance(dtype, pr.TorchConst) else "unknown"
+
+
+def _storage_index(storage_data: Any) -> dict[str, dict]:
+    """fqn -> {relative_path, offset, length, transform_descriptors?} for non-tensor (bytes) entries."""
+    out = {}
+    for key, info in (storage_data or {}).items() if isinstance(storage_data, dict) else ():
+        fqn = _state(key).get("fqn")
+        if isinstance(fqn, str):
+            out[fqn] = _state(info)
+    return out
+
+
+def _dcp_bytes(d: Path, info: dict | None, notes: list[str]) -> Any:
+    """A DCP non-tensor entry: a small torch.save blob inside a .distcp file, read with the safe reader."""
+    if not info or not isinstance(info.get("relative_path"), str) or info.get("transform_descriptors"):
+        return {"object": "bytes"}
+    length, offset = info.get("length"), info.get("offset")
+    target = (d / info["relative_path"]).resolve()
+    if (not isinstance(length, int) or not isinstance(offset, int) or length > MAX_SIDE_BYTES
+            or target.parent != d.resolve() or not target.is_file()):
+        return {"bytes": length}
+    with open(target, "rb") as f:
+        f.seek(offset)
+        blob = f.read(length)
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(blob))
+        name = next(n for n in zf.namelist() if n.endswith("data.pkl"))
+        result = _zip_pickle(zf, name, f"{target.name}@{offset}")
+    except (zipfile.BadZipFile, StopIteration, CorruptError, ValueError):
+        notes.append(f"{target.name}: entry at offset {offset} is not a readable torch.save blob")
+        return {"bytes": length}
+    if result.findings:
+        notes.extend(f"{target.name}@{offset}: {f}" for f in result.findings)
+    return to_jsonable(result.obj)
+
+
+def _read_model_dir(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
+    content: dict[str, Any] = {}
+    for name in ("config.json", "generation_config.json"):
+        if (d / name).is_file() and (d / name).stat().st_size <= MAX_SIDE_BYTES:
+            try:
+                content[name] = json.loads((d / name).read_bytes())
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                notes.append(f"{name} is not valid JSON")
+    for index in sorted(d.glob("*.index.json")):
+        try:
+            doc = json.loads(index.read_bytes())
+            content[index.name] = {"metadata": doc.get("metadata"), "files": sorted(set(doc["weight_map"].values())),
+                                   "tensors": len(doc["weight_map"])}
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            notes.append(f"{index.name} is not a valid index (no weight_map)")
+    paths = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)
+    if not paths:
+        raise UsageError(f"{d}: a directory with no checkpoint files (.metadata, *.safetensors, *.bin, *.pt)")
+    files, findings, names, summary = [], [], {}, TensorSummary()
+    for p in paths:
+        try:
+            info = _read_file(p)
+        except EnvvaultError as err:
+            notes.append(str(err))
+            continue
+        files.append(FileInfo(p.name, info.format, p.stat().st_size, info.tensors, info.stamp, info.findings))
+        content[p.name] = info.content
+        findings.extend(info.findings)
+        names.update(dict.fromkeys(info.globals))
+        summary = summary + info.tensors
+        notes.extend(f"{p.name}: {n}" for n in info.notes)
+    source = SIDECAR_NAME if stamp else None
+    if stamp is None:
+        stamped = next((f for f in files if f.stamp is not None), None)
+        if stamped is not None:
+            stamp, source = stamped.stamp, stamped.name
+    fmt = "hf-dir" if "config.json" in content or any(d.glob("*.index.json")) else "directory"
+    return CheckpointInfo(str(d), fmt, stamp, source, content, summary, tuple(findings), tuple(names),
+                          tuple(files), tuple(notes))

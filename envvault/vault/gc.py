@@ -1,0 +1,202 @@
+"""gc: forget old snapshots and delete the objects no kept snapshot references.
+
+Runs under the exclusive vault lock (snaps and restores hold it shared), so no snapshot is committed while
+gc decides what is live. Deletion goes in the reverse of the write order: snapshot files first (the commit
+points), then index files, then packs; a gc killed half-way leaves only more garbage for the next one.
+
+Packs: a pack with no live object is deleted. A pack whose dead objects make up at least
+``REWRITE_DEAD_FRACTION`` of its (uncompressed) bytes is rewritten: its live objects are copied into new
+packs (made durable with their index files first), then the old index and pack are deleted. Packs with
+less garbage are kept whole; their dead objects stay until more of the pack dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envvault.errors import CorruptError, EnvvaultError
+from envvault.model.encoding import object_id
+from envvault.vault.packs import read_frame
+from envvault.vault.store import Vault
+from envvault.vault.verify import referenced_objects
+
+__all__ = ["GcResult", "collect_garbage", "REWRITE_DEAD_FRACTION"]
+
+REWRITE_DEAD_FRACTION = 0.25
+_TMP_AGE = 60.0  # seconds; younger temp files may belong to a status or export running without the lock
+
+
+@dataclass(frozen=True)
+class GcResult:
+    dry_run: bool
+    kept_snapshots: tuple[str, ...]
+    removed_snapshots: tuple[str, ...]
+    removed_packs: int = 0
+    rewritten_packs: int = 0
+    kept_partial_packs: int = 0
+    removed_objects: int = 0
+    freed_bytes: int = 0  # pack bytes deleted minus bytes written by rewrites (estimated in a dry run)
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict:
+        return {
+            "dry_run": self.dry_run,
+            "kept_snapshots": len(self.kept_snapshots),
+            "removed_snapshots": list(self.removed_snapshots),
+            "removed_packs": self.removed_packs,
+            "rewritten_packs": self.rewritten_packs,
+            "kept_partial_packs": self.kept_partial_packs,
+            "removed_objects": self.removed_objects,
+            "freed_bytes": self.freed_bytes,
+            "warnings": list(self.warnings),
+        }
+
+
+def _choose(vault: Vault, keep_last: int | None) -> tuple[list, list]:
+    snaps = vault.snapshots()  # newest first
+    if keep_last is None:
+        return snaps, []
+    tagged = set(vault.tags().values())
+    per_venv: dict[str, int] = {}
+    keep, drop = [], []
+    for s in snaps:
+        venv = str(s.doc.get("venv"))
+        per_venv[venv] = per_venv.get(venv, 0) + 1
+        (keep if s.id in tagged or per_venv[venv] <= keep_last else drop).append(s)
+    return keep, drop
+
+
+def _load_index(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_bytes())
+        if not isinstance(doc.get("objects"), dict) or not isinstance(doc.get("frames"), list):
+            return None
+        return doc
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool = False) -> GcResult:
+    """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None);
+    delete the rest and every object only they referenced."""
+    if keep_last is not None and keep_last < 0:
+        raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
+    with vault.lock(exclusive=True):
+        keep, drop = _choose(vault, keep_last)
+        unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
+        if unreadable:
+            # Their references are unknown; deleting anything could break them.
+            raise CorruptError(
+                f"{len(unreadable)} snapshot(s) cannot be read ({', '.join(sorted(u[:12] for u in unreadable))}); "
+                "gc stops so it cannot delete what they need; run `envvault verify`"
+            )
+        problems: dict = {}
+        live: set[str] = set()
+        for s in keep:
+            live |= referenced_objects(vault, s.doc, problems, s.id)
+        if problems:
+            raise CorruptError(
+                f"{len(problems)} manifest(s) of kept snapshots cannot be read; gc stops so it cannot delete what "
+                "they reference; run `envvault verify`"
+            )
+        if not dry_run:
+            for s in drop:
+                try:
+                    os.unlink(vault.root / "snapshots" / f"{s.id}.json")
+                except FileNotFoundError:
+                    pass
+        removed_packs = rewritten = partial = removed_objects = 0
+        freed = 0
+        warnings: list[str] = []
+        idx_dir = vault.root / "index"
+        indexed: set[str] = set()
+        for name in sorted(os.listdir(idx_dir)) if idx_dir.is_dir() else []:
+            if not name.endswith(".idx"):
+                continue
+            idx_path = idx_dir / name
+            doc = _load_index(idx_path)
+            if doc is None:
+                warnings.append(f"index {name} is unreadable; its pack is kept (run `envvault verify`)")
+                indexed.add(name[:-4])
+                continue
+            pack_id = doc.get("pack") or name[:-4]
+            indexed.add(pack_id)
+            pack_path = vault.pack_path(pack_id)
+            objects = doc["objects"]
+            live_here = {oid for oid in objects if oid in live}
+            try:
+                pack_size = pack_path.stat().st_size
+            except FileNotFoundError:
+                warnings.append(f"pack {pack_id[:12]} is missing; its index is removed")
+                if not dry_run:
+                    idx_path.unlink(missing_ok=True)
+                continue
+            if not live_here:
+                removed_packs += 1
+                removed_objects += len(objects)
+                freed += pack_size
+                if not dry_run:
+                    idx_path.unlink(missing_ok=True)  # index first: a pack without index is ignored
+                    pack_path.unlink(missing_ok=True)
+                continue
+            total = sum(o[2] for o in objects.values())
+            dead = sum(o[2] for oid, o in objects.items() if oid not in live_here)
+            if dead == 0:
+                continue
+            if dead < REWRITE_DEAD_FRACTION * total:
+                partial += 1
+                continue
+            rewritten += 1
+            removed_objects += len(objects) - len(live_here)
+            if dry_run:
+                freed += int(pack_size * dead / max(total, 1))
+                continue
+            written = _rewrite(vault, pack_path, doc, live_here)
+            idx_path.unlink(missing_ok=True)
+            pack_path.unlink(missing_ok=True)
+            freed += pack_size - written
+        # Packs that never got an index (a writer killed between pack and index) are garbage; packs a
+        # rewrite just made have theirs.
+        indexed |= {n[:-4] for n in os.listdir(idx_dir) if n.endswith(".idx")} if idx_dir.is_dir() else set()
+        packs_dir = vault.root / "packs"
+        for sub in sorted(packs_dir.iterdir()) if packs_dir.is_dir() else []:
+            if not sub.is_dir():
+                continue
+            for p in sub.iterdir():
+                if p.suffix == ".pack" and p.stem not in indexed:
+                    freed += p.stat().st_size
+                    removed_packs += 1
+                    if not dry_run:
+                        p.unlink(missing_ok=True)
+        if not dry_run:
+            vault.clean_tmp(older_than=_TMP_AGE)
+    return GcResult(dry_run, tuple(s.id for s in keep), tuple(s.id for s in drop), removed_packs, rewritten,
+                    partial, removed_objects, freed, tuple(warnings))
+
+
+def _rewrite(vault: Vault, pack_path: Path, doc: dict, live: set[str]) -> int:
+    """Copy ``live`` objects of one pack into new packs; returns the compressed bytes written."""
+    frames = doc["frames"]
+    by_frame: dict[int, list] = {}
+    for oid in live:
+        fi, off, length, kind = doc["objects"][oid]
+        by_frame.setdefault(fi, []).append((off, length, kind, oid))
+    writer = vault.writer()
+    try:
+        for fi in sorted(by_frame):
+            fo, fl = frames[fi]
+            frame = read_frame(pack_path, fo, fl)
+            for off, length, kind, oid in sorted(by_frame[fi]):
+                data = frame[off: off + length]
+                if len(data) != length or object_id(data) != oid:
+                    raise CorruptError(f"pack {pack_path.name} is damaged; run `envvault verify` (gc stopped, nothing lost)")
+                writer.add(oid, data, kind)
+        writer.flush()
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return writer.written_bytes

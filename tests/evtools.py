@@ -1,0 +1,48 @@
+"""Running the real envvault CLI in a subprocess, as users do."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ev_env(vault: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "ENVVAULT_HOME")}
+    env["ENVVAULT_HOME"] = str(vault)
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def ev(vault: Path, *args: str, check: bool = True, env: dict | None = None, timeout: float = 900,
+       **popen) -> subprocess.CompletedProcess:
+    """``python -m envvault *args`` with ``ENVVAULT_HOME=vault``; on failure the output is in the error."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "envvault", *map(str, args)],
+        capture_output=True, text=True, env=env or ev_env(vault), timeout=timeout, **popen,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"envvault {' '.join(map(str, args))} exited {proc.returncode}\n"
+                             f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+    return proc
+
+
+def ev_json(vault: Path, *args: str, **kw) -> dict:
+    proc = ev(vault, *args, "--json", **kw)
+    return json.loads(proc.stdout)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """A failure the way users must see it: non-zero exit, one line on stderr, no traceback."""
+    assert proc.returncode != 0, proc
+    err = proc.stderr.strip()
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in err, (n, err)
