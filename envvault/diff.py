@@ -280,7 +280,8 @@ def current_document(vault, prefix: Path, *, save_cache: bool = True) -> dict:
 
     interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check")
     if save_cache:
-        cache.touch(list(cache.files))  # keep entries other scans (caches, full snaps) rely on
+        if getattr(cache, "_files", None) is not None:
+            cache.touch(list(cache.files))  # keep file entries other scans (cache trees) rely on
         cache.save()
     return {
         "kind": "current",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat as statmod
 import sys
 import time
 from dataclasses import dataclass, field
@@ -80,8 +81,8 @@ def dist_build_id(dist: InstalledDist, prefix: Path, scripts_dir: Path) -> str:
         parts = e.path.split("/")
         if len(parts) == 2 and parts[0] == di_name and parts[1] in _dists.GENERATED_NAMES:
             continue
-        if dist.scripts:
-            absolute = os.path.normpath(dist.site / e.path)
+        if dist.scripts and e.path.startswith("../"):
+            absolute = os.path.normpath(f"{dist.site}/{e.path}")
             if os.path.dirname(absolute) == str(scripts_dir) and os.path.basename(absolute) in dist.scripts:
                 continue
         # Rows are keyed by the path relative to the dist's site dir, as RECORD gives it.
@@ -104,18 +105,18 @@ class _Builder:
         self.vault = vault
         self.interp = interp
         self.prefix = interp.prefix
+        self._base = f"{interp.prefix}/"
         self.ing = ingester
         self.cache = cache
         self.mode = mode  # "full": hash and store; "check": hash only; "lock": RECORD only
         self.warnings: list[str] = []
 
     def file_entry(self, dist: InstalledDist, rec) -> dict | None:
-        absolute = Path(os.path.normpath(dist.site / rec.path))
-        try:
-            rel = absolute.relative_to(self.prefix).as_posix()
-        except ValueError:
+        absolute = os.path.normpath(f"{dist.site}/{rec.path}")
+        if not absolute.startswith(self._base):
             self.warnings.append(f"{dist.display}: {rec.path} lies outside the environment; not stored")
             return None
+        rel = absolute[len(self._base):]
         entry = {"path": rel, "record": rec.path}
         if rec.digest is not None:
             entry["sha256" if rec.algo == "sha256" else f"record_{rec.algo}"] = rec.digest
@@ -135,7 +136,7 @@ class _Builder:
         except OSError as err:
             raise EnvironmentProblem(f"cannot stat {absolute}: {err.strerror}") from None
         entry["mode"] = st.st_mode & 0o7777
-        if os.path.islink(absolute):
+        if statmod.S_ISLNK(st.st_mode):
             entry["link"] = os.readlink(absolute)
             entry["state"] = "ok"
             return entry
@@ -236,6 +237,8 @@ def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
             st = lstat(base + rel)
             if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns] != key:
                 return False
+        if any(os.path.lexists(base + rel) for rel in group.get("missing", ())):
+            return False
     except (OSError, KeyError, TypeError, ValueError):
         return False
     return True
@@ -270,6 +273,9 @@ def scan_environment(
             packages.append(summary)
             cache.touch(group["files"])
             continue
+        if mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
+            packages.append(dict(group["lock"]["summary"]))
+            continue
         if dist_info.name.endswith(".egg-info"):
             egg = _dists.read_egg_info(dist_info, site)
             if egg is not None:
@@ -288,22 +294,9 @@ def scan_environment(
             writer.add(oid, data, "m")
         summary = _summary(man, oid)
         packages.append(summary)
-        if dist.record is not None and mode != "lock":
+        if dist.record is not None:
             try:
-                stored = [f["path"] for f in man["files"] if f["path"] in cache.files and "mode" in f and "link" not in f]
-                key = dist.dist_info.relative_to(prefix).as_posix()
-                group = dict(cache.groups.get(key) or {})
-                if group.get("record_stat") != stat_key(os.stat(dist.dist_info / "RECORD")):
-                    group = {}
-                group.update({
-                    "record_stat": stat_key(os.stat(dist.dist_info / "RECORD")),
-                    "meta_stat": stat_key(os.stat(dist.dist_info / "METADATA")),
-                    "files": stored,
-                    "stats": [cache.files[rel][0] for rel in stored],
-                    "summary": {k: v for k, v in summary.items() if k != "manifest"},
-                    mkey: oid,
-                })
-                cache.set_group(key, group)
+                _remember_group(cache, dist, prefix, man, summary, mode, oid)
             except OSError:
                 pass
         done += sum(e.size or 0 for e in (dist.record or ()))
@@ -313,6 +306,51 @@ def scan_environment(
     warnings = builder.warnings + warnings
     stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
     return interp, packages, warnings, cache, ing, stats
+
+
+def _lock_fresh(lock: dict, dist_info: Path) -> bool:
+    try:
+        return (stat_key(os.stat(dist_info / "RECORD")) == lock["record_stat"]
+                and stat_key(os.stat(dist_info / "METADATA")) == lock["meta_stat"])
+    except (OSError, KeyError):
+        return False
+
+
+def _remember_group(cache: StatCache, dist, prefix: Path, man: dict, summary: dict, mode: str, oid: str) -> None:
+    """Record what this scan learnt about one distribution, for the fast path of the next one.
+
+    A group holds the stats of the distribution's files and, per mode, the manifest built from exactly
+    those stats; manifests of other modes survive only while the stats are unchanged.
+    """
+    key = dist.dist_info.relative_to(prefix).as_posix()
+    old = cache.groups.get(key) or {}
+    record_stat = stat_key(os.stat(dist.dist_info / "RECORD"))
+    meta_stat = stat_key(os.stat(dist.dist_info / "METADATA"))
+    if mode == "lock":
+        group = dict(old)
+        group["lock"] = {"record_stat": record_stat, "meta_stat": meta_stat, "summary": summary}
+        cache.set_group(key, group)
+        return
+    stored = [f["path"] for f in man["files"] if f["path"] in cache.files and "mode" in f and "link" not in f]
+    stats = [cache.files[rel][0] for rel in stored]
+    missing = [f["path"] for f in man["files"] if f.get("state") == "missing"]
+    group = {
+        "record_stat": record_stat,
+        "meta_stat": meta_stat,
+        "files": stored,
+        "stats": stats,
+        # Files that were missing must still be missing (a restore, or a user, may put them back).
+        "missing": missing,
+        "summary": {k: v for k, v in summary.items() if k != "manifest"},
+        "manifest_" + mode: oid,
+    }
+    unchanged = all(old.get(k) == group[k] for k in ("record_stat", "meta_stat", "files", "stats", "missing"))
+    for k in ("manifest_full", "manifest_check"):
+        if unchanged and k in old and k not in group:
+            group[k] = old[k]
+    if "lock" in old:
+        group["lock"] = old["lock"]
+    cache.set_group(key, group)
 
 
 def cached_probe(prefix: Path, cache: StatCache) -> Interpreter:

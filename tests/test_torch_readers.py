@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import torch  # noqa: F401  (a missing torch must fail this module, not skip it)
+import torch  # a missing torch must fail this module, not skip it
 import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from envvault.errors import CorruptError, RefusedError  # noqa: E402
+from envvault.errors import CorruptError, NotFoundError, RefusedError, UsageError  # noqa: E402
 from envvault.torch.checkpoint import read_checkpoint, to_jsonable  # noqa: E402
 from envvault.torch.stamp_io import add_zip_record, set_safetensors_metadata, write_sidecar  # noqa: E402
 from fixtures.checkpoints import (  # noqa: E402
@@ -38,7 +38,7 @@ from fixtures.checkpoints import (  # noqa: E402
     torch_zip_with_pickle,
 )
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 STAMP = {"snapshot": "8f3a1c2d", "torch": str(torch.__version__), "host": "test"}
 NO_TORCH_PYTHON = os.environ.get("ENVVAULT_NOTORCH_PYTHON", "/root/.pyenv/versions/3.12.1/bin/python3")
@@ -141,6 +141,22 @@ def test_zip_record_not_last_is_refused(tmp_path):
     assert torch.load(path, weights_only=True)["a"].sum() == 2
 
 
+def test_stamp_writers_refuse_what_they_cannot_stamp(tmp_path):
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"a": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
+    original = legacy.read_bytes()
+    with pytest.raises(UsageError):
+        add_zip_record(legacy, data=b"{}")
+    with pytest.raises(NotFoundError):
+        add_zip_record(tmp_path / "missing.pt", data=b"{}")
+    with pytest.raises(CorruptError):
+        set_safetensors_metadata(legacy, "envvault", "{}")
+    with pytest.raises(UsageError):
+        write_sidecar(tmp_path, {"not": object()})
+    assert legacy.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["legacy.pt"]  # no temp files left behind
+
+
 def test_whole_module_pickle_is_a_record_tree(tmp_path):
     model = _model()
     path = tmp_path / "model.pt"
@@ -236,7 +252,8 @@ def test_hf_style_directory(tmp_path):
     save_file({k: sd[k] for k in names[:3]}, d / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
     save_file({k: sd[k] for k in names[3:]}, d / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
     weight_map = {k: f"model-0000{1 if i < 3 else 2}-of-00002.safetensors" for i, k in enumerate(names)}
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": weight_map}))
+    index = {"metadata": {"total_size": 1}, "weight_map": weight_map}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
     torch.save(sd, d / "pytorch_model.bin")
     set_safetensors_metadata(d / "model-00001-of-00002.safetensors", "envvault", json.dumps(STAMP))
 
@@ -308,7 +325,7 @@ def test_damaged_files_give_one_line_corrupt_errors(tmp_path, real_zip):
     st = tmp_path / "t.safetensors"
     save_file({"a": torch.ones(3)}, st)
     cases = {
-        "garbage.pt": os.urandom(4096),
+        "garbage.pt": b"\x00not a checkpoint" + bytes(range(256)) * 16,
         "empty.pt": b"",
         "half.pt": full[: len(full) // 2],
         "headless.pt": full[100:],
@@ -388,29 +405,41 @@ def test_reader_runs_without_torch(tmp_path, real_zip):
         assert not marker.exists()
 
 
-def test_one_gigabyte_checkpoint_reads_fast_and_small(tmp_path):
-    """1 GiB of tensors in zip and legacy form: read in under 1 s wall, under 100 MB RSS, torch-less."""
-    sd = {f"layer{i}.weight": torch.empty(8192, 4096) for i in range(8)}  # 8 x 128 MiB float32
-    paths = [tmp_path / "big.pt", tmp_path / "big-legacy.pt", tmp_path / "big.safetensors"]
-    torch.save(sd, paths[0])
-    torch.save(sd, paths[1], _use_new_zipfile_serialization=False)
-    save_file(sd, paths[2])
-    del sd
-    assert all(p.stat().st_size > 2**30 for p in paths)
+def test_one_gigabyte_checkpoints_read_fast_and_small(tmp_path):
+    """~1 GiB checkpoints (zip with 1000 tensors and optimizer state, legacy, safetensors) are read by a
+    torch-less interpreter in under 1 s wall (whole process, best of 3) and under 100 MB peak RSS."""
+    big = {f"layer{i}.weight": torch.empty(8192, 4096) for i in range(8)}  # 8 x 128 MiB float32
+    params = [torch.nn.Parameter(torch.empty(256, 1365)) for _ in range(250)]
+    opt = torch.optim.Adam(params)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    many = {"model": {f"blocks.{i}.w": p.data for i, p in enumerate(params)}, "optimizer": opt.state_dict(),
+            "epoch": 3, "envvault": STAMP}
+    paths = {tmp_path / "many.pt": 3 * 250 * 256 * 1365 * 4 + 250 * 4, tmp_path / "big-legacy.pt": 2**30,
+             tmp_path / "big.safetensors": 2**30}
+    torch.save(many, tmp_path / "many.pt")
+    torch.save(big, tmp_path / "big-legacy.pt", _use_new_zipfile_serialization=False)
+    save_file(big, tmp_path / "big.safetensors")
+    del big, many, params, opt
+    assert all(p.stat().st_size > 1_000_000_000 for p in paths)
     script = textwrap.dedent("""
         import json, sys
         from envvault.torch.checkpoint import read_checkpoint
-        info = read_checkpoint(sys.argv[1])
+        doc = read_checkpoint(sys.argv[1]).to_dict()
+        json.dumps(doc)
         # VmHWM is this process image's peak RSS; ru_maxrss would include the forking pytest's.
         hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-        print(json.dumps({"bytes": info.tensors.bytes, "rss_mb": int(hwm.split()[1]) / 1024}))
+        print(json.dumps({"bytes": doc["tensors"]["bytes"], "rss_mb": int(hwm.split()[1]) / 1024}))
         """)
-    for path in paths:
-        start = time.perf_counter()
-        run = subprocess.run([*_no_torch_python(), "-c", script, str(path)], capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
-        wall = time.perf_counter() - start
-        doc = json.loads(run.stdout)
-        assert doc["bytes"] == 2**30
-        assert wall < 1.0, f"{path.name}: {wall:.2f} s"
-        assert doc["rss_mb"] < 100, f"{path.name}: {doc['rss_mb']:.0f} MB"
+    for path, expected_bytes in paths.items():
+        walls = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run = subprocess.run([*_no_torch_python(), "-c", script, str(path)], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+            walls.append(time.perf_counter() - start)
+            doc = json.loads(run.stdout)
+            assert doc["bytes"] == expected_bytes
+            assert doc["rss_mb"] < 100, f"{path.name}: {doc['rss_mb']:.0f} MB"
+        assert min(walls) < 1.0, f"{path.name}: {min(walls):.2f} s"

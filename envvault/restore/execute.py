@@ -35,7 +35,7 @@ import blake3
 from envvault.diff import current_document, diff_snapshots
 from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError, NotFoundError, RefusedError, UsageError
 from envvault.model.encoding import parse_json
-from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, check_rel_path, make_plan
+from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, check_rel_path, is_pyc, make_plan
 from envvault.vault.fsutil import atomic_write, fsync_dir, storage_error
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.packs import read_frame
@@ -171,13 +171,25 @@ def read_current(prefix: Path, interp, packages: list[dict]) -> list[CurrentDist
                 rel = Path(absolute).relative_to(prefix).as_posix()
             except ValueError:
                 continue  # outside the environment: never deleted by a restore
-            files[rel] = e.digest if (e.algo == "sha256" and e.digest and rel not in bad) else None
+            if e.algo == "sha256" and e.digest:
+                files[rel] = None if rel in bad else e.digest
+            else:  # RECORD itself and other unhashed rows: hash them (small) so unchanged ones stay untouched
+                files[rel] = None if is_pyc(rel) else _sha_of_small(absolute)
         try:
             di = d.dist_info.relative_to(prefix).as_posix()
         except ValueError:
             di = None
         out.append(CurrentDist(p, di, files))
     return out
+
+
+def _sha_of_small(path: str, limit: int = 64 << 20) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    return None if len(data) > limit else b64_sha256(hashlib.sha256(data).digest())
 
 
 # -- journal ---------------------------------------------------------------------------------------
@@ -635,6 +647,8 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
     with vault.lock(), (_nullcontext() if dry_run else _target_lock(vault, target)):
         journal = _read_journal(target)
         resumed = journal is not None
+        if resumed and not dry_run:
+            _recover(target, journal)
         take_backup = backup and not dry_run and not resumed
         now_doc, backup_id = _scan_now(vault, target, sid, take_backup)
         if resumed:
@@ -644,7 +658,7 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
             interp = _Layout.of(target, now_doc["python"])
             current = read_current(target, interp, now_doc["packages"])
             plan = make_plan(sid, doc, now_doc, current, vault.get_json,
-                             pending_removals=(journal or {}).get("removals", ()))
+                             pending_removals=_str_list(journal, "removals") + _str_list(journal, "writes"))
             paths = _Paths(target)
             bad = [f"{w.path}: {why}" for w in plan.writes if (why := paths.check(w.path)) is not None]
             bad += [f"{w.path}: symlink target leads out of the environment" for w in plan.writes
@@ -671,6 +685,9 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "staging_dirs": sorted(set(plan.staging_dirs()) | set(_str_list(journal, "staging_dirs"))),
             "removals": list(plan.removals),
+            "writes": [w.path for w in plan.writes],
+            "dist_infos": list(plan.dist_infos),
+            "protected": sorted(os.path.relpath(d, target) for d in _protected_dirs(target, interp)),
         })
         _crash_point("journal")
         _clean_temps(target, _str_list(journal, "staging_dirs") + plan.staging_dirs(), paths, keep_pid=pid)
@@ -708,6 +725,25 @@ class _Layout:
             value = Path(python.get(key) or default)
             return value if value.is_absolute() else prefix / value
         return cls(at("purelib", "lib"), at("platlib", python.get("purelib") or "lib"), at("scripts", "bin"))
+
+
+def _recover(target: Path, journal: dict) -> None:
+    """Undo what a killed restore left half-made, before the environment is scanned: staged temp files,
+    dist-info folders it had begun to create (no METADATA or RECORD yet) and the folders made for them.
+    Everything else it did is complete and is judged again by the new plan."""
+    paths = _Paths(target)
+    dirs = _str_list(journal, "staging_dirs")
+    _clean_temps(target, dirs + [""], paths)
+    for rel in _str_list(journal, "dist_infos"):
+        if paths.check(rel) is not None:
+            continue
+        full = paths.abs(rel)
+        if os.path.isdir(full) and not os.path.islink(full) and not (
+                os.path.exists(os.path.join(full, "METADATA")) and os.path.exists(os.path.join(full, "RECORD"))):
+            shutil.rmtree(full, ignore_errors=True)
+    protected = {str(target)} | {os.path.normpath(paths.abs(d)) for d in _str_list(journal, "protected")
+                                 if d == "." or paths.check(d) is None}
+    _prune_empty({paths.abs(d) for d in dirs if d and paths.check(d) is None}, protected)
 
 
 def _str_list(journal: dict | None, key: str) -> list[str]:

@@ -56,6 +56,7 @@ class Plan:
     install: tuple[str, ...]  # "name version" of packages written whole or in part
     remove: tuple[str, ...]  # "name version" of packages removed
     warnings: tuple[str, ...] = ()
+    dist_infos: tuple[str, ...] = ()  # dist-info folders of the packages written
 
     @property
     def empty(self) -> bool:
@@ -196,6 +197,7 @@ def make_plan(
     owned: set[str] = set(kept_paths)
     absent: set[str] = set()
     install_names: list[str] = []
+    dist_infos: list[str] = []
     replaced: list[CurrentDist] = []
     for p, cur in to_install:
         label = f"{p['name']} {p['version']}"
@@ -244,6 +246,7 @@ def make_plan(
             writes.append(FileWrite(path, tuple(chunks), int(f.get("size") or 0), f.get("sha256"), mode, None, p["name"]))
         if isinstance(mdi, str) and check_rel_path(mdi) is None:
             owned.add(mdi)
+            dist_infos.append(mdi)
     if problems:
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
         raise RefusedError(f"refusing to restore {snapshot_id[:12]}: its manifests name paths outside the environment: {shown}")
@@ -281,4 +284,5 @@ def make_plan(
         install=tuple(install_names),
         remove=tuple(remove_names),
         warnings=tuple(warnings),
+        dist_infos=tuple(sorted(dist_infos)),
     )

@@ -125,7 +125,7 @@ def _read_file(p: Path) -> CheckpointInfo:
         head = f.read(512)
         if head[:4] == b"PK\x03\x04":
             return _read_zip(p, f)
-        if _looks_safetensors(head, size):
+        if _looks_safetensors(head):
             f.seek(0)
             return _from_safetensors(p, read_safetensors_header(f, size, str(p)))
         if head[:1] == b"\x80":
@@ -138,6 +138,9 @@ def _read_file(p: Path) -> CheckpointInfo:
 
 
 # --- torch zip ---------------------------------------------------------------------------------------
+
+# What zipfile raises for damaged archives (RuntimeError: encrypted; NotImplementedError: odd compression).
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, NotImplementedError, RuntimeError)
 
 
 def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
@@ -152,7 +155,7 @@ def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
         result = _zip_pickle(zf, data_name, f"{p}: {data_name}")
         record = zf.read(prefix + STAMP_RECORD) if _small_member(zf, prefix + STAMP_RECORD) else None
         stored = sum(zf.getinfo(n).file_size for n in names if n.startswith(prefix + "data/"))
-    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError) as err:
+    except _ZIP_ERRORS as err:
         raise CorruptError(f"{p}: damaged zip checkpoint ({' '.join(str(err).split())[:160]})") from None
     notes: list[str] = []
     stamp, source = _stamp_from_content(result.obj, notes)
@@ -161,7 +164,8 @@ def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
         if stamp is None:
             stamp, source = rec_stamp, "zip-record"
         elif rec_stamp is not None and rec_stamp != stamp:
-            notes.append(f"the zip record {prefix}{STAMP_RECORD} differs from the '{STAMP_KEY}' key; showing the key")
+            notes.append(f"the zip record {prefix}{STAMP_RECORD} differs from the '{STAMP_KEY}' key; "
+                         "showing the key")
     summary = summarize(result.obj, result.storages)
     if stored != summary.storage_bytes:
         notes.append(f"the data records hold {stored} bytes but the pickle describes {summary.storage_bytes}")
@@ -217,7 +221,7 @@ def _read_pickle_file(p: Path, f: BinaryIO) -> CheckpointInfo:
 # --- safetensors -----------------------------------------------------------------------------------------
 
 
-def _looks_safetensors(head: bytes, size: int) -> bool:
+def _looks_safetensors(head: bytes) -> bool:
     if len(head) < 9:
         return False
     n = int.from_bytes(head[:8], "little")

@@ -62,9 +62,10 @@ def _read_dcp(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
     tensors: dict[str, pr.TensorInfo] = {}
     for fqn, entry in entries.items():
         fields = _state(entry)
-        if "size" in fields:
-            tensors[str(fqn)] = info = pr.TensorInfo(tuple(fields["size"]) if isinstance(fields["size"], tuple)
-                                                     else None, _dcp_dtype(fields.get("properties")))
+        if "size" in fields:  # TensorStorageMetadata; BytesStorageMetadata has no fields
+            size = fields["size"]
+            shape = size if isinstance(size, tuple) and all(type(n) is int for n in size) else None
+            tensors[str(fqn)] = info = pr.TensorInfo(shape, _dcp_dtype(fields.get("properties")))
             content[str(fqn)] = to_jsonable(info)
         else:
             content[str(fqn)] = _dcp_bytes(d, where.get(str(fqn)), notes)
@@ -134,8 +135,9 @@ def _read_model_dir(d: Path, stamp: dict | None, notes: list[str]) -> Checkpoint
     for index in sorted(d.glob("*.index.json")):
         try:
             doc = json.loads(index.read_bytes())
-            content[index.name] = {"metadata": doc.get("metadata"), "files": sorted(set(doc["weight_map"].values())),
-                                   "tensors": len(doc["weight_map"])}
+            weight_map = doc["weight_map"]
+            content[index.name] = {"metadata": doc.get("metadata"), "files": sorted(set(weight_map.values())),
+                                   "tensors": len(weight_map)}
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
             notes.append(f"{index.name} is not a valid index (no weight_map)")
     paths = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)

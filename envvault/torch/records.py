@@ -34,6 +34,7 @@ DTYPE_SIZES: dict[str, int] = {
     **{f"{p}int{n}": 1 for p in ("", "u") for n in range(1, 8)},
 }  # fmt: skip
 
+
 @dataclass(frozen=True)
 class TorchConst:
     """A torch constant the pickle names: ``torch.float16``, ``torch.strided``, a device such as ``cuda:0``."""
@@ -180,7 +181,10 @@ class Blocked:
         target = f"{self.module}.{self.name}" if self.module else self.name
         if self.module in ("posix", "nt"):  # what os.system and friends pickle as
             target += f" (os.{self.name})"
-        tail = "blocked, not run" if self.severity == "danger" else "not allow-listed with these arguments, not run"
+        if self.severity == "danger":
+            tail = "blocked, not run"
+        else:
+            tail = "not allow-listed with these arguments, not run"
         if self.action == "call":
             return f"pickle tries to call {target}{self.args} ({tail})"
         if self.action == "instantiate":

@@ -129,7 +129,10 @@ def write_sidecar(directory: str | os.PathLike[str], data: dict[str, Any]) -> Pa
 # --- zip structure ---------------------------------------------------------------------------------------
 
 
-def _read_central_directory(f: BinaryIO, size: int, where: Path) -> tuple[int, list[tuple[str, bytes, int]], bytes, bool]:
+_Entry = tuple[str, bytes, int]  # (name, raw central directory entry, local header offset)
+
+
+def _read_central_directory(f: BinaryIO, size: int, where: Path) -> tuple[int, list[_Entry], bytes, bool]:
     """(central directory offset, [(name, raw central entry, local header offset)], comment, zip64?)."""
     tail_len = min(size, _EOCD.size + _U16)
     f.seek(size - tail_len)

@@ -103,6 +103,9 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
                 "they reference; run `envvault verify`"
             )
         if not dry_run:
+            # Stat caches trust the chunk ids they hold without asking the index (envvault/snap.py): they
+            # go before anything else does.
+            _drop_stat_caches(vault)
             for s in drop:
                 try:
                     os.unlink(vault.root / "snapshots" / f"{s.id}.json")
@@ -175,6 +178,20 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
             vault.clean_tmp(older_than=_TMP_AGE)
     return GcResult(dry_run, tuple(s.id for s in keep), tuple(s.id for s in drop), removed_packs, rewritten,
                     partial, removed_objects, freed, tuple(warnings))
+
+
+def _drop_stat_caches(vault: Vault) -> None:
+    state = vault.root / "state"
+    try:
+        names = os.listdir(state)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if name.startswith("stat-"):
+            try:
+                os.unlink(state / name)
+            except OSError:
+                pass
 
 
 def _rewrite(vault: Vault, pack_path: Path, doc: dict, live: set[str]) -> int:

@@ -38,9 +38,12 @@ class PackWriter:
     ``objects = {oid: location}`` so the caller can add them to its in-memory index.
     """
 
-    def __init__(self, vault_root: Path, level: int, on_commit: Callable[[str, dict], None], threads: int | None = None):
+    def __init__(self, vault_root: Path, level: int, on_commit: Callable[[str, dict], None], threads: int | None = None,
+                 level_large: int | None = None):
         self.root = vault_root
         self.level = level
+        # Large chunks are mostly shared libraries: a faster level keeps a snap as quick as `tar | zstd`.
+        self.level_large = level if level_large is None else level_large
         self.on_commit = on_commit
         self._pool = ThreadPoolExecutor(max_workers=threads or max(os.cpu_count() or 1, 2))
         self._local = threading.local()
@@ -81,9 +84,12 @@ class PackWriter:
             self._frame_size = 0
 
     def _compress(self, items: list) -> bytes:
-        cctx = getattr(self._local, "cctx", None)
+        large = len(items) == 1 and len(items[0][1]) >= FRAME_TARGET // 2
+        key = "cctx_large" if large else "cctx"
+        cctx = getattr(self._local, key, None)
         if cctx is None:
-            cctx = self._local.cctx = zstandard.ZstdCompressor(level=self.level, write_content_size=True)
+            cctx = zstandard.ZstdCompressor(level=self.level_large if large else self.level, write_content_size=True)
+            setattr(self._local, key, cctx)
         raw = items[0][1] if len(items) == 1 else b"".join(it[1] for it in items)
         return cctx.compress(raw)
 

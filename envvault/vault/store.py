@@ -56,6 +56,7 @@ class Vault:
         self.root = root
         self.config = config
         self.level = int(config.get("zstd_level", 3))
+        self.level_large = int(config.get("zstd_level_large", 1))
         self._index: dict[str, tuple] | None = None
         self._index_seen: set[str] = set()
         self._frame_cache: tuple[tuple, bytes] | None = None
@@ -95,6 +96,7 @@ class Vault:
             "vault_id": os.urandom(16).hex(),
             "created": _now(),
             "zstd_level": 3,
+            "zstd_level_large": 1,
         }
         cfg_path = root / "config.json"
         if not cfg_path.exists():
@@ -162,7 +164,7 @@ class Vault:
         self._index_seen.add(f"{pack_id}.idx")
 
     def writer(self, threads: int | None = None) -> PackWriter:
-        return PackWriter(self.root, self.level, self._add_to_index, threads=threads)
+        return PackWriter(self.root, self.level, self._add_to_index, threads=threads, level_large=self.level_large)
 
     def pack_path(self, pack_id: str) -> Path:
         return self.root / "packs" / pack_id[:2] / f"{pack_id}.pack"

@@ -1,0 +1,494 @@
+"""envvault guard: the seeds' disaster replayed against a real index on 127.0.0.1, plus its parts.
+
+The disaster: a venv holds ``torchlike 2.11.0+cu128`` (the CUDA build); ``servingpkg`` requires
+``torchlike==2.11.0`` and the index serves ``torchlike 2.11.0``, another build (cuda 13.0 inside). Under
+PEP 440 the installed ``+cu128`` already satisfies ``==2.11.0`` (tests/test_fixtures.py), so the swap
+happens the way it does in the field: a ``--force-reinstall`` (or ``uv --reinstall``) of the serving
+package.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fixtures import IndexServer, make_venv as plain_make_venv, pip_install, site_packages, uv_install
+from fixtures import catalogue as C
+from fixtures.guard_helpers import guard_env, run_envvault, wreck_wheel
+from envvault.errors import UsageError
+from envvault.guard.command import locate_target, parse_command
+from envvault.guard.plan import Installed, PlannedDist, classify
+from envvault.guard.protect import DEFAULT_PROTECTED, load_protection, save_vault_protection, save_venv_protection
+from envvault.guard.provenance import carry, index_for, pip_indexes
+from envvault.guard.retention import apply_retention, plan_retention
+from envvault.vault.store import SnapshotRef, Vault
+
+# -- helpers -------------------------------------------------------------------------------------------
+
+
+def _torch_info(venv: Path) -> str:
+    return subprocess.run([str(venv / "bin" / "torchlike-info")], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _dists(venv: Path) -> list[str]:
+    return sorted(p.name[: -len(".dist-info")] for p in site_packages(venv).glob("*.dist-info")
+                  if not p.name.startswith(("pip-", "setuptools-")))
+
+
+def _protect_torchlike(venv: Path) -> None:
+    # torchlike stands in for torch, so it is protected the way a user protects their own packages.
+    (venv / ".envvault.toml").write_text('[guard]\nprotect = ["torchlike"]\n')
+
+
+def _guard(env, *args, json_out=False, timeout=300):
+    args = ("guard", "--json", *args) if json_out else ("guard", *args)
+    proc = run_envvault(*args, env=env, timeout=timeout)
+    if json_out:
+        assert proc.stdout.strip(), proc.stderr
+        return proc, json.loads(proc.stdout)
+    return proc
+
+
+@pytest.fixture
+def cu128_pip_venv(make_venv, wheelhouse):
+    venv = make_venv("venv", with_pip=True)
+    pip_install(venv, "torchlike==2.11.0+cu128", find_links=[wheelhouse[C.TORCH_CU128].parent])
+    _protect_torchlike(venv)
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+    return venv
+
+
+@pytest.fixture
+def disaster_index(wheelhouse, tmp_path):
+    wreck = wreck_wheel(tmp_path / "wreck")
+    with IndexServer([wheelhouse[C.SERVING], wheelhouse[C.TORCH_PLAIN_B], wheelhouse[C.BROKEN], wreck]) as srv:
+        yield srv
+
+
+# -- the disaster, through pip --------------------------------------------------------------------------
+
+
+def test_disaster_replayed_with_pip(cu128_pip_venv, disaster_index, tmp_path):
+    venv, vault = cu128_pip_venv, tmp_path / "vault"
+    env = guard_env(venv, vault, index_url=disaster_index.url)
+    cmd = ["--", "pip", "install", "--force-reinstall", "servingpkg"]
+
+    # 1. No terminal: guard shows the swap and refuses with exit 3; nothing ran, nothing changed.
+    refused = _guard(env, *cmd)
+    assert refused.returncode == 3, refused.stderr
+    assert "SWAP      torchlike 2.11.0+cu128 -> 2.11.0  another build of the same release" in refused.stderr
+    assert "[protected: torchlike]" in refused.stderr
+    assert "add       servingpkg 1.0.0" in refused.stderr
+    assert "rerun with --yes" in refused.stderr.strip().splitlines()[-1]
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+    assert _dists(venv) == ["torchlike-2.11.0+cu128"]
+
+    # The JSON form says the same, for scripts.
+    proc, doc = _guard(env, *cmd, json_out=True)
+    assert proc.returncode == 3 and doc["outcome"] == "refused" and doc["protected"] == ["torchlike"]
+    swap = next(c for c in doc["plan"]["changes"] if c["name"] == "torchlike")
+    assert (swap["kind"], swap["old"], swap["new"], swap["same_build"]) == ("swap", "2.11.0+cu128", "2.11.0", False)
+    assert swap["sha256"] == _sha256(disaster_index, "torchlike-2.11.0-py3-none-any.whl")
+
+    # 2. --yes: it runs, and the diff after it names the swap.
+    proc, doc = _guard(env, "--yes", *cmd, json_out=True)
+    assert proc.returncode == 0 and doc["outcome"] == "ran", proc.stderr
+    assert "Successfully installed servingpkg-1.0.0 torchlike-2.11.0" in proc.stderr  # pip's stdout, moved
+    changed = doc["diff"]["packages"]["changed"]
+    assert [(c["name"], c["old_version"], c["new_version"], c["kind"], c["build_changed"]) for c in changed] == [
+        ("torchlike", "2.11.0+cu128", "2.11.0", "local", True)]
+    assert changed[0]["build_facts"]["cuda"] == ["12.8", "13.0"]
+    assert [p["name"] for p in doc["diff"]["packages"]["added"]] == ["servingpkg"]
+    assert _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
+
+    # Provenance from pip's report is in the snapshot after: URL, sha256, index.
+    after = Vault.open(vault).load_snapshot(doc["after"]).doc
+    assert after["trigger"] == "guard" and after["guard"]["before"] == doc["before"]
+    prov = after["provenance"]["torchlike"]
+    assert prov["url"].endswith("/torchlike-2.11.0-py3-none-any.whl") and prov["url"].startswith("http://127.0.0.1:")
+    assert prov["sha256"] == _sha256(disaster_index, "torchlike-2.11.0-py3-none-any.whl")
+    assert prov["index"] == disaster_index.url.rstrip("/")
+    assert prov["version"] == "2.11.0"
+    assert prov["build_id"] == next(p["build_id"] for p in after["packages"] if p["name"] == "torchlike")
+
+    # 3. envvault restore brings the cu128 build back, byte for byte.
+    restored = run_envvault("restore", doc["before"], env=env)
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+    assert _dists(venv) == ["torchlike-2.11.0+cu128"]
+
+
+def _sha256(index: IndexServer, filename: str) -> str:
+    return next(w.sha256 for ws in index.projects.values() for w in ws if w.name == filename)
+
+
+def test_text_output_shows_plan_diff_and_undo(cu128_pip_venv, disaster_index, tmp_path):
+    env = guard_env(cu128_pip_venv, tmp_path / "vault", index_url=disaster_index.url)
+    proc = _guard(env, "--yes", "--", "pip", "install", "--force-reinstall", "servingpkg")
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "SWAP      torchlike 2.11.0+cu128 -> 2.11.0" in err
+    assert "version   torchlike 2.11.0+cu128 -> 2.11.0 (local label): cuda 12.8 -> 13.0" in err
+    assert "added     servingpkg 1.0.0" in err
+    before = err.split("envvault: snapshot ", 1)[1].split(" ", 1)[0]
+    assert f"undo with: envvault restore {before}" in err
+    assert "Successfully installed" in proc.stdout  # without --json the command keeps its stdout
+
+
+def test_failing_install_is_rolled_back(cu128_pip_venv, disaster_index, tmp_path):
+    venv = cu128_pip_venv
+    env = guard_env(venv, tmp_path / "vault", index_url=disaster_index.url)
+    # wreckpkg swaps torchlike, then fails half-way through its own files: pip exits 1.
+    proc, doc = _guard(env, "--yes", "--", "pip", "install", "--force-reinstall", "wreckpkg", json_out=True)
+    assert proc.returncode == 1 and doc["command_exit"] == 1, proc.stderr
+    assert doc["outcome"] == "restored" and doc["restored_to"] == doc["before"]
+    wreck = Vault.open(tmp_path / "vault").load_snapshot(doc["after"]).doc
+    assert {p["name"]: p["version"] for p in wreck["packages"]}["torchlike"] == "2.11.0"  # the wreck is on record
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+    assert _dists(venv) == ["torchlike-2.11.0+cu128"]
+    assert not (venv / "share" / "torchlike" / "build.txt").read_text().count("13.0")
+
+
+def test_no_restore_keeps_the_wreck(cu128_pip_venv, disaster_index, tmp_path):
+    venv = cu128_pip_venv
+    env = guard_env(venv, tmp_path / "vault", index_url=disaster_index.url)
+    proc = _guard(env, "--yes", "--no-restore", "--", "pip", "install", "--force-reinstall", "wreckpkg")
+    assert proc.returncode == 1, proc.stderr
+    assert "--no-restore: the environment stays as the command left it" in proc.stderr
+    assert "torchlike-2.11.0" in _dists(venv) and _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
+
+
+def test_failure_that_changed_nothing_passes_exit_code(cu128_pip_venv, disaster_index, tmp_path):
+    env = guard_env(cu128_pip_venv, tmp_path / "vault", index_url=disaster_index.url)
+    proc, doc = _guard(env, "--", "pip", "install", "brokenpkg", json_out=True)
+    assert proc.returncode == 1 and doc["outcome"] == "failed" and doc["restored_to"] is None
+    assert doc["plan"]["known"] is False and "the dry run exited 1" in doc["plan"]["error"]
+    assert doc["diff"]["packages"] == {"added": [], "removed": [], "changed": []}
+
+
+def test_exit_code_of_any_command_passes_through(cu128_pip_venv, tmp_path):
+    env = guard_env(cu128_pip_venv, tmp_path / "vault")
+    proc, doc = _guard(env, "--", "sh", "-c", "exit 7", json_out=True)
+    assert proc.returncode == 7 and doc["outcome"] == "failed" and doc["plan"]["known"] is False
+    assert _guard(env, "--", "no-such-command-anywhere").returncode == 127
+
+
+def test_unplanned_protected_change_is_rolled_back_without_a_terminal(cu128_pip_venv, disaster_index, tmp_path):
+    """A command guard cannot ask for a plan (here a shell script) is judged by its result."""
+    venv = cu128_pip_venv
+    env = guard_env(venv, tmp_path / "vault", index_url=disaster_index.url)
+    proc, doc = _guard(env, "--", "sh", "-c", "pip install -q --force-reinstall servingpkg", json_out=True)
+    assert proc.returncode == 3 and doc["outcome"] == "refused" and doc["command_exit"] == 0
+    assert doc["restored_to"] == doc["before"] and "there was no plan" in doc["reason"]
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8" and _dists(venv) == ["torchlike-2.11.0+cu128"]
+    # Unprotected changes of such a command stay.
+    proc, doc = _guard(env, "--unprotect", "torchlike", "--", "sh", "-c",
+                       "pip install -q --force-reinstall servingpkg", json_out=True)
+    assert proc.returncode == 0 and doc["outcome"] == "ran" and _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
+
+
+def test_plain_install_keeps_the_labelled_build_and_needs_no_consent(cu128_pip_venv, disaster_index, tmp_path):
+    env = guard_env(cu128_pip_venv, tmp_path / "vault", index_url=disaster_index.url)
+    proc, doc = _guard(env, "--", "pip", "install", "servingpkg", json_out=True)
+    assert proc.returncode == 0 and doc["outcome"] == "ran" and doc["protected"] == []
+    assert [(c["name"], c["kind"]) for c in doc["plan"]["changes"]] == [("servingpkg", "add")]
+    assert _torch_info(cu128_pip_venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+
+
+def test_same_version_other_build_is_a_swap(make_venv, wheelhouse, tmp_path):
+    """Same version string, other bytes: found by reading the served wheel's RECORD (over HTTP)."""
+    venv = make_venv("venv", with_pip=True)
+    pip_install(venv, "torchlike==2.11.0", find_links=[wheelhouse[C.TORCH_PLAIN_A].parent])
+    env = guard_env(venv, tmp_path / "vault", extra={"NO_COLOR": "1"})
+    cmd = ["--", "pip", "install", "--force-reinstall", "torchlike==2.11.0"]
+    with IndexServer([wheelhouse[C.TORCH_PLAIN_B]]) as other:
+        proc, doc = _guard(dict(env, PIP_INDEX_URL=other.url), *cmd, json_out=True)
+    assert proc.returncode == 3, proc.stderr
+    (change,) = doc["plan"]["changes"]
+    assert (change["kind"], change["old"], change["new"], change["same_build"]) == ("swap", "2.11.0", "2.11.0", False)
+    with IndexServer([wheelhouse[C.TORCH_PLAIN_A]]) as same:
+        proc, doc = _guard(dict(env, PIP_INDEX_URL=same.url), *cmd, json_out=True)
+    assert proc.returncode == 0 and doc["outcome"] == "ran", proc.stderr
+    (change,) = doc["plan"]["changes"]
+    assert (change["kind"], change["same_build"]) == ("reinstall", True)
+    assert doc["diff"]["packages"]["changed"] == []
+
+
+def test_non_mutating_commands_pass_through(cu128_pip_venv, disaster_index, tmp_path):
+    vault = tmp_path / "vault"
+    env = guard_env(cu128_pip_venv, vault, index_url=disaster_index.url)
+    for args in (["pip", "list"], ["pip", "install", "--dry-run", "--force-reinstall", "servingpkg"],
+                 ["pip", "download", "--no-deps", "-d", str(tmp_path / "dl"), "servingpkg"]):
+        proc, doc = _guard(env, "--", *args, json_out=True)
+        assert proc.returncode == 0 and doc["outcome"] == "passthrough", (args, proc.stderr)
+    assert not (vault / "snapshots").exists() or not list((vault / "snapshots").iterdir())
+    assert _torch_info(cu128_pip_venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+
+
+def test_python_m_pip_and_uninstall(cu128_pip_venv, disaster_index, tmp_path):
+    venv = cu128_pip_venv
+    env = guard_env(venv, tmp_path / "vault", index_url=disaster_index.url)
+    proc, doc = _guard(env, "--", "python", "-m", "pip", "uninstall", "-y", "torchlike", json_out=True)
+    assert proc.returncode == 3 and doc["plan"]["source"] == "pip uninstall arguments"
+    assert [(c["name"], c["kind"], c["old"]) for c in doc["plan"]["changes"]] == [("torchlike", "remove", "2.11.0+cu128")]
+    proc, doc = _guard(env, "--yes", "--", "python", "-m", "pip", "uninstall", "-y", "torchlike", json_out=True)
+    assert proc.returncode == 0 and [p["name"] for p in doc["diff"]["packages"]["removed"]] == ["torchlike"]
+    assert _dists(venv) == []
+
+
+# -- uv ------------------------------------------------------------------------------------------------------
+
+
+def test_disaster_replayed_with_uv_pip(make_venv, wheelhouse, disaster_index, tmp_path):
+    venv = make_venv("uv")
+    uv_install(venv, "torchlike==2.11.0+cu128", find_links=[wheelhouse[C.TORCH_CU128].parent])
+    _protect_torchlike(venv)
+    env = guard_env(venv, tmp_path / "vault", index_url=disaster_index.url, uv_cache=tmp_path / "uvcache")
+    cmd = ["--", "uv", "pip", "install", "--reinstall", "servingpkg"]
+    proc, doc = _guard(env, *cmd, json_out=True)
+    assert proc.returncode == 3 and doc["outcome"] == "refused", proc.stderr
+    assert doc["plan"]["source"] == "uv --dry-run"
+    swap = next(c for c in doc["plan"]["changes"] if c["name"] == "torchlike")
+    assert (swap["kind"], swap["old"], swap["new"]) == ("swap", "2.11.0+cu128", "2.11.0")
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+    proc, doc = _guard(env, "--yes", *cmd, json_out=True)
+    assert proc.returncode == 0 and doc["outcome"] == "ran", proc.stderr
+    assert [(c["name"], c["kind"]) for c in doc["diff"]["packages"]["changed"]] == [("torchlike", "local")]
+    assert _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
+    # A failing uv install is rolled back too.
+    proc, doc = _guard(env, "--yes", "--", "uv", "pip", "install", "wreckpkg", json_out=True)
+    assert proc.returncode == 2 and doc["outcome"] == "restored", proc.stderr
+    assert "wreckpkg-1.0" not in _dists(venv)
+    assert run_envvault("restore", doc["before"], env=env).returncode == 0  # already there: nothing to do
+    restored = run_envvault("restore", _first_before(tmp_path / "vault", venv), env=env)
+    assert restored.returncode == 0, restored.stderr
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+
+
+def _first_before(vault: Path, venv: Path) -> str:
+    snaps = [s for s in Vault.open(vault).snapshots() if s.doc["venv"] == str(venv)]
+    return snaps[-1].id  # oldest
+
+
+def test_uv_project_sync_and_add(make_venv, wheelhouse, tmp_path):
+    """uv sync is planned with its --dry-run; uv add has none, so guard judges it by the result and, when a
+    protected package changed without consent, rolls back the venv and pyproject.toml/uv.lock alike."""
+    with IndexServer([wheelhouse[C.TORCH_CU128], wheelhouse[C.TORCH_CU130], wheelhouse[C.SMALL_01]]) as srv:
+        proj = tmp_path / "proj"
+        proj.mkdir()
+        (proj / "pyproject.toml").write_text(
+            '[project]\nname = "proj"\nversion = "0.1"\nrequires-python = ">=3.8"\n'
+            'dependencies = ["torchlike==2.11.0+cu128"]\n')
+        env = guard_env(proj / ".venv", tmp_path / "vault", uv_cache=tmp_path / "uvcache",
+                        extra={"UV_DEFAULT_INDEX": srv.url})
+        env.pop("VIRTUAL_ENV")
+        sync = subprocess.run(["uv", "sync", "--python", str(plain_python())], cwd=proj, env=env,
+                              capture_output=True, text=True)
+        assert sync.returncode == 0, sync.stderr
+        venv = proj / ".venv"
+        _protect_torchlike(venv)
+        lock_before = (proj / "uv.lock").read_bytes()
+        pyproject_before = (proj / "pyproject.toml").read_bytes()
+        proc, doc = _run_in(proj, env, "--", "uv", "add", "torchlike==2.11.0+cu130")
+        assert proc.returncode == 3 and doc["outcome"] == "refused", proc.stderr
+        assert doc["plan"]["known"] is False and doc["venv"] == str(venv)
+        assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+        assert (proj / "pyproject.toml").read_bytes() == pyproject_before
+        assert (proj / "uv.lock").read_bytes() == lock_before
+        # A hand edit, then uv sync: planned by `uv sync --dry-run`.
+        (proj / "pyproject.toml").write_text(pyproject_before.decode().replace("+cu128", "+cu130"))
+        proc, doc = _run_in(proj, env, "--", "uv", "sync")
+        assert proc.returncode == 3 and doc["plan"]["source"] == "uv --dry-run", proc.stderr
+        swap = next(c for c in doc["plan"]["changes"] if c["name"] == "torchlike")
+        assert (swap["kind"], swap["old"], swap["new"]) == ("swap", "2.11.0+cu128", "2.11.0+cu130")
+        proc, doc = _run_in(proj, env, "--yes", "--", "uv", "sync")
+        assert proc.returncode == 0 and doc["outcome"] == "ran", proc.stderr
+        assert _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
+
+
+def plain_python() -> Path:
+    import sys
+
+    return Path(sys.executable).resolve()
+
+
+def _run_in(cwd: Path, env, *args):
+    proc = run_envvault("guard", "--json", *args, env=env, cwd=cwd)
+    return proc, json.loads(proc.stdout)
+
+
+# -- parts ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, tool, action, mutating", [
+    (["pip", "install", "x"], "pip", "install", True),
+    (["pip3", "-q", "--python", "/v/bin/python", "uninstall", "-y", "x"], "pip", "uninstall", True),
+    (["/v/bin/pip3.11", "install", "-r", "req.txt"], "pip", "install", True),
+    (["python", "-m", "pip", "install", "x"], "pip", "install", True),
+    (["python3.12", "-m", "pip", "install", "--dry-run", "x"], "pip", "install", False),
+    (["pip", "install", "--target", "/tmp/t", "x"], "pip", "install", False),
+    (["pip", "install", "--user", "x"], "pip", "install", False),
+    (["pip", "list"], "pip", "list", False),
+    (["pip", "download", "x"], "pip", "download", False),
+    (["uv", "pip", "install", "x"], "uv-pip", "install", True),
+    (["uv", "--offline", "pip", "sync", "r.txt"], "uv-pip", "sync", True),
+    (["uv", "pip", "install", "--system", "x"], "uv-pip", "install", False),
+    (["uv", "pip", "compile", "r.in"], "uv-pip", "compile", False),
+    (["uv", "add", "x"], "uv-project", "add", True),
+    (["uv", "add", "--frozen", "x"], "uv-project", "add", False),
+    (["uv", "remove", "x"], "uv-project", "remove", True),
+    (["uv", "sync", "--dry-run"], "uv-project", "sync", False),
+    (["uv", "run", "pytest"], "uv-project", "run", False),
+    (["python", "train.py"], None, None, False),
+    (["sh", "-c", "pip install x"], None, None, False),
+])
+def test_parse_command(argv, tool, action, mutating):
+    cmd = parse_command(argv)
+    assert (cmd.tool, cmd.action, cmd.mutating) == (tool, action, mutating)
+
+
+def test_locate_target(tmp_path, make_venv):
+    venv = make_venv("venv", with_pip=True)
+    other = make_venv("uv")
+    env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(other)}
+    assert locate_target(parse_command(["pip", "install", "x"]), env, tmp_path) == venv
+    assert locate_target(parse_command(["python", "-m", "pip", "install", "x"]), env, tmp_path) == venv
+    assert locate_target(parse_command(["pip", "--python", str(other), "install", "x"]), env, tmp_path) == other
+    assert locate_target(parse_command(["uv", "pip", "install", "x"]), env, tmp_path) == other
+    assert locate_target(parse_command(["uv", "pip", "install", "-p", str(venv / "bin/python"), "x"]), env, tmp_path) == venv
+    assert locate_target(parse_command(["pip", "install", "x"]), {"PATH": "/usr/bin:/bin"}, tmp_path) in (None,)
+    proj = tmp_path / "proj" / "sub"
+    proj.mkdir(parents=True)
+    (tmp_path / "proj" / "pyproject.toml").write_text("[project]\nname='p'\n")
+    assert locate_target(parse_command(["uv", "sync"]), env, proj) == tmp_path / "proj" / ".venv"
+    assert locate_target(parse_command(["uv", "sync", "--active"]), env, proj) == other
+
+
+def _inst(version, build="b1"):
+    return Installed(name="torch", version=version, build_id=build)
+
+
+def _new(version, url=None, sha=None):
+    return PlannedDist(name="torch", version=version, url=url, sha256=sha)
+
+
+def test_classify():
+    assert classify(None, _new("2.0")).kind == "add"
+    assert classify(_inst("2.0"), None).kind == "remove"
+    assert classify(_inst("2.0"), _new("2.1")).kind == "upgrade"
+    assert classify(_inst("2.1+cu128"), _new("2.0")).kind == "downgrade"
+    swap = classify(_inst("2.11.0+cu128"), _new("2.11.0"))
+    assert (swap.kind, swap.same_build, swap.touches_build) == ("swap", False, True)
+    assert classify(_inst("2.11.0+cu128"), _new("2.11.0+cu130")).kind == "swap"
+    unknown = classify(_inst("2.11.0"), _new("2.11.0"))
+    assert (unknown.kind, unknown.same_build, unknown.touches_build) == ("reinstall", None, True)
+    known = Installed(name="torch", version="2.11.0", build_id="b", dist_info=Path("/nonexistent"),
+                      known_sha256=frozenset({"ab" * 32}))
+    same = classify(known, _new("2.11.0", url="http://x/torch-2.11.0-py3-none-any.whl", sha="ab" * 32))
+    assert (same.kind, same.same_build, same.touches_build) == ("reinstall", True, False)
+    assert classify(None, _new("2.0")).touches_build is False
+
+
+def test_protection_layers(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    prot = load_protection({}, venv)
+    assert {p for p, _ in prot.patterns} == set(DEFAULT_PROTECTED)
+    assert prot.match("torch") == "torch" and prot.match("nvidia-cudnn-cu12") == "nvidia-*"
+    assert prot.match("Flash_Attn") == "flash-attn" and prot.match("numpy") is None and prot.keep == 20
+    settings = {"guard": {"protect": ["vllm*"], "unprotect": ["triton"], "keep": 6}}
+    (venv / ".envvault.toml").write_text('[guard]\nprotect = ["triton", "my.lib"]\nunprotect = ["jax"]\nkeep = 8\n')
+    prot = load_protection(settings, venv, extra=["numpy"], less=["xformers"])
+    sources = dict(prot.patterns)
+    assert sources["vllm*"] == "vault" and sources["triton"] == "venv" and sources["my-lib"] == "venv"
+    assert sources["numpy"] == "command line" and "jax" not in sources and "xformers" not in sources
+    assert prot.match("vllm-flash-attn") == "vllm*" and prot.match("My_Lib") == "my-lib" and prot.keep == 8
+    (venv / ".envvault.toml").write_text("[guard\n")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        load_protection({}, venv)
+    (venv / ".envvault.toml").write_text('[guard]\nprotect = "torch"\n')
+    with pytest.raises(UsageError, match="must be a list"):
+        load_protection({}, venv)
+
+
+def test_protection_saved_by_cli(tmp_path, make_venv):
+    venv = make_venv("uv")
+    env = guard_env(venv, tmp_path / "vault")
+    proc = run_envvault("guard", "--protect", "vllm", "--unprotect", "triton", "--save", "vault", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert Vault.open(tmp_path / "vault").settings()["guard"] == {"protect": ["vllm"], "unprotect": ["triton"]}
+    proc = run_envvault("guard", "--protect", "torchlike", "--save", "venv", env=env)
+    assert proc.returncode == 0 and 'protect = [\n    "torchlike",\n]' in (venv / ".envvault.toml").read_text()
+    proc = run_envvault("guard", "--show-protected", "--json", env=env)
+    shown = {p["pattern"]: p["source"] for p in json.loads(proc.stdout)["protected"]}
+    assert shown["vllm"] == "vault" and shown["torchlike"] == "venv" and "triton" not in shown
+    v = Vault.open(tmp_path / "vault")
+    save_vault_protection(v, protect=["triton"])
+    assert v.settings()["guard"]["unprotect"] == [] and "triton" in v.settings()["guard"]["protect"]
+    save_venv_protection(venv, keep=5)
+    assert load_protection({}, venv).keep == 5
+
+
+def test_provenance_index_attribution(tmp_path):
+    cmd = parse_command(["pip", "install", "-i", "https://download.pytorch.org/whl/cu128",
+                         "--extra-index-url", "https://user:pw@pypi.example.com/simple/", "torch"])
+    indexes = pip_indexes(cmd, {"PIP_CONFIG_FILE": "/dev/null"}, None)
+    assert indexes == ["https://download.pytorch.org/whl/cu128", "https://pypi.example.com/simple"]
+    url = "https://download.pytorch.org/whl/cu128/torch-2.11.0%2Bcu128-cp311-cp311-linux_x86_64.whl"
+    assert index_for(url, indexes) == "https://download.pytorch.org/whl/cu128"
+    assert index_for("https://files.pythonhosted.org/packages/x/torch.whl", ["https://pypi.org/simple"]) == "https://pypi.org/simple"
+    assert index_for("file:///wheels/torch.whl", indexes) is None
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nindex-url = https://mirror.example/simple\n")
+    assert pip_indexes(parse_command(["pip", "install", "x"]), {"PIP_CONFIG_FILE": str(conf), "HOME": str(tmp_path),
+                                                                 "XDG_CONFIG_DIRS": str(tmp_path / "none")}, None) \
+        == ["https://mirror.example/simple"]
+    assert pip_indexes(parse_command(["pip", "install", "--no-index", "x"]), {"PIP_CONFIG_FILE": "/dev/null"}, None) == []
+    entry = {"url": url, "sha256": "s", "index": indexes[0], "version": "2.11.0+cu128", "build_id": "b1"}
+    assert carry({"torch": entry}, {"torch": ("2.11.0+cu128", "b1")}) == {"torch": entry}
+    assert carry({"torch": entry}, {"torch": ("2.11.0+cu128", "b2")}) == {}
+    assert carry({"torch": dict(entry, build_id=None)}, {"torch": ("2.11.0+cu128", "b2")})["torch"]["build_id"] == "b2"
+    assert carry({"torch": entry}, {}) == {}
+
+
+def _ref(sid: str, created: str, trigger: str, venv: str = "/v") -> SnapshotRef:
+    return SnapshotRef(sid, {"created": created, "trigger": trigger, "venv": venv})
+
+
+def test_plan_retention():
+    snaps = [_ref(f"{i:02d}" * 32, f"2026-01-{i:02d}", "guard") for i in range(1, 9)]
+    snaps += [_ref("aa" * 32, "2026-01-01", "manual"), _ref("bb" * 32, "2026-01-01", "restore-backup"),
+              _ref("cc" * 32, "2026-01-01", "guard", venv="/other")]
+    drop = plan_retention(snaps, "/v", tagged={"02" * 32}, keep=5)
+    assert drop == ["03" * 32, "01" * 32]
+
+
+def test_retention_forgets_old_guard_snapshots_and_gc_keeps_the_rest(cu128_pip_venv, disaster_index, tmp_path):
+    venv, vault_dir = cu128_pip_venv, tmp_path / "vault"
+    env = guard_env(venv, vault_dir, index_url=disaster_index.url)
+    manual = run_envvault("snap", "--venv", str(venv), "--no-caches", "--json", env=env)
+    manual_id = json.loads(manual.stdout)["id"]
+    (venv / ".envvault.toml").write_text('[guard]\nprotect = ["torchlike"]\nkeep = 2\n')
+    vault = Vault.open(vault_dir)
+    ids = []
+    for args in (["install", "--force-reinstall", "servingpkg"], ["uninstall", "-y", "servingpkg"]):
+        proc, doc = _guard(env, "--yes", "--", "pip", *args, json_out=True)
+        assert proc.returncode == 0, proc.stderr
+        ids.append((doc["before"], doc["after"]))
+        if len(ids) == 1:
+            vault.set_tag("keepme", doc["after"])
+    kept = {s.id for s in vault.snapshots()}
+    # keep = 2: the last run's pair, the tagged one and the manual one survive; the first "before" went.
+    assert kept == {manual_id, ids[0][1], *ids[1]}
+    assert run_envvault("verify", "--json", env=env).returncode == 0
+    result = apply_retention(vault, venv, keep=2)
+    assert result.forgotten == ()  # nothing left to forget
+    # The cu130 torchlike of the tagged snapshot is still restorable after gc removed what nobody needs.
+    assert run_envvault("restore", "keepme", env=env).returncode == 0
+    assert _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
+    assert run_envvault("restore", manual_id, env=env).returncode == 0
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"

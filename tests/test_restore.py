@@ -1,0 +1,493 @@
+"""restore and status on real venvs: the swap, in-place patches, offline restores, SIGKILL at any point,
+hostile vaults, --into, lock-only snapshots, and real torch 2.13.0+cpu."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fixtures import catalogue as C
+from fixtures import build_wheel, pip_install, python_of, serve_index, site_packages, uv_install, uv_pip
+from fixtures.trees import forge_snapshot, temp_files, tree_state
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+
+SP = "lib/python3.{}/site-packages"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _vault(path: Path):
+    from envvault.vault.store import Vault
+
+    return Vault.open(path)
+
+
+def assert_matches_snapshot(vault_path: Path, sid: str, venv: Path) -> None:
+    """Every file of the snapshot is on disk with the snapshot's bytes; files it lacked are absent."""
+    vault = _vault(vault_path)
+    doc = vault.load_snapshot(vault.resolve(sid)).doc
+    for p in doc["packages"]:
+        man = vault.get_json(p["manifest"])
+        for f in man["files"]:
+            full = venv / f["path"]
+            if f["state"] == "missing":
+                assert not full.exists(), f["path"]
+            elif "link" in f:
+                assert os.readlink(full) == f["link"]
+            elif f.get("chunks") is not None:
+                assert full.is_file(), f["path"]
+                assert _b64(full.read_bytes()) == f["sha256"], f["path"]
+
+
+def _files_of(vault_path: Path, sid: str, name: str) -> dict[str, str]:
+    vault = _vault(vault_path)
+    doc = vault.load_snapshot(vault.resolve(sid)).doc
+    p = next(p for p in doc["packages"] if p["name"] == name)
+    return {f["path"]: f.get("sha256") for f in vault.get_json(p["manifest"])["files"]}
+
+
+def _mtimes(venv: Path, paths) -> dict[str, int]:
+    return {p: os.lstat(venv / p).st_mtime_ns for p in paths}
+
+
+def _base_venv(make_venv, wheelhouse, installer=uv_install, kind="uv") -> Path:
+    venv = make_venv(kind)
+    keys = (C.TORCH_CU128, C.SMALL_01, C.NS_ALPHA, C.NS_BETA)
+    with serve_index([wheelhouse[k] for k in keys]) as url:
+        installer(venv, "torchlike==2.11.0+cu128", "smallpkg==0.1.0", "nsa-alpha", "nsa-beta", index_url=url)
+    return venv
+
+
+def _swap(venv: Path, wheelhouse) -> None:
+    """servingpkg pulls torchlike 2.11.0 of another build (the PyPI-like cu130 one) over the cu128 one."""
+    with serve_index([wheelhouse[C.SERVING], wheelhouse[C.TORCH_PLAIN_B]]) as url:
+        uv_install(venv, "--reinstall", "servingpkg", index_url=url)
+
+
+def _run(*cmd, **kw) -> str:
+    out = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=ev_env(Path("/nonexistent")), **kw)
+    assert out.returncode == 0, out
+    return out.stdout
+
+
+# -- the swap ----------------------------------------------------------------------------------------
+
+
+def test_swap_is_diffed_and_restored_byte_for_byte(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = _base_venv(make_venv, wheelhouse)
+    sid = ev_json(vault, "snap", "--venv", venv, "-m", "good")["id"]
+    sp = site_packages(venv).relative_to(venv).as_posix()
+    untouched = [f for f in tree_state(venv) if f.startswith((f"{sp}/smallpkg", f"{sp}/sharedns", f"{sp}/nsa_"))]
+    before_untouched = {k: v for k, v in tree_state(venv).items() if k in untouched}
+    _swap(venv, wheelhouse)
+    assert "cuda 13.0" in _run(venv / "bin" / "torchlike-info")
+
+    d = ev_json(vault, "diff", sid, "current", "--venv", venv)
+    assert d["packages"]["added"] == [{"name": "servingpkg", "version": "1.0.0", "build_id": d["packages"]["added"][0]["build_id"]}]
+    (torch,) = d["packages"]["changed"]
+    assert torch["name"] == "torchlike" and torch["old_version"] == "2.11.0+cu128" and torch["new_version"] == "2.11.0"
+    assert torch["build_changed"] is True and torch["build_facts"]["cuda"] == ["12.8", "13.0"]
+    text = ev(vault, "diff", sid, "current", "--venv", venv).stdout
+    assert "torchlike 2.11.0+cu128 -> 2.11.0 (local label): cuda 12.8 -> 13.0" in text
+    assert "\x1b[" not in text  # no colour when stdout is not a TTY
+    assert ev(vault, "diff", sid, "current", "--venv", venv, "--exit-code", check=False).returncode == 1
+    st = ev_json(vault, "status", "--venv", venv)
+    assert st["snapshot"] == sid and not st["empty"] and st["packages"]["added"][0]["name"] == "servingpkg"
+
+    dry = ev_json(vault, "restore", sid, "--venv", venv, "--dry-run")
+    assert dry["dry_run"] and dry["plan"]["remove"] == ["servingpkg 1.0.0"] and dry["plan"]["install"] == ["torchlike 2.11.0+cu128"]
+    assert (venv / "bin" / "serve").exists()  # dry run changed nothing
+
+    res = ev_json(vault, "restore", sid, "--venv", venv)
+    assert res["restored"] == sid and res["verified"] is True and res["changed"] == 2 and res["backup"]
+    assert_matches_snapshot(vault, sid, venv)
+    assert "torchlike 2.11.0+cu128 cuda 12.8" in _run(venv / "bin" / "torchlike-info")
+    assert not (venv / "bin" / "serve").exists() and not list(site_packages(venv).glob("servingpkg*"))
+    assert not list(site_packages(venv).glob("torchlike-2.11.0.dist-info"))
+    assert {k: v for k, v in tree_state(venv).items() if k in untouched} == before_untouched  # mtimes too
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+    assert not temp_files(venv) and not (venv / ".envvault-restore.json").exists()
+
+    # the backup undoes the restore
+    undo = ev_json(vault, "restore", res["backup"], "--venv", venv)
+    assert undo["verified"] and "serving with torchlike 2.11.0+cu130 cuda 13.0" in _run(venv / "bin" / "serve")
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+
+def test_same_version_other_build(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_PLAIN_A])
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    so = site_packages(venv) / "torchlike" / "_C.so"
+    good = so.read_bytes()
+    uv_install(venv, "--reinstall-package", "torchlike", wheelhouse[C.TORCH_PLAIN_B])
+    assert so.read_bytes() != good
+    (ch,) = ev_json(vault, "diff", sid, "current", "--venv", venv)["packages"]["changed"]
+    assert ch["kind"] == "build" and ch["old_version"] == ch["new_version"] == "2.11.0" and ch["build_changed"]
+    text = ev(vault, "status", "--venv", venv).stdout
+    assert "torchlike 2.11.0: cuda 12.8 -> 13.0" in text, text
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] and res["backup"] is None
+    assert so.read_bytes() == good
+    assert_matches_snapshot(vault, sid, venv)
+
+
+# -- in-place edits ------------------------------------------------------------------------------------
+
+
+def test_in_place_patch_shown_and_undone(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("venv")  # pip installs: RECORD lists .pyc files, which are never stored
+    pip_install(venv, str(wheelhouse[C.TORCH_CU128]), str(wheelhouse[C.SMALL_01]))
+    py = python_of(venv)
+    _run(py, "-c", "import torchlike, smallpkg")
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True  # .pyc in RECORD are not "missing"
+    init = site_packages(venv) / "torchlike" / "__init__.py"
+    original = init.read_bytes()
+    init.write_bytes(original + b"is_fx_symbolic_tracing = lambda: False\n")
+    _run(py, "-c", "import torchlike; assert torchlike.is_fx_symbolic_tracing() is False")  # compiles the patch
+    others = [p for p in tree_state(venv) if "smallpkg" in p]
+    before = {p: v for p, v in tree_state(venv).items() if p in others}
+
+    st = ev_json(vault, "status", "--venv", venv)
+    (ch,) = st["packages"]["changed"]
+    rel = init.relative_to(venv).as_posix()
+    assert ch["kind"] == "edited" and ch["modified_files"] == [rel] and not ch["build_changed"]
+    assert rel in ev(vault, "status", "--venv", venv).stdout
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] and res["written_files"] == 1 and res["removed_files"] == 0
+    assert init.read_bytes() == original
+    _run(py, "-c", "import torchlike; assert not hasattr(torchlike, 'is_fx_symbolic_tracing')")
+    assert {p: v for p, v in tree_state(venv).items() if p in others} == before
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+
+def test_deleted_file_and_upgrade(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01], wheelhouse[C.WITH_HEADERS])
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    uv_install(venv, wheelhouse[C.SMALL_02])
+    header = next(venv.glob("include/site/python3.*/withheaders/withheaders.h"))
+    header.unlink()
+    st = ev_json(vault, "status", "--venv", venv)
+    kinds = {c["name"]: c for c in st["packages"]["changed"]}
+    assert kinds["smallpkg"]["kind"] == "upgrade"
+    assert kinds["withheaders"]["missing_files"] == [header.relative_to(venv).as_posix()]
+    res = ev_json(vault, "restore", sid, "--venv", venv)
+    assert res["verified"]
+    assert header.exists() and not (site_packages(venv) / "smallpkg" / "new.py").exists()
+    assert (site_packages(venv) / "smallpkg" / "old.py").exists()
+    assert_matches_snapshot(vault, sid, venv)
+
+
+# -- offline -------------------------------------------------------------------------------------------
+
+
+def test_restore_after_index_and_cache_are_gone(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    cache = tmp_path / "uv-cache"
+    own = tmp_path / "own-wheels"
+    own.mkdir()
+    wheels = [Path(shutil.copy(wheelhouse[k], own)) for k in (C.TORCH_CU128, C.SMALL_01)]
+    venv = make_venv("uv")
+    with serve_index(wheels) as url:
+        uv_install(venv, "torchlike==2.11.0+cu128", "smallpkg==0.1.0", index_url=url, cache_dir=cache)
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    uv_pip(venv, "uninstall", "torchlike")
+    uv_install(venv, wheelhouse[C.SMALL_02])
+    shutil.rmtree(own)  # the index's wheels are gone...
+    shutil.rmtree(cache)  # ...and so is uv's cache
+    env = ev_env(vault, UV_OFFLINE="1", PIP_NO_INDEX="1", http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    res = json.loads(ev(vault, "restore", sid, "--venv", venv, "--json", env=env).stdout)
+    assert res["verified"]
+    assert_matches_snapshot(vault, sid, venv)
+    assert "cuda 12.8" in _run(venv / "bin" / "torchlike-info")
+    # a fresh venv, offline too
+    new = tmp_path / "copy"
+    res = json.loads(ev(vault, "restore", sid, "--into", new, "--json", env=env).stdout)
+    assert res["verified"] and "cuda 12.8" in _run(new / "bin" / "torchlike-info")
+
+
+# -- crash safety --------------------------------------------------------------------------------------
+
+
+def _swap_setup(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = _base_venv(make_venv, wheelhouse)
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    _swap(venv, wheelhouse)
+    (site_packages(venv) / "sharedns" / "alpha" / "__init__.py").write_text("edited = True\n")
+    after_swap = ev_json(vault, "snap", "--venv", venv)["id"]
+    return vault, venv, sid, after_swap
+
+
+def _known_contents(vault: Path, *sids: str) -> dict[str, set]:
+    v = _vault(vault)
+    known: dict[str, set] = {}
+    for sid in sids:
+        for p in v.load_snapshot(sid).doc["packages"]:
+            for f in v.get_json(p["manifest"])["files"]:
+                if f.get("sha256"):
+                    known.setdefault(f["path"], set()).add(f["sha256"])
+    return known
+
+
+def _assert_no_torn_files(venv: Path, known: dict[str, set]) -> None:
+    """Every file under a final name holds one of the versions a snapshot recorded: none is half-written."""
+    for rel, sums in known.items():
+        full = venv / rel
+        if full.is_file() and not full.is_symlink() and "/__pycache__/" not in rel:
+            assert _b64(full.read_bytes()) in sums, rel
+
+
+@pytest.mark.parametrize("point", ["journal", "stage:3", "staged", "commit:1", "commit:12", "committed", "verified"])
+def test_sigkill_at_named_points_then_rerun_completes(tmp_path, make_venv, wheelhouse, point):
+    vault, venv, sid, after = _swap_setup(tmp_path, make_venv, wheelhouse)
+    known = _known_contents(vault, sid, after)
+    proc = ev(vault, "restore", sid, "--venv", venv, "--json", check=False,
+              env=ev_env(vault, ENVVAULT_TEST_CRASH_AT=point))
+    assert proc.returncode == -signal.SIGKILL, proc
+    _assert_no_torn_files(venv, known)
+    if point not in ("verified",):
+        assert (venv / ".envvault-restore.json").exists()
+    res = ev_json(vault, "restore", sid, "--venv", venv)
+    assert res["verified"] is True
+    assert_matches_snapshot(vault, sid, venv)
+    assert not temp_files(venv) and not (venv / ".envvault-restore.json").exists()
+    assert not (venv / "bin" / "serve").exists()
+    assert not list(site_packages(venv).glob("servingpkg*")) and not (site_packages(venv) / "servingpkg").exists()
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+    # one backup only: the rerun finished the first run's restore instead of backing up a half state
+    backups = [s for s in ev_json(vault, "list", "--all")["snapshots"] if s["trigger"] == "restore-backup"]
+    assert len(backups) <= 1
+
+
+def _big_wheel(out: Path, version: str, seed: str) -> Path:
+    rnd = random.Random(seed)
+    files = {}
+    for i in range(600):
+        size = rnd.choice([200, 3000, 40_000, 300_000])
+        files[f"bigpkg/sub{i % 20}/m{i}.py"] = (f"# {seed} {i}\n".encode() + rnd.randbytes(size)).replace(b"\x00", b"0")
+    files["bigpkg/__init__.py"] = f"VERSION = {version!r}\n".encode()
+    return build_wheel(out, "bigpkg", version, files, console_scripts={"bigpkg-run": "bigpkg:main"})
+
+
+def test_sigkill_at_random_times_then_rerun(tmp_path, make_venv):
+    vault = tmp_path / "vault"
+    one = _big_wheel(tmp_path / "w1", "1.0", "one")
+    two = _big_wheel(tmp_path / "w2", "2.0", "two")
+    venv = make_venv("uv")
+    uv_install(venv, one)
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    uv_install(venv, two)
+    after = ev_json(vault, "snap", "--venv", venv)["id"]
+    known = _known_contents(vault, sid, after)
+    rnd = random.Random(7)
+    killed = 0
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-m", "envvault", "restore", sid, "--venv", str(venv), "--no-backup"],
+                                env=ev_env(vault), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rnd.uniform(0.2, 1.2))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            killed += 1
+        proc.wait(timeout=120)
+        _assert_no_torn_files(venv, known)
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"]
+    assert_matches_snapshot(vault, sid, venv)
+    assert not temp_files(venv) and not (venv / ".envvault-restore.json").exists()
+    assert killed >= 1  # at least one kill landed mid-restore
+
+
+# -- a hostile vault -----------------------------------------------------------------------------------
+
+
+def _hostile(vault_path: Path, sid: str, venv: Path, bad_file: dict) -> str:
+    from envvault.model.encoding import object_id
+
+    vault = _vault(vault_path)
+    doc = vault.load_snapshot(sid).doc
+    payload = b"owned\n"
+    oid = object_id(payload)
+    files = [{"path": f"{SP.format(sys.version_info[1])}/evil/__init__.py", "record": "evil/__init__.py",
+              "sha256": _b64(payload), "size": len(payload), "mode": 0o644, "chunks": [oid], "state": "ok"},
+             dict(bad_file, **({"chunks": [oid], "sha256": _b64(payload), "size": len(payload)} if "link" not in bad_file else {}))]
+    man = {"kind": "dist", "format": 1, "name": "evil", "version": "1.0", "build_id": "e" * 64, "state_id": "e" * 64,
+           "dist_info": f"{SP.format(sys.version_info[1])}/evil-1.0.dist-info", "installer": "pip", "requested": True,
+           "wheel": {}, "direct_url": None, "record": "ok", "build_info": None, "files": files}
+    return forge_snapshot(vault, doc, [man], {oid: payload})
+
+
+@pytest.mark.parametrize("bad", [
+    {"path": "../../escaped.py", "record": "../../escaped.py", "mode": 0o644, "state": "ok"},
+    {"path": "/tmp/envvault-absolute-escape.py", "record": "x", "mode": 0o644, "state": "ok"},
+    {"path": "lib/escape-link", "record": "x", "link": "../../../../../../../../tmp", "state": "ok", "mode": 0o777},
+    {"path": "lib/abs-link", "record": "x", "link": "/etc", "state": "ok", "mode": 0o777},
+    {"path": "outside/through-link.py", "record": "x", "mode": 0o644, "state": "ok"},
+], ids=["dotdot", "absolute", "symlink-out", "symlink-absolute", "through-existing-symlink"])
+def test_hostile_manifest_is_refused_with_nothing_written(tmp_path, make_venv, wheelhouse, bad):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    outside = tmp_path / "outside-dir"
+    outside.mkdir()
+    (venv / "outside").symlink_to(outside)  # a symlink in the environment that leads out
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    evil = _hostile(vault, sid, venv, bad)
+    before = tree_state(venv)
+    snaps_before = sorted(os.listdir(vault / "snapshots"))
+    proc = ev(vault, "restore", evil, "--venv", venv, check=False)
+    assert_one_line_error(proc, "refusing")
+    assert proc.returncode == 3
+    assert tree_state(venv) == before  # nothing written, not even a journal
+    assert list(outside.iterdir()) == [] and not Path("/tmp/envvault-absolute-escape.py").exists()
+    assert not (tmp_path / "escaped.py").exists()
+    assert sorted(os.listdir(vault / "snapshots")) == snaps_before  # its backup was dropped
+
+
+def test_in_place_refused_across_python_minor(tmp_path, make_venv, wheelhouse):
+    other = next((p for p in sorted(Path("/root/.pyenv/versions").glob("3.1[02]*/bin/python3")) if p.exists()), None)
+    if other is None:
+        other = shutil.which("python3.12") or shutil.which("python3.10")
+    assert other, "a second Python minor version is needed for this test"
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    foreign = make_venv("uv", python=other, name="foreign")
+    before = tree_state(foreign)
+    proc = ev(vault, "restore", sid, "--venv", foreign, "--no-backup", check=False)
+    assert_one_line_error(proc, "refusing to restore in place", "--into")
+    assert proc.returncode == 3 and tree_state(foreign) == before
+
+
+# -- --into --------------------------------------------------------------------------------------------
+
+
+def test_into_builds_a_fresh_venv_whose_scripts_run(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("venv")
+    pip_install(venv, *(str(wheelhouse[k]) for k in (C.TORCH_PLAIN_A, C.SERVING, C.WITH_HEADERS, C.NS_ALPHA)))
+    init = site_packages(venv) / "torchlike" / "__init__.py"
+    init.write_bytes(init.read_bytes() + b"PATCHED = True\n")  # an edit the snapshot keeps
+    (site_packages(venv) / "sharedns" / "alpha" / "__init__.py").unlink()  # and a deletion
+    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    new = tmp_path / "elsewhere" / "fresh"
+    res = ev_json(vault, "restore", sid, "--into", new)
+    assert res["verified"] is True and res["mode"] == "into" and res["target"] == str(new)
+    out = _run(new / "bin" / "serve")
+    assert "serving with torchlike 2.11.0+cu128 cuda 12.8" in out
+    assert (new / "bin" / "serve").read_text().startswith(f"#!{new}/bin/python")
+    assert "PATCHED = True" in (site_packages(new) / "torchlike" / "__init__.py").read_text()
+    assert not (site_packages(new) / "sharedns" / "alpha" / "__init__.py").exists()
+    assert ev_json(vault, "status", "--venv", new)["empty"] is True
+    assert ev_json(vault, "status", "--venv", new, "--against", sid)["empty"] is True
+    # a second --into onto the same path is refused
+    proc = ev(vault, "restore", sid, "--into", new, check=False)
+    assert_one_line_error(proc, "already an environment")
+
+
+def test_into_names_a_missing_python_version():
+    from envvault.errors import NotFoundError
+    from envvault.restore.uv import find_python
+
+    with pytest.raises(NotFoundError, match="no Python 3.99.1 is available"):
+        find_python({"version": "3.99.1", "base_prefix": "/nonexistent"})
+
+
+# -- lock-only snapshots -------------------------------------------------------------------------------
+
+
+def test_lock_only_restores_through_uv_with_reinstall(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_PLAIN_A], wheelhouse[C.SMALL_01])
+    ev_json(vault, "snap", "--venv", venv)  # a full snapshot holds the builds' files
+    lock = ev_json(vault, "snap", "--venv", venv, "--lock-only")["id"]
+    uv_install(venv, "--reinstall-package", "torchlike", wheelhouse[C.TORCH_PLAIN_B])
+    uv_install(venv, wheelhouse[C.SMALL_02])
+    res = ev_json(vault, "restore", lock, "--venv", venv, "--no-backup")
+    assert res["mode"] == "lock" and res["verified"] is True
+    assert "torchlike" in res["plan"]["reinstall"] and res["plan"]["offline"] is True
+    assert "cuda 12.8" in _run(venv / "bin" / "torchlike-info")
+    assert ev_json(vault, "status", "--venv", venv, "--against", lock)["empty"] is True
+
+
+def test_lock_only_without_sources_fails_listing_packages(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
+    lock = ev_json(vault, "snap", "--venv", venv, "--lock-only")["id"]
+    uv_pip(venv, "uninstall", "torchlike", "smallpkg")
+    before = tree_state(venv)
+    proc = ev(vault, "restore", lock, "--venv", venv, check=False)
+    assert_one_line_error(proc, "no known source", "torchlike 2.11.0+cu128", "smallpkg 0.1.0")
+    assert proc.returncode == 4 and tree_state(venv) == before
+
+
+# -- real torch ----------------------------------------------------------------------------------------
+
+
+TORCH_WHEELS = Path("/opt/wheels")
+
+
+@pytest.fixture(scope="session")
+def torch_venv(tmp_path_factory) -> Path:
+    """A venv with real torch 2.13.0+cpu, pip-installed from this machine's disk. Fails (never skips)
+    when the wheel is not there: these tests are part of what restore promises."""
+    wheels = sorted(TORCH_WHEELS.glob("torch-2.13.0+cpu-*.whl"))
+    assert wheels, f"torch 2.13.0+cpu wheel not found in {TORCH_WHEELS}"
+    from fixtures import make_venv
+
+    venv = make_venv(tmp_path_factory.mktemp("torch") / "venv", "venv")
+    pip_install(venv, "torch==2.13.0+cpu", find_links=[TORCH_WHEELS], index_url="file:///opt/pypi/simple")
+    return venv
+
+
+def test_real_torch_version_edit_and_removal_restored(tmp_path, torch_venv):
+    vault = tmp_path / "vault"
+    venv = tmp_path / "tv"
+    shutil.copytree(torch_venv, venv, symlinks=True)
+    py = python_of(venv)
+    sid = ev_json(vault, "snap", "--venv", venv, timeout=1800)["id"]
+    version_py = site_packages(venv) / "torch" / "version.py"
+    original = version_py.read_bytes()
+    version_py.write_bytes(original.replace(b"2.13.0+cpu", b"2.13.0+cu999"))
+    assert "2.13.0+cu999" in _run(py, "-c", "import torch; print(torch.__version__)")
+    st = ev_json(vault, "status", "--venv", venv)
+    (ch,) = st["packages"]["changed"]
+    assert ch["name"] == "torch" and ch["modified_files"] == [version_py.relative_to(venv).as_posix()]
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] and res["written_files"] == 1
+    assert version_py.read_bytes() == original
+    assert _run(py, "-c", "import torch; print(torch.__version__)").strip() == "2.13.0+cpu"
+
+    # torch removed entirely (as an install that swaps it away does first): back from the vault alone
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "torch"], check=True, capture_output=True)
+    assert not (site_packages(venv) / "torch").exists()
+    t0 = time.monotonic()
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    took = time.monotonic() - t0
+    assert res["verified"] and res["written_files"] > 1000, res
+    assert_matches_snapshot(vault, sid, venv)
+    out = _run(py, "-c", "import torch; print(torch.__version__, torch.ones(3).sum().item())")
+    assert out.split() == ["2.13.0+cpu", "3.0"]
+    print(f"restore of the whole torch: {took:.2f}s")
