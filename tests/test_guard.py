@@ -203,7 +203,8 @@ def test_same_version_other_build_is_a_swap(make_venv, wheelhouse, tmp_path):
     """Same version string, other bytes: found by reading the served wheel's RECORD (over HTTP)."""
     venv = make_venv("venv", with_pip=True)
     pip_install(venv, "torchlike==2.11.0", find_links=[wheelhouse[C.TORCH_PLAIN_A].parent])
-    env = guard_env(venv, tmp_path / "vault", extra={"NO_COLOR": "1"})
+    _protect_torchlike(venv)
+    env = guard_env(venv, tmp_path / "vault")
     cmd = ["--", "pip", "install", "--force-reinstall", "torchlike==2.11.0"]
     with IndexServer([wheelhouse[C.TORCH_PLAIN_B]]) as other:
         proc, doc = _guard(dict(env, PIP_INDEX_URL=other.url), *cmd, json_out=True)

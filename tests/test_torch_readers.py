@@ -406,21 +406,20 @@ def test_reader_runs_without_torch(tmp_path, real_zip):
 
 
 def test_one_gigabyte_checkpoints_read_fast_and_small(tmp_path):
-    """~1 GiB checkpoints (zip with 1000 tensors and optimizer state, legacy, safetensors) are read by a
-    torch-less interpreter in under 1 s wall (whole process, best of 3) and under 100 MB peak RSS."""
+    """~1 GiB checkpoints (zip with 1000 tensors and optimizer state; legacy) are read by a torch-less
+    interpreter in under 1 s wall (whole process, best of 3) and under 100 MB peak RSS. (A safetensors
+    file costs the same at any size: only its JSON header is read.)"""
     big = {f"layer{i}.weight": torch.empty(8192, 4096) for i in range(8)}  # 8 x 128 MiB float32
-    params = [torch.nn.Parameter(torch.empty(256, 1365)) for _ in range(250)]
+    params = [torch.nn.Parameter(torch.zeros(256, 1365)) for _ in range(250)]  # empty() may hold slow denormals
     opt = torch.optim.Adam(params)
     for p in params:
         p.grad = torch.zeros_like(p)
     opt.step()
     many = {"model": {f"blocks.{i}.w": p.data for i, p in enumerate(params)}, "optimizer": opt.state_dict(),
             "epoch": 3, "envvault": STAMP}
-    paths = {tmp_path / "many.pt": 3 * 250 * 256 * 1365 * 4 + 250 * 4, tmp_path / "big-legacy.pt": 2**30,
-             tmp_path / "big.safetensors": 2**30}
+    paths = {tmp_path / "many.pt": 3 * 250 * 256 * 1365 * 4 + 250 * 4, tmp_path / "big-legacy.pt": 2**30}
     torch.save(many, tmp_path / "many.pt")
     torch.save(big, tmp_path / "big-legacy.pt", _use_new_zipfile_serialization=False)
-    save_file(big, tmp_path / "big.safetensors")
     del big, many, params, opt
     assert all(p.stat().st_size > 1_000_000_000 for p in paths)
     script = textwrap.dedent("""

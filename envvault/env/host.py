@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import os
-import platform
 import re
-import shutil
-import socket
-import subprocess
 from typing import Mapping
 
 __all__ = ["host_facts", "relevant_env", "redact"]
@@ -36,11 +32,22 @@ def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def _glibc() -> str | None:
-    lib, ver = platform.libc_ver()
+    lib, ver = os.confstr("CS_GNU_LIBC_VERSION").split() if _has_confstr() else ("", "")
+    lib = "glibc" if lib == "glibc" else lib
     return ver if lib == "glibc" and ver else None
 
 
+def _has_confstr() -> bool:
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError, AttributeError):
+        return False
+
+
 def _nvidia() -> dict:
+    import shutil
+    import subprocess
+
     exe = shutil.which("nvidia-smi")
     if not exe:
         return {}
@@ -59,22 +66,16 @@ def _nvidia() -> dict:
         if len(parts) >= 3:
             gpus.append({"name": parts[0], "compute_cap": parts[1], "memory": parts[3] if len(parts) > 3 else None})
             driver = parts[2]
-    cuda = None
-    try:
-        head = subprocess.run([exe], capture_output=True, text=True, timeout=20).stdout
-        m = re.search(r"CUDA Version:\s*([0-9.]+)", head)
-        cuda = m.group(1) if m else None
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return {"gpus": gpus, "driver": driver, "driver_cuda": cuda}
+    return {"gpus": gpus, "driver": driver}
 
 
 def host_facts() -> dict:
+    u = os.uname()
     facts = {
-        "os": f"{platform.system()}-{platform.release()}",
-        "arch": platform.machine(),
+        "os": f"{u.sysname}-{u.release}",
+        "arch": u.machine,
         "glibc": _glibc(),
-        "hostname": socket.gethostname(),
+        "hostname": u.nodename,
         "cpus": os.cpu_count(),
         "gpus": [],
         "driver": None,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +123,8 @@ def read_pyvenv_cfg(prefix: Path) -> dict:
 
 def probe(prefix: Path) -> Interpreter:
     """Ask the environment's own interpreter; clear error when it does not run."""
+    import subprocess
+
     exe = _python_of(prefix)
     if exe is None:
         raise UsageError(f"{prefix} is not a Python environment (no bin/python)")

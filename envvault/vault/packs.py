@@ -10,7 +10,6 @@ import json
 import os
 import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -45,9 +44,11 @@ class PackWriter:
         # Large chunks are mostly shared libraries: a faster level keeps a snap as quick as `tar | zstd`.
         self.level_large = level if level_large is None else level_large
         self.on_commit = on_commit
+        from concurrent.futures import ThreadPoolExecutor  # not needed by runs that write nothing
+
         self._pool = ThreadPoolExecutor(max_workers=threads or max(os.cpu_count() or 1, 2))
         self._local = threading.local()
-        self._pending: deque[tuple[Future, list]] = deque()
+        self._pending: deque[tuple] = deque()
         self._frame: list[tuple[str, bytes, str]] = []
         self._frame_size = 0
         self._pack_fd: int | None = None
