@@ -5,6 +5,7 @@ Each area keeps its click commands in ``envvault/commands/<area>.py``; they are 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -66,4 +67,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except OSError as err:
+        from envvault.vault.fsutil import storage_error
+
+        where = err.filename or "a file"
+        click.echo(f"envvault: error: {storage_error(err, where)}", err=True)
+        sys.exit(6)
+    except Exception as err:  # noqa: BLE001 - a bug must still be one line, with a way to see more
+        if os.environ.get("ENVVAULT_DEBUG"):
+            raise
+        click.echo(f"envvault: internal error: {type(err).__name__}: {err} (rerun with ENVVAULT_DEBUG=1 for a "
+                   "traceback, and please report it)", err=True)
+        sys.exit(70)
     sys.exit(0)
