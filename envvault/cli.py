@@ -45,6 +45,7 @@ def _register() -> None:
     from envvault.commands import snapshots  # noqa: F401
     from envvault.commands import restore  # noqa: F401
     from envvault.commands import guard  # noqa: F401
+    from envvault.commands import caches  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
-
 from envvault.output import style
 
 __all__ = [
@@ -177,6 +175,8 @@ def _diff_packages(old: list[dict], new: list[dict], vault) -> tuple[list, list,
 
 
 def _parse_version(text: str):
+    from packaging.version import InvalidVersion, Version  # imported here: status should start fast
+
     try:
         return Version(text)
     except InvalidVersion:
@@ -271,11 +271,11 @@ def _build_facts(old: dict | None, new: dict | None) -> dict:
 # -- the live environment as a document ------------------------------------------------------------
 
 
-def current_document(vault, prefix: Path, *, save_cache: bool = True) -> dict:
+def current_document(vault, prefix: Path, *, save_cache: bool = True, facts: bool = True) -> dict:
     """The live environment at ``prefix`` in snapshot shape (packages, python, host, env), read without
     writing to the vault. Files are hashed against RECORD (stat-cached under the vault's ``state/``, which
-    ``save_cache`` keeps warm for the next call)."""
-    from envvault.env.host import host_facts, relevant_env
+    ``save_cache`` keeps warm for the next call). ``facts=False`` leaves host and environment variables out
+    (None), which spares nvidia-smi when only the environment is compared."""
     from envvault.snap import fingerprint, scan_environment
 
     interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check")
@@ -289,8 +289,8 @@ def current_document(vault, prefix: Path, *, save_cache: bool = True) -> dict:
         "venv": str(prefix),
         "lock_only": False,
         "python": interp.to_dict(),
-        "host": host_facts(),
-        "env": relevant_env(),
+        "host": _host_facts() if facts else None,
+        "env": _relevant_env() if facts else None,
         "packages": packages,
         "caches": [],
         "fingerprint": fingerprint(interp.version, packages),
@@ -337,6 +337,18 @@ def lockfile_document(path: Path) -> dict:
     ev = (data.get("tool") or {}).get("envvault") or {}
     python = {"version": ev["python"], "abi": ev.get("abi")} if ev.get("python") else None
     return {"kind": "lockfile", "venv": None, "python": python, "host": None, "env": None, "packages": packages}
+
+
+def _host_facts() -> dict:
+    from envvault.env.host import host_facts
+
+    return host_facts()
+
+
+def _relevant_env() -> dict:
+    from envvault.env.host import relevant_env
+
+    return relevant_env()
 
 
 # -- text ------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_cli_diff_current_writes_nothing_and_exit_codes(tmp_path, make_venv, whe
     vault = tmp_path / "vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01], wheelhouse[C.TORCH_CU128])
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
 
     def listing():
         return sorted(str(p.relative_to(vault)) for p in vault.rglob("*")
@@ -121,7 +121,7 @@ def test_diff_against_a_pylock(tmp_path, make_venv, wheelhouse):
     vault = tmp_path / "vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.TORCH_PLAIN_A], wheelhouse[C.SMALL_01])
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     lock = tmp_path / "pylock.toml"
     ev(vault, "export", sid, "-o", lock, "--no-wheels")
     assert ev_json(vault, "diff", sid, lock)["packages"] == {"added": [], "removed": [], "changed": []}

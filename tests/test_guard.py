@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import IndexServer, make_venv as plain_make_venv, pip_install, site_packages, uv_install
+from fixtures import IndexServer, site_packages, uv_install
 from fixtures import catalogue as C
-from fixtures.guard_helpers import guard_env, run_envvault, wreck_wheel
+from fixtures.guard_helpers import guard_env, run_envvault, venv_with_pip, wreck_wheel
 from envvault.errors import UsageError
 from envvault.guard.command import locate_target, parse_command
 from envvault.guard.plan import Installed, PlannedDist, classify
@@ -36,7 +36,7 @@ def _torch_info(venv: Path) -> str:
 
 def _dists(venv: Path) -> list[str]:
     return sorted(p.name[: -len(".dist-info")] for p in site_packages(venv).glob("*.dist-info")
-                  if not p.name.startswith(("pip-", "setuptools-")))
+                  if not p.name.startswith("pip-"))
 
 
 def _protect_torchlike(venv: Path) -> None:
@@ -54,9 +54,8 @@ def _guard(env, *args, json_out=False, timeout=300):
 
 
 @pytest.fixture
-def cu128_pip_venv(make_venv, wheelhouse):
-    venv = make_venv("venv", with_pip=True)
-    pip_install(venv, "torchlike==2.11.0+cu128", find_links=[wheelhouse[C.TORCH_CU128].parent])
+def cu128_pip_venv(tmp_path, wheelhouse):
+    venv = venv_with_pip(tmp_path / "venv", "torchlike==2.11.0+cu128", find_links=[wheelhouse[C.TORCH_CU128].parent])
     _protect_torchlike(venv)
     assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
     return venv
@@ -199,10 +198,9 @@ def test_plain_install_keeps_the_labelled_build_and_needs_no_consent(cu128_pip_v
     assert _torch_info(cu128_pip_venv) == "torchlike 2.11.0+cu128 cuda 12.8"
 
 
-def test_same_version_other_build_is_a_swap(make_venv, wheelhouse, tmp_path):
+def test_same_version_other_build_is_a_swap(wheelhouse, tmp_path):
     """Same version string, other bytes: found by reading the served wheel's RECORD (over HTTP)."""
-    venv = make_venv("venv", with_pip=True)
-    pip_install(venv, "torchlike==2.11.0", find_links=[wheelhouse[C.TORCH_PLAIN_A].parent])
+    venv = venv_with_pip(tmp_path / "venv", "torchlike==2.11.0", find_links=[wheelhouse[C.TORCH_PLAIN_A].parent])
     _protect_torchlike(venv)
     env = guard_env(venv, tmp_path / "vault")
     cmd = ["--", "pip", "install", "--force-reinstall", "torchlike==2.11.0"]
@@ -353,7 +351,7 @@ def test_parse_command(argv, tool, action, mutating):
 
 
 def test_locate_target(tmp_path, make_venv):
-    venv = make_venv("venv", with_pip=True)
+    venv = venv_with_pip(tmp_path / "venv")
     other = make_venv("uv")
     env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(other)}
     assert locate_target(parse_command(["pip", "install", "x"]), env, tmp_path) == venv

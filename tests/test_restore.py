@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import catalogue as C
-from fixtures import build_wheel, pip_install, python_of, serve_index, site_packages, uv_install, uv_pip
+from fixtures import build_wheel, pip, pip_install, python_of, serve_index, site_packages, uv_install, uv_pip
 from fixtures.trees import forge_snapshot, temp_files, tree_state
 from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
 
@@ -89,7 +89,7 @@ def _run(*cmd, **kw) -> str:
 def test_swap_is_diffed_and_restored_byte_for_byte(tmp_path, make_venv, wheelhouse):
     vault = tmp_path / "vault"
     venv = _base_venv(make_venv, wheelhouse)
-    sid = ev_json(vault, "snap", "--venv", venv, "-m", "good")["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv, "-m", "good")["id"]
     sp = site_packages(venv).relative_to(venv).as_posix()
     untouched = [f for f in tree_state(venv) if f.startswith((f"{sp}/smallpkg", f"{sp}/sharedns", f"{sp}/nsa_"))]
     before_untouched = {k: v for k, v in tree_state(venv).items() if k in untouched}
@@ -132,7 +132,7 @@ def test_same_version_other_build(tmp_path, make_venv, wheelhouse):
     vault = tmp_path / "vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.TORCH_PLAIN_A])
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     so = site_packages(venv) / "torchlike" / "_C.so"
     good = so.read_bytes()
     uv_install(venv, "--reinstall-package", "torchlike", wheelhouse[C.TORCH_PLAIN_B])
@@ -156,7 +156,7 @@ def test_in_place_patch_shown_and_undone(tmp_path, make_venv, wheelhouse):
     pip_install(venv, str(wheelhouse[C.TORCH_CU128]), str(wheelhouse[C.SMALL_01]))
     py = python_of(venv)
     _run(py, "-c", "import torchlike, smallpkg")
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     assert ev_json(vault, "status", "--venv", venv)["empty"] is True  # .pyc in RECORD are not "missing"
     init = site_packages(venv) / "torchlike" / "__init__.py"
     original = init.read_bytes()
@@ -182,7 +182,7 @@ def test_deleted_file_and_upgrade(tmp_path, make_venv, wheelhouse):
     vault = tmp_path / "vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01], wheelhouse[C.WITH_HEADERS])
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     uv_install(venv, wheelhouse[C.SMALL_02])
     header = next(venv.glob("include/site/python3.*/withheaders/withheaders.h"))
     header.unlink()
@@ -209,7 +209,7 @@ def test_restore_after_index_and_cache_are_gone(tmp_path, make_venv, wheelhouse)
     venv = make_venv("uv")
     with serve_index(wheels) as url:
         uv_install(venv, "torchlike==2.11.0+cu128", "smallpkg==0.1.0", index_url=url, cache_dir=cache)
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     uv_pip(venv, "uninstall", "torchlike")
     uv_install(venv, wheelhouse[C.SMALL_02])
     shutil.rmtree(own)  # the index's wheels are gone...
@@ -231,10 +231,10 @@ def test_restore_after_index_and_cache_are_gone(tmp_path, make_venv, wheelhouse)
 def _swap_setup(tmp_path, make_venv, wheelhouse):
     vault = tmp_path / "vault"
     venv = _base_venv(make_venv, wheelhouse)
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     _swap(venv, wheelhouse)
     (site_packages(venv) / "sharedns" / "alpha" / "__init__.py").write_text("edited = True\n")
-    after_swap = ev_json(vault, "snap", "--venv", venv)["id"]
+    after_swap = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     return vault, venv, sid, after_swap
 
 
@@ -295,9 +295,9 @@ def test_sigkill_at_random_times_then_rerun(tmp_path, make_venv):
     two = _big_wheel(tmp_path / "w2", "2.0", "two")
     venv = make_venv("uv")
     uv_install(venv, one)
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     uv_install(venv, two)
-    after = ev_json(vault, "snap", "--venv", venv)["id"]
+    after = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     known = _known_contents(vault, sid, after)
     rnd = random.Random(7)
     killed = 0
@@ -350,7 +350,7 @@ def test_hostile_manifest_is_refused_with_nothing_written(tmp_path, make_venv, w
     outside = tmp_path / "outside-dir"
     outside.mkdir()
     (venv / "outside").symlink_to(outside)  # a symlink in the environment that leads out
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     evil = _hostile(vault, sid, venv, bad)
     before = tree_state(venv)
     snaps_before = sorted(os.listdir(vault / "snapshots"))
@@ -371,7 +371,7 @@ def test_in_place_refused_across_python_minor(tmp_path, make_venv, wheelhouse):
     vault = tmp_path / "vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     foreign = make_venv("uv", python=other, name="foreign")
     before = tree_state(foreign)
     proc = ev(vault, "restore", sid, "--venv", foreign, "--no-backup", check=False)
@@ -389,7 +389,7 @@ def test_into_builds_a_fresh_venv_whose_scripts_run(tmp_path, make_venv, wheelho
     init = site_packages(venv) / "torchlike" / "__init__.py"
     init.write_bytes(init.read_bytes() + b"PATCHED = True\n")  # an edit the snapshot keeps
     (site_packages(venv) / "sharedns" / "alpha" / "__init__.py").unlink()  # and a deletion
-    sid = ev_json(vault, "snap", "--venv", venv)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     new = tmp_path / "elsewhere" / "fresh"
     res = ev_json(vault, "restore", sid, "--into", new)
     assert res["verified"] is True and res["mode"] == "into" and res["target"] == str(new)
@@ -420,8 +420,8 @@ def test_lock_only_restores_through_uv_with_reinstall(tmp_path, make_venv, wheel
     vault = tmp_path / "vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.TORCH_PLAIN_A], wheelhouse[C.SMALL_01])
-    ev_json(vault, "snap", "--venv", venv)  # a full snapshot holds the builds' files
-    lock = ev_json(vault, "snap", "--venv", venv, "--lock-only")["id"]
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)  # a full snapshot holds the builds' files
+    lock = ev_json(vault, "snap", "--no-caches", "--venv", venv, "--lock-only")["id"]
     uv_install(venv, "--reinstall-package", "torchlike", wheelhouse[C.TORCH_PLAIN_B])
     uv_install(venv, wheelhouse[C.SMALL_02])
     res = ev_json(vault, "restore", lock, "--venv", venv, "--no-backup")
@@ -435,7 +435,7 @@ def test_lock_only_without_sources_fails_listing_packages(tmp_path, make_venv, w
     vault = tmp_path / "vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
-    lock = ev_json(vault, "snap", "--venv", venv, "--lock-only")["id"]
+    lock = ev_json(vault, "snap", "--no-caches", "--venv", venv, "--lock-only")["id"]
     uv_pip(venv, "uninstall", "torchlike", "smallpkg")
     before = tree_state(venv)
     proc = ev(vault, "restore", lock, "--venv", venv, check=False)
@@ -467,7 +467,7 @@ def test_real_torch_version_edit_and_removal_restored(tmp_path, torch_venv):
     venv = tmp_path / "tv"
     shutil.copytree(torch_venv, venv, symlinks=True)
     py = python_of(venv)
-    sid = ev_json(vault, "snap", "--venv", venv, timeout=1800)["id"]
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv, timeout=1800)["id"]
     version_py = site_packages(venv) / "torch" / "version.py"
     original = version_py.read_bytes()
     version_py.write_bytes(original.replace(b"2.13.0+cpu", b"2.13.0+cu999"))
@@ -481,7 +481,7 @@ def test_real_torch_version_edit_and_removal_restored(tmp_path, torch_venv):
     assert _run(py, "-c", "import torch; print(torch.__version__)").strip() == "2.13.0+cpu"
 
     # torch removed entirely (as an install that swaps it away does first): back from the vault alone
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "torch"], check=True, capture_output=True)
+    pip(venv, "uninstall", "-y", "torch")
     assert not (site_packages(venv) / "torch").exists()
     t0 = time.monotonic()
     res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from envvault.errors import CorruptError, NotFoundError, RefusedError, UsageError  # noqa: E402
+from envvault.errors import CorruptError, NotFoundError, RefusedError, StorageError, UsageError  # noqa: E402
 from envvault.torch.checkpoint import read_checkpoint, to_jsonable  # noqa: E402
 from envvault.torch.stamp_io import add_zip_record, set_safetensors_metadata, write_sidecar  # noqa: E402
 from fixtures.checkpoints import (  # noqa: E402
@@ -155,6 +155,28 @@ def test_stamp_writers_refuse_what_they_cannot_stamp(tmp_path):
         write_sidecar(tmp_path, {"not": object()})
     assert legacy.read_bytes() == original
     assert sorted(p.name for p in tmp_path.iterdir()) == ["legacy.pt"]  # no temp files left behind
+
+
+def test_a_failed_stamp_write_leaves_the_checkpoint_as_it_was(tmp_path, monkeypatch):
+    import envvault.torch.stamp_io as stamp_io
+
+    path = tmp_path / "w.pt"
+    torch.save({"a": torch.ones(4)}, path)
+    st = tmp_path / "w.safetensors"
+    save_file({"a": torch.ones(4)}, st)
+    before = {p: p.read_bytes() for p in (path, st)}
+
+    def disk_full(src, dst, start, length):
+        dst.write(b"x" * 10)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stamp_io, "_copy_range", disk_full)
+    with pytest.raises(StorageError, match="No space left"):
+        add_zip_record(path, data=b"{}")
+    with pytest.raises(StorageError, match="No space left"):
+        set_safetensors_metadata(st, "envvault", "{}")
+    assert {p: p.read_bytes() for p in (path, st)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.pt", "w.safetensors"]
 
 
 def test_whole_module_pickle_is_a_record_tree(tmp_path):
@@ -410,17 +432,17 @@ def test_one_gigabyte_checkpoints_read_fast_and_small(tmp_path):
     interpreter in under 1 s wall (whole process, best of 3) and under 100 MB peak RSS. (A safetensors
     file costs the same at any size: only its JSON header is read.)"""
     big = {f"layer{i}.weight": torch.empty(8192, 4096) for i in range(8)}  # 8 x 128 MiB float32
-    params = [torch.nn.Parameter(torch.zeros(256, 1365)) for _ in range(250)]  # empty() may hold slow denormals
-    opt = torch.optim.Adam(params)
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    many = {"model": {f"blocks.{i}.w": p.data for i, p in enumerate(params)}, "optimizer": opt.state_dict(),
-            "epoch": 3, "envvault": STAMP}
+    # An Adam checkpoint's layout (model + step/exp_avg/exp_avg_sq per parameter), without Adam's compute.
+    groups = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]).state_dict()["param_groups"]
+    groups[0]["params"] = list(range(250))
+    state = {i: {"step": torch.tensor(1.0), "exp_avg": torch.empty(256, 1365), "exp_avg_sq": torch.empty(256, 1365)}
+             for i in range(250)}
+    many = {"model": {f"blocks.{i}.w": torch.empty(256, 1365) for i in range(250)},
+            "optimizer": {"state": state, "param_groups": groups}, "epoch": 3, "envvault": STAMP}
     paths = {tmp_path / "many.pt": 3 * 250 * 256 * 1365 * 4 + 250 * 4, tmp_path / "big-legacy.pt": 2**30}
     torch.save(many, tmp_path / "many.pt")
     torch.save(big, tmp_path / "big-legacy.pt", _use_new_zipfile_serialization=False)
-    del big, many, params, opt
+    del big, many, state
     assert all(p.stat().st_size > 1_000_000_000 for p in paths)
     script = textwrap.dedent("""
         import json, sys
@@ -442,3 +464,4 @@ def test_one_gigabyte_checkpoints_read_fast_and_small(tmp_path):
             assert doc["bytes"] == expected_bytes
             assert doc["rss_mb"] < 100, f"{path.name}: {doc['rss_mb']:.0f} MB"
         assert min(walls) < 1.0, f"{path.name}: {min(walls):.2f} s"
+        path.unlink()  # pytest keeps recent tmp dirs; do not leave gigabytes behind

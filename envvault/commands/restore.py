@@ -126,13 +126,13 @@ def status(ctx, venv, against, as_json, exit_code):
     """
     from envvault.diff import current_document, diff_snapshots
     from envvault.env.probe import find_target
-    from envvault.restore.execute import baseline_snapshot
+    from envvault.restore.baseline import baseline_snapshot
 
     target = find_target(venv)
     vault = open_vault(ctx)
     sid = resolve_ref(vault, against) if against else baseline_snapshot(vault, target)
     snap = vault.load_snapshot(sid).doc
-    now = current_document(vault, target)
+    now = current_document(vault, target, facts=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
     if as_json:
         emit_json({"venv": str(target), "snapshot": sid, **result.to_json()})

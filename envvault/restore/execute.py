@@ -33,15 +33,16 @@ from typing import Callable, Iterator
 import blake3
 
 from envvault.diff import current_document, diff_snapshots
-from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError, NotFoundError, RefusedError, UsageError
+from envvault.errors import CorruptError, EnvironmentProblem, RefusedError, UsageError
 from envvault.model.encoding import parse_json
+from envvault.restore.baseline import record_restored
 from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, check_rel_path, is_pyc, make_plan
-from envvault.vault.fsutil import atomic_write, fsync_dir, storage_error
+from envvault.vault.fsutil import fsync_dir, storage_error
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.packs import read_frame
 from envvault.vault.store import Vault
 
-__all__ = ["RestoreResult", "restore_snapshot", "read_current", "baseline_snapshot", "JOURNAL_NAME"]
+__all__ = ["RestoreResult", "restore_snapshot", "read_current", "JOURNAL_NAME"]
 
 JOURNAL_NAME = ".envvault-restore.json"
 _TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
@@ -560,51 +561,11 @@ def restore_snapshot(
         result = _restore_in_place(vault, ref.id, doc, Path(target).absolute(), backup=backup, dry_run=dry_run,
                                    progress=progress)
     if result.verified and not result.dry_run:
-        _record_restored(vault, Path(into or target).absolute(), ref.id)
+        record_restored(vault, Path(into or target).absolute(), ref.id)
     cache_result = None
     if caches and doc.get("caches"):
         cache_result = _restore_caches(vault, doc, Path(into or target).absolute(), dry_run, progress)
     return replace(result, caches=cache_result, seconds=round(time.monotonic() - started, 3))
-
-
-def _marker(vault: Vault, target: Path) -> Path:
-    key = blake3.blake3(str(target).encode()).hexdigest()[:20]
-    return vault.state_path(f"restored-{key}.json")
-
-
-def _record_restored(vault: Vault, target: Path, sid: str) -> None:
-    """Remember that ``target`` now holds snapshot ``sid`` (a cache under ``state/``: losing it only makes
-    ``status`` fall back to the newest snapshot)."""
-    try:
-        atomic_write(_marker(vault, target), json.dumps({"snapshot": sid, "venv": str(target), "at": _utc_now()}).encode(),
-                     tmp_dir=vault.root / "tmp")
-    except EnvvaultError:
-        pass
-
-
-def _utc_now() -> str:
-    from envvault.vault.store import _now
-
-    return _now()
-
-
-def baseline_snapshot(vault: Vault, target: Path) -> str:
-    """The snapshot ``status`` compares ``target`` with: the newest of its snapshots (backups taken by a
-    restore excluded) and the snapshot most recently restored onto it."""
-    target = Path(target)
-    snaps = [s for s in vault.snapshots() if s.doc.get("venv") == str(target)]
-    own = [s for s in snaps if s.doc.get("trigger") != "restore-backup"] or snaps
-    best = (own[0].created, own[0].id) if own else None
-    try:
-        marker = json.loads(_marker(vault, target).read_bytes())
-        sid, at = marker["snapshot"], marker["at"]
-        if isinstance(sid, str) and (vault.root / "snapshots" / f"{sid}.json").exists() and (best is None or at > best[0]):
-            best = (at, sid)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    if best is None:
-        raise NotFoundError(f"no snapshot of {target} in {vault.root}; run `envvault snap` first")
-    return best[1]
 
 
 def _restore_caches(vault: Vault, doc: dict, target: Path, dry_run: bool, progress: Progress | None):
@@ -628,7 +589,7 @@ def _scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[dict,
         snap = take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}", trigger="restore-backup",
                              argv=["envvault", "restore", sid])
         return snap.doc, snap.id
-    return current_document(vault, target), None
+    return current_document(vault, target, facts=False), None
 
 
 def _discard_snapshot(vault: Vault, sid: str | None) -> None:
@@ -697,7 +658,7 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
         removed = _commit(plan, staged, paths, protected)
         _populate_statcache(vault, target, staged)
         _crash_point("committed")
-        after = current_document(vault, target)
+        after = current_document(vault, target, facts=False)
         remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         _remove_journal(target)
         _crash_point("verified")

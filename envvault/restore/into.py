@@ -67,7 +67,7 @@ def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progr
             if created:
                 shutil.rmtree(dest, ignore_errors=True)
             raise
-    after = current_document(vault, dest)
+    after = current_document(vault, dest, facts=False)
     remaining = diff_snapshots(after, doc, vault=vault, old_label=str(dest), new_label=sid[:12], scope="environment")
     python_ok = not any(k in remaining.python for k in ("implementation", "abi", "soabi", "platform"))
     for k, (o, n) in remaining.python.items():

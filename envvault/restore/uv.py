@@ -209,7 +209,7 @@ def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool,
     if not (target / "bin" / "python").exists():
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     with vault.lock():
-        now = current_document(vault, target)
+        now = current_document(vault, target, facts=False)
         check_python(doc["python"], now["python"])
         plan = diff_snapshots(now, doc, old_label="current", new_label=sid[:12], scope="environment")
         reinstall = sorted({c.name for c in plan.changed if c.old_version == c.new_version})
@@ -227,7 +227,7 @@ def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool,
                 backup_id = take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}",
                                           trigger="restore-backup", argv=["envvault", "restore", sid]).id
             info = sync_from_lock(sid, doc, entries, target / "bin" / "python", reinstall=reinstall, work=work)
-        after = current_document(vault, target)
+        after = current_document(vault, target, facts=False)
         remaining = diff_snapshots(after, doc, old_label="current", new_label=sid[:12], scope="environment")
     return RestoreResult(
         sid, str(target), "lock", backup_id, len(plan.changed) + len(plan.added) + len(plan.removed),

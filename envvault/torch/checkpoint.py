@@ -13,7 +13,7 @@ import json
 import os
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -89,7 +89,7 @@ class CheckpointInfo:
     findings: tuple[pr.Blocked, ...] = ()
     globals: tuple[str, ...] = ()
     files: tuple[FileInfo, ...] = ()
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document ``envvault inspect --json`` prints."""

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import stat
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from envvault.errors import CorruptError, NotFoundError, RefusedError, UsageError
+from envvault.errors import CorruptError, NotFoundError, RefusedError, StorageError, UsageError
 from envvault.torch.checkpoint import SIDECAR_NAME, STAMP_RECORD, read_safetensors_header
+from envvault.vault.fsutil import fsync_dir, tmp_name
 
 __all__ = ["add_zip_record", "set_safetensors_metadata", "write_sidecar", "ZIP_ALIGNMENT"]
 
@@ -122,7 +122,7 @@ def write_sidecar(directory: str | os.PathLike[str], data: dict[str, Any]) -> Pa
     except (TypeError, ValueError) as err:
         raise UsageError(f"stamp is not plain JSON data: {err}") from None
     target = d / SIDECAR_NAME
-    _replace_atomically(target, lambda tmp: tmp.write(text.encode("utf-8")), mode=0o644)
+    _replace_atomically(target, lambda tmp: tmp.write(text.encode("utf-8")))
     return target
 
 
@@ -232,24 +232,23 @@ def _copy_range(src: BinaryIO, dst: BinaryIO, start: int, length: int) -> None:
         done += len(chunk)
 
 
-def _replace_atomically(target: Path, fill: Callable[[BinaryIO], Any], mode: int | None = None) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    tmp = Path(tmp_name)
+def _replace_atomically(target: Path, fill: Callable[[BinaryIO], Any], mode: int = 0o644) -> None:
+    """Build the new ``target`` with ``fill`` under a temp name beside it, fsync, rename over, fsync the dir.
+
+    The new file keeps ``target``'s permission bits (``mode`` when it is new). Any failure removes the temp
+    file and leaves ``target`` as it was; OS errors become :class:`StorageError`.
+    """
+    tmp = tmp_name(target.parent, target.name)
     try:
-        with os.fdopen(fd, "w+b") as f:
+        with open(tmp, "xb") as f:
             fill(f)
             f.flush()
             os.fsync(f.fileno())
-        if target.exists():
-            shutil.copymode(target, tmp)
-        elif mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else mode)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise StorageError(f"cannot write {target}: {err.strerror or err}") from None
         raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(target.parent)

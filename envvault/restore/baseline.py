@@ -1,0 +1,51 @@
+"""Which snapshot an environment should match now: what ``status`` compares against.
+
+That is the newest snapshot of the environment (backups a restore took excluded) or, when newer, the
+snapshot most recently restored onto it. The latter is remembered under the vault's ``state/`` (a cache:
+losing it only makes ``status`` fall back to the newest snapshot).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import blake3
+
+from envvault.errors import EnvvaultError, NotFoundError
+from envvault.vault.fsutil import atomic_write
+from envvault.vault.store import Vault, _now
+
+__all__ = ["baseline_snapshot", "record_restored"]
+
+
+def _marker(vault: Vault, target: Path) -> Path:
+    key = blake3.blake3(str(target).encode()).hexdigest()[:20]
+    return vault.state_path(f"restored-{key}.json")
+
+
+def record_restored(vault: Vault, target: Path, sid: str) -> None:
+    """Remember that ``target`` now holds snapshot ``sid``. Never fails the caller."""
+    try:
+        data = json.dumps({"snapshot": sid, "venv": str(target), "at": _now()}).encode()
+        atomic_write(_marker(vault, target), data, tmp_dir=vault.root / "tmp")
+    except EnvvaultError:
+        pass
+
+
+def baseline_snapshot(vault: Vault, target: Path) -> str:
+    """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none."""
+    target = Path(target)
+    snaps = [s for s in vault.snapshots() if s.doc.get("venv") == str(target)]
+    own = [s for s in snaps if s.doc.get("trigger") != "restore-backup"] or snaps
+    best = (own[0].created, own[0].id) if own else None
+    try:
+        marker = json.loads(_marker(vault, target).read_bytes())
+        sid, at = marker["snapshot"], marker["at"]
+        if isinstance(sid, str) and (vault.root / "snapshots" / f"{sid}.json").exists() and (best is None or at > best[0]):
+            best = (at, sid)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if best is None:
+        raise NotFoundError(f"no snapshot of {target} in {vault.root}; run `envvault snap` first")
+    return best[1]

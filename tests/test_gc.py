@@ -1,0 +1,154 @@
+"""gc: keeps tagged and recent snapshots whole, frees the rest, and never races a snap."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from fixtures import catalogue as C
+from fixtures import uv_install, uv_pip
+from tests.evtools import ev, ev_env, ev_json
+
+
+def _vault(path: Path):
+    from envvault.vault.store import Vault
+
+    return Vault.open(path)
+
+
+def _pack_bytes(vault: Path) -> int:
+    return sum(p.stat().st_size for p in (vault / "packs").rglob("*.pack"))
+
+
+def _objects_of(vault: Path, sid: str) -> set[str]:
+    from envvault.vault.verify import referenced_objects
+
+    v = _vault(vault)
+    return referenced_objects(v, v.load_snapshot(sid).doc)
+
+
+def test_keep_last_tags_and_dry_run(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
+    first = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_pip(venv, "uninstall", "torchlike")
+    uv_install(venv, wheelhouse[C.TORCH_CU130])
+    second = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_pip(venv, "uninstall", "torchlike")
+    third = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    other = make_venv("uv", name="other")
+    uv_install(other, wheelhouse[C.NS_ALPHA])
+    lone = ev_json(vault, "snap", "--no-caches", "--venv", other)["id"]
+    ev(vault, "tag", first[:8], "known-good")
+    assert _vault(vault).tags() == {"known-good": first}
+
+    size = _pack_bytes(vault)
+    files = sorted(p for p in vault.rglob("*") if p.is_file() and "state" not in p.parts and "locks" not in p.parts)
+    dry = ev_json(vault, "gc", "--keep-last", "1", "--dry-run")
+    assert dry["dry_run"] and dry["removed_snapshots"] == [second] and dry["freed_bytes"] > 0
+    assert sorted(p for p in vault.rglob("*") if p.is_file() and "state" not in p.parts and "locks" not in p.parts) == files
+
+    res = ev_json(vault, "gc", "--keep-last", "1")
+    assert res["removed_snapshots"] == [second] and res["kept_snapshots"] == 3
+    assert sorted(s["id"] for s in ev_json(vault, "list", "--all")["snapshots"]) == sorted([first, third, lone])
+    assert _pack_bytes(vault) < size - 150_000  # the cu130 build's 200 KiB _C.so is gone
+    v = _vault(vault)
+    gone = _objects_of(vault, first) | _objects_of(vault, third)
+    assert all(v.has(o) for o in gone)
+    report = ev_json(vault, "verify")
+    assert report["ok"] and report["snapshots"] == 3
+    # what gc kept still restores
+    new = tmp_path / "from-tag"
+    assert ev_json(vault, "restore", "known-good", "--into", new)["verified"]
+
+    ev(vault, "untag", "known-good")
+    assert ev_json(vault, "gc", "--keep-last", "1")["removed_snapshots"] == [first]
+    assert ev_json(vault, "verify")["ok"]
+    proc = ev(vault, "untag", "known-good", check=False)
+    assert proc.returncode == 4
+
+
+def test_partly_live_packs_are_rewritten_and_orphans_removed(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)  # one pack: torchlike and smallpkg together
+    uv_pip(venv, "uninstall", "torchlike")
+    keep = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    orphan = vault / "packs" / "ab" / ("ab" + "0" * 62 + ".pack")
+    orphan.parent.mkdir(exist_ok=True)
+    orphan.write_bytes(b"EVPK\x01\x00\x00\x00junk")  # a pack whose writer died before its index
+    old_tmp = vault / "tmp" / ".pack.1.dead.tmp"
+    old_tmp.write_bytes(b"x")
+    os.utime(old_tmp, (time.time() - 7200, time.time() - 7200))
+    before = _pack_bytes(vault)
+    res = ev_json(vault, "gc", "--keep-last", "1")
+    assert res["rewritten_packs"] >= 1 and res["removed_packs"] >= 1
+    assert not orphan.exists() and not old_tmp.exists()
+    assert _pack_bytes(vault) < before - 150_000
+    v = _vault(vault)
+    assert all(v.has(o) for o in _objects_of(vault, keep))
+    assert ev_json(vault, "verify")["ok"]
+    assert ev_json(vault, "status", "--venv", venv)["empty"]  # the stat cache was dropped, not trusted
+    uv_install(venv, wheelhouse[C.SMALL_02])
+    assert ev_json(vault, "restore", keep, "--venv", venv)["verified"]
+
+
+def test_gc_waits_for_a_running_snap(tmp_path, make_venv, wheelhouse):
+    """A snapshot committed while gc wants to run loses nothing: gc waits for the shared lock."""
+    from envvault.snap import take_snapshot
+
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    uv_install(venv, wheelhouse[C.TORCH_CU128])
+    v = _vault(vault)
+    with v.lock():  # as a snap holds it
+        gc = subprocess.Popen([sys.executable, "-m", "envvault", "gc", "--keep-last", "1", "--json"],
+                              env=ev_env(vault), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        assert gc.poll() is None  # blocked on the lock
+        new = take_snapshot(v, venv, message="concurrent").id
+    out, err = gc.communicate(timeout=120)
+    assert gc.returncode == 0, err
+    assert json.loads(out)["kept_snapshots"] == 1
+    fresh = _vault(vault)
+    assert all(fresh.has(o) for o in _objects_of(vault, new))
+    assert ev_json(vault, "verify")["ok"]
+
+
+def test_gc_loop_beside_snaps_never_breaks_a_snapshot(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    stop = threading.Event()
+    gc_runs = []
+
+    def gc_loop():
+        while not stop.is_set() and len(gc_runs) < 40:
+            gc_runs.append(ev(vault, "gc", "--keep-last", "1", check=False).returncode)
+
+    t = threading.Thread(target=gc_loop)
+    t.start()
+    try:
+        wheels = [C.SMALL_02, C.SMALL_01, C.TORCH_CU128, C.TORCH_CU130]
+        for i in range(6):
+            uv_install(venv, wheelhouse[wheels[i % 4]])
+            sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+            v = _vault(vault)
+            if sid in v.snapshot_ids():
+                assert all(v.has(o) for o in _objects_of(vault, sid))
+    finally:
+        stop.set()
+        t.join(timeout=300)
+    assert gc_runs and set(gc_runs) == {0}
+    assert ev_json(vault, "verify")["ok"]
+    assert ev_json(vault, "status", "--venv", venv)["empty"]
