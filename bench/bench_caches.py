@@ -1,19 +1,18 @@
-"""Benchmark: compile-cache snap and restore against tar + zstd, on the real H200 Inductor cache.
+"""Issue 4 figures: compile-cache snap and restore against tar + zstd, on the real H200 Inductor cache.
 
-Every figure stands beside its anchor, measured in the same run, interleaved (anchor, subject, anchor, ...)
+Every figure stands beside its anchor measured in the same run, interleaved (anchor, subject, anchor, ...)
 so both see the same machine noise; each is the median of --runs runs (at least 3).
 
 - snap wall: `envvault cache snap` (a fresh vault each run) vs `tar -cf - root | zstd -T0 -3`
-- vault bytes: what that snap added to the vault vs the .tar.zst
-- restore wall: `envvault cache restore --to` (an empty folder) vs `zstd -dc | tar -x`
-- unchanged cache: `envvault snap` of a small venv with the H200 root as its Inductor cache, minus the same
-  snap with --no-caches (both with nothing changed since the previous snap)
+- vault bytes: what that snap wrote to the vault vs the .tar.zst
+- restore wall: `envvault cache restore --to` (a new folder) vs `zstd -dc | tar -x`
+- unchanged cache: `envvault snap` of a small venv whose Inductor cache is the H200 root, minus the same snap
+  with --no-caches (both with nothing changed since the last snap), and the archive step's own seconds
 - precompiled headers: two ~154 MB headers in one cache, vault bytes vs `zstd -3` of each file alone.
-  Real ones are built with torch's own `_precompile_header` when a torch venv is given (--torch-python,
-  else $ENVVAULT_TEST_TORCH_VENV); a synthetic pair (one real or generated header and a copy with a few
-  bytes changed) is always measured too, and labelled as such.
+  With a torch venv (--torch-python, else $ENVVAULT_TEST_TORCH_VENV) two real headers are built by torch's
+  own `_precompile_header`; a synthetic pair (a header and a copy with 32 bytes changed) is measured too.
 
-Usage: python bench/bench_caches.py [--runs 3] [--json] [--torch-python PATH] [--work DIR]
+    python bench/bench_caches.py [--runs 3] [--json] [--torch-python PATH] [--work DIR] [--skip-pch]
 """
 
 from __future__ import annotations
@@ -21,135 +20,119 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
-import zstandard
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-H200_TAR = ROOT.parent / "shared" / "data" / "inductor-cache-h200-torch2.11.tar.zst"
-PY = sys.executable
+import zstandard  # noqa: E402
 
+from bench.common import (  # noqa: E402
+    Figure, drop_dirty, envvault_cmd, ev_env, machine, median, report, run, save, timed,
+)
 
-def sh(cmd: str, **kw) -> float:
-    t = time.perf_counter()
-    subprocess.run(cmd, shell=True, check=True, **kw)
-    return time.perf_counter() - t
+H200_TAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "inductor-cache-h200-torch2.11.tar.zst"
 
 
-def envvault(vault: Path, *args, env: dict | None = None) -> tuple[float, dict]:
-    t = time.perf_counter()
-    proc = subprocess.run([PY, "-m", "envvault", "--vault", str(vault), *map(str, args), "--json"],
-                          capture_output=True, text=True, env=env or _env())
-    wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"envvault {' '.join(map(str, args))} failed:\n{proc.stderr}")
+def envvault_json(vault: Path, *args, env: dict | None = None) -> tuple[float, dict]:
+    wall, proc = timed(envvault_cmd(vault, *args, "--json"), env=env or ev_env())
     return wall, json.loads(proc.stdout)
 
 
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "ENVVAULT_HOME")}
-    env["PYTHONPATH"] = str(ROOT)
-    env.update(extra)
-    return env
-
-
 def vault_bytes(vault: Path) -> int:
-    return sum(p.stat().st_size for sub in ("packs", "index", "snapshots") for p in (vault / sub).rglob("*") if p.is_file())
+    return sum(p.stat().st_size for sub in ("packs", "index", "snapshots") for p in (vault / sub).rglob("*")
+               if p.is_file())
 
 
-def drop(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def figure(name, value, unit, anchor, anchor_value, goal, note=""):
-    ratio = value / anchor_value if anchor_value else None
-    return {"figure": name, "value": value, "unit": unit, "anchor": anchor, "anchor_value": anchor_value,
-            "ratio": None if ratio is None else round(ratio, 3), "goal": goal,
-            "ok": None if goal is None or ratio is None else ratio <= goal, "note": note}
-
-
-def bench_h200(work: Path, runs: int) -> list[dict]:
+def extract_h200(work: Path) -> Path:
     src = work / "h200"
-    drop(src)
+    shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
     with open(H200_TAR, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as stream:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             tar.extractall(src, filter="fully_trusted")
-    root = src / "torchinductor_root"
+    return src / "torchinductor_root"
+
+
+def bench_h200(work: Path, root: Path, runs: int) -> list[Figure]:
     archive = work / "h200.tar.zst"
-    snap_walls, tar_walls, inproc, added = [], [], [], []
-    sid = vault = None
+    tar_walls, snap_walls, inproc, written = [], [], [], []
+    vault = sid = None
     for i in range(runs):
-        sh("sync")
-        tar_walls.append(sh(f"tar -cf - -C {src} torchinductor_root | zstd -T0 -3 -q -f -o {archive}"))
+        drop_dirty()
+        w, _ = timed(f"tar -cf - -C '{root.parent}' '{root.name}' | zstd -T0 -3 -q -f -o '{archive}'")
+        tar_walls.append(w)
         vault = work / f"vault-h200-{i}"
-        drop(vault)
-        sh("sync")
-        wall, out = envvault(vault, "cache", "snap", "--no-discover", "--cache-dir", root)
-        snap_walls.append(wall)
+        shutil.rmtree(vault, ignore_errors=True)
+        drop_dirty()
+        w, out = envvault_json(vault, "cache", "snap", "--no-discover", "--cache-dir", root)
+        snap_walls.append(w)
         inproc.append(out["seconds"])
-        added.append(vault_bytes(vault))
+        written.append(vault_bytes(vault))
         sid = out["id"]
-    restore_walls, untar_walls = [], []
-    for i in range(runs):
+    untar_walls, restore_walls, restore_inproc = [], [], []
+    for _ in range(runs):
         dest = work / "untar"
-        drop(dest)
+        shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir()
-        sh("sync")
-        untar_walls.append(sh(f"zstd -dc {archive} | tar -x -C {dest}"))
-        dest2 = work / "restored"
-        drop(dest2)
-        sh("sync")
-        wall, out = envvault(vault, "cache", "restore", sid, "--to", dest2)
-        restore_walls.append(wall)
+        drop_dirty()
+        w, _ = timed(f"zstd -dc '{archive}' | tar -x -C '{dest}'")
+        untar_walls.append(w)
+        dest = work / "restored"
+        shutil.rmtree(dest, ignore_errors=True)
+        drop_dirty()
+        w, out = envvault_json(vault, "cache", "restore", sid, "--to", dest)
         assert out["caches"][0]["written_files"] == 671, out
+        restore_walls.append(w)
+        restore_inproc.append(out["caches"][0]["seconds"])
     anchor = "tar -cf - | zstd -T0 -3"
-    med = statistics.median
     return [
-        figure("H200 cache snap wall (CLI)", med(snap_walls), "s", anchor, med(tar_walls), 1.0),
-        figure("H200 cache snap, in process", med(inproc), "s", anchor, med(tar_walls), None,
-               "the snap's own seconds, without interpreter start-up"),
-        figure("H200 cache vault bytes", med(added), "B", ".tar.zst bytes", archive.stat().st_size, 1.2),
-        figure("H200 cache restore wall (CLI)", med(restore_walls), "s", "zstd -dc | tar -x", med(untar_walls), 1.0),
+        Figure("H200 cache (671 files, 39 MB): snap wall (s)", median(snap_walls), "s", anchor, median(tar_walls),
+               "<= 1.0x", 1.0, samples=snap_walls),
+        Figure("H200 cache: snap, in process (s)", median(inproc), "s", anchor, median(tar_walls),
+               notes="the snap's own seconds: the CLI wall less interpreter start-up and imports", samples=inproc),
+        Figure("H200 cache: vault bytes (MB)", median(written) / 1e6, "MB", "that .tar.zst",
+               archive.stat().st_size / 1e6, "<= 1.2x", 1.2),
+        Figure("H200 cache: restore wall (s)", median(restore_walls), "s", "zstd -dc | tar -x",
+               median(untar_walls), "<= 1.0x", 1.0, samples=restore_walls),
+        Figure("H200 cache: restore, in process (s)", median(restore_inproc), "s", "zstd -dc | tar -x",
+               median(untar_walls), notes="the restore's own seconds, without interpreter start-up and imports",
+               samples=restore_inproc),
     ]
 
 
-def bench_unchanged(work: Path, runs: int) -> list[dict]:
+def bench_unchanged(work: Path, root: Path, runs: int) -> list[Figure]:
     venv = work / "venv"
     if not (venv / "bin" / "python").exists():
-        subprocess.run([PY, "-m", "venv", str(venv)], check=True)
-    root = work / "h200" / "torchinductor_root"
+        run([sys.executable, "-m", "venv", str(venv)])
     vault = work / "vault-unchanged"
-    drop(vault)
-    env = _env(TORCHINDUCTOR_CACHE_DIR=str(root), TMPDIR=str(work / "tmpdir"), TRITON_CACHE_DIR=str(work / "none-t"),
-               TORCH_EXTENSIONS_DIR=str(work / "none-x"), CUDA_CACHE_PATH=str(work / "none-c"))
+    shutil.rmtree(vault, ignore_errors=True)
     (work / "tmpdir").mkdir(exist_ok=True)
-    envvault(vault, "snap", "--venv", venv, env=env)  # first snaps store everything and fill the stat caches
-    envvault(vault, "snap", "--venv", venv, "--no-caches", env=env)
-    with_c, without, inproc = [], [], []
+    env = {k: v for k, v in ev_env().items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(root), TMPDIR=str(work / "tmpdir"), TRITON_CACHE_DIR=str(work / "no-t"),
+               TORCH_EXTENSIONS_DIR=str(work / "no-x"), CUDA_CACHE_PATH=str(work / "no-c"))
+    envvault_json(vault, "snap", "--venv", venv, env=env)  # store everything, fill the stat caches
+    envvault_json(vault, "snap", "--venv", venv, "--no-caches", env=env)
+    with_caches, without, step = [], [], []
     for _ in range(max(runs, 5)):
-        w, _ = envvault(vault, "snap", "--venv", venv, "--no-caches", env=env)
+        w, _ = envvault_json(vault, "snap", "--venv", venv, "--no-caches", env=env)
         without.append(w)
-        w, out = envvault(vault, "snap", "--venv", venv, env=env)
-        with_c.append(w)
+        w, out = envvault_json(vault, "snap", "--venv", venv, env=env)
+        with_caches.append(w)
         doc = json.loads((vault / "snapshots" / f"{out['id']}.json").read_bytes())
         (entry,) = doc["caches"]
         assert entry["reused"] is True, entry
-        inproc.append(entry["seconds"])
-    med = statistics.median
-    added = med(with_c) - med(without)
+        step.append(entry["seconds"])
+    added = median(with_caches) - median(without)
     return [
-        figure("unchanged H200 cache: added to `envvault snap` (CLI)", max(added, 0.0), "s",
-               "budget", 0.050, 1.0, f"snap {med(with_c):.3f}s with caches, {med(without):.3f}s --no-caches"),
-        figure("unchanged H200 cache: archive step, in process", med(inproc), "s", "budget", 0.050, 1.0),
+        Figure("unchanged H200 cache: time added to `envvault snap` (s)", max(added, 0.0), "s", goal="<= 0.050 s",
+               limit=0.050, notes=f"median snap {median(with_caches):.3f} s with caches, "
+               f"{median(without):.3f} s with --no-caches", samples=[round(a - b, 3) for a, b in zip(with_caches, without)]),
+        Figure("unchanged H200 cache: archive step, in process (s)", median(step), "s", goal="<= 0.050 s", limit=0.050,
+               samples=step),
     ]
 
 
@@ -167,101 +150,89 @@ print(json.dumps([cc._precompile_header(header, "envvault bench " + tag, min_opt
 
 
 def real_pchs(work: Path, python: Path) -> list[Path] | None:
+    """Two precompiled headers built by torch's own code (its cmd-line hash differs, so two files)."""
     tmp = work / "pch-tmp"
-    found = sorted((tmp / f"torchinductor_{os.environ.get('USER') or 'root'}").glob("precompiled_headers/*.gch"))
-    if len(found) >= 2:
-        return found[:2]
-    drop(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    proc = subprocess.run([str(python), "-c", PCH_CHILD, "a", "b"], capture_output=True, text=True,
-                          env={**os.environ, "TMPDIR": str(tmp)}, timeout=1200)
+    proc = run([python, "-c", PCH_CHILD, "a", "b"], env={**os.environ, "TMPDIR": str(tmp)}, check=False)
     if proc.returncode != 0:
         print(f"could not build real precompiled headers: {proc.stderr[-500:]}", file=sys.stderr)
         return None
     return [Path(p) for p in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
-def pch_pair(work: Path, name: str, a: Path, b: Path, note: str) -> dict:
-    root = work / f"pch-{name}"
-    drop(root)
+def pch_pair(work: Path, name: str, a: Path, b: Path, notes: str) -> Figure:
+    root = work / f"pch-{name.replace(' ', '-')}"
+    shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
     shutil.copyfile(a, root / "one.h.gch")
     shutil.copyfile(b, root / "two.h.gch")
-    vault = work / f"vault-pch-{name}"
-    drop(vault)
-    envvault(vault, "cache", "snap", "--no-discover", "--cache-dir", root)
+    vault = work / f"vault-{root.name}"
+    shutil.rmtree(vault, ignore_errors=True)
+    envvault_json(vault, "cache", "snap", "--no-discover", "--cache-dir", root)
     cctx = zstandard.ZstdCompressor(level=3, threads=-1)
     separate = sum(len(cctx.compress(p.read_bytes())) for p in (a, b))
-    size = a.stat().st_size
-    return figure(f"two precompiled headers ({name}, {size / 1e6:.0f} MB each): vault bytes", vault_bytes(vault), "B",
-                  "zstd -3 of each alone", separate, 0.6, note)
+    return Figure(f"two precompiled headers, {name} ({a.stat().st_size / 1e6:.0f} MB each): vault bytes (MB)",
+                  vault_bytes(vault) / 1e6, "MB", "zstd -3 of each file alone", separate / 1e6, "<= 0.6x", 0.6,
+                  notes=notes)
 
 
-def bench_pch(work: Path, torch_python: Path | None) -> tuple[list[dict], list[str]]:
-    notes, rows = [], []
+def bench_pch(work: Path, torch_python: Path | None) -> list[Figure]:
+    figs = []
     pchs = real_pchs(work, torch_python) if torch_python else None
     if pchs:
-        rows.append(pch_pair(work, "real", pchs[0], pchs[1],
-                             "built twice by torch's _precompile_header here; GCC output differs throughout"))
-        base = pchs[0]
+        figs.append(pch_pair(work, "real", pchs[0], pchs[1],
+                             "both built here by torch 2.13's _precompile_header from the same header: GCC's "
+                             "output differs all through the file, so content-defined chunks cannot be shared"))
+        base, what = pchs[0], "a real header"
     else:
-        notes.append("no torch venv: no real precompiled headers; the pair below is synthetic")
-        base = work / "synthetic-base.gch"
-        if not base.exists():
-            import random
+        base, what = work / "generated.gch", "generated bytes (no torch venv given: no real header)"
+        import random
 
-            rnd = random.Random(0)
-            words = [bytes(rnd.randrange(256) for _ in range(rnd.randrange(4, 40))) for _ in range(5000)]
-            base.write_bytes(b"".join(rnd.choice(words) for _ in range(7_000_000))[: 154 << 20])
+        rnd = random.Random(0)
+        words = [rnd.randbytes(rnd.randrange(4, 40)) for _ in range(5000)]
+        base.write_bytes(b"".join(rnd.choices(words, k=7_000_000))[: 154 << 20])
     twin = work / "twin.gch"
     data = bytearray(base.read_bytes())
     for off in (4096, len(data) // 3, len(data) // 2 + 17, len(data) - 100):
-        data[off : off + 8] = bytes(8 - i for i in range(8))
+        data[off : off + 8] = bytes(range(8, 0, -1))
     twin.write_bytes(data)
-    rows.append(pch_pair(work, "synthetic twin", base, twin,
-                         f"{base.name if pchs else 'generated data'} and a copy with 32 bytes changed in 4 places"))
-    return rows, notes
+    figs.append(pch_pair(work, "synthetic twin", base, twin, f"{what} and a copy with 32 bytes changed in 4 places"))
+    return figs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--json", action="store_true", help="print one JSON document")
-    ap.add_argument("--torch-python", type=Path,
-                    default=Path(os.environ["ENVVAULT_TEST_TORCH_VENV"]) / "bin" / "python"
-                    if os.environ.get("ENVVAULT_TEST_TORCH_VENV") else None)
-    ap.add_argument("--work", type=Path, help="work folder (default: a temp folder, removed afterwards)")
-    ap.add_argument("--skip-pch", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+    default_torch = os.environ.get("ENVVAULT_TEST_TORCH_VENV")
+    ap.add_argument("--torch-python", type=Path, default=Path(default_torch) / "bin" / "python" if default_torch else None)
+    ap.add_argument("--work", type=Path, help="work folder, kept (default: a temp folder, removed)")
+    ap.add_argument("--skip-pch", action="store_true", help="leave out the precompiled-header figures")
     args = ap.parse_args()
     runs = max(args.runs, 3)
-    work = args.work or Path(tempfile.mkdtemp(prefix="bench-caches-"))
+    # As an installed envvault has them (pip compiles on install): without .pyc files every run would pay
+    # for compiling the modules it imports (this machine sets PYTHONDONTWRITEBYTECODE).
+    run([sys.executable, "-m", "compileall", "-q", str(Path(__file__).resolve().parent.parent / "envvault")])
+    work = args.work or Path(tempfile.mkdtemp(prefix="evbench-caches-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        rows = bench_h200(work, runs) + bench_unchanged(work, runs)
-        notes: list[str] = []
+        root = extract_h200(work)
+        figs = bench_h200(work, root, runs) + bench_unchanged(work, root, runs)
         if not args.skip_pch:
-            more, notes = bench_pch(work, args.torch_python)
-            rows += more
+            figs += bench_pch(work, args.torch_python)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    doc = {"bench": "caches", "runs": runs, "python": platform.python_version(), "cpus": os.cpu_count(),
-           "machine": platform.machine(), "figures": rows, "notes": notes}
+    path = save(figs, "caches", {"runs": runs})
     if args.json:
-        print(json.dumps(doc, indent=2))
-        return
-    print(f"{'figure':<62} {'value':>12} {'anchor':>12} {'ratio':>6} {'goal':>5}  anchor is")
-    for r in rows:
-        def fmt(v):
-            return f"{v / 1e6:.2f} MB" if r["unit"] == "B" else f"{v * 1000:.0f} ms"
-        goal = f"<={r['goal']}" if r["goal"] is not None else ""
-        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        flag = "" if r["ok"] is None else ("  ok" if r["ok"] else "  MISSED")
-        print(f"{r['figure']:<62} {fmt(r['value']):>12} {fmt(r['anchor_value']):>12} {ratio:>6} {goal:>5}  {r['anchor']}{flag}")
-        if r["note"]:
-            print(f"    {r['note']}")
-    for n in notes:
-        print(f"note: {n}")
+        print(json.dumps({"machine": machine(), "runs": runs, "figures": [f.to_json() for f in figs]}, indent=1))
+    else:
+        report(figs, "compile caches")
+        for f in figs:
+            if f.notes:
+                print(f"  {f.name}: {f.notes}")
+        print(path)
 
 
 if __name__ == "__main__":

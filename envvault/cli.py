@@ -46,6 +46,7 @@ def _register() -> None:
     from envvault.commands import restore  # noqa: F401
     from envvault.commands import guard  # noqa: F401
     from envvault.commands import caches  # noqa: F401
+    from envvault.commands import torch  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

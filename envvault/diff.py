@@ -404,8 +404,9 @@ def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
             lines.append(f"{head('build', 'red')}{ch.name} {ch.new_version}: {_build_words(ch)}")
     for ch in result.changed:
         if ch.modified_files or ch.missing_files:
-            lines.append(f"{head('edited', 'red')}{ch.name} {ch.new_version}: "
-                         f"{len(ch.modified_files)} file(s) differ, {len(ch.missing_files)} deleted or put back")
+            counts = [f"{len(ch.modified_files)} file(s) differ"] if ch.modified_files else []
+            counts += [f"{len(ch.missing_files)} deleted or put back"] if ch.missing_files else []
+            lines.append(f"{head('edited', 'red')}{ch.name} {ch.new_version}: " + ", ".join(counts))
             lines += _files_line("~", ch.modified_files, c, "red")
             lines += _files_line("-", ch.missing_files, c, "red")
     for k, (o, n) in result.host.items():

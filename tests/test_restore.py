@@ -257,7 +257,7 @@ def _assert_no_torn_files(venv: Path, known: dict[str, set]) -> None:
             assert _b64(full.read_bytes()) in sums, rel
 
 
-@pytest.mark.parametrize("point", ["journal", "stage:3", "staged", "commit:1", "commit:12", "committed", "verified"])
+@pytest.mark.parametrize("point", ["journal", "stage:3", "staged", "commit:1", "commit:12", "remove_dir", "committed", "verified"])
 def test_sigkill_at_named_points_then_rerun_completes(tmp_path, make_venv, wheelhouse, point):
     vault, venv, sid, after = _swap_setup(tmp_path, make_venv, wheelhouse)
     known = _known_contents(vault, sid, after)
@@ -267,6 +267,8 @@ def test_sigkill_at_named_points_then_rerun_completes(tmp_path, make_venv, wheel
     _assert_no_torn_files(venv, known)
     if point not in ("verified",):
         assert (venv / ".envvault-restore.json").exists()
+        status = ev(vault, "status", "--venv", venv, check=False)
+        assert f"a restore of {sid[:12]} onto {venv} was interrupted" in status.stderr
     res = ev_json(vault, "restore", sid, "--venv", venv)
     assert res["verified"] is True
     assert_matches_snapshot(vault, sid, venv)
@@ -431,6 +433,18 @@ def test_lock_only_restores_through_uv_with_reinstall(tmp_path, make_venv, wheel
     assert ev_json(vault, "status", "--venv", venv, "--against", lock)["empty"] is True
 
 
+def test_lock_only_into_a_new_venv(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_PLAIN_B], wheelhouse[C.SMALL_02])
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    lock = ev_json(vault, "snap", "--no-caches", "--venv", venv, "--lock-only")["id"]
+    new = tmp_path / "from-lock"
+    res = ev_json(vault, "restore", lock, "--into", new)
+    assert res["verified"] is True
+    assert "cuda 13.0" in _run(new / "bin" / "torchlike-info")
+
+
 def test_lock_only_without_sources_fails_listing_packages(tmp_path, make_venv, wheelhouse):
     vault = tmp_path / "vault"
     venv = make_venv("uv")
@@ -491,3 +505,39 @@ def test_real_torch_version_edit_and_removal_restored(tmp_path, torch_venv):
     out = _run(py, "-c", "import torch; print(torch.__version__, torch.ones(3).sum().item())")
     assert out.split() == ["2.13.0+cpu", "3.0"]
     print(f"restore of the whole torch: {took:.2f}s")
+
+
+def test_hostile_manifest_is_refused_for_into_too(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    evil = _hostile(vault, sid, venv, {"path": "../../escaped.py", "record": "../../../../../escaped.py",
+                                       "mode": 0o644, "state": "ok"})
+    new = tmp_path / "new"
+    proc = ev(vault, "restore", evil, "--into", new, check=False)
+    assert_one_line_error(proc, "refusing", "contains '..'")
+    assert proc.returncode == 3 and not new.exists() and not (tmp_path / "escaped.py").exists()
+
+
+def test_removing_one_of_a_namespace_pair_keeps_the_other(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.NS_ALPHA])
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, wheelhouse[C.NS_BETA])
+    alpha = site_packages(venv) / "sharedns" / "alpha" / "__init__.py"
+    before = tree_state(alpha.parent)
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] and res["plan"]["remove"] == ["nsa-beta 1.0"]
+    assert not (site_packages(venv) / "sharedns" / "beta").exists()
+    assert tree_state(alpha.parent) == before
+    _run(python_of(venv), "-c", "import sharedns.alpha")
+
+
+def test_manifest_path_checks():
+    from envvault.restore.plan import check_rel_path
+
+    assert check_rel_path("lib/python3.11/site-packages/x.py") is None
+    for bad in ("/etc/passwd", "../x", "lib/../../x", "a/./b", "a//b", "a\x00b", "", None):
+        assert check_rel_path(bad) is not None, bad

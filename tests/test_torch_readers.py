@@ -427,10 +427,10 @@ def test_reader_runs_without_torch(tmp_path, real_zip):
         assert not marker.exists()
 
 
-def test_one_gigabyte_checkpoints_read_fast_and_small(tmp_path):
-    """~1 GiB checkpoints (zip with 1000 tensors and optimizer state; legacy) are read by a torch-less
-    interpreter in under 1 s wall (whole process, best of 3) and under 100 MB peak RSS. (A safetensors
-    file costs the same at any size: only its JSON header is read.)"""
+def test_one_gigabyte_checkpoints_read_small(tmp_path):
+    """~1 GiB checkpoints (zip with 1000 tensors and optimizer state; legacy) are read whole by a torch-less
+    interpreter in under 100 MB peak RSS, without reading tensor bytes. (A safetensors file costs the same at
+    any size: only its JSON header is read.) Wall time is a figure, not a test: bench/bench_stamp.py."""
     big = {f"layer{i}.weight": torch.empty(8192, 4096) for i in range(8)}  # 8 x 128 MiB float32
     # An Adam checkpoint's layout (model + step/exp_avg/exp_avg_sq per parameter), without Adam's compute.
     groups = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]).state_dict()["param_groups"]
@@ -454,14 +454,9 @@ def test_one_gigabyte_checkpoints_read_fast_and_small(tmp_path):
         print(json.dumps({"bytes": doc["tensors"]["bytes"], "rss_mb": int(hwm.split()[1]) / 1024}))
         """)
     for path, expected_bytes in paths.items():
-        walls = []
-        for _ in range(3):
-            start = time.perf_counter()
-            run = subprocess.run([*_no_torch_python(), "-c", script, str(path)], capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
-            walls.append(time.perf_counter() - start)
-            doc = json.loads(run.stdout)
-            assert doc["bytes"] == expected_bytes
-            assert doc["rss_mb"] < 100, f"{path.name}: {doc['rss_mb']:.0f} MB"
-        assert min(walls) < 1.0, f"{path.name}: {min(walls):.2f} s"
+        run = subprocess.run([*_no_torch_python(), "-c", script, str(path)], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+        doc = json.loads(run.stdout)
+        assert doc["bytes"] == expected_bytes
+        assert doc["rss_mb"] < 100, f"{path.name}: {doc['rss_mb']:.0f} MB"
         path.unlink()  # pytest keeps recent tmp dirs; do not leave gigabytes behind

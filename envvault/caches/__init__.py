@@ -1,8 +1,13 @@
-"""Compile caches: where they are, what they hold, and which environment they belong to."""
+"""Compile caches: where they are, what they hold, and which environment they belong to.
 
-from .discover import CacheLocation, discover_caches
-from .fingerprint import Fingerprint, GpuInfo, Mismatch, compare, fingerprint_from_tree, fingerprint_venv
-from .walk import CacheFile, stable_read, walk_cache
+Names are imported on first use (PEP 562): an unchanged cache must cost a snap a few milliseconds, and
+the fingerprint machinery alone takes longer than that to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = [
     "CacheLocation",
@@ -17,3 +22,28 @@ __all__ = [
     "fingerprint_from_tree",
     "compare",
 ]
+
+_HOME = {
+    "CacheLocation": "discover",
+    "discover_caches": "discover",
+    "CacheFile": "walk",
+    "walk_cache": "walk",
+    "stable_read": "walk",
+    "Fingerprint": "fingerprint",
+    "GpuInfo": "fingerprint",
+    "Mismatch": "fingerprint",
+    "fingerprint_venv": "fingerprint",
+    "fingerprint_from_tree": "fingerprint",
+    "compare": "fingerprint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

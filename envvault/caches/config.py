@@ -13,11 +13,6 @@ from typing import Iterable, Literal
 
 from ..errors import UsageError
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
-
 __all__ = ["VENV_FILE", "configured_dirs", "remember_dirs", "forget_dirs"]
 
 VENV_FILE = ".envvault.toml"  # shared with the guard's per-venv settings
@@ -94,10 +89,18 @@ def _absolute(path: Path, base: Path | None = None) -> Path:
 def _venv_doc(venv: Path) -> dict:
     path = venv / VENV_FILE
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as err:
+    except (UnicodeDecodeError, OSError) as err:
+        raise UsageError(f"{path} cannot be read ({err}); fix or remove it") from None
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
         raise UsageError(f"{path} is not valid TOML ({err}); fix or remove it") from None
 
 

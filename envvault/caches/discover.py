@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
@@ -165,8 +163,11 @@ def _gettempdir(env: Mapping[str, str]) -> tuple[str, str]:
     candidates.append((os.getcwd(), "the current directory"))
     for directory, label in candidates:
         directory = os.path.abspath(directory)
+        # tempfile's own probe (an O_EXCL create), without importing tempfile: a snap of unchanged caches
+        # must not pay for it.
+        probe = os.path.join(directory, f".envvault-probe-{os.getpid()}-{os.urandom(4).hex()}")
         try:
-            fd, probe = tempfile.mkstemp(dir=directory)
+            fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:
             continue
         os.close(fd)
@@ -206,6 +207,8 @@ print(cache_dir())
 
 
 def _ask_torch(python: Path, env: Mapping[str, str]) -> Path:
+    import subprocess  # only here: a snap of unchanged caches must not pay for the import
+
     try:
         done = subprocess.run(
             [str(python), "-c", _ASK], env=dict(env), capture_output=True, text=True, timeout=120

@@ -10,10 +10,12 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from ..errors import CorruptError, RefusedError, UsageError
-from .fingerprint import Fingerprint
+
+if TYPE_CHECKING:
+    from .fingerprint import Fingerprint
 
 __all__ = ["FORMAT", "ManifestFile", "CacheManifest", "parse_manifest", "path_problem", "link_problem"]
 
@@ -108,6 +110,8 @@ def parse_manifest(doc: object, where: str = "cache manifest") -> CacheManifest:
         problems.append("root: expected an absolute path")
     fingerprint = None
     if doc.get("fingerprint") is not None:
+        from .fingerprint import Fingerprint
+
         try:
             fingerprint = Fingerprint.from_dict(doc["fingerprint"])
         except CorruptError as err:

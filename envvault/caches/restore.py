@@ -166,7 +166,8 @@ def _target_fingerprint(venv: Path | None, env: Mapping[str, str]) -> tuple[Fing
         return None, "no environment to check the caches' fingerprints against; pass --venv PATH"
     from .snap import environment_fingerprint
 
-    return environment_fingerprint(Path(venv), None, env)
+    fp, why = environment_fingerprint(Path(venv), None, env)
+    return (Fingerprint.from_dict(fp) if fp else None), why
 
 
 def _mismatches(manifest: CacheManifest, target_fp: Fingerprint | None) -> list[Mismatch]:
@@ -393,11 +394,18 @@ def _execute(plan: _Plan, reader: _Reader) -> None:
 
 
 def _stage_all(plan: _Plan, reader: _Reader, pid: int) -> list[tuple[ManifestFile, str]]:
-    files = plan.writes
-    if not files:
+    if not plan.writes:
         return []
+    # In the order their bytes lie in the packs, cut into contiguous slices: each worker then decompresses
+    # each frame it needs once (small files share frames).
+    index = reader.index
+
+    def where(f: ManifestFile) -> tuple:
+        loc = index.get(f.chunks[0]) if f.chunks else None
+        return ("", 0, 0) if loc is None else (loc[0], loc[1], loc[3])
+
+    files = sorted(plan.writes, key=where)
     workers = max(1, min(len(files) // 16, os.cpu_count() or 1, 8))
-    # Contiguous slices in manifest order: neighbouring small files share frames.
     size = -(-len(files) // workers)
     slices = [files[i : i + size] for i in range(0, len(files), size)]
     staged: list[tuple[ManifestFile, str]] = []
@@ -491,9 +499,12 @@ def _put_link(target: str, final: str, mode: Mode, pid: int) -> bool:
     return True
 
 
+_RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a stale temp file) apart
+
+
 def _tmp_path(final: str, pid: int) -> str:
     head, name = os.path.split(final)
-    return os.path.join(head, f".{name}.envvault-{pid}-{os.urandom(3).hex()}.tmp")
+    return os.path.join(head, f".{name}.envvault-{pid}-{_RUN}.tmp")
 
 
 def _makedirs(path: str, created: list[str]) -> None:

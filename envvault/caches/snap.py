@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import stat as statmod
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +30,8 @@ from ..errors import EnvironmentProblem, NotFoundError, UsageError
 from ..model.encoding import canonical_json, object_id
 from ..vault.ingest import Ingester, StatCache, stat_key
 from .discover import CacheLocation, discover_caches, inductor_cache_dir
-from .manifest import CacheManifest, ManifestFile
-from .walk import is_transient, walk_cache
+
+# manifest, walk and fingerprint are imported where a cache is actually read: an unchanged one is not.
 
 __all__ = [
     "CacheSnapResult",
@@ -127,48 +127,50 @@ def _within(path: str, root: str) -> bool:
 
 
 def environment_fingerprint(venv: Path | None, statcache: StatCache | None = None,
-                            env: Mapping[str, str] = os.environ):
-    """``(fingerprint_venv(venv) with GPUs, None)``, or ``(None, why)`` when ``venv`` is None or unreadable.
+                            env: Mapping[str, str] = os.environ) -> tuple[dict | None, str | None]:
+    """``(fingerprint_venv(venv) with GPUs, as Fingerprint.to_dict(), None)``, or ``(None, why)`` when
+    ``venv`` is None or unreadable.
 
     Kept in ``statcache`` while the venv's torch, Triton, interpreter, compile variables and GPUs are
     unchanged, so an unchanged environment costs a few ``stat`` calls, not RECORD parses and nvidia-smi.
     """
     if venv is None:
         return None, None
-    from . import _venv
-    from .fingerprint import Fingerprint, compile_env, fingerprint_venv, probe_gpus
-
-    try:
-        site = _venv.site_packages(venv)
-    except UsageError as err:
-        return None, f"no fingerprint of the environment: {err}"
-    key = _fp_key(venv, site, env, compile_env)
+    parts = _fp_key(venv, env)
+    key = None if parts is None else blake3.blake3(canonical_json(parts)).hexdigest()
     hit = statcache.extra.get("cache_env_fp") if statcache is not None else None
-    if key is not None and isinstance(hit, dict) and hit.get("key") == key:
-        try:
-            return Fingerprint.from_dict(hit["fp"]), None
-        except Exception:  # noqa: BLE001 - a damaged stat cache only costs the slow path
-            pass
+    if key is not None and isinstance(hit, dict) and hit.get("key") == key and isinstance(hit.get("fp"), dict):
+        return hit["fp"], None
+    from .fingerprint import fingerprint_venv, probe_gpus
+
     try:
         fp = fingerprint_venv(venv, env=env, probe_gpu=False)
     except (UsageError, EnvironmentProblem) as err:
         return None, f"no fingerprint of {venv}: {err}"
-    fp = dataclasses.replace(fp, gpus=probe_gpus(env))
+    fp = dataclasses.replace(fp, gpus=probe_gpus(env)).to_dict()
     if statcache is not None and key is not None:
-        statcache.extra["cache_env_fp"] = {"key": key, "fp": fp.to_dict()}
+        statcache.extra["cache_env_fp"] = {"key": key, "fp": fp}
         statcache.mark_dirty()
     return fp, None
 
 
-def _fp_key(venv: Path, site: Path, env: Mapping[str, str], compile_env) -> list | None:
+def _fp_key(venv: Path, env: Mapping[str, str]) -> list | None:
+    """What ``fingerprint_venv`` reads, as stats, plus the compile variables and the GPUs the driver sees."""
     parts: list[Any] = [str(venv)]
-    for p in (site, site / "torch" / "version.py", site / "triton" / "__init__.py", venv / "pyvenv.cfg"):
+    try:
+        sites = sorted(f"{venv}/lib/{d}/site-packages" for d in os.listdir(f"{venv}/lib") if d.startswith("python"))
+    except OSError:
+        sites = []
+    for p in [f"{venv}/pyvenv.cfg"] + [f"{s}{rel}" for s in sites for rel in ("", "/torch/version.py",
+                                                                                "/triton/__init__.py")]:
         try:
             parts.append(stat_key(os.stat(p)))
         except OSError:
             parts.append(None)
-    parts.append(sorted(compile_env(env).items()))
-    if shutil.which("nvidia-smi", path=env.get("PATH", os.defpath)) is None:
+    # Every variable compile_env() could keep (a superset, so no import is needed to compute it).
+    words = ("TORCH", "TRITON", "INDUCTOR", "LLVM", "MLIR", "MMA", "PTX", "AMDGCN", "TMEM", "DISABLE_", "USE_")
+    parts.append(sorted((k, v) for k, v in env.items() if any(w in k for w in words)))
+    if not _on_path("nvidia-smi", env.get("PATH", os.defpath)):
         parts.append("no nvidia-smi")
     else:
         try:  # the GPUs the driver sees, without running nvidia-smi
@@ -178,6 +180,11 @@ def _fp_key(venv: Path, site: Path, env: Mapping[str, str], compile_env) -> list
         except OSError:
             return None
     return parts
+
+
+def _on_path(name: str, path: str) -> bool:
+    # shutil.which without importing shutil (it costs an unchanged snap more than the check itself)
+    return any(os.access(os.path.join(d, name), os.X_OK) for d in path.split(os.pathsep) if d)
 
 
 def builder_fingerprint(tree, env_fp):
@@ -212,38 +219,47 @@ def archive_cache(
     statcache: StatCache,
     location: CacheLocation,
     *,
-    env_fp=None,
+    env_fp: dict | None = None,
 ) -> dict:
     """Archive one cache root; returns its snapshot entry (``kind``, ``root``, ``manifest``, ``files``,
-    ``bytes``, ``fingerprint``, ``entries``, ``warnings``, ...). New objects and the manifest are queued
-    on ``ingester.writer``; the caller flushes it and commits the snapshot."""
+    ``bytes``, ``entries``, ``fingerprint``, ``warnings``, ``seconds``, ``reused``). ``env_fp`` is the
+    fingerprint (``Fingerprint.to_dict()``) of the environment snapped with it. New objects and the manifest
+    are queued on ``ingester.writer``; the caller flushes it and commits the snapshot."""
     started = time.monotonic()
     root = Path(location.path)
     gkey = KEY_PREFIX + str(root)
-    env_key = blake3.blake3(canonical_json(env_fp.to_dict() if env_fp else None)).hexdigest()
+    env_key = blake3.blake3(canonical_json(env_fp)).hexdigest()
     group = statcache.groups.get(gkey)
     fresh = isinstance(group, dict) and _fresh(root, group)
     if fresh and group.get("env_key") == env_key and isinstance(group.get("entry"), dict):
         statcache.touch([gkey + "/" + rel for rel in group["files"]])
         return dict(group["entry"], seconds=round(time.monotonic() - started, 3), reused=True)
-    dirs = _dir_stats(root)
-    files, stats, warnings = _read_tree(root, dirs, ingester, statcache, gkey + "/")
-    from .fingerprint import Fingerprint, fingerprint_from_tree
+    from concurrent.futures import ThreadPoolExecutor
 
-    tree_fp = None
-    if fresh and isinstance(group.get("tree_fp"), dict):
-        try:
-            tree_fp = Fingerprint.from_dict(group["tree_fp"])
-        except Exception:  # noqa: BLE001 - recomputed below
-            tree_fp = None
-    if tree_fp is None:
-        tree_fp = fingerprint_from_tree(root)
-    fp = builder_fingerprint(tree_fp, env_fp)
+    from .fingerprint import Fingerprint, fingerprint_from_tree
+    from .manifest import CacheManifest
+
+    dirs = _dir_stats(root)
+    with ThreadPoolExecutor(max_workers=_readers()) as pool:
+        tree_fp = None
+        if fresh and isinstance(group.get("tree_fp"), dict):
+            try:
+                tree_fp = Fingerprint.from_dict(group["tree_fp"])
+            except Exception:  # noqa: BLE001 - recomputed below
+                tree_fp = None
+        # The tree's own fingerprint reads the graph entries: do it while the files are archived.
+        tree_job = pool.submit(fingerprint_from_tree, root) if tree_fp is None else None
+        # ``vault.has`` re-lists index/ on every call; one look at the index serves the whole read.
+        known = vault.index().__contains__
+        files, stats, warnings = _read_tree(root, dirs, ingester, known, statcache, gkey + "/", pool)
+        if tree_job is not None:
+            tree_fp = tree_job.result()
+    fp = builder_fingerprint(tree_fp, Fingerprint.from_dict(env_fp) if env_fp else None)
     manifest = CacheManifest(cache_kind=location.kind, root=str(root), fingerprint=fp, files=tuple(files))
     data = canonical_json(manifest.to_dict())
     mid = object_id(data)
     writer = ingester.writer
-    if writer is not None and not vault.has(mid) and not writer.queued(mid):
+    if writer is not None and not known(mid) and not writer.queued(mid):
         writer.add(mid, data, "m")
     regular = [f for f in files if f.kind == "file"]
     entry = {
@@ -268,6 +284,32 @@ def archive_cache(
     return dict(entry, seconds=round(time.monotonic() - started, 3), reused=False)
 
 
+def _readers() -> int:
+    # Reading, hashing and chunking release the GIL; a few threads keep the disk and every core busy.
+    return max(2, min(os.cpu_count() or 1, 6))
+
+
+class _SharedWriter:
+    """One ``PackWriter`` fed by several reading threads (it takes objects from one producer at a time)."""
+
+    def __init__(self, writer) -> None:
+        self._writer = writer
+        self._lock = threading.Lock()
+
+    def add(self, oid: str, data: bytes, kind: str = "b") -> None:
+        with self._lock:
+            self._writer.add(oid, data, kind)
+
+    def queued(self, oid: str) -> bool:
+        return self._writer.queued(oid)
+
+
+def _is_transient_dir(rel: str) -> bool:
+    from .walk import is_transient
+
+    return is_transient(rel, is_dir=True)
+
+
 def _dir_stats(root: Path) -> list[list]:
     """[path, ctime_ns, inode] of every folder the walk enters; taken before the walk, so a change made
     after it shows up at the next snap. A folder's ctime moves whenever an entry is added, removed or
@@ -287,7 +329,7 @@ def _dir_stats(root: Path) -> list[list]:
         out.append([rel, st.st_ctime_ns, st.st_ino])
         for name, sub in subs:
             r = f"{rel}/{name}" if rel else name
-            if r != "locks" and not is_transient(r, is_dir=True):
+            if r != "locks" and not _is_transient_dir(r):
                 stack.append((r, sub))
     return out
 
@@ -310,13 +352,27 @@ def _fresh(root: Path, group: dict) -> bool:
     return True
 
 
-def _read_tree(root: Path, dirs: list[list], ing: Ingester, cache: StatCache, prefix: str):
+def _read_tree(root: Path, dirs: list[list], ing: Ingester, known, cache: StatCache, prefix: str, pool):
+    from .manifest import ManifestFile
+    from .walk import walk_cache
+
     files: dict[str, ManifestFile] = {}
     stats: list[tuple[str, list]] = []
     warnings: list[str] = []
     seen: set[str] = set()
+    cache.files  # noqa: B018 - load the per-file stat cache before the reading threads share it
+    local = threading.local()
+    shared = _SharedWriter(ing.writer) if ing.writer is not None else None
+
+    def take(rel: str):
+        mine = getattr(local, "ingester", None)
+        if mine is None:
+            mine = local.ingester = Ingester(shared, known, store=ing.store)
+        return rel, _take_file(f"{root}/{rel}", prefix + rel, mine, cache)
+
     pending = walk_cache(root)
     for _ in range(_ROUNDS):
+        regular = []
         for cf in pending:
             seen.add(cf.path)
             if cf.is_dir:
@@ -327,14 +383,15 @@ def _read_tree(root: Path, dirs: list[list], ing: Ingester, cache: StatCache, pr
                 else:
                     files[cf.path] = ManifestFile(path=cf.path, kind="link", mode=cf.mode, target=cf.target)
             else:
-                got = _take_file(root / cf.path, prefix + cf.path, ing, cache)
-                if isinstance(got, str):
-                    warnings.append(f"{root}: left out {cf.path}: {got}")
-                elif got is not None:
-                    st, sha, chunks = got
-                    files[cf.path] = ManifestFile(path=cf.path, kind="file", mode=statmod.S_IMODE(st.st_mode),
-                                                  size=st.st_size, sha256=sha, chunks=tuple(chunks))
-                    stats.append((cf.path, stat_key(st)))
+                regular.append(cf.path)
+        for rel, got in pool.map(take, regular):
+            if isinstance(got, str):
+                warnings.append(f"{root}: left out {rel}: {got}")
+            elif got is not None:
+                st, sha, chunks = got
+                files[rel] = ManifestFile(path=rel, kind="file", mode=statmod.S_IMODE(st.st_mode),
+                                          size=st.st_size, sha256=sha, chunks=tuple(chunks))
+                stats.append((rel, stat_key(st)))
         now = _dir_stats(root)
         if now == dirs:
             pending = []
@@ -355,7 +412,7 @@ def _read_tree(root: Path, dirs: list[list], ing: Ingester, cache: StatCache, pr
     return sorted(files.values(), key=lambda f: f.path), stats, warnings
 
 
-def _take_file(path: Path, key: str, ing: Ingester, cache: StatCache):
+def _take_file(path: str, key: str, ing: Ingester, cache: StatCache):
     """(stat, sha256, chunks) of a file read whole while it did not change; None when it vanished or is no
     longer a regular file; a reason (str) when it could not be read consistently.
 
@@ -496,9 +553,7 @@ def take_cache_snapshot(
     with vault.lock():
         writer = vault.writer()
         try:
-            # One look at the index: ``vault.has`` re-lists index/ on every call; objects queued by this run
-            # are known to the writer.
-            ingester = Ingester(writer, vault.index().__contains__)
+            ingester = Ingester(writer, vault.has)
             caches = hook(vault, ingester, statcache)
             writer.flush()
         except BaseException:
@@ -517,8 +572,9 @@ def take_cache_snapshot(
             "argv": list(argv if argv is not None else sys.argv),
             "venv": str(venv) if venv else None,
             "lock_only": False,
-            # No interpreter: an environment restore of this snapshot must refuse, not empty the venv.
-            "python": {},
+            # No interpreter (every field null): an environment restore of this snapshot refuses, as for an
+            # interpreter that differs, instead of removing every package the snapshot does not list.
+            "python": dict.fromkeys(("implementation", "version", "abi", "soabi", "platform")),
             "host": host_facts(),
             "env": relevant_env(),
             "packages": [],

@@ -70,8 +70,13 @@ class _CliUI:
             return
         marks = {c.name: pat for c, pat in protected}
         _say(f"plan ({plan.source}):")
+        same = [c for c in plan.changes if c.kind == "reinstall" and c.same_build is True and c.name not in marks]
         for c in plan.changes:
-            click.echo(change_line(c, marks.get(c.name)), err=True)
+            if c not in same:
+                click.echo(change_line(c, marks.get(c.name)), err=True)
+        if same:
+            word, tint = _KIND_WORDS["reinstall"]
+            click.echo(f"    {style(f'{word:<10}', tint, _colour())}{len(same)} package(s), the same builds", err=True)
 
     def confirm(self, question: str, default: bool) -> bool:
         try:

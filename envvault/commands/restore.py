@@ -15,7 +15,7 @@ import click
 
 from envvault.cli import cli
 from envvault.commands.snapshots import json_option, open_vault, resolve_ref, venv_option
-from envvault.errors import NotFoundError, UsageError
+from envvault.errors import UsageError
 from envvault.output import Progress, emit_json, human_bytes, style
 from envvault.vault.store import Vault
 
@@ -54,7 +54,10 @@ def _path_side(vault: Vault, path: Path) -> tuple[str, dict]:
 
 
 def _checkpoint_snapshot(vault: Vault, path: Path) -> str:
-    raise UsageError(f"{path} is not a pylock.toml, and reading snapshots stamped into checkpoints is not available yet")
+    # Checkpoints (issue 5): the snapshot named by the file's envvault stamp; one line when the vault lacks it.
+    from envvault.torch.stamp_doc import snapshot_of
+
+    return snapshot_of(vault, path)
 
 
 def resolve_snapshot(vault: Vault, arg: str) -> str:
@@ -126,16 +129,20 @@ def status(ctx, venv, against, as_json, exit_code):
     """
     from envvault.diff import current_document, diff_snapshots
     from envvault.env.probe import find_target
-    from envvault.restore.baseline import baseline_snapshot
+    from envvault.restore.baseline import baseline_snapshot, interrupted_restore
 
     target = find_target(venv)
     vault = open_vault(ctx)
     sid = resolve_ref(vault, against) if against else baseline_snapshot(vault, target)
     snap = vault.load_snapshot(sid).doc
+    broken = interrupted_restore(target)
+    if broken:
+        click.echo(f"warning: a restore of {broken[:12]} onto {target} was interrupted; run "
+                   f"`envvault restore {broken[:12]} --venv {target}` to finish it", err=True)
     now = current_document(vault, target, facts=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
     if as_json:
-        emit_json({"venv": str(target), "snapshot": sid, **result.to_json()})
+        emit_json({"venv": str(target), "snapshot": sid, "interrupted_restore": broken, **result.to_json()})
     elif result.empty:
         click.echo(f"{target}: unchanged since snapshot {style(sid[:12], 'yellow')}")
     else:

@@ -17,14 +17,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidWheelFilename, NormalizedName, canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
-
-from envvault.guard.builds import same_build
 from envvault.guard.command import Command
+
+if TYPE_CHECKING:
+    from packaging.utils import NormalizedName
+
+# packaging, the RECORD reader and threads are imported where used: starting the dry run early is what
+# keeps guard's overhead small (bench/bench_guard.py).
 
 __all__ = ["Change", "PlannedDist", "Plan", "DryRun", "start_dry_run", "classify", "Installed"]
 
@@ -101,7 +102,9 @@ class Plan:
                 "changes": [c.to_json() for c in self.changes], "seconds": round(self.seconds, 3)}
 
 
-def _version(text: str | None) -> Version | None:
+def _version(text: str | None):
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(text) if text else None
     except InvalidVersion:
@@ -119,6 +122,8 @@ def classify(old: Installed | None, new: PlannedDist | None, *, verify: bool = T
     if new.version == old.version:
         same = None
         if verify and old.dist_info is not None:
+            from envvault.guard.builds import same_build
+
             same = same_build(old.dist_info, url=new.url, sha256=new.sha256, known_sha256=set(old.known_sha256))
         return Change(kind="swap" if same is False else "reinstall", same_build=same, **base)
     ov, nv = _version(old.version), _version(new.version)
@@ -160,14 +165,16 @@ class DryRun:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
-    def finish(self, installed: Mapping[str, Installed], *, verify: bool = True) -> Plan:
-        """Wait for the dry run and turn its answer into a ``Plan`` against ``installed``."""
+    def finish(self, installed: Mapping[str, Installed], *, verify: Callable[[str], bool] = lambda name: True) -> Plan:
+        """Wait for the dry run and turn its answer into a ``Plan`` against ``installed``. A same-version
+        reinstall is checked for being the same build only where ``verify(name)`` (it may read the wheel's
+        RECORD over the network: worth it for protected packages)."""
         try:
             return self._finish(installed, verify)
         finally:
             self.kill()
 
-    def _finish(self, installed: Mapping[str, Installed], verify: bool) -> Plan:
+    def _finish(self, installed: Mapping[str, Installed], verify: Callable[[str], bool]) -> Plan:
         cmd = self.cmd
         if cmd.tool == "pip" and cmd.action == "uninstall":
             return _pip_uninstall_plan(cmd, installed)
@@ -223,8 +230,26 @@ def start_dry_run(cmd: Command, env: Mapping[str, str], cwd: Path) -> DryRun:
 # -- reading the answers --------------------------------------------------------------------------
 
 
-def _pip_install_plan(report: dict, installed: Mapping[str, Installed], verify: bool) -> Plan:
-    installs, changes = [], []
+def _classify_all(pairs: list[tuple[Installed | None, PlannedDist | None]], verify: Callable[[str], bool]) -> list[Change]:
+    """``classify`` each pair; the build checks that may touch the network run side by side."""
+    def one(pair):
+        old, new = pair
+        name = (new or old).name
+        return classify(old, new, verify=verify(name) and (new is None or bool(new.url)))
+
+    slow = sum(1 for old, new in pairs if old and new and old.version == new.version and new.url)
+    if slow < 2:
+        return [one(p) for p in pairs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(8, slow)) as pool:
+        return list(pool.map(one, pairs))
+
+
+def _pip_install_plan(report: dict, installed: Mapping[str, Installed], verify: Callable[[str], bool]) -> Plan:
+    from packaging.utils import canonicalize_name
+
+    installs, pairs = [], []
     for item in report.get("install") or ():
         meta = item.get("metadata") or {}
         if not meta.get("name"):
@@ -237,13 +262,16 @@ def _pip_install_plan(report: dict, installed: Mapping[str, Installed], verify: 
         planned = PlannedDist(name=canonicalize_name(meta["name"]), version=meta.get("version"),
                               url=info.get("url"), sha256=sha, requested=bool(item.get("requested")))
         installs.append(planned)
-        changes.append(classify(installed.get(planned.name), planned, verify=verify))
-    changes.sort(key=lambda c: c.name)
+        pairs.append((installed.get(planned.name), planned))
+    changes = sorted(_classify_all(pairs, verify), key=lambda c: c.name)
     return Plan(source="pip install --dry-run --report", changes=tuple(changes), installs=tuple(installs))
 
 
 def _requirement_names(args: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """Names given to ``pip uninstall`` (positional and ``-r`` files); second item: unreadable files."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
     names, problems, i = [], [], 0
     while i < len(args):
         arg, path = args[i], None
@@ -289,6 +317,8 @@ _UV_ENV = re.compile(r"^(?:Using .* environment at|Would use project environment
 
 
 def _url_version(url: str | None) -> str | None:
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
     if url and url.split("#")[0].endswith(".whl"):
         try:
             return str(parse_wheel_filename(url.split("#")[0].rsplit("/", 1)[-1])[1])
@@ -297,7 +327,9 @@ def _url_version(url: str | None) -> str | None:
     return None
 
 
-def _uv_plan(text: str, installed: Mapping[str, Installed], verify: bool) -> Plan:
+def _uv_plan(text: str, installed: Mapping[str, Installed], verify: Callable[[str], bool]) -> Plan:
+    from packaging.utils import canonicalize_name
+
     removed: dict[str, str | None] = {}
     added: dict[str, PlannedDist] = {}
     environment = None
@@ -316,7 +348,7 @@ def _uv_plan(text: str, installed: Mapping[str, Installed], verify: bool) -> Pla
             removed[name] = version
         else:
             added[name] = PlannedDist(name=name, version=version or _url_version(url), url=url)
-    changes, installs = [], []
+    pairs, installs = [], []
     for name in sorted(set(removed) | set(added)):
         new = added.get(name)
         old = None
@@ -324,6 +356,7 @@ def _uv_plan(text: str, installed: Mapping[str, Installed], verify: bool) -> Pla
             old = installed.get(name) or Installed(name=name, version=removed[name] or "?", build_id="")
         if new is not None:
             installs.append(new)
-        # uv names no URL for registry wheels: a same-version reinstall stays "build unknown".
-        changes.append(classify(old, new, verify=verify and (new is None or bool(new.url))))
+        pairs.append((old, new))
+    # uv names no URL for registry wheels: a same-version reinstall of one stays "build unknown".
+    changes = _classify_all(pairs, verify)
     return Plan(source="uv --dry-run", changes=tuple(changes), installs=tuple(installs), environment=environment)

@@ -7,6 +7,7 @@ runs in a child process while the snapshot before is taken.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,19 +15,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
-from packaging.utils import canonicalize_name
-
-from envvault.diff import DiffResult, diff_snapshots
 from envvault.env.probe import find_target
 from envvault.errors import EnvvaultError, UsageError
 from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
-from envvault.guard.protect import Protection, load_protection
-from envvault.guard.provenance import carry, current_builds, pip_indexes, report_provenance
-from envvault.vault.fsutil import atomic_write
-from envvault.vault.store import Vault
+
+if TYPE_CHECKING:
+    from envvault.diff import DiffResult
+    from envvault.guard.protect import Protection
+    from envvault.vault.store import Vault
+
+# Only what is needed to start the dry run is imported up front; the rest loads while it runs.
 
 __all__ = ["GuardOptions", "GuardUI", "GuardResult", "guard", "run_command", "GUARD_ACTIVE"]
 
@@ -120,6 +121,8 @@ def run_command(argv: tuple[str, ...], env: Mapping[str, str], *, stdout_to_stde
 
 
 def _installed(doc: dict, prefix: Path, provenance: dict) -> dict[str, Installed]:
+    from packaging.utils import canonicalize_name
+
     sites = _sites(doc, prefix)
     dist_infos: dict[tuple[str, str], Path] = {}
     for site in sites:
@@ -145,12 +148,35 @@ def _sites(doc: dict, prefix: Path) -> list[Path]:
     return list(dict.fromkeys(prefix / py[k] for k in ("purelib", "platlib") if py.get(k)))
 
 
+def _pointer(vault: Vault, target: Path) -> Path:
+    import blake3
+
+    return vault.state_path(f"guard-{blake3.blake3(str(target).encode()).hexdigest()[:20]}.json")
+
+
 def _previous_provenance(vault: Vault, target: Path) -> dict:
-    """The provenance of the newest snapshot of ``target`` that has one."""
+    """The provenance of the last guard snapshot of ``target`` (named by a pointer under ``state/``, so no
+    other snapshot is read); without the pointer, of the newest snapshot of ``target`` that has one."""
+    try:
+        sid = json.loads(_pointer(vault, target).read_bytes())["last"]
+        prov = vault.load_snapshot(sid).doc.get("provenance")
+        return prov if isinstance(prov, dict) else {}
+    except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
+        pass
     for ref in vault.snapshots():
         if ref.doc.get("venv") == str(target) and isinstance(ref.doc.get("provenance"), dict):
             return ref.doc["provenance"]
     return {}
+
+
+def _remember(vault: Vault, target: Path, sid: str) -> None:
+    from envvault.vault.fsutil import atomic_write
+
+    try:
+        atomic_write(_pointer(vault, target), json.dumps({"last": sid}).encode(), tmp_dir=vault.root / "tmp",
+                     durable=False)
+    except EnvvaultError:
+        pass  # only a cache: the next guard falls back to reading the snapshots
 
 
 def _touched(diff: DiffResult, protection: Protection) -> list[str]:
@@ -184,7 +210,9 @@ def guard(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> GuardResult:
-    """Run ``argv`` under guard (see docs/guard.md and ``envvault guard --help``)."""
+    """Run ``argv`` under guard: snapshot, plan, consent, run, snapshot, diff, roll back when it failed or
+    changed a protected package without consent. Never raises for the command's own failure: its exit
+    code is in the result."""
     t0 = time.monotonic()
     env = dict(os.environ if env is None else env)
     cwd = Path(cwd or os.getcwd())
@@ -207,10 +235,14 @@ def guard(
 
     # The dry run works in the background while the snapshot is taken.
     dry = start_dry_run(cmd, env, cwd) if cmd.known else None
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {"dry_run_started": time.monotonic() - t0}
     warnings: list[str] = []
     try:
+        from envvault.diff import diff_snapshots
+        from envvault.guard.protect import load_protection
+        from envvault.guard.provenance import carry, current_builds, pip_indexes, report_provenance
         from envvault.snap import take_snapshot
+        from envvault.vault.store import Vault
 
         vault = Vault.open(vault_path, create=True)
         protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
@@ -224,12 +256,12 @@ def guard(
         timings["snapshot_before"] = time.monotonic() - t
         t = time.monotonic()
         installed = _installed(before.doc, target, prov_before)
-        plan = dry.finish(installed) if dry is not None else Plan(source=None, error="not a pip or uv command")
+        plan = dry.finish(installed, verify=lambda name: protection.match(name) is not None) if dry is not None else Plan(source=None, error="not a pip or uv command")
         timings["plan_wait"] = time.monotonic() - t
     finally:
         if dry is not None:
             dry.kill()
-    if plan.environment and Path(cwd, plan.environment).absolute() != target:
+    if plan.environment and os.path.realpath(Path(cwd, plan.environment)) != os.path.realpath(target):
         raise UsageError(f"{cmd.argv[0]} says it would use {plan.environment}, but guard snapshotted {target}; "
                          "pass --venv with the environment it should guard")
     protected = [(c, pat) for c in plan.changes if c.touches_build and (pat := protection.match(c.name))]
@@ -269,6 +301,7 @@ def guard(
                                            "before": before.id},
                                  **({"provenance": prov_after} if prov_after else {})})
     timings["snapshot_after"] = time.monotonic() - t
+    _remember(vault, target, after.id)
     diff = diff_snapshots(before.doc, after.doc, vault=vault, old_label=before.id[:12], new_label=after.id[:12],
                           scope="environment")
     ui.show_diff(diff, before.id, after.id)
@@ -341,6 +374,8 @@ def _read_project_files(cmd: Command, cwd: Path) -> dict[Path, bytes | None]:
 
 
 def _write_project_files(files: dict[Path, bytes | None]) -> None:
+    from envvault.vault.fsutil import atomic_write
+
     for path, data in files.items():
         try:
             now = path.read_bytes()

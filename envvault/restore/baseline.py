@@ -16,7 +16,9 @@ from envvault.errors import EnvvaultError, NotFoundError
 from envvault.vault.fsutil import atomic_write
 from envvault.vault.store import Vault, _now
 
-__all__ = ["baseline_snapshot", "record_restored"]
+__all__ = ["baseline_snapshot", "record_restored", "interrupted_restore", "JOURNAL_NAME"]
+
+JOURNAL_NAME = ".envvault-restore.json"  # in the environment while a restore is under way (docs/format.md)
 
 
 def _marker(vault: Vault, target: Path) -> Path:
@@ -49,3 +51,15 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     if best is None:
         raise NotFoundError(f"no snapshot of {target} in {vault.root}; run `envvault snap` first")
     return best[1]
+
+
+def interrupted_restore(target: Path) -> str | None:
+    """The snapshot id of a restore of ``target`` that was killed before it finished, if any."""
+    try:
+        doc = json.loads((Path(target) / JOURNAL_NAME).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return "unknown"
+    sid = doc.get("snapshot") if isinstance(doc, dict) else None
+    return sid if isinstance(sid, str) else "unknown"

@@ -35,7 +35,7 @@ import blake3
 from envvault.diff import current_document, diff_snapshots
 from envvault.errors import CorruptError, EnvironmentProblem, RefusedError, UsageError
 from envvault.model.encoding import parse_json
-from envvault.restore.baseline import record_restored
+from envvault.restore.baseline import JOURNAL_NAME, record_restored
 from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, check_rel_path, is_pyc, make_plan
 from envvault.vault.fsutil import fsync_dir, storage_error
 from envvault.vault.ingest import b64_sha256
@@ -44,7 +44,6 @@ from envvault.vault.store import Vault
 
 __all__ = ["RestoreResult", "restore_snapshot", "read_current", "JOURNAL_NAME"]
 
-JOURNAL_NAME = ".envvault-restore.json"
 _TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
 _BATCH_BYTES = 16 << 20  # staging work is handed to threads in runs of about this many bytes
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
@@ -69,6 +68,7 @@ class RestoreResult:
     remaining: dict | None = None  # what still differs after the restore (diff JSON), when not verified
     warnings: tuple[str, ...] = ()
     caches: object = None
+    timings: dict | None = None  # seconds per phase (scan, plan, stage, commit, verify)
 
     def to_json(self) -> dict:
         return {
@@ -87,6 +87,7 @@ class RestoreResult:
             "remaining": self.remaining,
             "warnings": list(self.warnings),
             "caches": self.caches,
+            "timings": self.timings,
         }
 
 
@@ -149,10 +150,14 @@ class _ChunkReader:
 # -- the environment now ---------------------------------------------------------------------------
 
 
-def read_current(prefix: Path, interp, packages: list[dict]) -> list[CurrentDist]:
-    """Pair each package summary of a scan with its RECORD, as ``CurrentDist`` records for the planner."""
+def read_current(prefix: Path, interp, packages: list[dict], wanted: list[dict] | None = None) -> list[CurrentDist]:
+    """Pair each package summary of a scan with its RECORD, as ``CurrentDist`` records for the planner.
+    Unhashed RECORD rows (RECORD itself) are hashed only for packages not identical to one in ``wanted``
+    (the snapshot's packages): those are the only ones a restore may rewrite."""
     from envvault.env.dists import scan_dists
 
+    same = {(p["name"], p["version"], p.get("build_id"), p.get("state_id")) for p in wanted or ()}
+    base = f"{prefix}/"
     dists = scan_dists([interp.purelib, interp.platlib])
     by_key: dict[tuple[str, str], list] = {}
     for d in dists:
@@ -164,23 +169,23 @@ def read_current(prefix: Path, interp, packages: list[dict]) -> list[CurrentDist
         if d is None or d.record is None:
             out.append(CurrentDist(p, None, {}, has_record=False))
             continue
+        untouched = (p["name"], p["version"], p.get("build_id"), p.get("state_id")) in same
         bad = set(p.get("modified") or ()) | set(p.get("missing") or ())
         files: dict[str, str | None] = {}
+        site = f"{d.site}/"
         for e in d.record:
-            absolute = os.path.normpath(d.site / e.path)
-            try:
-                rel = Path(absolute).relative_to(prefix).as_posix()
-            except ValueError:
+            absolute = os.path.normpath(site + e.path)
+            if not absolute.startswith(base):
                 continue  # outside the environment: never deleted by a restore
+            rel = absolute[len(base):]
             if e.algo == "sha256" and e.digest:
                 files[rel] = None if rel in bad else e.digest
-            else:  # RECORD itself and other unhashed rows: hash them (small) so unchanged ones stay untouched
-                files[rel] = None if is_pyc(rel) else _sha_of_small(absolute)
-        try:
-            di = d.dist_info.relative_to(prefix).as_posix()
-        except ValueError:
-            di = None
-        out.append(CurrentDist(p, di, files))
+            elif untouched or is_pyc(rel):
+                files[rel] = None
+            else:  # RECORD itself: hash it (small), so an unchanged one stays untouched
+                files[rel] = _sha_of_small(absolute)
+        di = str(d.dist_info)
+        out.append(CurrentDist(p, di[len(base):] if di.startswith(base) else None, files))
     return out
 
 
@@ -288,8 +293,12 @@ def _clean_temps(target: Path, rel_dirs, paths: _Paths, *, keep_pid: int | None 
         for name in entries:
             m = _TMP_RE.match(name)
             if m and (keep_pid is None or int(m.group(1)) != keep_pid):
+                full = os.path.join(paths.abs(rel) if rel else target, name)
                 try:
-                    os.unlink(os.path.join(paths.abs(rel) if rel else target, name))
+                    if os.path.isdir(full) and not os.path.islink(full):
+                        shutil.rmtree(full)  # a dist-info folder renamed away for deletion
+                    else:
+                        os.unlink(full)
                     n += 1
                 except OSError:
                     pass
@@ -367,6 +376,8 @@ def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Prog
             os.makedirs(full, exist_ok=True)
         except OSError as err:
             raise storage_error(err, full) from None
+    if progress is not None and hasattr(progress, "total"):
+        progress.total = max(plan.bytes, 1)  # a Progress bar: now the real amount is known
     # Read the vault in pack order so each frame is decompressed once.
     ordered = sorted(plan.writes, key=reader.first_location)
     staged: list[_Staged] = []
@@ -429,6 +440,8 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
             _drop_bytecode(final, pyc_seen)
         _crash_point("commit")
     for rel, mode in plan.keeps:
+        if not mode & 0o111:
+            continue  # only a lost exec bit breaks anything; a stat per kept file is not worth more
         full = paths.abs(rel)
         try:
             st = os.lstat(full)
@@ -437,8 +450,12 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
         except OSError:
             pass
     removed = 0
+    # Files inside a dist-info folder that goes away leave with the folder (renamed away whole, below), so
+    # a kill never leaves a dist-info without METADATA or RECORD. Package files go first: until then the
+    # dist-info still lists them, and after a kill the journal does.
+    doomed_dirs = tuple(d + "/" for d in plan.remove_dirs)
     for rel in plan.removals:
-        if paths.check(rel) is not None:
+        if paths.check(rel) is not None or (doomed_dirs and rel.startswith(doomed_dirs)):
             continue
         full = paths.abs(rel)
         try:
@@ -461,7 +478,12 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
         if os.path.islink(full):
             os.unlink(full)
         elif os.path.isdir(full):
-            shutil.rmtree(full, ignore_errors=True)
+            # Renamed away first, so a kill mid-delete never leaves a dist-info without METADATA or RECORD.
+            doomed = _tmp_for(full, os.getpid())
+            removed += sum(len(files) for _root, _dirs, files in os.walk(full))
+            os.rename(full, doomed)
+            _crash_point("remove_dir")
+            shutil.rmtree(doomed, ignore_errors=True)
         parents.add(os.path.dirname(full))
         _crash_point("commit")
     for cache_dir in pyc_seen:
@@ -611,13 +633,15 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
         if resumed and not dry_run:
             _recover(target, journal)
         take_backup = backup and not dry_run and not resumed
+        clock = _Clock()
         now_doc, backup_id = _scan_now(vault, target, sid, take_backup)
+        clock.lap("backup" if take_backup else "scan")
         if resumed:
             backup_id = journal.get("backup") if isinstance(journal.get("backup"), str) else None
         try:
             check_python(doc["python"], now_doc["python"])
             interp = _Layout.of(target, now_doc["python"])
-            current = read_current(target, interp, now_doc["packages"])
+            current = read_current(target, interp, now_doc["packages"], doc.get("packages"))
             plan = make_plan(sid, doc, now_doc, current, vault.get_json,
                              pending_removals=_str_list(journal, "removals") + _str_list(journal, "writes"))
             paths = _Paths(target)
@@ -640,11 +664,13 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
             return RestoreResult(sid, str(target), "in-place", None, 0, plan.diff.packages_empty, False,
                                  plan=plan.to_json(), remaining=None if plan.diff.packages_empty else plan.diff.to_json(),
                                  warnings=plan.warnings)
+        clock.lap("plan")
         pid = os.getpid()
         _write_journal(target, {
             "format": 1, "snapshot": sid, "backup": backup_id, "pid": pid,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "staging_dirs": sorted(set(plan.staging_dirs()) | set(_str_list(journal, "staging_dirs"))),
+            "staging_dirs": sorted(set(plan.staging_dirs()) | set(_str_list(journal, "staging_dirs"))
+                                   | {os.path.dirname(d) for d in plan.remove_dirs}),
             "removals": list(plan.removals),
             "writes": [w.path for w in plan.writes],
             "dist_infos": list(plan.dist_infos),
@@ -654,22 +680,40 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
         _clean_temps(target, _str_list(journal, "staging_dirs") + plan.staging_dirs(), paths, keep_pid=pid)
         staged = _stage_all(vault, plan, paths, pid, progress)
         _crash_point("staged")
+        clock.lap("stage")
         protected = _protected_dirs(target, interp)
         removed = _commit(plan, staged, paths, protected)
         _populate_statcache(vault, target, staged)
         _crash_point("committed")
+        clock.lap("commit")
         after = current_document(vault, target, facts=False)
         remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         _remove_journal(target)
         _crash_point("verified")
+        clock.lap("verify")
     warnings = list(plan.warnings)
+    if doc.get("venv") and doc["venv"] != str(target) and any(w.path.startswith(interp_scripts_rel(doc)) for w in plan.writes):
+        warnings.append(f"the snapshot was taken of {doc['venv']}: scripts restored into bin/ keep that "
+                        "environment's interpreter in their first line; use --into for a relocated copy")
     for k, (o, n) in remaining.python.items():
         warnings.append(f"python {k} is {o}, the snapshot had {n}")
     return RestoreResult(
         sid, str(target), "in-place", backup_id, plan.changed, remaining.packages_empty, False,
         len(staged), plan.bytes, removed, plan=plan.to_json(),
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
+        timings=clock.laps,
     )
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
+        self._last = now
 
 
 @dataclass(frozen=True)
@@ -705,6 +749,11 @@ def _recover(target: Path, journal: dict) -> None:
     protected = {str(target)} | {os.path.normpath(paths.abs(d)) for d in _str_list(journal, "protected")
                                  if d == "." or paths.check(d) is None}
     _prune_empty({paths.abs(d) for d in dirs if d and paths.check(d) is None}, protected)
+
+
+def interp_scripts_rel(doc: dict) -> str:
+    scripts = (doc.get("python") or {}).get("scripts") or "bin"
+    return scripts.rstrip("/") + "/"
 
 
 def _str_list(journal: dict | None, key: str) -> list[str]:

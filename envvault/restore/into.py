@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from envvault.diff import current_document, diff_snapshots
 from envvault.errors import RefusedError
+from envvault.restore.plan import check_rel_path
 from envvault.restore.uv import (
     make_venv,
     refuse_nonempty,
@@ -91,6 +92,7 @@ def _rebuild_all(vault, doc, packages, wheel_dir: Path, manifests: dict, warning
             warnings.append(f"{p['name']} {p['version']}: its files are not in the vault (installed without RECORD); not installed")
             continue
         man = vault.get_json(p["manifest"])
+        _check_paths(p, man)
         manifests[p["manifest"]] = man
         path, _sha, _size = rebuild_wheel(vault, man, doc["python"], wheel_dir)
         out.append(path)
@@ -98,6 +100,23 @@ def _rebuild_all(vault, doc, packages, wheel_dir: Path, manifests: dict, warning
         if progress:
             progress(done)
     return out
+
+
+def _check_paths(p: dict, man: dict) -> None:
+    """The same refusal as in place: a manifest path that leaves the environment stops the restore."""
+    bad = []
+    for i, f in enumerate(man.get("files") or ()):
+        why = check_rel_path(f.get("path"))
+        rec = f.get("record")
+        if why is None and (not isinstance(rec, str) or rec.startswith("/") or "\x00" in rec):
+            why = "has a bad RECORD path"
+        if why is None and "link" in f and (not isinstance(f["link"], str) or f["link"].startswith("/")
+                                            or ".." in f["link"].split("/")):
+            why = "is a symlink that may lead out of the environment"
+        if why is not None:
+            bad.append(f"files[{i}].path {f.get('path')!r} {why}")
+    if bad:
+        raise RefusedError(f"refusing to restore {p['name']} {p['version']}: " + "; ".join(bad[:10]))
 
 
 def _read_record(text: str) -> list[list[str]]:

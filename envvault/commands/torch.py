@@ -1,0 +1,229 @@
+"""inspect, torch install-hook, torch uninstall-hook: parse, call the library, render.
+
+``inspect`` reads checkpoints without torch and without running anything from the file, and never opens
+the vault.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from envvault.cli import cli
+from envvault.commands.snapshots import json_option, venv_option
+from envvault.output import emit_json, human_bytes, style
+
+COLLAPSE = 4  # a mapping of more tensors than this is shown as one line
+
+
+@cli.command()
+@click.argument("path", type=click.Path(exists=False, path_type=Path))
+@json_option
+def inspect(path: Path, as_json: bool) -> None:
+    """Show a checkpoint's stamp and everything in it but tensor data, without torch.
+
+    Reads torch zip and legacy files, safetensors, distributed-checkpoint and Hugging Face directories.
+    Nothing from the file is imported or run: tensors show as shape and dtype, other classes as inert
+    records, and calls a pickle would make (os.system, eval, ...) are reported under findings.
+
+    \b
+    Examples:
+      envvault inspect step_690.pt
+      envvault inspect ckpt_dir/ --json | jq .stamp.snapshot
+    """
+    from envvault.torch.checkpoint import read_checkpoint
+
+    info = read_checkpoint(path)
+    if as_json:
+        emit_json(info.to_dict())
+    else:
+        _render(info, path)
+    danger = sum(1 for f in info.findings if f.severity == "danger")
+    if danger:
+        click.echo(f"warning: {path} holds {danger} call(s) that would run code on torch.load(weights_only=False); "
+                   "none ran here", err=True)
+
+
+def _render(info, path: Path) -> None:
+    t = info.tensors
+    size = human_bytes(_size(path))
+    dtypes = ", ".join(f"{k} x{v}" for k, v in sorted(t.dtypes.items()))
+    click.echo(f"{style(str(path), 'bold')}: {info.format}, {size}; {t.count} tensors, "
+               f"{human_bytes(t.bytes)}" + (f" ({dtypes})" if dtypes else ""))
+    click.echo("")
+    if info.stamp is None:
+        click.echo("stamp: none (saved without envvault stamping)")
+    else:
+        click.echo(f"stamp ({info.stamp_source}):")
+        for label, value in _stamp_lines(info.stamp):
+            click.echo(f"  {label:<12} {value}")
+    click.echo("")
+    click.echo("content:")
+    content = info.content
+    if info.stamp_source == "key" and isinstance(content, dict):
+        content = {k: v for k, v in content.items() if k != "envvault"}  # shown above
+    click.echo(_indent(json.dumps(_readable(content), indent=2, ensure_ascii=False), "  "))
+    for f in info.files:
+        click.echo(f"file {f.name}: {f.format}, {human_bytes(f.size)}, {f.tensors.count} tensors"
+                   + (", stamped" if f.stamp else ""))
+    if info.findings:
+        click.echo("")
+        click.echo(style("findings", "red") + " (blocked: torch.load(weights_only=False) would run these):")
+        for f in info.findings:
+            click.echo(f"  {f.severity}: {f}")
+    if info.notes:
+        click.echo("")
+        click.echo("notes:")
+        for n in info.notes:
+            click.echo(f"  {n}")
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def _stamp_lines(s: dict) -> list[tuple[str, str]]:
+    def get(key: str) -> Any:
+        return s.get(key)
+
+    lines = []
+    sid = get("snapshot")
+    lines.append(("snapshot", (f"{style(sid, 'yellow')}" + (" (lock-only)" if get("snapshot_lock_only") else ""))
+                  if sid else "none" + (f" (vault {get('vault')})" if get("vault") else "")))
+    lines.append(("fingerprint", get("fingerprint") or "unknown"))
+    lines.append(("torch", f"{get('torch') or 'not imported'}, cuda {get('cuda') or 'none'}"))
+    lines.append(("python", f"{get('python')}  {get('executable') or ''}".rstrip()))
+    lines.append(("venv", str(get("venv"))))
+    lines.append(("host", str(get("host"))))
+    lines.append(("time", str(get("time"))))
+    argv = get("argv")
+    lines.append(("argv", " ".join(map(str, argv)) if isinstance(argv, list) else str(argv)))
+    lines.append(("cwd", str(get("cwd"))))
+    git = get("git")
+    if isinstance(git, dict):
+        dirty = {True: ", dirty", False: ", clean", None: ""}.get(git.get("dirty"), "")
+        branch = f" on {git['branch']}" if git.get("branch") else ""
+        lines.append(("git", f"{git.get('commit') or 'no commit'}{branch}{dirty}  ({git.get('root')})"))
+    env = get("env")
+    if isinstance(env, dict) and env:
+        lines.append(("env", ", ".join(f"{k}={v}" for k, v in env.items())))
+    drift = get("drift")
+    if isinstance(drift, dict):
+        changed = ", ".join(_change(c) for c in drift.get("changed") or ()) or "unknown distributions"
+        lines.append(("drift", style(f"the environment on disk changed after the process started: {changed}", "red")))
+    else:
+        lines.append(("drift", "none"))
+    for w in get("warnings") or ():
+        lines.append(("warning", str(w)))
+    known = {"format", "tool", "snapshot", "snapshot_lock_only", "vault", "fingerprint", "torch", "cuda", "python",
+             "executable", "venv", "host", "time", "argv", "cwd", "git", "env", "drift", "warnings"}
+    for key in sorted(set(s) - known):
+        lines.append((key, json.dumps(s[key], ensure_ascii=False)))
+    return lines
+
+
+def _change(c: dict) -> str:
+    if not isinstance(c, dict):
+        return str(c)
+    old, new = c.get("old"), c.get("new")
+    if old is None:
+        return f"{c.get('name')} {new} installed"
+    if new is None:
+        return f"{c.get('name')} {old} removed"
+    if old == new:
+        return f"{c.get('name')} {old} (other build)"
+    return f"{c.get('name')} {old} -> {new}"
+
+
+def _is_tensor(v: Any) -> bool:
+    return isinstance(v, dict) and "tensor" in v and "dtype" in v and set(v) <= {"tensor", "dtype", "kind", "device"}
+
+
+def _readable(o: Any) -> Any:
+    """Content for people: a tensor as one string, a mapping of many tensors as one line."""
+    if _is_tensor(o):
+        shape = o["tensor"]
+        text = f"tensor{list(shape) if shape is not None else '[?]'} {o['dtype']}"
+        if o.get("kind"):
+            text += f" ({o['kind']})"
+        if o.get("device"):
+            text += f" on {o['device']}"
+        return text
+    if isinstance(o, dict):
+        if len(o) > COLLAPSE and all(_is_tensor(v) for v in o.values()):
+            return f"<{len(o)} tensors>"
+        return {k: _readable(v) for k, v in o.items()}
+    if isinstance(o, list):
+        if len(o) > COLLAPSE and all(_is_tensor(v) for v in o):
+            return f"<list of {len(o)} tensors>"
+        return [_readable(v) for v in o]
+    return o
+
+
+def _indent(text: str, pad: str) -> str:
+    return "\n".join(pad + line for line in text.splitlines())
+
+
+@cli.group("torch")
+def torch_group() -> None:
+    """Stamp every checkpoint a venv saves with the snapshot of its environment (zero code change).
+
+    \b
+    Examples:
+      envvault torch install-hook --venv ~/venvs/train
+      ENVVAULT_STAMP=1 ~/venvs/train/bin/python train.py
+      envvault inspect checkpoints/step_690.pt
+      envvault restore checkpoints/step_690.pt
+    """
+
+
+@torch_group.command("install-hook")
+@venv_option
+@json_option
+def install_hook_cmd(venv, as_json) -> None:
+    """Add a .pth hook to a venv: with ENVVAULT_STAMP=1, every torch.save, safetensors save and distributed
+    checkpoint of that venv's Python carries a stamp. Without the variable it costs nothing.
+
+    When the venv has no envvault of its own, the hook links to this envvault and its dependencies (same
+    Python ABI needed); they become importable only while stamping is on, after the venv's own packages.
+
+    \b
+    Examples:
+      envvault torch install-hook --venv ~/venvs/train
+    """
+    from envvault.env.probe import find_target
+    from envvault.torch.hook import install_hook
+
+    result = install_hook(find_target(venv))
+    if as_json:
+        emit_json(result.to_json())
+        return
+    how = f"linking envvault from {result.libs}" if result.libs else "using the venv's own envvault"
+    click.echo(f"installed {result.pth} ({how}); run training with ENVVAULT_STAMP=1 to stamp checkpoints")
+
+
+@torch_group.command("uninstall-hook")
+@venv_option
+@json_option
+def uninstall_hook_cmd(venv, as_json) -> None:
+    """Remove the stamping hook from a venv (nothing to remove is not an error).
+
+    \b
+    Examples:
+      envvault torch uninstall-hook --venv ~/venvs/train
+    """
+    from envvault.env.probe import find_target
+    from envvault.torch.hook import uninstall_hook
+
+    result = uninstall_hook(find_target(venv))
+    if as_json:
+        emit_json(result.to_json())
+    elif result.removed:
+        click.echo(f"removed {', '.join(result.removed)}")
+    else:
+        click.echo(f"no stamping hook in {result.venv}")

@@ -1,0 +1,416 @@
+"""What a checkpoint stamp says, and how the environment behind it is named in the vault.
+
+A stamp names the environment that wrote a checkpoint: a snapshot id, the environment's fingerprint, the
+torch / Python / host that ran, the command line, the git state of the working tree, chosen environment
+variables, the time, and drift (the environment on disk no longer matching the one the process started
+with). The fingerprint is lock-level: it covers each distribution's name, version and build id (RECORD),
+so it is computed from dist-info metadata alone and never hashes installed files; a full snapshot of an
+environment without in-place edits has the same fingerprint.
+
+Top-level imports are standard library only: :mod:`envvault.torch.plugin` imports this module when
+stamping is enabled, possibly at interpreter start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from envvault import __version__
+from envvault.errors import EnvvaultError, NotFoundError, UsageError
+
+__all__ = [
+    "STAMP_FORMAT",
+    "EnvState",
+    "Signature",
+    "dist_signature",
+    "environment_state",
+    "state_from_cache",
+    "find_snapshot",
+    "ensure_snapshot",
+    "drift_between",
+    "git_state",
+    "base_stamp",
+    "snapshot_of",
+]
+
+STAMP_FORMAT = 1
+_INDEX_NAME = "stamp-index.json"  # under the vault's state/: snapshot id -> [fingerprint, lock_only, created]
+_GIT_TIMEOUT = 2.0
+
+# (dist-info directory relative to the prefix, RECORD stat key, METADATA stat key); stat keys as in the
+# stat cache: [size, mtime_ns, inode, ctime_ns], or None for a missing file.
+Signature = tuple[tuple[str, "list[int] | None", "list[int] | None"], ...]
+
+
+@dataclass(frozen=True)
+class EnvState:
+    """The environment at one moment: its lock-level fingerprint and (name, version, build id) per package."""
+
+    prefix: str
+    python: str
+    fingerprint: str
+    packages: tuple[tuple[str, str, str], ...]
+    signature: Signature
+
+
+# --- the environment ------------------------------------------------------------------------------------
+
+
+def _stat_key(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def dist_signature(prefix: Path, sites: list[Path]) -> Signature:
+    """The dist-info directories of ``sites`` with the stats of their RECORD and METADATA: equal
+    signatures mean no distribution was installed, removed or rewritten. Standard library only; costs a
+    directory listing and two stats per distribution."""
+    out = []
+    seen = set()
+    for site in sites:
+        if site in seen:
+            continue
+        seen.add(site)
+        try:
+            entries = os.scandir(site)
+        except OSError:
+            continue
+        with entries:
+            for e in entries:
+                if e.name.endswith((".dist-info", ".egg-info")):
+                    rel = os.path.relpath(e.path, prefix).replace(os.sep, "/")
+                    out.append((rel, _stat_key(e.path + "/RECORD"), _stat_key(e.path + "/METADATA")))
+    out.sort()
+    return tuple(out)
+
+
+def _python_version() -> str:
+    return "%d.%d.%d" % sys.version_info[:3]
+
+
+def state_from_cache(vault, prefix: Path, signature: Signature) -> EnvState | None:
+    """The state described by ``signature``, from the vault's stat cache for ``prefix`` when every
+    distribution in it was scanned before with exactly these RECORD / METADATA stats; else None.
+
+    Works after the environment on disk has moved on, which is how the fingerprint at process start is
+    recovered when the first save comes after a change. Reads the cache only, never the environment.
+    """
+    from envvault.snap import statcache_for
+
+    groups = statcache_for(vault, prefix).groups
+    packages = []
+    for key, record, meta in signature:
+        group = groups.get(key) or {}
+        lock = group.get("lock") or {}
+        if record is not None and lock.get("record_stat") == record and lock.get("meta_stat") == meta:
+            summary = lock.get("summary") or {}
+        elif record is not None and group.get("record_stat") == record and group.get("meta_stat") == meta:
+            summary = group.get("summary") or {}  # a full or check scan: the same RECORD gives the same build id
+        else:
+            return None
+        if not all(isinstance(summary.get(k), str) for k in ("name", "version", "build_id")):
+            return None
+        packages.append((summary["name"], summary["version"], summary["build_id"]))
+    return _state(prefix, packages, signature)
+
+
+def _state(prefix: Path, packages: list[tuple[str, str, str]], signature: Signature) -> EnvState:
+    from envvault.snap import fingerprint
+
+    packages.sort()
+    # A lock-level fingerprint: the state id of a package read from RECORD alone is its build id.
+    fp = fingerprint(_python_version(), [{"name": n, "version": v, "state_id": b} for n, v, b in packages])
+    return EnvState(str(prefix), _python_version(), fp, tuple(packages), signature)
+
+
+def environment_state(vault, prefix: Path, sites: list[Path]) -> EnvState:
+    """The environment at ``prefix`` now. Served from the stat cache when the dist-info files are as the
+    last scan saw them; otherwise a lock-only scan (dist-info only), whose findings warm the cache."""
+    from envvault.snap import scan_environment
+
+    for _ in range(3):
+        before = dist_signature(prefix, sites)
+        cached = state_from_cache(vault, prefix, before)
+        if cached is not None:
+            return cached
+        _interp, packages, _warnings, cache, _ing, _stats = scan_environment(vault, prefix, mode="lock")
+        cache.save()
+        after = dist_signature(prefix, sites)
+        if after == before:  # nothing was installed while the scan ran
+            return _state(prefix, [(p["name"], p["version"], p["build_id"]) for p in packages], after)
+    raise EnvvaultError(f"{prefix} kept changing while envvault read it (an install in progress?)")
+
+
+def drift_between(start: EnvState | None, start_signature: Signature, now: EnvState | None,
+                  now_signature: Signature) -> dict | None:
+    """What changed on disk since the process started, or None. Distributions are named from the states
+    when both are known, else from the dist-info directory names."""
+    if start is not None and now is not None:
+        if start.fingerprint == now.fingerprint:
+            return None
+        old = {n: (v, b) for n, v, b in start.packages}
+        new = {n: (v, b) for n, v, b in now.packages}
+        changed = []
+        for name in sorted(old.keys() | new.keys()):
+            o, n = old.get(name), new.get(name)
+            if o != n:
+                changed.append({"name": name, "old": o[0] if o else None, "new": n[0] if n else None,
+                                "other_build": bool(o and n and o[0] == n[0])})
+        return {"fingerprint": now.fingerprint, "changed": changed}
+    if start_signature == now_signature:
+        return None
+    old_dirs = {d: (r, m) for d, r, m in start_signature}
+    new_dirs = {d: (r, m) for d, r, m in now_signature}
+    changed = []
+    for d in sorted(old_dirs.keys() | new_dirs.keys()):
+        if old_dirs.get(d) != new_dirs.get(d):
+            name, _, version = Path(d).name.rsplit(".", 1)[0].partition("-")
+            changed.append({"name": name, "old": version if d in old_dirs else None,
+                            "new": version if d in new_dirs else None, "other_build": d in old_dirs and d in new_dirs})
+    return {"fingerprint": now.fingerprint if now else None, "changed": changed}
+
+
+# --- snapshots -------------------------------------------------------------------------------------------
+
+
+def _load_index(vault) -> dict[str, list]:
+    try:
+        doc = json.loads(vault.state_path(_INDEX_NAME).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("tool") != __version__ or not isinstance(doc.get("snapshots"), dict):
+        return {}
+    return doc["snapshots"]
+
+
+def find_snapshot(vault, fingerprint: str) -> tuple[str, bool] | None:
+    """``(id, lock_only)`` of a snapshot with this fingerprint, preferring a full one, then the newest.
+
+    A small index under ``state/`` remembers each snapshot's fingerprint (snapshot files never change), so
+    each snapshot document is read once per vault, not once per process.
+    """
+    from envvault.vault.fsutil import atomic_write
+
+    index = _load_index(vault)
+    ids = set(vault.snapshot_ids())
+    changed = not index.keys() <= ids
+    for sid in ids - index.keys():
+        try:
+            doc = vault.load_snapshot(sid).doc
+        except EnvvaultError:
+            continue
+        index[sid] = [doc.get("fingerprint"), bool(doc.get("lock_only")), str(doc.get("created", ""))]
+        changed = True
+    if changed:
+        kept = {sid: v for sid, v in index.items() if sid in ids}
+        data = json.dumps({"tool": __version__, "snapshots": kept}, separators=(",", ":")).encode()
+        try:
+            atomic_write(vault.state_path(_INDEX_NAME), data, tmp_dir=vault.root / "tmp", durable=False)
+        except EnvvaultError:
+            pass  # a cache: the next process reads the documents again
+    matches = [(not lock_only, created, sid) for sid, (fp, lock_only, created) in index.items()
+               if fp == fingerprint and sid in ids]
+    if not matches:
+        return None
+    best = max(matches)
+    return best[2], not best[0]
+
+
+@contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    import fcntl
+
+    from envvault.vault.fsutil import storage_error
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise storage_error(err, path) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool = True,
+                    runtime_path: list[str] | None = None) -> tuple[str, bool]:
+    """``(id, lock_only)`` of a snapshot of ``state``: an existing one with its fingerprint, else a
+    lock-only snapshot taken now and, with ``full_snapshot``, a detached ``envvault snap`` that vaults the
+    files without making the caller wait.
+
+    Concurrent callers (threads or processes) serialise on ``locks/stamp-<fingerprint>.lock`` and look again
+    once they hold it, so they produce one snapshot between them. Raises :class:`EnvvaultError` when the
+    vault cannot be written or the environment changed before it could be vaulted.
+    """
+    found = find_snapshot(vault, state.fingerprint)
+    if found:
+        return found
+    from envvault.snap import take_snapshot
+
+    with _flock(vault.root / "locks" / f"stamp-{state.fingerprint}.lock"):
+        found = find_snapshot(vault, state.fingerprint)
+        if found:
+            return found
+        result = take_snapshot(vault, prefix, lock_only=True, trigger="stamp", argv=list(sys.argv),
+                               message=f"for checkpoint stamps (pid {os.getpid()})")
+        if result.doc.get("fingerprint") != state.fingerprint:
+            raise EnvvaultError(f"{prefix} changed before it could be vaulted (snapshot {result.id[:12]} has "
+                                "another fingerprint); the stamp names no snapshot")
+        find_snapshot(vault, state.fingerprint)  # index the new snapshot for the processes waiting on the lock
+        if full_snapshot:
+            spawn_full_snapshot(vault, prefix, state.fingerprint, runtime_path or [])
+        return result.id, True
+
+
+def spawn_full_snapshot(vault, prefix: Path, fingerprint: str, runtime_path: list[str]) -> None:
+    """Start ``envvault snap`` of ``prefix`` in its own session, detached (it outlives the caller); its
+    stderr goes to ``state/stamp-snap.log`` in the vault."""
+    log = vault.state_path("stamp-snap.log")
+    # The environment stays the training process's (the snapshot records it); envvault's own import path
+    # goes on the command line instead of PYTHONPATH.
+    env = {k: v for k, v in os.environ.items() if k != "ENVVAULT_STAMP"}
+    boot = f"import sys; sys.path[:0] = {runtime_path!r}; from envvault.cli import main; main()"
+    cmd = [sys.executable, "-c", boot, "--vault", str(vault.root), "snap", "--venv", str(prefix),
+           "--no-caches", "-m", f"files for checkpoint stamps ({fingerprint[:12]})"]
+    # sh starts the snap in the background and exits at once: the snap is re-parented, never a zombie here.
+    subprocess.run(["/bin/sh", "-c", 'exec 2>>"$0"; "$@" </dev/null >/dev/null &', str(log), *cmd],
+                   env=env, start_new_session=True, check=False, timeout=30)
+
+
+# --- the rest of the stamp -------------------------------------------------------------------------------
+
+
+def git_state(start: Path) -> dict | None:
+    """Commit, branch and dirty flag of the git work tree holding ``start``, or None outside one.
+
+    The commit is read from ``.git`` files (HEAD, refs, packed-refs); only the dirty flag runs
+    ``git status`` (tracked files only, without taking git's index lock; None when git is missing or slow).
+    """
+    root = next((d for d in (start, *start.parents) if (d / ".git").exists()), None)
+    if root is None:
+        return None
+    gitdir = root / ".git"
+    try:
+        if gitdir.is_file():  # a worktree or submodule: "gitdir: <path>"
+            gitdir = (root / gitdir.read_text().split(":", 1)[1].strip()).resolve()
+        common = gitdir
+        if (gitdir / "commondir").is_file():
+            common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
+        head = (gitdir / "HEAD").read_text().strip()
+    except (OSError, IndexError):
+        return {"root": str(root), "commit": None, "branch": None, "dirty": None}
+    branch = None
+    commit: str | None = head
+    if head.startswith("ref:"):
+        ref = head[4:].strip()
+        branch = ref.removeprefix("refs/heads/")
+        commit = _read_ref(gitdir, common, ref)
+    return {"root": str(root), "commit": commit, "branch": branch, "dirty": _git_dirty(root)}
+
+
+def _read_ref(gitdir: Path, common: Path, ref: str) -> str | None:
+    for base in (gitdir, common):
+        try:
+            return (base / ref).read_text().strip() or None
+        except OSError:
+            continue
+    try:
+        for line in (common / "packed-refs").read_text().splitlines():
+            sha, _, name = line.partition(" ")
+            if name.strip() == ref:
+                return sha
+    except OSError:
+        pass
+    return None  # a branch without commits yet
+
+
+def _git_dirty(root: Path) -> bool | None:
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    try:
+        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=_GIT_TIMEOUT, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def base_stamp(*, state: EnvState | None, snapshot: tuple[str, bool] | None, vault_root: str | None,
+               prefix: Path, warnings: list[str]) -> dict[str, Any]:
+    """The fields of a stamp that stay the same for the whole process (plain JSON types only: a
+    ``TorchVersion`` would make ``torch.load(weights_only=True)`` refuse the checkpoint)."""
+    from envvault.env.host import relevant_env
+
+    torch = sys.modules.get("torch")
+    version = getattr(torch, "version", None)
+    return {
+        "format": STAMP_FORMAT,
+        "tool": f"envvault {__version__}",
+        "snapshot": snapshot[0] if snapshot else None,
+        "snapshot_lock_only": snapshot[1] if snapshot else None,
+        "vault": vault_root,
+        "fingerprint": state.fingerprint if state else None,
+        "venv": str(prefix),
+        "torch": str(torch.__version__) if torch is not None and hasattr(torch, "__version__") else None,
+        "cuda": _plain(getattr(version, "cuda", None)),
+        "python": _python_version(),
+        "executable": sys.executable,
+        "host": socket.gethostname(),
+        "argv": [str(a) for a in sys.argv],
+        "git": git_state(Path.cwd()),
+        "env": relevant_env(),
+        "warnings": list(warnings),
+    }
+
+
+def _plain(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# --- from a checkpoint back to its snapshot --------------------------------------------------------------
+
+
+def snapshot_of(vault, path: Path) -> str:
+    """The id of the snapshot a stamped checkpoint (file or directory) names, in ``vault``.
+
+    A stamp that names a lock-only snapshot resolves to a full snapshot with the same fingerprint when the
+    vault holds one (same distributions, files stored: restores without rebuilding wheels). A stamp without
+    a snapshot (the vault could not be written at save time) resolves through its fingerprint. Raises
+    :class:`NotFoundError` with one line naming the id and the vault searched.
+    """
+    from envvault.torch.checkpoint import read_checkpoint
+
+    info = read_checkpoint(path)
+    stamp = info.stamp
+    if not stamp:
+        raise NotFoundError(f"{path} carries no envvault stamp (saved without stamping); name a snapshot instead")
+    sid, fp = stamp.get("snapshot"), stamp.get("fingerprint")
+    if sid is not None and not (isinstance(sid, str) and len(sid) == 64 and all(c in "0123456789abcdef" for c in sid)):
+        raise UsageError(f"{path}: its stamp's snapshot {str(sid)[:80]!r} is not a snapshot id")
+    fp = fp if isinstance(fp, str) else None
+    better = find_snapshot(vault, fp) if fp else None
+    if sid is None:
+        if better:
+            return better[0]
+        raise NotFoundError(f"{path}: its stamp names no snapshot (the vault was not writable when it was saved) "
+                            f"and {vault.root} holds none with fingerprint {fp or 'unknown'}")
+    if sid in set(vault.snapshot_ids()):
+        if better and not better[1] and stamp.get("snapshot_lock_only"):
+            return better[0]
+        return sid
+    where = stamp.get("vault")
+    hint = f"; it was written to {where} (pass --vault)" if isinstance(where, str) and where != str(vault.root) else ""
+    raise NotFoundError(f"snapshot {sid} named by {path.name} is not in {vault.root}{hint}")
