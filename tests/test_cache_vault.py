@@ -109,7 +109,11 @@ def test_h200_tree_round_trips_and_names_the_torch_mismatch(tmp_path, torch_venv
     assert ev_json(vault, "verify")["ok"] is True
 
     shutil.rmtree(root)
-    done = ev_json(vault, "cache", "restore", out["id"][:8], "--venv", torch_venv)
+    # The archived root is not one of this environment's cache directories: nothing without consent.
+    refused = ev_json(vault, "cache", "restore", out["id"][:8], "--venv", torch_venv)
+    assert refused["caches"] == [] and refused["skipped"][0]["root"] == str(root) and not root.exists()
+    assert any("--archived-roots" in w for w in refused["warnings"])
+    done = ev_json(vault, "cache", "restore", out["id"][:8], "--venv", torch_venv, "--archived-roots")
     (restored,) = done["caches"]
     assert restored["root"] == str(root) and restored["written_files"] == 671
     assert tree(root) == reference  # bytes, modes, folders
@@ -136,7 +140,7 @@ def test_unchanged_cache_is_reused_and_a_change_is_seen(tmp_path):
     changed = out["caches"][0]
     assert changed["reused"] is False and changed["manifest"] != first["manifest"]
     shutil.rmtree(root)
-    ev(vault, "cache", "restore", out["id"])
+    ev(vault, "cache", "restore", out["id"], "--archived-roots")
     assert (root / "fxgraph/cd/fcde/entry2").read_bytes() == b"graph two, recompiled"
     assert (root / "xy" / "new.py").read_bytes() == b"new kernel"
 
@@ -153,7 +157,7 @@ def test_locks_and_files_being_written_are_left_out(tmp_path):
     assert paths["xy/cxy.so"]["mode"] == 0o755 and paths["aotautograd/aaa/entry"]["mode"] == 0o600
     before = tree(root)
     shutil.rmtree(root)
-    ev(vault, "cache", "restore", out["id"])
+    ev(vault, "cache", "restore", out["id"], "--to", root)
     after = tree(root)
     dropped = {k for k in before if k.startswith("locks/") or k.endswith(".tmp") or "tmp.pid_" in k}
     assert after == {k: v for k, v in before.items() if k not in dropped}
@@ -174,16 +178,16 @@ def test_merge_never_overwrites_and_replace_restores_exactly(tmp_path):
     os.chmod(root / "xy/cxy.so", 0o700)  # mode changed
     (root / "xy/.cxy.py.99.1.tmp").write_bytes(b"being written")  # a compile writing now
 
-    merged = ev_json(vault, "cache", "restore", sid)["caches"][0]
+    merged = ev_json(vault, "cache", "restore", sid, "--archived-roots")["caches"][0]
     assert merged["mode"] == "merge" and merged["written_files"] == 1
     assert (root / "aotautograd/aaa/entry").read_bytes() == b"aot" * 50
     assert (root / "fxgraph/ab/fabc/entry1").read_bytes() == b"a newer graph"
     assert (root / "xy/other.py").exists() and stat.S_IMODE((root / "xy/cxy.so").stat().st_mode) == 0o700
 
-    dry = ev_json(vault, "cache", "restore", sid, "--replace", "--dry-run")["caches"][0]
+    dry = ev_json(vault, "cache", "restore", sid, "--replace", "--dry-run", "--to", root)["caches"][0]
     assert dry["dry_run"] is True and dry["removed_files"] == 1 and dry["written_files"] == 2
     assert (root / "xy/other.py").exists()
-    replaced = ev_json(vault, "cache", "restore", sid, "--replace")["caches"][0]
+    replaced = ev_json(vault, "cache", "restore", sid, "--replace", "--to", root)["caches"][0]
     assert replaced["written_files"] == 2 and replaced["removed_files"] == 1
     now = tree(root)
     assert now.pop("xy/.cxy.py.99.1.tmp")[0] == "file"  # files being written are left alone
@@ -237,11 +241,25 @@ def test_hostile_manifests_are_refused_with_nothing_written(tmp_path, case):
     root = tmp_path / "cache" / "root"
     files = [_file("good/first", b"good")] + HOSTILE[case]  # a good file first: it must not be written either
     sid = _hostile_vault(tmp_path / "vault", files, [b"good", b"x"], root)
-    proc = ev(tmp_path / "vault", "cache", "restore", sid, check=False)
+    proc = ev(tmp_path / "vault", "cache", "restore", sid, "--archived-roots", check=False)
     assert_one_line_error(proc, "refusing")
     assert proc.returncode == 3
     assert not (tmp_path / "cache").exists() and not any(outside.iterdir())
     assert not Path("/tmp/escaped-absolute").exists() and not (tmp_path / "escaped").exists()
+
+
+def test_a_root_the_environment_does_not_name_is_not_written(tmp_path):
+    victim = tmp_path / "home" / ".ssh"  # a vault may name any folder as a cache's root
+    sid = _hostile_vault(tmp_path / "vault", [_file("authorized_keys", b"ssh-ed25519 AAAA attacker")],
+                         [b"ssh-ed25519 AAAA attacker"], victim)
+    env = _clean_env(tmp_path / "vault", tmp_path)
+    out = ev_json(tmp_path / "vault", "cache", "restore", sid, env=env)
+    assert out["caches"] == [] and out["skipped"][0]["root"] == str(victim)
+    assert not (tmp_path / "home").exists()
+    # A cache directory of this environment (here TORCHINDUCTOR_CACHE_DIR) is trusted as it is.
+    ic_sid = _hostile_vault(tmp_path / "vault", [_file("fxgraph/ab/k/e", b"x")], [b"x"], tmp_path / "ic")
+    done = ev_json(tmp_path / "vault", "cache", "restore", ic_sid, env=env)
+    assert done["skipped"] == [] and (tmp_path / "ic" / "fxgraph/ab/k/e").read_bytes() == b"x"
 
 
 def test_symlink_on_disk_leading_out_is_refused(tmp_path):
@@ -251,7 +269,7 @@ def test_symlink_on_disk_leading_out_is_refused(tmp_path):
     root.mkdir()
     os.symlink(outside, root / "sub")  # an existing folder of the cache that leads elsewhere
     sid = _hostile_vault(tmp_path / "vault", [_file("a", b"x"), _file("sub/f", b"x")], [b"x"], root)
-    proc = ev(tmp_path / "vault", "cache", "restore", sid, check=False)
+    proc = ev(tmp_path / "vault", "cache", "restore", sid, "--to", root, check=False)
     assert_one_line_error(proc, "refusing", "outside the cache root")
     assert sorted(p.name for p in root.iterdir()) == ["sub"] and not any(outside.iterdir())
 
@@ -262,7 +280,7 @@ def test_damaged_object_aborts_before_anything_is_renamed(tmp_path):
     lying = _file("b/second", b"other bytes")  # its chunk is not in the vault as these bytes
     lying["chunks"] = [object_id(b"good")]
     sid = _hostile_vault(tmp_path / "vault", [good, lying], [b"good"], root)
-    proc = ev(tmp_path / "vault", "cache", "restore", sid, check=False)
+    proc = ev(tmp_path / "vault", "cache", "restore", sid, "--archived-roots", check=False)
     assert_one_line_error(proc, "do not make the archived file")
     assert proc.returncode == 5
     assert not root.exists()  # the folders it made are gone too, and no temp file is left
@@ -430,5 +448,5 @@ def test_near_identical_large_files_share_chunks(tmp_path):
     assert first["new_bytes"] > 12 << 20  # random bytes do not compress
     assert second["new_bytes"] < 0.4 * (12 << 20)
     shutil.rmtree(root)
-    ev(vault, "cache", "restore", second["id"])
+    ev(vault, "cache", "restore", second["id"], "--archived-roots")
     assert (root / "two.h.gch").read_bytes() == bytes(twin) and (root / "one.h.gch").read_bytes() == base

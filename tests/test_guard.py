@@ -464,6 +464,8 @@ def test_plan_retention():
               _ref("cc" * 32, "2026-01-01", "guard", venv="/other")]
     drop = plan_retention(snaps, "/v", tagged={"02" * 32}, keep=5)
     assert drop == ["03" * 32, "01" * 32]
+    assert plan_retention(snaps, "/v", tagged=set(), keep=5, slack=3) == []  # 8 <= 5 + 3: not yet
+    assert len(plan_retention(snaps, "/v", tagged=set(), keep=5, slack=2)) == 3
 
 
 def test_retention_forgets_old_guard_snapshots_and_gc_keeps_the_rest(cu128_pip_venv, disaster_index, tmp_path):
@@ -481,7 +483,8 @@ def test_retention_forgets_old_guard_snapshots_and_gc_keeps_the_rest(cu128_pip_v
         if len(ids) == 1:
             vault.set_tag("keepme", doc["after"])
     kept = {s.id for s in vault.snapshots()}
-    # keep = 2: the last run's pair, the tagged one and the manual one survive; the first "before" went.
+    # keep = 2 (slack 1): after 4 guard snapshots, the last run's pair, the tagged one and the manual one
+    # survive; the first "before" went.
     assert kept == {manual_id, ids[0][1], *ids[1]}
     assert run_envvault("verify", "--json", env=env).returncode == 0
     result = apply_retention(vault, venv, keep=2)

@@ -38,7 +38,7 @@ from .fingerprint import Fingerprint, Mismatch, compare
 from .manifest import CacheManifest, ManifestFile, parse_manifest
 from .walk import walk_cache
 
-__all__ = ["CacheRestoreEntry", "CacheRestoreResult", "restore_snapshot_caches", "select_caches"]
+__all__ = ["CacheRestoreEntry", "CacheRestoreResult", "restore_snapshot_caches", "select_caches", "cache_roots"]
 
 Mode = Literal["merge", "replace"]
 # Components of a fingerprint each kind of cache depends on (None: all of them).
@@ -84,11 +84,13 @@ class CacheRestoreResult:
     """Every cache restored from one snapshot; ``warnings`` gathers theirs, fingerprint mismatches first."""
 
     entries: tuple[CacheRestoreEntry, ...] = ()
+    skipped: tuple[dict, ...] = ()  # caches whose archived root this environment does not name
     warnings: tuple[str, ...] = field(default=())
     dry_run: bool = False
 
     def to_json(self) -> dict:
-        return {"dry_run": self.dry_run, "caches": [e.to_json() for e in self.entries], "warnings": list(self.warnings)}
+        return {"dry_run": self.dry_run, "caches": [e.to_json() for e in self.entries], "skipped": list(self.skipped),
+                "warnings": list(self.warnings)}
 
 
 def select_caches(doc: dict, select: Sequence[str] = ()) -> list[dict]:
@@ -108,12 +110,16 @@ def restore_snapshot_caches(
     mode: Mode = "merge",
     select: Sequence[str] = (),
     to: Path | None = None,
+    archived_roots: bool = False,
     dry_run: bool = False,
     env: Mapping[str, str] = os.environ,
 ) -> CacheRestoreResult:
     """Restore the caches archived in snapshot ``doc`` (all, or those ``select`` names by kind or root).
 
-    Each goes back to the root it was archived from, or to ``to`` (only when one cache is selected).
+    Each goes back to the root it was archived from, or to ``to`` (only when one cache is selected). The
+    archived root is the vault's word, so it is used only when it lies in a cache directory of this
+    environment (``env``: where torch, Triton and CUDA look, and the configured dirs), or with
+    ``archived_roots``; other caches are skipped with a warning and listed in ``skipped``.
     ``venv`` is the environment that will use the caches: each cache's fingerprint is compared with it
     and every component that makes torch or Triton ignore the cache becomes a warning ("built by torch
     2.11.0+cu130 on NVIDIA H200; this environment has torch 2.13.0+cpu: Inductor will not use it").
@@ -128,12 +134,20 @@ def restore_snapshot_caches(
     if to is not None and len(chosen) != 1:
         raise UsageError(f"--to needs exactly one cache and {len(chosen)} are selected; pick one with --kind or --root")
     target_fp, fp_note = _target_fingerprint(venv, env)
+    trusted = None if to is not None or archived_roots else cache_roots(env, venv, vault.settings())
+    skipped: list[dict] = []
     with vault.lock():
         reader = _Reader(vault)
-        plans = []
+        manifests = []
         for entry in chosen:  # every manifest is checked before any cache is written
             mid = entry["manifest"]
-            manifest = parse_manifest(vault.get_json(mid), f"cache manifest {mid[:12]}")
+            manifests.append((mid, parse_manifest(vault.get_json(mid), f"cache manifest {mid[:12]}")))
+        plans = []
+        for mid, manifest in manifests:
+            if trusted is not None and not _trusted(manifest.root, trusted):
+                skipped.append({"kind": manifest.cache_kind, "root": manifest.root, "manifest": mid,
+                                "reason": "not a cache directory of this environment"})
+                continue
             dest = Path(os.path.abspath(to)) if to is not None else Path(manifest.root)
             plans.append(_plan(manifest, mid, dest, mode))
         results = []
@@ -153,9 +167,29 @@ def restore_snapshot_caches(
             ))  # fmt: skip
     flat = [f"{e.kind} cache {e.root}: {m.message}" for e in results for m in e.mismatches]
     flat += [w for e in results for w in e.warnings]
+    flat += [f"{s['kind']} cache not restored: {s['root']} is not where this environment keeps compile caches "
+             f"(the vault names it); pass --to {s['root']} (or --archived-roots) if you trust this snapshot"
+             for s in skipped]
     if fp_note and results:
         flat.append(fp_note)
-    return CacheRestoreResult(entries=tuple(results), warnings=tuple(flat), dry_run=dry_run)
+    return CacheRestoreResult(entries=tuple(results), skipped=tuple(skipped), warnings=tuple(flat), dry_run=dry_run)
+
+
+def cache_roots(env: Mapping[str, str], venv: Path | None, vault_settings: dict) -> set[str]:
+    """Where this environment keeps compile caches, existing or not: what torch, Triton and CUDA would use
+    under ``env``, Inductor's default root and its precompiled headers, and the configured dirs."""
+    from .config import configured_dirs
+    from .discover import discover_caches
+
+    roots = {loc.path for loc in discover_caches(env, configured_dirs(vault_settings, venv))}
+    default, _ = inductor_cache_dir({k: v for k, v in env.items() if k != "TORCHINDUCTOR_CACHE_DIR"})
+    roots |= {default, default / "precompiled_headers"}
+    return {str(p) for p in roots} | {os.path.realpath(p) for p in roots}
+
+
+def _trusted(root: str, trusted: set[str]) -> bool:
+    real = os.path.realpath(root)
+    return any(_within(candidate, t) for t in trusted for candidate in (root, real))
 
 
 # -- fingerprints and where torch looks ------------------------------------------------------------

@@ -203,12 +203,17 @@ def cache_list(ctx, snapshot_id, where, venv, as_json):
 @click.option("--to", "to", type=click.Path(file_okay=False), help="Restore the (one) selected cache here instead.")
 @click.option("--merge/--replace", "merge", default=True, show_default=True,
               help="merge: add what is missing, never overwrite; replace: make the directory hold exactly the archive.")
+@click.option("--archived-roots", is_flag=True,
+              help="Restore to the directories the caches were archived from even where this environment would "
+                   "not look for caches (trusts the snapshot).")
 @click.option("--dry-run", is_flag=True, help="Say what would be written; change nothing.")
 @json_option
 @click.pass_context
-def cache_restore(ctx, snapshot_id, venv, kinds, roots, to, merge, dry_run, as_json):
+def cache_restore(ctx, snapshot_id, venv, kinds, roots, to, merge, archived_roots, dry_run, as_json):
     """Put archived caches back where they were (or --to a directory), staged then renamed into place.
 
+    A cache goes back where it was archived from when that is one of this environment's cache directories
+    (where torch, Triton and CUDA look now, or a configured one); otherwise pass --to or --archived-roots.
     The caches' fingerprints are compared with the environment (--venv or $VIRTUAL_ENV): a torch, Triton,
     CUDA, GPU or Python that differs from the one that built a cache makes torch ignore it, and each such
     component is named in a warning.
@@ -226,7 +231,7 @@ def cache_restore(ctx, snapshot_id, venv, kinds, roots, to, merge, dry_run, as_j
     doc = vault.load_snapshot(sid).doc
     result = restore_snapshot_caches(vault, doc, venv=_venv(venv), mode="merge" if merge else "replace",
                                      select=list(kinds) + [os.path.abspath(os.path.expanduser(r)) for r in roots],
-                                     to=Path(to) if to else None, dry_run=dry_run)
+                                     to=Path(to) if to else None, archived_roots=archived_roots, dry_run=dry_run)
     if as_json:
         emit_json({"snapshot": sid, **result.to_json()})
         return
@@ -235,7 +240,7 @@ def cache_restore(ctx, snapshot_id, venv, kinds, roots, to, merge, dry_run, as_j
         removed = f", {e.removed_files} removed" if e.removed_files else ""
         click.echo(f"{verb} {e.kind} cache to {e.root}: {e.written_files} files ({human_bytes(e.written_bytes)}), "
                    f"{e.kept_files} already there{removed} [{e.mode}]")
-    if not result.entries:
+    if not result.entries and not result.skipped:
         click.echo(f"snapshot {sid[:12]} holds no caches", err=True)
     _warn(result.warnings)
 

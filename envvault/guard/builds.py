@@ -162,7 +162,8 @@ def _direct_url_sha256(dist_info: Path) -> str | None:
     return sha
 
 
-def same_build(dist_info: Path, *, url: str | None, sha256: str | None, known_sha256: set[str] = frozenset()) -> bool | None:
+def same_build(dist_info: Path, *, url: str | None, sha256: str | None,
+               known_sha256: set[str] = frozenset()) -> bool | None:
     """True when the wheel (``url``, ``sha256``) holds the build installed at ``dist_info``, False when it
     holds another one, None when that cannot be told. ``known_sha256``: wheel hashes already known to have
     produced this installed build (direct_url.json, provenance of earlier snapshots)."""

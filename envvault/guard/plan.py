@@ -230,7 +230,8 @@ def start_dry_run(cmd: Command, env: Mapping[str, str], cwd: Path) -> DryRun:
 # -- reading the answers --------------------------------------------------------------------------
 
 
-def _classify_all(pairs: list[tuple[Installed | None, PlannedDist | None]], verify: Callable[[str], bool]) -> list[Change]:
+def _classify_all(pairs: list[tuple[Installed | None, PlannedDist | None]],
+                  verify: Callable[[str], bool]) -> list[Change]:
     """``classify`` each pair; the build checks that may touch the network run side by side."""
     def one(pair):
         old, new = pair
@@ -313,7 +314,8 @@ def _pip_uninstall_plan(cmd: Command, installed: Mapping[str, Installed]) -> Pla
 
 
 _UV_LINE = re.compile(r"^ ([-+~]) (\S+?)(?:==(\S+)| @ (\S+))(?: \(from (\S+)\))?\s*$")
-_UV_ENV = re.compile(r"^(?:Using .* environment at|Would use project environment at|Would create project environment at): (.+?)\s*$")
+_UV_ENV = re.compile(
+    r"^(?:Using .* environment at|Would use project environment at|Would create project environment at): (.+?)\s*$")
 
 
 def _url_version(url: str | None) -> str | None:

@@ -1,9 +1,11 @@
 """How many automatic snapshots an environment keeps, so guarded installs never grow the vault without bound.
 
 Policy: per environment, the newest ``keep`` snapshots whose trigger is automatic (``guard``) stay; older
-automatic ones are forgotten. Manual snapshots, those of other triggers (a restore's backup) and every
-tagged snapshot always stay. Forgetting deletes only snapshot files; gc then removes the objects no
-remaining snapshot references, and nothing else.
+automatic ones are forgotten, in rounds: once more than ``keep + keep // 2`` have gathered (one gc per
+round, not one per guarded command; a gc reads every kept manifest, about a second for a torch venv).
+Manual snapshots, those of other triggers (a restore's backup) and every tagged snapshot always stay.
+Forgetting deletes only snapshot files; gc then removes the objects no remaining snapshot references, and
+nothing else.
 """
 
 from __future__ import annotations
@@ -33,11 +35,15 @@ class RetentionResult:
         return {"venv": self.venv, "kept": self.kept, "forgotten": list(self.forgotten), "gc": self.gc}
 
 
-def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str], keep: int) -> list[str]:
-    """Ids of the automatic snapshots of ``venv`` beyond the newest ``keep`` (tagged ones never)."""
+def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str], keep: int,
+                   slack: int = 0) -> list[str]:
+    """Ids of the automatic snapshots of ``venv`` beyond the newest ``keep`` (tagged ones never), or none
+    while there are at most ``keep + slack`` of them (so gc runs once per ``slack`` snapshots, not each time)."""
     if keep < 1:
         raise ValueError("keep must be at least 1")
     auto = [s for s in snapshots if s.doc.get("venv") == venv and s.doc.get("trigger") in AUTOMATIC_TRIGGERS]
+    if len(auto) <= keep + slack:
+        return []
     auto.sort(key=lambda s: (s.created, s.id), reverse=True)
     return [s.id for s in auto[keep:] if s.id not in tagged]
 
@@ -67,11 +73,14 @@ def _forget(vault: Vault, ids: list[str]) -> bool:
         os.close(fd)
 
 
-def apply_retention(vault: Vault, venv: Path, *, keep: int, gc: bool = True) -> RetentionResult:
+def apply_retention(vault: Vault, venv: Path, *, keep: int, slack: int | None = None,
+                    gc: bool = True) -> RetentionResult:
     """Forget the automatic snapshots of ``venv`` that the policy drops, then let gc delete the objects
-    no remaining snapshot references (gc keeps every remaining snapshot whole)."""
+    no remaining snapshot references (gc keeps every remaining snapshot whole). ``slack`` (default
+    ``keep // 2``): how many extra automatic snapshots may gather before a round of forgetting and gc."""
     snapshots = vault.snapshots()
-    drop = plan_retention(snapshots, str(venv), set(vault.tags().values()), keep)
+    slack = keep // 2 if slack is None else slack
+    drop = plan_retention(snapshots, str(venv), set(vault.tags().values()), keep, slack)
     mine = sum(1 for s in snapshots if s.doc.get("venv") == str(venv))
     if not drop or not _forget(vault, drop):
         return RetentionResult(venv=str(venv), kept=mine, forgotten=())

@@ -256,7 +256,10 @@ def guard(
         timings["snapshot_before"] = time.monotonic() - t
         t = time.monotonic()
         installed = _installed(before.doc, target, prov_before)
-        plan = dry.finish(installed, verify=lambda name: protection.match(name) is not None) if dry is not None else Plan(source=None, error="not a pip or uv command")
+        if dry is None:
+            plan = Plan(source=None, error="not a pip or uv command")
+        else:
+            plan = dry.finish(installed, verify=lambda name: protection.match(name) is not None)
         timings["plan_wait"] = time.monotonic() - t
     finally:
         if dry is not None:
@@ -278,12 +281,14 @@ def guard(
             timings["pre_command"] = time.monotonic() - t0
             if not ui.confirm(f"{names} would change. Go ahead?", False):
                 return GuardResult(outcome="declined", exit_code=3, reason=f"you declined the change to {names}",
-                                   timings=timings, **base)
+                                   timings=timings, warnings=tuple(_retain(vault, target, protection)), **base)
             consented = {c.name for c, _ in protected}
         else:
             timings["pre_command"] = time.monotonic() - t0
             return GuardResult(outcome="refused", exit_code=3, timings=timings, **base,
-                               reason=f"{names} would change and there is no terminal to ask; rerun with --yes to allow it")
+                               warnings=tuple(_retain(vault, target, protection)),
+                               reason=f"{names} would change and there is no terminal to ask; "
+                                      "rerun with --yes to allow it")
 
     project_files = _read_project_files(cmd, cwd)
     timings.setdefault("pre_command", time.monotonic() - t0)

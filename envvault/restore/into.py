@@ -58,8 +58,12 @@ def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progr
             if lock_entries is not None:
                 sync_from_lock(sid, doc, lock_entries, python, reinstall=[], work=work)
             elif wheels:
+                # A throwaway cache beside the wheels: uv then links files into the venv instead of copying
+                # twice (measured: 5 s instead of 15 s for a torch venv with --no-cache). Never symlinks: that
+                # cache is deleted when the restore ends.
                 run_uv("pip", "install", "--python", str(python), "--offline", "--no-index", "--no-deps",
-                       "--no-cache", "--quiet", *map(str, wheels), what=f"install the snapshot's wheels into {dest}")
+                       "--cache-dir", str(work / "uv-cache"), "--link-mode", "hardlink", "--quiet", *map(str, wheels),
+                       what=f"install the snapshot's wheels into {dest}")
             for p in packages:
                 man = manifests.get(p["manifest"])
                 if man is not None and (p.get("modified") or p.get("missing")):

@@ -189,7 +189,8 @@ def sync_from_lock(sid: str, doc: dict, entries: list[dict], python_exe: Path, *
     lock_path = work / "pylock.toml"
     _write_pylock(doc, entries, lock_path)
     offline = all(e["wheel"] is not None for e in entries)
-    args = ["pip", "sync", "--preview-features", "pylock", "--python", str(python_exe), "--no-cache", "--quiet"]
+    args = ["pip", "sync", "--preview-features", "pylock", "--python", str(python_exe), "--cache-dir",
+            str(work / "uv-cache"), "--link-mode", "hardlink", "--quiet"]  # that cache is deleted afterwards
     if offline:
         args += ["--offline", "--no-index"]
     for name in reinstall:

@@ -43,7 +43,11 @@ __all__ = [
 ]
 
 STAMP_FORMAT = 1
-_INDEX_NAME = "stamp-index.json"  # under the vault's state/: snapshot id -> [fingerprint, lock_only, created]
+# A cache under the vault's state/ (deleting it costs only speed):
+#   {"tool": ..., "snapshots": {id: [fingerprint, lock_only, created]},
+#    "states": {key of (prefix, python, signature): [fingerprint, [[name, version, build id], ...]]}}
+_INDEX_NAME = "stamp-index.json"
+_MAX_STATES = 64
 _GIT_TIMEOUT = 2.0
 
 # (dist-info directory relative to the prefix, RECORD stat key, METADATA stat key); stat keys as in the
@@ -107,9 +111,12 @@ def state_from_cache(vault, prefix: Path, signature: Signature) -> EnvState | No
     Works after the environment on disk has moved on, which is how the fingerprint at process start is
     recovered when the first save comes after a change. Reads the cache only, never the environment.
     """
+    known = _load_index(vault)["states"].get(_state_key(prefix, signature))
+    if known is not None:
+        return EnvState(str(prefix), _python_version(), known[0], tuple(tuple(p) for p in known[1]), signature)
     from envvault.snap import statcache_for
 
-    groups = statcache_for(vault, prefix).groups
+    groups = statcache_for(vault, prefix).groups  # a full snap's cache: megabytes of JSON for a big venv
     packages = []
     for key, record, meta in signature:
         group = groups.get(key) or {}
@@ -123,15 +130,29 @@ def state_from_cache(vault, prefix: Path, signature: Signature) -> EnvState | No
         if not all(isinstance(summary.get(k), str) for k in ("name", "version", "build_id")):
             return None
         packages.append((summary["name"], summary["version"], summary["build_id"]))
-    return _state(prefix, packages, signature)
+    return _state(vault, prefix, packages, signature)
 
 
-def _state(prefix: Path, packages: list[tuple[str, str, str]], signature: Signature) -> EnvState:
+def _state_key(prefix: Path, signature: Signature) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps([str(prefix), _python_version(), signature]).encode()).hexdigest()
+
+
+def _state(vault, prefix: Path, packages: list[tuple[str, str, str]], signature: Signature) -> EnvState:
+    """The state of these packages, remembered in the index so the next process skips the stat cache."""
     from envvault.snap import fingerprint
 
     packages.sort()
     # A lock-level fingerprint: the state id of a package read from RECORD alone is its build id.
     fp = fingerprint(_python_version(), [{"name": n, "version": v, "state_id": b} for n, v, b in packages])
+    index = _load_index(vault)
+    states = index["states"]
+    states.pop(_state_key(prefix, signature), None)
+    states[_state_key(prefix, signature)] = [fp, [list(p) for p in packages]]
+    for old in list(states)[: max(0, len(states) - _MAX_STATES)]:  # oldest first
+        del states[old]
+    _save_index(vault, index)
     return EnvState(str(prefix), _python_version(), fp, tuple(packages), signature)
 
 
@@ -149,7 +170,7 @@ def environment_state(vault, prefix: Path, sites: list[Path]) -> EnvState:
         cache.save()
         after = dist_signature(prefix, sites)
         if after == before:  # nothing was installed while the scan ran
-            return _state(prefix, [(p["name"], p["version"], p["build_id"]) for p in packages], after)
+            return _state(vault, prefix, [(p["name"], p["version"], p["build_id"]) for p in packages], after)
     raise EnvvaultError(f"{prefix} kept changing while envvault read it (an install in progress?)")
 
 
@@ -185,42 +206,49 @@ def drift_between(start: EnvState | None, start_signature: Signature, now: EnvSt
 # --- snapshots -------------------------------------------------------------------------------------------
 
 
-def _load_index(vault) -> dict[str, list]:
+def _load_index(vault) -> dict:
     try:
         doc = json.loads(vault.state_path(_INDEX_NAME).read_bytes())
     except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict) or doc.get("tool") != __version__ or not isinstance(doc.get("snapshots"), dict):
-        return {}
-    return doc["snapshots"]
+        doc = None
+    if not isinstance(doc, dict) or doc.get("tool") != __version__:
+        doc = {}
+    return {"tool": __version__,
+            "snapshots": doc.get("snapshots") if isinstance(doc.get("snapshots"), dict) else {},
+            "states": doc.get("states") if isinstance(doc.get("states"), dict) else {}}
+
+
+def _save_index(vault, index: dict) -> None:
+    from envvault.vault.fsutil import atomic_write
+
+    data = json.dumps(index, separators=(",", ":")).encode()
+    try:
+        atomic_write(vault.state_path(_INDEX_NAME), data, tmp_dir=vault.root / "tmp", durable=False)
+    except EnvvaultError:
+        pass  # a cache: the next process does the work again
 
 
 def find_snapshot(vault, fingerprint: str) -> tuple[str, bool] | None:
     """``(id, lock_only)`` of a snapshot with this fingerprint, preferring a full one, then the newest.
 
-    A small index under ``state/`` remembers each snapshot's fingerprint (snapshot files never change), so
+    The index under ``state/`` remembers each snapshot's fingerprint (snapshot files never change), so
     each snapshot document is read once per vault, not once per process.
     """
-    from envvault.vault.fsutil import atomic_write
-
     index = _load_index(vault)
+    known = index["snapshots"]
     ids = set(vault.snapshot_ids())
-    changed = not index.keys() <= ids
-    for sid in ids - index.keys():
+    changed = not known.keys() <= ids
+    for sid in ids - known.keys():
         try:
             doc = vault.load_snapshot(sid).doc
         except EnvvaultError:
             continue
-        index[sid] = [doc.get("fingerprint"), bool(doc.get("lock_only")), str(doc.get("created", ""))]
+        known[sid] = [doc.get("fingerprint"), bool(doc.get("lock_only")), str(doc.get("created", ""))]
         changed = True
     if changed:
-        kept = {sid: v for sid, v in index.items() if sid in ids}
-        data = json.dumps({"tool": __version__, "snapshots": kept}, separators=(",", ":")).encode()
-        try:
-            atomic_write(vault.state_path(_INDEX_NAME), data, tmp_dir=vault.root / "tmp", durable=False)
-        except EnvvaultError:
-            pass  # a cache: the next process reads the documents again
-    matches = [(not lock_only, created, sid) for sid, (fp, lock_only, created) in index.items()
+        index["snapshots"] = {sid: v for sid, v in known.items() if sid in ids}
+        _save_index(vault, index)
+    matches = [(not lock_only, created, sid) for sid, (fp, lock_only, created) in known.items()
                if fp == fingerprint and sid in ids]
     if not matches:
         return None
