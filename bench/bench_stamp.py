@@ -159,7 +159,8 @@ def measure(venv: Path, runs: int, work: Path) -> tuple[list[Figure], dict]:
         snaps.add(d["snapshot"])
     assert len(snaps) == 1
     figs.append(absolute("first stamp in a process, env already vaulted (ms)", median(firsts), "ms",
-                         "import torch in that process (ms)", median(imports), 300, samples=[round(x, 1) for x in firsts],
+                         "import torch in that process (ms)", median(imports), 300,
+                         samples=[round(x, 1) for x in firsts],
                          notes="samples in order: the first one ran right after `envvault snap`"))
 
     # Informational: the same when the environment is not in the vault yet (a lock-only snapshot is taken).
@@ -185,7 +186,8 @@ def measure(venv: Path, runs: int, work: Path) -> tuple[list[Figure], dict]:
             trss.append(r / 1e6)
         size = path.stat().st_size / 1e9
         figs.append(absolute(f"inspect {name} ({size:.2f} GB): wall (s)", median(walls), "s",
-                             "torch.load(weights_only, mmap if zip), fresh process (s)", median(twalls), 1.0, samples=walls))
+                             "torch.load(weights_only, mmap if zip), fresh process (s)", median(twalls), 1.0,
+                             samples=walls))
         figs.append(absolute(f"inspect {name}: peak RSS (MB)", max(rsss), "MB",
                              "that torch.load's peak RSS (MB)", max(trss), 100, samples=rsss))
         path.unlink()

@@ -112,9 +112,16 @@ try:
     # Anchors on the same machine and the same tree (now restored and used once more).
     archive = os.path.join(work, "anchor.tar.zst")
     parent, base = os.path.split(caches["inductor"])
-    tar = run("anchor_tar_zstd", f"tar -cf - -C '{parent}' '{base}' | zstd -T0 -3 -q -f -o '{archive}'", sync=True)
+    if shutil.which("zstd"):
+        pack, unpack = "zstd -T0 -3 -q -c", "zstd -dc"
+    else:  # the zstd command may be missing there: the same compressor through python-zstandard
+        z = f"'{sys.executable}' -c 'import sys, zstandard as z; "
+        pack = z + "z.ZstdCompressor(level=3, threads=-1).copy_stream(sys.stdin.buffer, sys.stdout.buffer)'"
+        unpack = z + "z.ZstdDecompressor().copy_stream(open(sys.argv[1], \"rb\"), sys.stdout.buffer)'"
+    result["anchor_commands"] = [pack, unpack]
+    tar = run("anchor_tar_zstd", f"tar -cf - -C '{parent}' '{base}' | {pack} > '{archive}'", sync=True)
     os.makedirs(os.path.join(work, "untar"), exist_ok=True)
-    untar = run("anchor_untar", f"zstd -dc '{archive}' | tar -x -C '{work}/untar'", sync=True)
+    untar = run("anchor_untar", f"{unpack} '{archive}' | tar -x -C '{work}/untar'", sync=True)
 
     vault_bytes = sum(os.path.getsize(os.path.join(r, n)) for sub in ("packs", "index", "snapshots")
                       for r, _, ns in os.walk(os.path.join(vault, sub)) for n in ns)

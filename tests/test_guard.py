@@ -17,8 +17,10 @@ import pytest
 
 from fixtures import IndexServer, site_packages, uv_install
 from fixtures import catalogue as C
-from fixtures.guard_helpers import guard_env, run_envvault, venv_with_pip, wreck_wheel
+from fixtures import build_wheel
+from fixtures.guard_helpers import RangeServer, guard_env, run_envvault, venv_with_pip, wreck_wheel
 from envvault.errors import UsageError
+from envvault.guard.builds import comparable_rows, same_build, wheel_rows
 from envvault.guard.command import locate_target, parse_command
 from envvault.guard.plan import Installed, PlannedDist, classify
 from envvault.guard.protect import DEFAULT_PROTECTED, load_protection, save_vault_protection, save_venv_protection
@@ -365,6 +367,31 @@ def test_locate_target(tmp_path, make_venv):
     (tmp_path / "proj" / "pyproject.toml").write_text("[project]\nname='p'\n")
     assert locate_target(parse_command(["uv", "sync"]), env, proj) == tmp_path / "proj" / ".venv"
     assert locate_target(parse_command(["uv", "sync", "--active"]), env, proj) == other
+
+
+def test_wheel_record_read_over_http_ranges(tmp_path, make_venv):
+    """A big wheel's RECORD comes from a few range requests, not a download of the wheel."""
+    import hashlib
+
+    blob = hashlib.shake_256(b"big").digest(4 * 1024 * 1024)
+    wheel = build_wheel(tmp_path / "w", "bigpkg", "1.0", {"bigpkg/__init__.py": b"", "bigpkg/blob.bin": blob})
+    with RangeServer(wheel) as srv:
+        rows = wheel_rows(srv.url)
+    assert rows is not None and "bigpkg/blob.bin" in rows and srv.sent < 600 * 1024
+    assert wheel_rows((tmp_path / "w" / wheel.name).as_uri()) == rows
+    assert wheel_rows("http://127.0.0.1:9/nothing-1.0-py3-none-any.whl") is None
+    venv = make_venv("uv")
+    uv_install(venv, str(wheel))
+    dist_info = next(site_packages(venv).glob("bigpkg-*.dist-info"))
+    assert comparable_rows(rows) == comparable_rows(dict(r.rsplit(",", 2)[:2] for r in
+                                                         (dist_info / "RECORD").read_text().splitlines()))
+    other = build_wheel(tmp_path / "o", "bigpkg", "1.0", {"bigpkg/__init__.py": b"# other build\n",
+                                                         "bigpkg/blob.bin": blob})
+    with RangeServer(wheel) as srv:
+        assert same_build(dist_info, url=srv.url, sha256="x") is True
+    with RangeServer(other) as srv:
+        assert same_build(dist_info, url=srv.url, sha256="y") is False
+    assert same_build(dist_info, url=None, sha256="z") is None
 
 
 def _inst(version, build="b1"):

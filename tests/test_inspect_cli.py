@@ -28,7 +28,13 @@ if str(REPO) not in sys.path:
 from envvault.torch.hook import LIBS_NAME, PTH_NAME, link_runtime  # noqa: E402
 from tests.evtools import assert_one_line_error, ev  # noqa: E402
 from fixtures import build_wheel, make_venv, site_packages, uv_install  # noqa: E402
-from fixtures.checkpoints import EXPECTED_CALLS, HOSTILE_KINDS, hostile_pickle, legacy_with_pickle, torch_zip_with_pickle  # noqa: E402,E501
+from fixtures.checkpoints import (  # noqa: E402
+    EXPECTED_CALLS,
+    HOSTILE_KINDS,
+    hostile_pickle,
+    legacy_with_pickle,
+    torch_zip_with_pickle,
+)
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
@@ -74,10 +80,11 @@ def _model() -> torch.nn.Module:
 
 STAMP = {"format": 1, "snapshot": "ab" * 32, "snapshot_lock_only": False, "fingerprint": "cd" * 32,
          "torch": str(torch.__version__), "cuda": None, "python": "3.11.7", "host": "trainer-7",
-         "argv": ["train.py", "--lr", "0.1"], "cwd": "/runs/7", "venv": "/venvs/train", "time": "2026-11-29T12:00:00.000Z",
-         "git": {"root": "/runs/7", "commit": "1" * 40, "branch": "main", "dirty": True}, "env": {"CUDA_VISIBLE_DEVICES": "0"},
-         "drift": {"fingerprint": "ef" * 32, "changed": [{"name": "torch", "old": "2.13.0+cpu", "new": "2.11.0",
-                                                          "other_build": False}]},
+         "argv": ["train.py", "--lr", "0.1"], "cwd": "/runs/7", "venv": "/venvs/train",
+         "time": "2026-11-29T12:00:00.000Z", "env": {"CUDA_VISIBLE_DEVICES": "0"},
+         "git": {"root": "/runs/7", "commit": "1" * 40, "branch": "main", "dirty": True},
+         "drift": {"fingerprint": "ef" * 32,
+                   "changed": [{"name": "torch", "old": "2.13.0+cpu", "new": "2.11.0", "other_build": False}]},
          "warnings": []}
 
 

@@ -124,7 +124,8 @@ def test_bare_state_dicts_and_whole_modules_get_a_zip_record(stamping, tmp_path)
     snapshot = torch.load(tmp_path / "first.pt")["envvault"]["snapshot"]
     state = model.state_dict()
     plain = {k: v.clone() for k, v in state.items()}  # all values tensors, no _metadata
-    for name, obj in (("sd.pt", state), ("plain.pt", plain), ("module.pt", model)):
+    mixed = {"weight": torch.ones(2), "_extra_state": 5}  # a state_dict with non-tensor extra state
+    for name, obj in (("sd.pt", state), ("plain.pt", plain), ("mixed.pt", mixed), ("module.pt", model)):
         torch.save(obj, tmp_path / name)
         s = _record(tmp_path / name)
         assert s is not None and s["snapshot"] == snapshot, name
@@ -143,6 +144,7 @@ def test_bare_state_dicts_and_whole_modules_get_a_zip_record(stamping, tmp_path)
                 assert "envvault" not in loaded
                 _model().load_state_dict(loaded, strict=True)
                 assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert torch.load(tmp_path / "mixed.pt", weights_only=True).keys() == mixed.keys()
     for mmap in (False, True):
         module = torch.load(tmp_path / "module.pt", weights_only=False, mmap=mmap)
         assert type(module) is type(model)
@@ -210,6 +212,27 @@ def test_distributed_checkpoint_gets_a_sidecar(stamping, tmp_path):
     assert info.format == "dcp" and info.stamp == side
     fresh = {"model": _model().state_dict()}
     dcp.load(fresh, checkpoint_id=str(tmp_path / "dcp"))
+
+
+LATE_IMPORTS = textwrap.dedent("""
+    import json, sys, torch
+    import envvault.torch
+    envvault.torch.enable(full_snapshot=False)
+    assert "safetensors.torch" not in sys.modules and "torch.distributed.checkpoint" not in sys.modules
+    from safetensors.torch import save_file  # the name bound at import is already the stamping one
+    import torch.distributed.checkpoint as dcp
+    out = sys.argv[1]
+    save_file({"w": torch.ones(2)}, out + "/w.safetensors")
+    dcp.save({"m": torch.nn.Linear(2, 2).state_dict()}, checkpoint_id=out + "/dcp")
+    """)
+
+
+def test_writers_imported_after_enable_are_wrapped_on_import(tmp_path, vault_dir):
+    run = subprocess.run([sys.executable, "-c", LATE_IMPORTS, str(tmp_path)], capture_output=True, text=True,
+                         env={**os.environ, "ENVVAULT_HOME": str(vault_dir), "PYTHONPATH": str(REPO)}, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert read_checkpoint(tmp_path / "w.safetensors").stamp_source == "safetensors-metadata"
+    assert read_checkpoint(tmp_path / "dcp").stamp_source == "envvault.json"
 
 
 def test_explicit_stamp_without_enable(vault_dir, tmp_path, monkeypatch):
@@ -312,6 +335,8 @@ def test_lock_level_fingerprint_equals_a_full_snapshots(tmp_path):
     cold = stamp_doc.environment_state(Vault.open(tmp_path / "cold", create=True), venv, sites)
     assert cold.fingerprint == full.doc["fingerprint"] and cold.packages == from_full_cache.packages
     assert stamp_doc.find_snapshot(vault, cold.fingerprint) == (full.id, False)
+    assert stamp_doc.find_snapshot(vault, cold.fingerprint, str(venv)) == (full.id, False)
+    assert stamp_doc.find_snapshot(vault, cold.fingerprint, str(tmp_path / "a-copy-elsewhere")) is None
 
 
 # --- real processes ---------------------------------------------------------------------------------------------

@@ -509,7 +509,7 @@ def _put(tmp: str, final: str, mode: Mode) -> bool:
         _unlink(tmp)
         return False
     except OSError as err:
-        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV, errno.ENOSYS):
             raise
         if os.path.lexists(final):  # no hard links here: check, then rename (a small window)
             _unlink(tmp)

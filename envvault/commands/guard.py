@@ -128,16 +128,17 @@ def guard(ctx, protect, unprotect, yes, no_restore, venv, save, show_protected, 
       envvault guard --protect 'vllm*' --save venv
       envvault guard --show-protected
     """
-    from envvault.env.probe import find_target
-    from envvault.guard.protect import load_protection, save_vault_protection, save_venv_protection
     from envvault.guard.run import GuardOptions
     from envvault.guard.run import guard as run_guard
-    from envvault.vault.store import Vault
 
     vault_path = ctx.obj.get("vault_path")
     if save or show_protected or not command:
         if not (save or show_protected):
             raise UsageError("no command given: envvault guard -- pip install ...")
+        from envvault.env.probe import find_target
+        from envvault.guard.protect import load_protection, save_vault_protection, save_venv_protection
+        from envvault.vault.store import Vault
+
         target = find_target(venv) if (venv or save == "venv" or _active()) else None
         vault = Vault.open(vault_path, create=bool(save))
         if save == "vault":

@@ -247,6 +247,8 @@ def guard(
         vault = Vault.open(vault_path, create=True)
         protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
         t = time.monotonic()
+        if not _pointer(vault, target).exists():
+            ui.note(f"snapshotting {target} first (an environment's first snapshot stores every file once)")
         prev = _previous_provenance(vault, target)
         prov_before = carry(prev, current_builds(target, _sites_guess(target), prev)) if prev else {}
         record_argv = ["envvault", "guard", "--", *cmd.argv]

@@ -6,9 +6,11 @@
 
 - a dict checkpoint: a copy of the dict with the key ``"envvault"`` (plain types, so
   ``torch.load(weights_only=True)`` still loads it); the caller's dict is not changed;
-- a bare state_dict (all values tensors, or a module's ``state_dict()``) or any other object: the record
-  ``<prefix>/extra/envvault.json`` inside the zip, written by torch's own zip writer as part of the same
-  save (to a path or a file object), so nothing is copied afterwards; with the legacy format
+- a bare state_dict (a module's ``state_dict()``, or any dict with a tensor at its top level) or any
+  other object: the record ``<prefix>/extra/envvault.json`` inside the zip, written by torch's own zip
+  writer as part of the same save (to a path or a file object), so nothing is copied afterwards (where a
+  torch lacks that writer hook, a path gets the record after the save, through a temp file and rename,
+  and a file object goes unstamped with a warning); with the legacy format
   (``_use_new_zipfile_serialization=False``) such objects are left unstamped, with a warning;
 - safetensors: ``__metadata__["envvault"]`` (JSON text; ``"format": "pt"`` is kept or added);
 - a distributed checkpoint directory: an ``envvault.json`` sidecar, written by rank 0.
@@ -111,8 +113,9 @@ class _Session:
             self.warnings.append(f"cannot read the environment {self.prefix}: {err}")
         self.drift_signature = now.signature if now else self.start_signature
         self.drift = sd.drift_between(self.start, self.start_signature, now, self.drift_signature)
-        self.base = sd.base_stamp(state=self.start, snapshot=None, vault_root=str(self.vault.root) if self.vault else None,
-                                  prefix=self.prefix, warnings=self.warnings)
+        root = str(self.vault.root) if self.vault else None
+        self.base = sd.base_stamp(state=self.start, snapshot=None, vault_root=root, prefix=self.prefix,
+                                  warnings=self.warnings)
         self._snapshot()
         for w in self.base["warnings"]:
             _warn(w)
@@ -284,13 +287,18 @@ def disable() -> None:
 
 
 def _kind(obj: Any) -> str:
-    """"dict" (a checkpoint dict that can take a key), "state_dict" (a bare one), or "other"."""
+    """"dict" (a checkpoint dict that can take a key), "state_dict" (one that must not), or "other".
+
+    A dict is taken for a state_dict when it comes from ``nn.Module.state_dict()`` or holds any tensor at
+    its top level: a state_dict may carry non-tensor extra state, and a strict ``load_state_dict`` refuses
+    any key it does not know. Erring this way costs nothing: such dicts get the zip record instead.
+    """
     if not isinstance(obj, dict):
         return "other"
-    if hasattr(obj, "_metadata"):  # what nn.Module.state_dict() returns
+    if hasattr(obj, "_metadata"):
         return "state_dict"
     torch = sys.modules.get("torch")
-    if obj and torch is not None and all(isinstance(v, torch.Tensor) for v in obj.values()):
+    if torch is not None and any(isinstance(v, torch.Tensor) for v in obj.values()):
         return "state_dict"
     return "dict"
 

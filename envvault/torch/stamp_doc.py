@@ -1,11 +1,22 @@
 """What a checkpoint stamp says, and how the environment behind it is named in the vault.
 
-A stamp names the environment that wrote a checkpoint: a snapshot id, the environment's fingerprint, the
-torch / Python / host that ran, the command line, the git state of the working tree, chosen environment
-variables, the time, and drift (the environment on disk no longer matching the one the process started
-with). The fingerprint is lock-level: it covers each distribution's name, version and build id (RECORD),
-so it is computed from dist-info metadata alone and never hashes installed files; a full snapshot of an
-environment without in-place edits has the same fingerprint.
+A stamp is a JSON object of plain types (format 1); readers ignore keys they do not know:
+
+- ``snapshot``: full id of the vault snapshot of the environment the process started with (an existing one
+  with the same fingerprint and venv, preferring a full one; else a lock-only snapshot taken at the first
+  stamp while the files are vaulted by a detached ``envvault snap``), or null (vault unusable, or the
+  environment changed before it could be vaulted); ``snapshot_lock_only``; ``vault``: where it was written;
+- ``fingerprint``: lock-level fingerprint of that environment: the snapshot fingerprint over each
+  distribution's name, version and build id (RECORD), computed from dist-info metadata alone, never by
+  hashing installed files. A full snapshot of an environment without in-place edits has the same one;
+- ``venv``, ``python``, ``executable``, ``torch`` (``str(torch.__version__)``), ``cuda``
+  (``torch.version.cuda``), ``host``, ``argv``, ``cwd``, ``time`` (UTC, ISO 8601), ``env`` (chosen
+  variables, credentials redacted), ``tool``, ``format``;
+- ``git``: ``{root, commit, branch, dirty}`` of the work tree holding the cwd when the process first
+  stamped, or null; ``dirty`` counts tracked files only and is null when ``git`` is missing or slow;
+- ``drift``: null, or ``{fingerprint, changed: [{name, old, new, other_build}]}`` when the environment on
+  disk no longer matches the one the process started with (``old``/``new`` null for an install/removal);
+- ``warnings``: what went wrong on the way (the vault could not be written...), also logged.
 
 Top-level imports are standard library only: :mod:`envvault.torch.plugin` imports this module when
 stamping is enabled, possibly at interpreter start-up.
@@ -14,11 +25,11 @@ stamping is enabled, possibly at interpreter start-up.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +55,10 @@ __all__ = [
 
 STAMP_FORMAT = 1
 # A cache under the vault's state/ (deleting it costs only speed):
-#   {"tool": ..., "snapshots": {id: [fingerprint, lock_only, created]},
+#   {"tool": ..., "version": 2, "snapshots": {id: [fingerprint, lock_only, created, venv]},
 #    "states": {key of (prefix, python, signature): [fingerprint, [[name, version, build id], ...]]}}
 _INDEX_NAME = "stamp-index.json"
+_INDEX_VERSION = 2
 _MAX_STATES = 64
 _GIT_TIMEOUT = 2.0
 
@@ -211,9 +223,9 @@ def _load_index(vault) -> dict:
         doc = json.loads(vault.state_path(_INDEX_NAME).read_bytes())
     except (OSError, ValueError):
         doc = None
-    if not isinstance(doc, dict) or doc.get("tool") != __version__:
+    if not isinstance(doc, dict) or doc.get("tool") != __version__ or doc.get("version") != _INDEX_VERSION:
         doc = {}
-    return {"tool": __version__,
+    return {"tool": __version__, "version": _INDEX_VERSION,
             "snapshots": doc.get("snapshots") if isinstance(doc.get("snapshots"), dict) else {},
             "states": doc.get("states") if isinstance(doc.get("states"), dict) else {}}
 
@@ -228,8 +240,10 @@ def _save_index(vault, index: dict) -> None:
         pass  # a cache: the next process does the work again
 
 
-def find_snapshot(vault, fingerprint: str) -> tuple[str, bool] | None:
-    """``(id, lock_only)`` of a snapshot with this fingerprint, preferring a full one, then the newest.
+def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str, bool] | None:
+    """``(id, lock_only)`` of a snapshot with this fingerprint (of the environment at ``venv`` when given:
+    an identical copy elsewhere would make ``restore`` target that copy), a full one before a lock-only
+    one, then the newest.
 
     The index under ``state/`` remembers each snapshot's fingerprint (snapshot files never change), so
     each snapshot document is read once per vault, not once per process.
@@ -243,13 +257,14 @@ def find_snapshot(vault, fingerprint: str) -> tuple[str, bool] | None:
             doc = vault.load_snapshot(sid).doc
         except EnvvaultError:
             continue
-        known[sid] = [doc.get("fingerprint"), bool(doc.get("lock_only")), str(doc.get("created", ""))]
+        known[sid] = [doc.get("fingerprint"), bool(doc.get("lock_only")), str(doc.get("created", "")),
+                      str(doc.get("venv", ""))]
         changed = True
     if changed:
         index["snapshots"] = {sid: v for sid, v in known.items() if sid in ids}
         _save_index(vault, index)
-    matches = [(not lock_only, created, sid) for sid, (fp, lock_only, created) in known.items()
-               if fp == fingerprint and sid in ids]
+    matches = [(not lock_only, created, sid) for sid, (fp, lock_only, created, where) in known.items()
+               if fp == fingerprint and sid in ids and (venv is None or where == venv)]
     if not matches:
         return None
     best = max(matches)
@@ -284,13 +299,13 @@ def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool
     once they hold it, so they produce one snapshot between them. Raises :class:`EnvvaultError` when the
     vault cannot be written or the environment changed before it could be vaulted.
     """
-    found = find_snapshot(vault, state.fingerprint)
+    found = find_snapshot(vault, state.fingerprint, state.prefix)
     if found:
         return found
     from envvault.snap import take_snapshot
 
     with _flock(vault.root / "locks" / f"stamp-{state.fingerprint}.lock"):
-        found = find_snapshot(vault, state.fingerprint)
+        found = find_snapshot(vault, state.fingerprint, state.prefix)
         if found:
             return found
         result = take_snapshot(vault, prefix, lock_only=True, trigger="stamp", argv=list(sys.argv),
@@ -300,7 +315,12 @@ def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool
                                 "another fingerprint); the stamp names no snapshot")
         find_snapshot(vault, state.fingerprint)  # index the new snapshot for the processes waiting on the lock
         if full_snapshot:
-            spawn_full_snapshot(vault, prefix, state.fingerprint, runtime_path or [])
+            try:
+                spawn_full_snapshot(vault, prefix, state.fingerprint, runtime_path or [])
+            except (OSError, subprocess.SubprocessError) as err:  # the stamp's snapshot stands without it
+                logging.getLogger("envvault").warning(
+                    "envvault: could not start `envvault snap` of %s in the background (%s); run it yourself to "
+                    "store the files", prefix, err)
         return result.id, True
 
 
@@ -316,7 +336,7 @@ def spawn_full_snapshot(vault, prefix: Path, fingerprint: str, runtime_path: lis
            "--no-caches", "-m", f"files for checkpoint stamps ({fingerprint[:12]})"]
     # sh starts the snap in the background and exits at once: the snap is re-parented, never a zombie here.
     subprocess.run(["/bin/sh", "-c", 'exec 2>>"$0"; "$@" </dev/null >/dev/null &', str(log), *cmd],
-                   env=env, start_new_session=True, check=False, timeout=30)
+                   env=env, start_new_session=True, check=True, timeout=30)
 
 
 # --- the rest of the stamp -------------------------------------------------------------------------------
@@ -429,7 +449,8 @@ def snapshot_of(vault, path: Path) -> str:
     if sid is not None and not (isinstance(sid, str) and len(sid) == 64 and all(c in "0123456789abcdef" for c in sid)):
         raise UsageError(f"{path}: its stamp's snapshot {str(sid)[:80]!r} is not a snapshot id")
     fp = fp if isinstance(fp, str) else None
-    better = find_snapshot(vault, fp) if fp else None
+    venv = stamp.get("venv") if isinstance(stamp.get("venv"), str) else None
+    better = find_snapshot(vault, fp, venv) if fp else None
     if sid is None:
         if better:
             return better[0]
