@@ -238,10 +238,13 @@ class Vault:
         return out
 
     def resolve(self, ref: str, *, venv: str | None = None) -> str:
-        """A full id from: full hex, unique prefix (>= 4), tag, or ``latest`` (optionally of one venv)."""
+        """A full id from: full hex, unique prefix (>= 4), tag, or ``latest`` (optionally of one venv).
+
+        ``latest`` skips the backups a restore takes, so ``restore latest`` never undoes a restore.
+        """
         ref = ref.strip()
         if ref == "latest":
-            snaps = self.snapshots()
+            snaps = [s for s in self.snapshots() if s.doc.get("trigger") != "restore-backup"]
             if venv is not None:
                 snaps = [s for s in snaps if s.doc.get("venv") == venv]
             if not snaps:
