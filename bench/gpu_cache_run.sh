@@ -25,9 +25,11 @@ import json, os, shutil, subprocess, sys, tempfile, time, traceback
 out_dir, workload = sys.argv[1], os.path.abspath(sys.argv[2])
 work = tempfile.mkdtemp(prefix="gpucache-")
 vault = os.path.join(work, "vault")
-caches = {name: os.path.join(work, name) for name in ("inductor", "tritonhome", "nv", "ext")}
+caches = {name: os.path.join(work, name) for name in ("inductor", "tritonhome", "nv", "ext", "tmp")}
+# TMPDIR too: Inductor keeps precompiled headers under its default root, in the temp dir.
 env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=caches["inductor"], TRITON_HOME=caches["tritonhome"],
-           CUDA_CACHE_PATH=caches["nv"], TORCH_EXTENSIONS_DIR=caches["ext"])
+           CUDA_CACHE_PATH=caches["nv"], TORCH_EXTENSIONS_DIR=caches["ext"], TMPDIR=caches["tmp"])
+os.makedirs(caches["tmp"])
 for k in ("TRITON_CACHE_DIR", "VIRTUAL_ENV", "ENVVAULT_HOME"):
     env.pop(k, None)
 result = {"workload": workload, "work": work, "steps": {}, "errors": []}
@@ -106,6 +108,7 @@ try:
     warm = run("warm", [sys.executable, workload])
     for path in caches.values():
         shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(caches["tmp"])
     restore = run("restore", ev + ["cache", "restore", sid or "latest"] + venv_args + ["--json"], sync=True)
     restored = run("restored", [sys.executable, workload])
 
