@@ -75,7 +75,7 @@ FIRST = textwrap.dedent("""
     import torch
     torch_import = time.perf_counter() - t
     vault, path = sys.argv[1], sys.argv[2]
-    small = {"epoch": 1, "w": torch.zeros(4)}
+    small = {"epoch": 1, "model": {"w": torch.zeros(4)}}
     torch.save(small, path)
     t = time.perf_counter(); torch.save(small, path); plain = time.perf_counter() - t
     t = time.perf_counter()

@@ -56,3 +56,30 @@ def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           capture_output=True, text=True)
     assert proc.returncode == 0, f"cannot install torch 2.13.0 (tests need it): {proc.stderr[-2000:]}"
     return venv
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_compile_caches(tmp_path_factory: pytest.TempPathFactory):
+    """Every snap archives compile caches by default: point them (and the temp dir, where torch keeps
+    precompiled headers) into this session's tmp, so tests never archive the machine's own caches.
+    Tests that exercise caches set their own locations on top of these."""
+    import os
+
+    root = tmp_path_factory.mktemp("compile-caches")
+    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TRITON_HOME",
+                                             "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "TMPDIR")}
+    (root / "tmp").mkdir()
+    os.environ.update({
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "TRITON_CACHE_DIR": str(root / "triton"),
+        "TRITON_HOME": str(root / "tritonhome"),
+        "TORCH_EXTENSIONS_DIR": str(root / "ext"),
+        "CUDA_CACHE_PATH": str(root / "nv"),
+        "TMPDIR": str(root / "tmp"),
+    })
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

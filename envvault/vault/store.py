@@ -129,8 +129,14 @@ class Vault:
             os.close(fd)
 
     # -- index ---------------------------------------------------------------------------------
-    def index(self) -> dict[str, tuple]:
-        """Object id -> (pack_id, frame_offset, frame_length, offset, length, kind). Reads new index files."""
+    def index(self, refresh: bool = False) -> dict[str, tuple]:
+        """Object id -> (pack_id, frame_offset, frame_length, offset, length, kind).
+
+        Index files are listed once per Vault object (objects this process writes are added as their packs
+        commit); ``refresh=True`` lists again to see what other processes wrote since.
+        """
+        if self._index is not None and not refresh:
+            return self._index
         if self._index is None:
             self._index = {}
         idx_dir = self.root / "index"
@@ -172,6 +178,8 @@ class Vault:
     # -- reading objects -----------------------------------------------------------------------
     def get(self, oid: str, *, verify: bool = True) -> bytes:
         loc = self.index().get(oid)
+        if loc is None:  # written by another process since we listed the index?
+            loc = self.index(refresh=True).get(oid)
         if loc is None:
             raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify`")
         pack, fo, fl, off, length, _kind = loc
@@ -324,4 +332,5 @@ class Vault:
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1e6) % 1000000:06d}Z"
+    now = time.time()  # one clock read: seconds and microseconds must agree
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1e6) % 1000000:06d}Z"
