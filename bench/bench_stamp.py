@@ -3,9 +3,10 @@
     python bench/bench_stamp.py [--venv PATH] [--runs 15] [--json]
 
 - stamp overhead per torch.save after the first, 100 MB checkpoints (a dict, and a bare state_dict that
-  gets the zip record): paired, alternating plain / stamped saves in one process (os.sync before each),
-  in wall and in the saving thread's CPU time (steadier on a shared machine); goal <= 5 ms + 2% of the
-  plain save, judged as the ratio overhead / save <= (5 ms + 2% save) / save;
+  gets the zip record), in one process after its first stamp: the wrapper's own work per save (median of
+  200 calls), and as a cross-check the median of paired, alternating stamped-minus-plain saves (os.sync
+  before each; a 100 MB save varies by tens of ms here, so this one only bounds the overhead); goal
+  <= 5 ms + 2% of the plain save, judged as the ratio overhead / save <= (5 ms + 2% save) / save;
 - the first stamp in a fresh process whose environment is already vaulted (a full `envvault snap` of the
   venv, nothing else): enable() + the first save, minus a plain save; goal <= 300 ms; anchor: that
   process's own `import torch`;
@@ -50,22 +51,20 @@ OVERHEAD = textwrap.dedent("""
     objs = {"dict": {"model": tensors, "epoch": 3, "config": {"lr": 0.1}}, "state_dict": tensors}
     out = {"bytes": sum(t.numel() * 4 for t in tensors.values())}
     for label, obj in objs.items():
-        plain, stamped, plain_cpu, stamped_cpu = [], [], [], []
+        plain, stamped = [], []
         for r in range(runs):
-            pair = [(plain, plain_cpu, plain_save), (stamped, stamped_cpu, torch.save)]
-            for wall, cpu, save in (pair if r % 2 == 0 else pair[::-1]):
+            pair = [(plain, plain_save), (stamped, torch.save)]
+            for wall, save in (pair if r % 2 == 0 else pair[::-1]):
                 os.sync()
-                t, c = time.perf_counter(), time.thread_time()
+                t = time.perf_counter()
                 save(obj, path)
                 wall.append((time.perf_counter() - t) * 1000)
-                cpu.append((time.thread_time() - c) * 1000)
         inside = []
         for _ in range(200):
             t = time.perf_counter()
             plugin._plan_torch_save(obj, (), {})
             inside.append((time.perf_counter() - t) * 1000)
-        out[label] = {"plain": plain, "stamped": stamped, "plain_cpu": plain_cpu, "stamped_cpu": stamped_cpu,
-                      "inside": inside}
+        out[label] = {"plain": plain, "stamped": stamped, "inside": inside}
     print(json.dumps(out))
     """)
 
@@ -137,14 +136,14 @@ def measure(venv: Path, runs: int, work: Path) -> tuple[list[Figure], dict]:
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     for label in ("dict", "state_dict"):
         d = doc[label]
-        for clock, plain, stamped in (("wall", d["plain"], d["stamped"]), ("CPU", d["plain_cpu"], d["stamped_cpu"])):
-            save_ms = median(plain)
-            diffs = [b - a for a, b in zip(plain, stamped)]
-            figs.append(Figure(f"stamp overhead per save, 100 MB {label}, {clock} (ms)", median(diffs), "ms",
-                               f"that save unstamped, {clock} (ms)", save_ms, "<= 5 ms + 2% of the save",
-                               (5 + 0.02 * save_ms) / save_ms, samples=[round(x, 2) for x in diffs],
-                               notes=f"paired, alternating; stamp work inside the wrapper: median "
-                                     f"{median(d['inside']):.3f} ms"))
+        save_ms = median(d["plain"])
+        goal = ("that save unstamped (ms)", save_ms, "<= 5 ms + 2% of the save", (5 + 0.02 * save_ms) / save_ms)
+        figs.append(Figure(f"stamp overhead per save, 100 MB {label}: stamp work (ms)", median(d["inside"]), "ms",
+                           *goal, notes="the wrapper's own work (stamp, drift check, record bytes), 200 calls"))
+        diffs = [b - a for a, b in zip(d["plain"], d["stamped"])]
+        figs.append(Figure("  same, as stamped minus plain save, paired (ms)", median(diffs), "ms", *goal,
+                           samples=[round(x, 2) for x in diffs],
+                           notes="the whole save: bounds the record write too, within the noise of a 100 MB save"))
     extra["overhead_raw"] = doc
 
     # -- the first stamp of a process, environment already vaulted ---------------------------------------
