@@ -422,7 +422,8 @@ def take_snapshot(
             "packages": packages,
             "caches": caches,
             "fingerprint": fingerprint(interp.version, packages),
-            "warnings": warnings,
+            "warnings": warnings + [f"cache {c.get('kind')} {c.get('root')}: {w}" for c in caches
+                                    for w in c.get("warnings", ())],
             "stats": {
                 "files": stats["files"],
                 "bytes": stats["bytes"],

@@ -235,6 +235,19 @@ def _render_restore(result, doc: dict) -> None:
                 click.echo(f"backup {style(result.backup[:12], 'yellow')} (undo with: envvault restore {result.backup[:12]})")
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
+    caches = result.caches or {}
+    for c in caches.get("caches", ()):
+        verb = "would write" if result.dry_run else "wrote"
+        click.echo(f"cache {c['kind']} {c['root']}: {verb} {c.get('written_files', 0)} files "
+                   f"({human_bytes(c.get('written_bytes', 0))}), kept {c.get('kept_files', 0)}")
+        for m in c.get("mismatches", ()):
+            click.echo(f"warning: {m.get('message', m) if isinstance(m, dict) else m}", err=True)
+        for w in c.get("warnings", ()):
+            click.echo(f"warning: {w}", err=True)
+    for s in caches.get("skipped", ()):
+        click.echo(f"warning: cache skipped: {s.get('reason', s) if isinstance(s, dict) else s}", err=True)
+    for w in caches.get("warnings", ()):
+        click.echo(f"warning: {w}", err=True)
     if not result.dry_run:
         if result.verified:
             click.echo(style("verified", "green") + ": the environment matches the snapshot")

@@ -144,8 +144,9 @@ def list_(ctx, venv, show_all, as_json):
         tags = f" [{', '.join(r['tags'])}]" if r["tags"] else ""
         torch = f" torch {r['torch']}" if r["torch"] else ""
         lock = " lock-only" if r["lock_only"] else ""
+        py = f"py{r['python']}" if r["python"] else "caches"
         click.echo(
-            f"{style(r['short_id'], 'yellow')}  {r['created'][:19].replace('T', ' ')}  py{r['python']}  "
+            f"{style(r['short_id'], 'yellow')}  {r['created'][:19].replace('T', ' ')}  {py:<9}  "
             f"{r['packages']:>4} pkgs{torch}{lock}  +{human_bytes(r['new_bytes'] or 0)}  {r['message']}{tags}"
         )
 
@@ -178,7 +179,10 @@ def show(ctx, snapshot_id, as_json):
     click.echo(f"snapshot {style(ref.id, 'yellow')}")
     click.echo(f"created  {doc['created']}  ({doc.get('trigger')})  {doc.get('message', '')}")
     click.echo(f"venv     {doc['venv']}")
-    click.echo(f"python   {py['implementation']} {py['version']} {py['abi']} {py['platform']}")
+    if py.get("version"):
+        click.echo(f"python   {py['implementation']} {py['version']} {py['abi']} {py['platform']}")
+    else:
+        click.echo("python   (a cache-only snapshot)")
     gpus = ", ".join(g["name"] for g in host.get("gpus") or []) or "no GPU seen"
     click.echo(f"host     {host.get('hostname')} {host.get('os')} {host.get('arch')} glibc {host.get('glibc')}; {gpus}"
                + (f"; driver {host['driver']}" if host.get("driver") else ""))

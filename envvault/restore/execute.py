@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
-import inspect
 import json
 import os
 import re
@@ -571,6 +570,11 @@ def restore_snapshot(
     started = time.monotonic()
     ref = vault.load_snapshot(sid)
     doc = ref.doc
+    env_target = Path(into or target).absolute()
+    if caches and doc.get("caches") and not dry_run:
+        # Validate the cache manifests (paths, roots) before the environment is touched: a hostile cache
+        # manifest must not leave a half-finished restore behind.
+        _restore_caches(vault, doc, env_target, True)
     if into is not None:
         from envvault.restore.into import restore_into
 
@@ -586,21 +590,15 @@ def restore_snapshot(
         record_restored(vault, Path(into or target).absolute(), ref.id)
     cache_result = None
     if caches and doc.get("caches"):
-        cache_result = _restore_caches(vault, doc, Path(into or target).absolute(), dry_run, progress)
+        cache_result = _restore_caches(vault, doc, env_target, dry_run)
     return replace(result, caches=cache_result, seconds=round(time.monotonic() - started, 3))
 
 
-def _restore_caches(vault: Vault, doc: dict, target: Path, dry_run: bool, progress: Progress | None):
-    """Hook for the compile-cache area: ``envvault.caches.restore.restore_snapshot_caches(vault, doc, ...)``."""
-    try:
-        from envvault.caches.restore import restore_snapshot_caches
-    except ImportError:
-        return None
-    offered = {"target": target, "venv": target, "dry_run": dry_run, "progress": progress}
-    params = inspect.signature(restore_snapshot_caches).parameters
-    kwargs = {k: v for k, v in offered.items() if k in params}
-    result = restore_snapshot_caches(vault, doc, **kwargs)
-    return result.to_json() if hasattr(result, "to_json") else result
+def _restore_caches(vault: Vault, doc: dict, target: Path, dry_run: bool) -> dict:
+    """The snapshot's compile caches, through ``envvault.caches.restore`` (staged, inside each cache root)."""
+    from envvault.caches.restore import restore_snapshot_caches
+
+    return restore_snapshot_caches(vault, doc, venv=target, dry_run=dry_run).to_json()
 
 
 def _scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[dict, str | None]:
