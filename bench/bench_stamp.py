@@ -4,9 +4,9 @@
 
 - stamp overhead per torch.save after the first, 100 MB checkpoints (a dict, and a bare state_dict that
   gets the zip record), in one process after its first stamp: the wrapper's own work per save (median of
-  200 calls), and as a cross-check the median of paired, alternating stamped-minus-plain saves (os.sync
-  before each; a 100 MB save varies by tens of ms here, so this one only bounds the overhead); goal
-  <= 5 ms + 2% of the plain save, judged as the ratio overhead / save <= (5 ms + 2% save) / save;
+  200 calls; judged: <= 5 ms + 2% of the plain save, as the ratio overhead / save <= (5 ms + 2% save) /
+  save), and as a cross-check the median of paired, alternating stamped-minus-plain whole saves (os.sync
+  before each; shown, not judged: on a shared machine pairs of 100 MB saves scatter by tens of ms);
 - the first stamp in a fresh process whose environment is already vaulted (a full `envvault snap` of the
   venv, nothing else): enable() + the first save, minus a plain save; goal <= 300 ms; anchor: that
   process's own `import torch`;
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import textwrap
@@ -141,9 +142,12 @@ def measure(venv: Path, runs: int, work: Path) -> tuple[list[Figure], dict]:
         figs.append(Figure(f"stamp overhead per save, 100 MB {label}: stamp work (ms)", median(d["inside"]), "ms",
                            *goal, notes="the wrapper's own work (stamp, drift check, record bytes), 200 calls"))
         diffs = [b - a for a, b in zip(d["plain"], d["stamped"])]
-        figs.append(Figure("  same, as stamped minus plain save, paired (ms)", median(diffs), "ms", *goal,
+        spread = statistics.pstdev(diffs)
+        figs.append(Figure("  cross-check: stamped minus plain save, paired (ms)", median(diffs), "ms",
+                           goal[0], save_ms, f"none: pairs scatter by {spread:.0f} ms (sd) here",
                            samples=[round(x, 2) for x in diffs],
-                           notes="the whole save: bounds the record write too, within the noise of a 100 MB save"))
+                           notes="whole saves, record write included; cannot resolve a sub-ms cost on a shared "
+                                 "machine, so it is shown, not judged"))
     extra["overhead_raw"] = doc
 
     # -- the first stamp of a process, environment already vaulted ---------------------------------------

@@ -291,7 +291,8 @@ def _kind(obj: Any) -> str:
 
     A dict is taken for a state_dict when it comes from ``nn.Module.state_dict()`` or holds any tensor at
     its top level: a state_dict may carry non-tensor extra state, and a strict ``load_state_dict`` refuses
-    any key it does not know. Erring this way costs nothing: such dicts get the zip record instead.
+    any key it does not know. Erring this way costs little: such dicts get the zip record instead (and, in
+    the legacy format, no stamp).
     """
     if not isinstance(obj, dict):
         return "other"
