@@ -116,7 +116,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
             raise NotFoundError(f"{p}: no such file or directory")
         return _read_file(p)
     except OSError as err:
-        raise EnvvaultError(f"{p}: cannot read: {err.strerror or err}") from None
+        raise UsageError(f"{p}: cannot read: {err.strerror or err}") from None
 
 
 def _read_file(p: Path) -> CheckpointInfo:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,8 +182,10 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
 
 
 def _drop_stat_caches(vault: Vault) -> None:
+    """Forget every stat cache, and move the gc epoch on so a scan that loaded one earlier cannot save it back."""
     state = vault.root / "state"
     try:
+        (state / "gc-epoch").write_text(f"{time.time_ns()}\n")
         names = os.listdir(state)
     except FileNotFoundError:
         return

@@ -118,6 +118,8 @@ class StatCache:
         self.touched: set[str] = set()  # file entries used by this run; the rest is dropped on save
         self._dirty_groups = False
         self._dirty_files = False
+        self._epoch_path = path.parent / "gc-epoch"
+        self._epoch = self._read_epoch()
         doc = self._load(self.groups_path, compressed=False)
         if doc:
             self.groups = doc.get("groups", {})
@@ -134,6 +136,12 @@ class StatCache:
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:
             return None
         return doc
+
+    def _read_epoch(self) -> str:
+        try:
+            return self._epoch_path.read_text()
+        except OSError:
+            return ""
 
     @property
     def files(self) -> dict[str, list]:
@@ -169,8 +177,19 @@ class StatCache:
         self.touched.update(rels)
 
     def save(self) -> None:
-        """Write what changed; entries this run did not use are dropped. Never fails the caller."""
+        """Write what changed; entries this run did not use are dropped. Never fails the caller.
+
+        Saved under the vault's shared lock, and only when no gc ran since this cache was loaded: gc deletes
+        objects, and the ids kept here are trusted without the index.
+        """
+        import fcntl
+
+        lock_fd = None
         try:
+            lock_fd = os.open(self.groups_path.parent.parent / "locks" / "vault.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_SH)
+            if self._read_epoch() != self._epoch:
+                return
             if self._files is not None and (self._dirty_files or not self.touched >= self._files.keys()):
                 self._files = {k: v for k, v in self._files.items() if k in self.touched}
                 doc = {"version": self.VERSION, "tool": __version__, "files": self._files}
@@ -182,6 +201,9 @@ class StatCache:
                 atomic_write(self.groups_path, data, tmp_dir=self.groups_path.parent.parent / "tmp", durable=False)
         except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
             pass
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
 
 
 def is_regular(st: os.stat_result) -> bool:
