@@ -56,8 +56,9 @@ def render(results: dict[str, dict]) -> str:
         for f in res["figures"]:
             ratio = f"{f['ratio']:.2f}x" if f.get("ratio") is not None else ""
             met = {True: "yes", False: "**no**", None: ""}[f.get("ok")]
-            lines.append(f"| {f['name']} | {_fmt(f['value'])} | {f.get('anchor_name', '')} | {_fmt(f.get('anchor'))} "
-                         f"| {ratio} | {f.get('goal', '')} | {met} |")
+            cell = lambda t: str(t).replace("|", "\\|")  # noqa: E731 - anchors are shell pipelines
+            lines.append(f"| {cell(f['name'])} | {_fmt(f['value'])} | {cell(f.get('anchor_name', ''))} | "
+                         f"{_fmt(f.get('anchor'))} | {ratio} | {cell(f.get('goal', ''))} | {met} |")
         notes = [f"- {f['name']}: {f['notes']}" for f in res["figures"] if f.get("notes")]
         if notes:
             lines += [""] + notes
@@ -97,6 +98,8 @@ def main() -> None:
             cmd = [sys.executable, str(ROOT / "bench" / script), "--runs", str(args.runs)]
             if key != "caches":
                 cmd += ["--venv", str(venv)]
+            else:
+                cmd += ["--torch-python", str(venv / "bin" / "python")]
             print(f"== {title}: {' '.join(cmd)}", flush=True)
             subprocess.run(cmd, check=False)
     results = {}

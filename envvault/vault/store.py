@@ -56,7 +56,7 @@ class Vault:
         self.root = root
         self.config = config
         self.level = int(config.get("zstd_level", 3))
-        self.level_large = int(config.get("zstd_level_large", 1))
+        self.level_large = int(config.get("zstd_level_large", 2))
         self._index: dict[str, tuple] | None = None
         self._index_seen: set[str] = set()
         self._frame_cache: tuple[tuple, bytes] | None = None
@@ -96,7 +96,7 @@ class Vault:
             "vault_id": os.urandom(16).hex(),
             "created": _now(),
             "zstd_level": 3,
-            "zstd_level_large": 1,
+            "zstd_level_large": 2,
         }
         cfg_path = root / "config.json"
         if not cfg_path.exists():
