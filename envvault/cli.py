@@ -16,7 +16,29 @@ from envvault.errors import EnvvaultError
 __all__ = ["main", "cli"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+# Which module defines each command: a command imports only its own module, so a quick command (a
+# second snap, status, diff) does not pay for the imports of all the others.
+_COMMANDS = {
+    "snap": "snapshots", "list": "snapshots", "show": "snapshots", "export": "snapshots", "verify": "snapshots",
+    "diff": "restore", "status": "restore", "restore": "restore", "tag": "restore", "untag": "restore",
+    "gc": "restore", "guard": "guard", "shell-hook": "guard", "cache": "caches", "inspect": "torch",
+    "torch": "torch",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(_COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in _COMMANDS:
+            import importlib
+
+            importlib.import_module(f"envvault.commands.{_COMMANDS[name]}")
+        return self.commands.get(name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="envvault")
 @click.option(
     "--vault",
@@ -41,16 +63,14 @@ def cli(ctx: click.Context, vault_path: str | None) -> None:
 
 
 def _register() -> None:
-    # One import per area; each module adds its commands to ``cli``.
-    from envvault.commands import snapshots  # noqa: F401
-    from envvault.commands import restore  # noqa: F401
-    from envvault.commands import guard  # noqa: F401
-    from envvault.commands import caches  # noqa: F401
-    from envvault.commands import torch  # noqa: F401
+    """Import every command module (tests and docs use this; ``main`` imports on demand)."""
+    import importlib
+
+    for module in sorted(set(_COMMANDS.values())):
+        importlib.import_module(f"envvault.commands.{module}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    _register()
     try:
         cli.main(args=argv, prog_name="envvault", standalone_mode=False)
     except EnvvaultError as err:

@@ -238,8 +238,9 @@ def _render_restore(result, doc: dict) -> None:
     caches = result.caches or {}
     for c in caches.get("caches", ()):
         verb = "would write" if result.dry_run else "wrote"
-        click.echo(f"cache {c['kind']} {c['root']}: {verb} {c.get('written_files', 0)} files "
-                   f"({human_bytes(c.get('written_bytes', 0))}), kept {c.get('kept_files', 0)}")
+        if c.get("written_files") or c.get("kept_files"):
+                click.echo(f"cache {c['kind']} {c['root']}: {verb} {c.get('written_files', 0)} files "
+                       f"({human_bytes(c.get('written_bytes', 0))}), kept {c.get('kept_files', 0)}")
         for m in c.get("mismatches", ()):
             click.echo(f"warning: {m.get('message', m) if isinstance(m, dict) else m}", err=True)
         for w in c.get("warnings", ()):
