@@ -46,12 +46,13 @@ def render(results: dict[str, dict]) -> str:
     if first:
         m = first.get("machine", {})
         lines += [f"Machine: {m.get('cpu')} ({m.get('cores')} cores), {m.get('memory_gib')} GiB, {m.get('os')}, "
-                  f"Python {m.get('python')}, {m.get('zstd')}; run {m.get('date')}.", ""]
+                  f"Python {m.get('python')}, {m.get('zstd')}.", ""]
     for key, (_, title) in BENCHES.items():
         res = results.get(key)
         if not res:
             continue
-        lines += [f"## {title}", "", "| figure | value | anchor | anchor value | ratio | goal | met |",
+        when = (res.get("machine") or {}).get("date", "")
+        lines += [f"## {title}", "", f"Run {when}.", "", "| figure | value | anchor | anchor value | ratio | goal | met |",
                   "| --- | ---: | --- | ---: | ---: | --- | --- |"]
         for f in res["figures"]:
             ratio = f"{f['ratio']:.2f}x" if f.get("ratio") is not None else ""
