@@ -61,6 +61,9 @@ class Progress:
         self._last = 0.0
         self.done = 0
 
+    def set_total(self, total: int) -> None:
+        self.total = max(total, 1)
+
     def __call__(self, done: int) -> None:
         self.done = done
         if not self.enabled:

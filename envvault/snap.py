@@ -6,9 +6,9 @@ import os
 import stat as statmod
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import blake3
 
@@ -19,6 +19,9 @@ from envvault.errors import EnvironmentProblem
 from envvault.model.encoding import canonical_json, object_id
 from envvault.vault.ingest import Ingester, StatCache, stat_key
 from envvault.vault.store import FORMAT, Vault, _now
+
+if TYPE_CHECKING:
+    from envvault.env.dists import InstalledDist
 
 __all__ = ["take_snapshot", "SnapResult", "scan_environment", "dist_build_id", "statcache_for"]
 
@@ -282,7 +285,8 @@ def scan_environment(
                 slow.append(egg)
             continue
         slow.append(_dists.read_dist(dist_info, site))
-    total = sum(e.size or 0 for d in slow for e in (d.record or ()))
+    if progress is not None and hasattr(progress, "set_total"):
+        progress.set_total(sum(e.size or 0 for d in slow for e in (d.record or ())))
     done = 0
     for dist in slow:
         if dist.record is None:

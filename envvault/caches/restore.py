@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
 from ..errors import CorruptError, EnvvaultError, NotFoundError, RefusedError, StorageError, UsageError
-from ..model.encoding import object_id
 from ..vault.fsutil import storage_error
 from ..vault.ingest import b64_sha256
-from ..vault.packs import read_frame
+from ..vault.store import ObjectReader
 from .discover import inductor_cache_dir, triton_cache_dir
 from .fingerprint import Fingerprint, Mismatch, compare
 from .manifest import CacheManifest, ManifestFile, parse_manifest
@@ -137,7 +136,7 @@ def restore_snapshot_caches(
     trusted = None if to is not None or archived_roots else cache_roots(env, venv, vault.settings())
     skipped: list[dict] = []
     with vault.lock():
-        reader = _Reader(vault)
+        reader = ObjectReader(vault)
         manifests = []
         for entry in chosen:  # every manifest is checked before any cache is written
             mid = entry["manifest"]
@@ -349,32 +348,7 @@ def _same(path: str, st: os.stat_result, f: ManifestFile) -> bool:
 # -- execution --------------------------------------------------------------------------------------
 
 
-class _Reader:
-    """Objects by id, each checked against its id; one decompressed frame cached per thread."""
-
-    def __init__(self, vault):
-        self.vault = vault
-        self.index = vault.index()
-        self._local = threading.local()
-
-    def get(self, oid: str) -> memoryview:
-        loc = self.index.get(oid)
-        if loc is None:
-            raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify`")
-        pack, fo, fl, off, length, _kind = loc
-        cached = getattr(self._local, "frame", None)
-        if cached is not None and cached[0] == (pack, fo):
-            frame = cached[1]
-        else:
-            frame = memoryview(read_frame(self.vault.pack_path(pack), fo, fl))
-            self._local.frame = ((pack, fo), frame)
-        data = frame[off : off + length]
-        if len(data) != length or object_id(data) != oid:
-            raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify`")
-        return data
-
-
-def _execute(plan: _Plan, reader: _Reader) -> None:
+def _execute(plan: _Plan, reader: ObjectReader) -> None:
     dest = plan.dest
     pid = os.getpid()
     created: list[str] = []
@@ -427,7 +401,7 @@ def _execute(plan: _Plan, reader: _Reader) -> None:
             pass
 
 
-def _stage_all(plan: _Plan, reader: _Reader, pid: int) -> list[tuple[ManifestFile, str]]:
+def _stage_all(plan: _Plan, reader: ObjectReader, pid: int) -> list[tuple[ManifestFile, str]]:
     if not plan.writes:
         return []
     # In the order their bytes lie in the packs, cut into contiguous slices: each worker then decompresses
@@ -477,7 +451,7 @@ def _stage_all(plan: _Plan, reader: _Reader, pid: int) -> list[tuple[ManifestFil
     return staged
 
 
-def _stage_one(f: ManifestFile, tmp: str, reader: _Reader) -> None:
+def _stage_one(f: ManifestFile, tmp: str, reader: ObjectReader) -> None:
     h = hashlib.sha256()
     written = 0
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -78,8 +78,7 @@ def snap(ctx, venv, message, lock_only, no_caches, cache_dirs, as_json):
     if not no_caches and not lock_only:
         hook = _cache_hook(vault, target, cache_dirs)
     try:
-        result = take_snapshot(vault, target, message=message, lock_only=lock_only, progress=_total_progress(progress),
-                               cache_hook=hook)
+        result = take_snapshot(vault, target, message=message, lock_only=lock_only, progress=progress, cache_hook=hook)
     finally:
         progress.close()
     if as_json:
@@ -92,12 +91,6 @@ def snap(ctx, venv, message, lock_only, no_caches, cache_dirs, as_json):
     )
     for w in d["warnings"]:
         click.echo(f"warning: {w}", err=True)
-
-
-def _total_progress(bar: Progress):
-    def update(done: int) -> None:
-        bar(done)
-    return update
 
 
 def _cache_hook(vault, target, cache_dirs):

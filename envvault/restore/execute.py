@@ -38,8 +38,7 @@ from envvault.restore.baseline import JOURNAL_NAME, record_restored
 from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, check_rel_path, is_pyc, make_plan
 from envvault.vault.fsutil import fsync_dir, storage_error
 from envvault.vault.ingest import b64_sha256
-from envvault.vault.packs import read_frame
-from envvault.vault.store import Vault
+from envvault.vault.store import ObjectReader, Vault
 
 __all__ = ["RestoreResult", "restore_snapshot", "read_current", "JOURNAL_NAME"]
 
@@ -113,37 +112,6 @@ def _crash_point(name: str) -> None:
 
 
 # -- reading objects, one frame cache per thread ---------------------------------------------------
-
-
-class _ChunkReader:
-    def __init__(self, vault: Vault):
-        self.vault = vault
-        self.index = vault.index()
-        self._local = threading.local()
-
-    def get(self, oid: str) -> memoryview:
-        loc = self.index.get(oid)
-        if loc is None:
-            raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify`")
-        pack, fo, fl, off, length, _kind = loc
-        cached = getattr(self._local, "frame", None)
-        if cached is not None and cached[0] == (pack, fo):
-            frame = cached[1]
-        else:
-            frame = memoryview(read_frame(self.vault.pack_path(pack), fo, fl))
-            self._local.frame = ((pack, fo), frame)
-        data = frame[off: off + length]
-        if len(data) != length:
-            raise CorruptError(f"object {oid[:12]} lies beyond its frame in pack {pack[:12]}; run `envvault verify`")
-        if blake3.blake3(data).hexdigest() != oid:
-            raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify`")
-        return data
-
-    def first_location(self, w: FileWrite) -> tuple:
-        if not w.chunks:
-            return ("", 0, 0)
-        loc = self.index.get(w.chunks[0])
-        return (loc[0], loc[1], loc[3]) if loc else ("", 0, 0)
 
 
 # -- the environment now ---------------------------------------------------------------------------
@@ -314,7 +282,7 @@ class _Staged:
     sha256: str | None
 
 
-def _stage_one(reader: _ChunkReader, paths: _Paths, w: FileWrite, pid: int) -> _Staged:
+def _stage_one(reader: ObjectReader, paths: _Paths, w: FileWrite, pid: int) -> _Staged:
     final = paths.abs(w.path)
     tmp = _tmp_for(final, pid)
     try:
@@ -364,7 +332,7 @@ def _batches(writes: list[FileWrite]) -> Iterator[list[FileWrite]]:
 
 
 def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Progress | None) -> list[_Staged]:
-    reader = _ChunkReader(vault)
+    reader = ObjectReader(vault)
     for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
         full = paths.abs(d) if d else str(paths.target)
         if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from envvault.errors import CorruptError, EnvvaultError, NotFoundError, UsageError
+from envvault.errors import CorruptError, NotFoundError, UsageError
 from envvault.torch import pickle_reader as pr
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
 

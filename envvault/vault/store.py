@@ -21,7 +21,7 @@ from envvault.model.encoding import canonical_json, object_id, parse_json
 from envvault.vault.fsutil import atomic_write, storage_error
 from envvault.vault.packs import PackWriter, read_frame
 
-__all__ = ["Vault", "default_vault_path", "FORMAT", "SnapshotRef"]
+__all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef"]
 
 FORMAT = 1
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -329,6 +329,36 @@ class Vault:
                     pass
         except OSError:
             pass
+
+
+class ObjectReader:
+    """Objects by id for many threads: each object re-hashed before use, one decompressed frame cached per
+    thread (restores read chunks in pack order, so most reads hit the cached frame)."""
+
+    def __init__(self, vault: "Vault"):
+        import threading
+
+        self.vault = vault
+        self.index = vault.index()
+        self._local = threading.local()
+
+    def get(self, oid: str) -> memoryview:
+        loc = self.index.get(oid) or self.vault.index(refresh=True).get(oid)
+        if loc is None:
+            raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify`")
+        pack, fo, fl, off, length, _kind = loc
+        cached = getattr(self._local, "frame", None)
+        if cached is not None and cached[0] == (pack, fo):
+            frame = cached[1]
+        else:
+            frame = memoryview(read_frame(self.vault.pack_path(pack), fo, fl))
+            self._local.frame = ((pack, fo), frame)
+        data = frame[off : off + length]
+        if len(data) != length:
+            raise CorruptError(f"object {oid[:12]} lies beyond its frame in pack {pack[:12]}; run `envvault verify`")
+        if object_id(data) != oid:
+            raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify`")
+        return data
 
 
 def _now() -> str:
