@@ -117,6 +117,12 @@ def _crash_point(name: str) -> None:
 # -- the environment now ---------------------------------------------------------------------------
 
 
+def _pack_order(reader: ObjectReader, w: FileWrite) -> tuple:
+    """Where a file's first chunk lies: writing files in pack order keeps each frame read once."""
+    loc = reader.index.get(w.chunks[0]) if w.chunks else None
+    return (loc[0], loc[1], loc[3]) if loc else ("", 0, 0)
+
+
 def read_current(prefix: Path, interp, packages: list[dict], wanted: list[dict] | None = None) -> list[CurrentDist]:
     """Pair each package summary of a scan with its RECORD, as ``CurrentDist`` records for the planner.
     Unhashed RECORD rows (RECORD itself) are hashed only for packages not identical to one in ``wanted``
@@ -346,7 +352,7 @@ def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Prog
     if progress is not None and hasattr(progress, "total"):
         progress.total = max(plan.bytes, 1)  # a Progress bar: now the real amount is known
     # Read the vault in pack order so each frame is decompressed once.
-    ordered = sorted(plan.writes, key=reader.first_location)
+    ordered = sorted(plan.writes, key=lambda w: _pack_order(reader, w))
     staged: list[_Staged] = []
     done = 0
 
