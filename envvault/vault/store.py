@@ -59,7 +59,7 @@ class Vault:
         self.level_large = int(config.get("zstd_level_large", 2))
         self._index: dict[str, tuple] | None = None
         self._index_seen: set[str] = set()
-        self._frame_cache: tuple[tuple, bytes] | None = None
+        self._reader: ObjectReader | None = None
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
@@ -176,25 +176,11 @@ class Vault:
         return self.root / "packs" / pack_id[:2] / f"{pack_id}.pack"
 
     # -- reading objects -----------------------------------------------------------------------
-    def get(self, oid: str, *, verify: bool = True) -> bytes:
-        loc = self.index().get(oid)
-        if loc is None:  # written by another process since we listed the index?
-            loc = self.index(refresh=True).get(oid)
-        if loc is None:
-            raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify`")
-        pack, fo, fl, off, length, _kind = loc
-        key = (pack, fo)
-        if self._frame_cache is not None and self._frame_cache[0] == key:
-            frame = self._frame_cache[1]
-        else:
-            frame = read_frame(self.pack_path(pack), fo, fl)
-            self._frame_cache = (key, frame)
-        data = frame[off : off + length]
-        if len(data) != length:
-            raise CorruptError(f"object {oid[:12]} lies beyond its frame in pack {pack[:12]}; run `envvault verify`")
-        if verify and object_id(data) != oid:
-            raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify`")
-        return data
+    def get(self, oid: str) -> bytes:
+        """One object's bytes, checked against its id (CorruptError when damaged or missing)."""
+        if self._reader is None:
+            self._reader = ObjectReader(self)
+        return bytes(self._reader.get(oid))
 
     def get_json(self, oid: str) -> dict:
         doc = parse_json(self.get(oid), f"manifest {oid[:12]}")
