@@ -32,7 +32,6 @@ CacheHook = Callable[[Vault, Ingester, StatCache], "list[dict]"]
 class SnapResult:
     id: str
     doc: dict
-    reused: bool = False  # an identical snapshot already existed (not used for manual snaps)
 
     def to_json(self) -> dict:
         d = self.doc

@@ -10,13 +10,12 @@ nothing else.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from envvault.vault.fsutil import storage_error
+from envvault.vault.fsutil import flocked, storage_error
 from envvault.vault.store import SnapshotRef, Vault
 
 __all__ = ["AUTOMATIC_TRIGGERS", "RetentionResult", "plan_retention", "apply_retention"]
@@ -51,15 +50,8 @@ def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str]
 def _forget(vault: Vault, ids: list[str]) -> bool:
     """Delete the snapshot files of ``ids`` under the exclusive vault lock, taken without waiting: while
     another snap or restore runs, retention waits for the next guarded command instead."""
-    path = vault.root / "locks" / "vault.lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as err:
-        raise storage_error(err, path) from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with flocked(vault.root / "locks" / "vault.lock", exclusive=True, wait=False) as held:
+        if not held:
             return False
         for sid in ids:
             try:
@@ -69,8 +61,6 @@ def _forget(vault: Vault, ids: list[str]) -> bool:
             except OSError as err:
                 raise storage_error(err, vault.root / "snapshots") from None
         return True
-    finally:
-        os.close(fd)
 
 
 def apply_retention(vault: Vault, venv: Path, *, keep: int, slack: int | None = None,

@@ -14,7 +14,6 @@ on disk, adds the journal's pending deletions, and completes.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -36,7 +35,7 @@ from envvault.errors import CorruptError, EnvironmentProblem, RefusedError, Usag
 from envvault.model.encoding import parse_json
 from envvault.restore.baseline import JOURNAL_NAME, record_restored
 from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, check_rel_path, is_pyc, make_plan
-from envvault.vault.fsutil import fsync_dir, storage_error
+from envvault.vault.fsutil import flocked, fsync_dir, storage_error
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.store import ObjectReader, Vault
 
@@ -506,19 +505,10 @@ def _populate_statcache(vault: Vault, target: Path, staged: list[_Staged]) -> No
 @contextmanager
 def _target_lock(vault: Vault, target: Path) -> Iterator[None]:
     key = blake3.blake3(str(target).encode()).hexdigest()[:20]
-    path = vault.root / "locks" / f"restore-{key}.lock"
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as err:
-        raise storage_error(err, path) from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RefusedError(f"another envvault restore of {target} is running; wait for it to finish") from None
+    with flocked(vault.root / "locks" / f"restore-{key}.lock", exclusive=True, wait=False) as held:
+        if not held:
+            raise RefusedError(f"another envvault restore of {target} is running; wait for it to finish")
         yield
-    finally:
-        os.close(fd)
 
 
 # -- the entry point -------------------------------------------------------------------------------

@@ -273,20 +273,14 @@ def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str
 
 @contextmanager
 def _flock(path: Path) -> Iterator[None]:
-    import fcntl
-
-    from envvault.vault.fsutil import storage_error
+    from envvault.vault.fsutil import flocked, storage_error
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as err:
         raise storage_error(err, path) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with flocked(path, exclusive=True):
         yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
 
 
 def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool = True,

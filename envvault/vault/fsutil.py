@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from envvault.errors import StorageError
 
-__all__ = ["atomic_write", "fsync_dir", "storage_error", "tmp_name"]
+__all__ = ["atomic_write", "flocked", "fsync_dir", "storage_error", "tmp_name"]
 
 
 def tmp_name(directory: Path, stem: str) -> Path:
@@ -63,3 +66,23 @@ def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: 
         except OSError:
             pass
         raise storage_error(err, path) from None
+
+
+@contextmanager
+def flocked(path: Path, *, exclusive: bool, wait: bool = True, where: Path | None = None) -> Iterator[bool]:
+    """Hold an flock on ``path`` (created with mode 0600) for the block. Yields True once held; with
+    ``wait=False`` yields False at once when another process holds it. Closing the descriptor releases it.
+    A lock file that cannot be opened is a StorageError naming ``where`` (default: the lock file)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise storage_error(err, where or path) from None
+    try:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

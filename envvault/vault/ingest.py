@@ -19,7 +19,7 @@ import zstandard
 from envvault import __version__
 from envvault.errors import EnvironmentProblem
 from envvault.model.encoding import object_id
-from envvault.vault.fsutil import atomic_write
+from envvault.vault.fsutil import atomic_write, flocked
 from envvault.vault.packs import PackWriter
 
 __all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256"]
@@ -182,28 +182,21 @@ class StatCache:
         Saved under the vault's shared lock, and only when no gc ran since this cache was loaded: gc deletes
         objects, and the ids kept here are trusted without the index.
         """
-        import fcntl
-
-        lock_fd = None
         try:
-            lock_fd = os.open(self.groups_path.parent.parent / "locks" / "vault.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(lock_fd, fcntl.LOCK_SH)
-            if self._read_epoch() != self._epoch:
-                return
-            if self._files is not None and (self._dirty_files or not self.touched >= self._files.keys()):
-                self._files = {k: v for k, v in self._files.items() if k in self.touched}
-                doc = {"version": self.VERSION, "tool": __version__, "files": self._files}
-                data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
-                atomic_write(self.files_path, data, tmp_dir=self.files_path.parent.parent / "tmp", durable=False)
-            if self._dirty_groups:
-                doc = {"version": self.VERSION, "tool": __version__, "groups": self.groups, "extra": self.extra}
-                data = json.dumps(doc, separators=(",", ":")).encode()
-                atomic_write(self.groups_path, data, tmp_dir=self.groups_path.parent.parent / "tmp", durable=False)
+            with flocked(self.groups_path.parent.parent / "locks" / "vault.lock", exclusive=False):
+                if self._read_epoch() != self._epoch:
+                    return
+                if self._files is not None and (self._dirty_files or not self.touched >= self._files.keys()):
+                    self._files = {k: v for k, v in self._files.items() if k in self.touched}
+                    doc = {"version": self.VERSION, "tool": __version__, "files": self._files}
+                    data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
+                    atomic_write(self.files_path, data, tmp_dir=self.files_path.parent.parent / "tmp", durable=False)
+                if self._dirty_groups:
+                    doc = {"version": self.VERSION, "tool": __version__, "groups": self.groups, "extra": self.extra}
+                    data = json.dumps(doc, separators=(",", ":")).encode()
+                    atomic_write(self.groups_path, data, tmp_dir=self.groups_path.parent.parent / "tmp", durable=False)
         except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
             pass
-        finally:
-            if lock_fd is not None:
-                os.close(lock_fd)
 
 
 def is_regular(st: os.stat_result) -> bool:

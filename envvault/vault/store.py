@@ -5,8 +5,6 @@ Pack internals do not leak past this module: callers put and get objects by id.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import re
@@ -18,7 +16,7 @@ from typing import Iterator
 
 from envvault.errors import AmbiguousError, CorruptError, NotFoundError, StorageError, UsageError
 from envvault.model.encoding import canonical_json, object_id, parse_json
-from envvault.vault.fsutil import atomic_write, storage_error
+from envvault.vault.fsutil import atomic_write, flocked, storage_error
 from envvault.vault.packs import PackWriter, read_frame
 
 __all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef"]
@@ -115,18 +113,8 @@ class Vault:
     @contextmanager
     def lock(self, exclusive: bool = False) -> Iterator[None]:
         """Shared for writers (snaps), exclusive for gc. Blocks until granted."""
-        path = self.root / "locks" / "vault.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as err:
-            if err.errno == errno.EROFS and not exclusive:
-                raise storage_error(err, self.root) from None
-            raise storage_error(err, path) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        with flocked(self.root / "locks" / "vault.lock", exclusive=exclusive, where=self.root):
             yield
-        finally:
-            os.close(fd)
 
     # -- index ---------------------------------------------------------------------------------
     def index(self, refresh: bool = False) -> dict[str, tuple]:
