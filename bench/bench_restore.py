@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    Figure, drop_dirty, ensure_torch_venv, envvault_cmd, ev_env, median, report, run, save, site_packages, timed,
+    Figure, bench_main, drop_dirty, envvault_cmd, ev_env, median, run, site_packages, timed,
 )
 
 
@@ -148,16 +147,5 @@ def measure(venv: Path, runs: int = 3) -> list[Figure]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--venv", type=Path)
-    ap.add_argument("--runs", type=int, default=3)
-    args = ap.parse_args()
-    venv = ensure_torch_venv(args.venv)
-    figs = measure(venv, args.runs)
-    report(figs, f"restore / diff / status ({venv})")
-    print(save(figs, "restore"))
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(measure, "restore", "restore / diff / status")

@@ -163,3 +163,17 @@ def save(figures: list[Figure], name: str, extra: dict | None = None) -> Path:
     path.write_text(json.dumps({"machine": machine(), "figures": [f.to_json() for f in figures], **(extra or {})},
                                indent=1))
     return path
+
+
+def bench_main(measure, name: str, title: str) -> None:
+    """The command line every venv benchmark shares: ``--venv PATH --runs N``, a table, bench/out/<name>.json."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__)
+    ap.add_argument("--venv", type=Path)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    venv = ensure_torch_venv(args.venv)
+    figs = measure(venv, args.runs)
+    report(figs, f"{title} ({venv})")
+    print(save(figs, name))
