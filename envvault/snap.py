@@ -53,8 +53,9 @@ class SnapResult:
 
 
 def statcache_for(vault: Vault, target: Path) -> StatCache:
-    key = blake3.blake3(str(target).encode()).hexdigest()[:20]
-    return StatCache(vault.state_path(f"stat-{key}"))
+    from envvault.safepaths import env_key
+
+    return StatCache(vault.state_path(f"stat-{env_key(target)}"))
 
 
 class _LazyDists:

@@ -7,12 +7,12 @@ before anything acts on it.
 
 from __future__ import annotations
 
-import posixpath
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from ..errors import CorruptError, RefusedError, UsageError
+from ..safepaths import link_target_problem, path_problem
 
 if TYPE_CHECKING:
     from .fingerprint import Fingerprint
@@ -65,32 +65,10 @@ class CacheManifest:
         }
 
 
-def path_problem(path: object) -> str | None:
-    """Why ``path`` cannot name something inside a cache root, or None when it can."""
-    if not isinstance(path, str) or not path:
-        return "not a path"
-    if "\x00" in path:
-        return "contains NUL"
-    if path.startswith("/"):
-        return f"is absolute ({path})"
-    parts = path.split("/")
-    if ".." in parts:
-        return f"contains '..' ({path})"
-    if any(p in ("", ".") for p in parts):
-        return f"is not a normalised path ({path})"
-    return None
-
-
 def link_problem(path: str, target: object) -> str | None:
-    """Why a symlink at ``path`` pointing at ``target`` would lead out of the cache root, or None."""
-    if not isinstance(target, str) or not target or "\x00" in target:
-        return "has a bad symlink target"
-    if target.startswith("/"):
-        return f"is a symlink to an absolute path ({target})"
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-    if joined == ".." or joined.startswith("../"):
-        return f"is a symlink that leads out of the cache root ({target})"
-    return None
+    """What the text alone shows wrong with a symlink at ``path`` to ``target`` (the rule for the final
+    tree is ``envvault.safepaths.FinalTree``, applied when a cache is restored)."""
+    return link_target_problem(path, target, "the cache root")
 
 
 def parse_manifest(doc: object, where: str = "cache manifest") -> CacheManifest:
@@ -139,7 +117,7 @@ def _parse_file(entry: object, at: str, problems: list[str]) -> ManifestFile | N
     path = entry.get("path")
     why = path_problem(path)
     if why is not None:
-        problems.append(f"{at}.path {why}")
+        problems.append(f"{at}.path {path!r} {why}")
         return None
     mode = entry.get("mode")
     if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:

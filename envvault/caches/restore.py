@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
 from ..errors import CorruptError, EnvvaultError, NotFoundError, RefusedError, StorageError, UsageError
+from ..safepaths import FinalTree
 from ..vault.fsutil import storage_error
 from ..vault.ingest import b64_sha256
 from ..vault.store import ObjectReader
@@ -250,9 +251,8 @@ class _Plan:
 
 def _plan(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> _Plan:
     plan = _Plan(manifest=manifest, mid=mid, dest=dest, mode=mode)
-    real_root = _real_root(dest)
+    disk = FinalTree(dest, where="the cache root")  # as it is now; the final tree is checked below
     parents: dict[str, str | None] = {"": None}
-    escapes: list[str] = []
 
     def parent_problem(rel_dir: str) -> str | None:
         # None: every existing folder on the way is a folder (or a symlink that stays inside the root).
@@ -269,11 +269,8 @@ def _plan(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> _Plan:
             except OSError as err:
                 raise StorageError(f"cannot read {path}: {err.strerror}") from None
             if st is not None and statmod.S_ISLNK(st.st_mode):
-                real = os.path.realpath(path)
-                if not _within(real, real_root):
-                    why = f"{rel_dir} is a symlink to {real}, outside the cache root"
-                    escapes.append(why)
-                elif not os.path.isdir(real):
+                # One leading out is refused with the final tree below; here only "not a folder".
+                if disk.resolve(rel_dir) is not None and not os.path.isdir(path):
                     why = f"{rel_dir} is not a folder"
             elif st is not None and not statmod.S_ISDIR(st.st_mode):
                 why = f"{rel_dir} is a file where the archive has a folder"
@@ -285,7 +282,7 @@ def _plan(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> _Plan:
         wanted.add(f.path)
         why = parent_problem(f.path.rpartition("/")[0])
         if why is not None:
-            if why not in plan.warnings and not why.endswith("outside the cache root"):
+            if why not in plan.warnings:
                 plan.warnings.append(f"{dest}: left out what lies under {why}")
             continue
         path = os.path.join(dest, f.path)
@@ -307,8 +304,12 @@ def _plan(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> _Plan:
             plan.kept += 1
         else:
             (plan.writes if f.kind == "file" else plan.links).append(f)
+    # Every entry written, decided against the cache root as the restore leaves it (its symlinks included).
+    escapes = FinalTree(dest, links={f.path: f.target for f in plan.links}, entries=[f.path for f in plan.writes],
+                        dirs=[f.path for f in plan.dirs], where="the cache root").problems()
     if escapes:
-        raise RefusedError(f"refusing to restore into {dest}: " + "; ".join(escapes[:10]))
+        more = f"; and {len(escapes) - 10} more" if len(escapes) > 10 else ""
+        raise RefusedError(f"refusing to restore into {dest}: " + "; ".join(escapes[:10]) + more)
     if mode == "replace" and os.path.isdir(dest):
         implied = {p.rsplit("/", n)[0] for p in wanted for n in range(1, p.count("/") + 1)}
         plan.keep_dirs = implied | wanted
@@ -319,11 +320,6 @@ def _plan(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> _Plan:
                     continue
                 plan.removals.append(cf.path)
     return plan
-
-
-def _real_root(dest: Path) -> str:
-    # The root may not exist yet: resolve the part that does.
-    return os.path.realpath(dest)
 
 
 def _within(path: str, root: str) -> bool:

@@ -149,9 +149,9 @@ def _sites(doc: dict, prefix: Path) -> list[Path]:
 
 
 def _pointer(vault: Vault, target: Path) -> Path:
-    import blake3
+    from envvault.safepaths import env_key
 
-    return vault.state_path(f"guard-{blake3.blake3(str(target).encode()).hexdigest()[:20]}.json")
+    return vault.state_path(f"guard-{env_key(target)}.json")
 
 
 def _previous_provenance(vault: Vault, target: Path) -> dict:

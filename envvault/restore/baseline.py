@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import blake3
-
 from envvault.errors import EnvvaultError, NotFoundError
+from envvault.safepaths import env_key
 from envvault.vault.fsutil import atomic_write
 from envvault.vault.store import Vault, _now
 
@@ -22,8 +21,7 @@ JOURNAL_NAME = ".envvault-restore.json"  # in the environment while a restore is
 
 
 def _marker(vault: Vault, target: Path) -> Path:
-    key = blake3.blake3(str(target).encode()).hexdigest()[:20]
-    return vault.state_path(f"restored-{key}.json")
+    return vault.state_path(f"restored-{env_key(target)}.json")
 
 
 def record_restored(vault: Vault, target: Path, sid: str) -> None:

@@ -34,7 +34,8 @@ from envvault.diff import current_document, diff_snapshots
 from envvault.errors import CorruptError, EnvironmentProblem, RefusedError, UsageError
 from envvault.model.encoding import parse_json
 from envvault.restore.baseline import JOURNAL_NAME, record_restored
-from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, check_rel_path, is_pyc, make_plan
+from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, is_pyc, make_plan
+from envvault.safepaths import FinalTree, env_key
 from envvault.vault.fsutil import flocked, fsync_dir, storage_error
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.store import ObjectReader, Vault
@@ -219,28 +220,16 @@ def _remove_journal(target: Path) -> None:
 
 
 class _Paths:
-    """Maps manifest paths to absolute ones, refusing any that resolve outside the target."""
+    """Maps manifest paths to absolute ones, refusing any whose folders resolve outside the target as it is
+    on disk now (the rule is ``envvault.safepaths.FinalTree``; a restore's own entries are checked against
+    the final tree in ``_restore_in_place``)."""
 
     def __init__(self, target: Path):
         self.target = target
-        self.real = os.path.realpath(target)
-        self._dirs: dict[str, bool] = {}
-
-    def dir_inside(self, rel_dir: str) -> bool:
-        ok = self._dirs.get(rel_dir)
-        if ok is None:
-            real = os.path.realpath(os.path.join(self.target, rel_dir)) if rel_dir else self.real
-            ok = real == self.real or real.startswith(self.real + os.sep)
-            self._dirs[rel_dir] = ok
-        return ok
+        self.tree = FinalTree(target)
 
     def check(self, rel: str) -> str | None:
-        why = check_rel_path(rel)
-        if why is not None:
-            return why
-        if not self.dir_inside(os.path.dirname(rel)):
-            return "lies under a symlink that leads out of the environment"
-        return None
+        return self.tree.write_problem(rel)
 
     def abs(self, rel: str) -> str:
         return os.path.join(self.target, rel)
@@ -426,6 +415,7 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
     # a kill never leaves a dist-info without METADATA or RECORD. Package files go first: until then the
     # dist-info still lists them, and after a kill the journal does.
     doomed_dirs = tuple(d + "/" for d in plan.remove_dirs)
+    paths = _Paths(paths.target)  # the tree has changed: judge removals against it as it is now
     for rel in plan.removals:
         if paths.check(rel) is not None or (doomed_dirs and rel.startswith(doomed_dirs)):
             continue
@@ -504,8 +494,7 @@ def _populate_statcache(vault: Vault, target: Path, staged: list[_Staged]) -> No
 
 @contextmanager
 def _target_lock(vault: Vault, target: Path) -> Iterator[None]:
-    key = blake3.blake3(str(target).encode()).hexdigest()[:20]
-    with flocked(vault.root / "locks" / f"restore-{key}.lock", exclusive=True, wait=False) as held:
+    with flocked(vault.root / "locks" / f"restore-{env_key(target)}.lock", exclusive=True, wait=False) as held:
         if not held:
             raise RefusedError(f"another envvault restore of {target} is running; wait for it to finish")
         yield
@@ -607,9 +596,9 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
             plan = make_plan(sid, doc, now_doc, current, vault.get_json,
                              pending_removals=_str_list(journal, "removals") + _str_list(journal, "writes"))
             paths = _Paths(target)
-            bad = [f"{w.path}: {why}" for w in plan.writes if (why := paths.check(w.path)) is not None]
-            bad += [f"{w.path}: symlink target leads out of the environment" for w in plan.writes
-                    if w.link is not None and not _link_inside(paths, w)]
+            # Every entry decided against the tree as the restore leaves it (its own symlinks included).
+            bad = FinalTree(target, links={w.path: w.link for w in plan.writes if w.link is not None},
+                            entries=[w.path for w in plan.writes if w.link is None]).problems()
             if bad:
                 raise RefusedError(f"refusing to restore {sid[:12]}: " + "; ".join(bad[:10]) +
                                    (f"; and {len(bad) - 10} more" if len(bad) > 10 else ""))
@@ -720,12 +709,6 @@ def interp_scripts_rel(doc: dict) -> str:
 
 def _str_list(journal: dict | None, key: str) -> list[str]:
     return [x for x in (journal or {}).get(key, ()) if isinstance(x, str)]
-
-
-def _link_inside(paths: _Paths, w: FileWrite) -> bool:
-    parent = os.path.dirname(paths.abs(w.path))
-    dest = os.path.realpath(os.path.join(os.path.realpath(parent), w.link))
-    return dest == paths.real or dest.startswith(paths.real + os.sep)
 
 
 def _protected_dirs(target: Path, interp) -> set[str]:

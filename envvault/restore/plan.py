@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 
 from envvault.diff import DiffResult, diff_snapshots
 from envvault.errors import RefusedError
+from envvault.safepaths import link_target_problem, path_problem
 
 __all__ = ["CurrentDist", "FileWrite", "Plan", "make_plan", "check_python", "check_rel_path", "is_pyc"]
 
@@ -93,31 +94,7 @@ def is_pyc(path: str) -> bool:
     return path.endswith((".pyc", ".pyo")) or "/__pycache__/" in f"/{path}"
 
 
-def check_rel_path(path: object) -> str | None:
-    """Why ``path`` (from a manifest) cannot name a file inside the environment, or None when it can."""
-    if not isinstance(path, str) or not path:
-        return "not a path"
-    if "\x00" in path:
-        return "contains NUL"
-    if path.startswith("/"):
-        return "is absolute"
-    parts = path.split("/")
-    if ".." in parts:
-        return "contains '..'"
-    if any(p in ("", ".") for p in parts):
-        return "is not a normalised path"
-    return None
-
-
-def _link_problem(path: str, link: object) -> str | None:
-    if not isinstance(link, str) or not link or "\x00" in link:
-        return "has a bad symlink target"
-    if link.startswith("/"):
-        return f"is a symlink to an absolute path ({link})"
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), link))
-    if joined == ".." or joined.startswith("../") or joined.startswith("/"):
-        return f"is a symlink that leads out of the environment ({link})"
-    return None
+check_rel_path = path_problem  # the one rule, in envvault.safepaths
 
 
 def check_python(snapshot_python: dict, current_python: dict) -> None:
@@ -227,7 +204,7 @@ def make_plan(
                 absent.add(path)
                 continue
             if "link" in f:
-                lp = _link_problem(path, f["link"])
+                lp = link_target_problem(path, f["link"])
                 if lp is not None:
                     problems.append(f"{label}: files[{i}].path {path!r} {lp}")
                     continue
@@ -250,15 +227,6 @@ def make_plan(
     if problems:
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
         raise RefusedError(f"refusing to restore {snapshot_id[:12]}: its manifests name paths outside the environment: {shown}")
-
-    # Paths written by the plan: their parents must not be symlinks the plan itself creates.
-    link_paths = {w.path for w in writes if w.link is not None}
-    if link_paths:
-        for w in writes:
-            parts = w.path.split("/")
-            for k in range(1, len(parts)):
-                if "/".join(parts[:k]) in link_paths:
-                    raise RefusedError(f"refusing to restore {snapshot_id[:12]}: {w.path} would be written through a symlink the snapshot creates")
 
     removals: set[str] = set()
     remove_names: list[str] = []

@@ -1,0 +1,231 @@
+"""Hostile vaults against `restore` and `cache restore --to`: symlink chains, links through links, links
+already on disk, and the restore lock reached through a symlink (issue 14, items 1 and 4).
+
+Each manifest is written from docs/format.md alone (a package manifest, or a cache tree manifest) into a
+real vault, next to a real venv. Every attack asserts: nothing changed in the venv (or cache root) or in a
+decoy folder beside it (before/after tree state), one clean line on stderr, exit code 3 (refused).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures.trees import forge_snapshot, tree_state
+from tests.evtools import assert_one_line_error, ev, ev_json
+
+SP = f"lib/python3.{sys.version_info[1]}/site-packages"  # the uv venvs of make_venv use this Python
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _link(path: str, target: str) -> dict:
+    return {"path": path, "record": path, "link": target, "mode": 0o777, "state": "ok"}
+
+
+def _file(path: str, data: bytes) -> dict:
+    from envvault.model.encoding import object_id
+
+    return {"path": path, "record": path, "sha256": _b64(data), "size": len(data), "mode": 0o644,
+            "chunks": [object_id(data)], "state": "ok"}
+
+
+def _forge_package(vault_path: Path, base_sid: str, files: list[dict]) -> str:
+    """Commit a snapshot of the base one holding a single package ``evil 1.0`` made of ``files``."""
+    from envvault.model.encoding import object_id
+    from envvault.vault.store import Vault
+
+    vault = Vault.open(vault_path)
+    payload = b"owned\n"
+    files = [_file(f"{SP}/evil/__init__.py", payload)] + files  # a good file first: it must not land either
+    man = {"kind": "dist", "format": 1, "name": "evil", "version": "1.0", "build_id": "e" * 64, "state_id": "e" * 64,
+           "dist_info": f"{SP}/evil-1.0.dist-info", "installer": "pip", "requested": True, "wheel": {},
+           "direct_url": None, "record": "ok", "build_info": None, "files": files}
+    return forge_snapshot(vault, vault.load_snapshot(base_sid).doc, [man], {object_id(payload): payload})
+
+
+@pytest.fixture
+def box(tmp_path, make_venv):
+    """``(vault, venv, decoy, base snapshot id)``: a venv and a decoy folder side by side."""
+    venv = make_venv("uv", name="venv")
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "keep.txt").write_text("decoy\n")
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    return vault, venv, decoy, sid
+
+
+def _links_leading_out(root: Path) -> list[str]:
+    real = os.path.realpath(root)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full):
+                dest = os.path.realpath(full)
+                if dest != real and not dest.startswith(real + os.sep):
+                    out.append(os.path.relpath(full, root))
+    return out
+
+
+def _assert_refused(proc, before_venv, before_decoy, venv: Path, decoy: Path, *needles: str) -> None:
+    assert_one_line_error(proc, "refusing", *needles)
+    assert proc.returncode == 3
+    assert tree_state(venv) == before_venv  # nothing written, not even a journal
+    assert tree_state(decoy) == before_decoy
+
+
+ENV_ATTACKS = {
+    # issue 14.1 as filed: hop leads to the venv's root (inside); out then climbs four folders above it
+    # (/etc for a venv two levels deep). Read as text, out stays inside (hop/.. cancels).
+    "chain to /etc": [_link(f"{SP}/hop", "../../.."), _link(f"{SP}/out", "hop/../../../../etc")],
+    # the same chain, one level up only: a sibling of the venv (the decoy)
+    "chain to a sibling": [_link(f"{SP}/hop", "../../.."), _link(f"{SP}/sib", "hop/../decoy")],
+    # a chain of three links, each inside on its own
+    "three hops": [_link(f"{SP}/a", "../../.."), _link(f"{SP}/b", "a/lib"), _link(f"{SP}/c", "b/../../decoy")],
+    # a file written through a link the same manifest creates
+    "file under its own link": [_link(f"{SP}/hop", "../../.."), _file(f"{SP}/hop/planted.py", b"x")],
+    # going up out of a folder that does not exist: dangling today, out once a later restore creates it
+    "up out of a missing folder": [_link(f"{SP}/out", "later/../../../../decoy")],
+    # a link to itself through another: never resolves, refused rather than followed forever
+    "loop": [_link(f"{SP}/l1", "l2/x"), _link(f"{SP}/l2", "l1/y")],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENV_ATTACKS))
+def test_env_restore_refuses_symlinks_that_lead_out_of_the_final_tree(box, case):
+    vault, venv, decoy, sid = box
+    evil = _forge_package(vault, sid, ENV_ATTACKS[case])
+    before_venv, before_decoy = tree_state(venv), tree_state(decoy)
+    proc = ev(vault, "restore", evil, "--venv", venv, "--no-backup", check=False)
+    _assert_refused(proc, before_venv, before_decoy, venv, decoy)
+    # --dry-run refuses the same way (it prints the plan the restore would follow)
+    dry = ev(vault, "restore", evil, "--venv", venv, "--dry-run", check=False)
+    _assert_refused(dry, before_venv, before_decoy, venv, decoy)
+
+
+def test_a_link_already_on_disk_turned_outward_is_refused(box):
+    """``x -> d/../../../..`` is inside while ``d`` is a folder; a restore that turns ``d`` into a link to the
+    venv's root would make ``x`` lead out."""
+    vault, venv, decoy, sid = box
+    site = venv / SP
+    (site / "d").mkdir()
+    os.symlink("d/../../../..", site / "x")  # today: the venv's root
+    assert os.path.realpath(site / "x") == os.path.realpath(venv)
+    evil = _forge_package(vault, sid, [_link(f"{SP}/d", "../../..")])
+    before_venv, before_decoy = tree_state(venv), tree_state(decoy)
+    proc = ev(vault, "restore", evil, "--venv", venv, "--no-backup", check=False)
+    _assert_refused(proc, before_venv, before_decoy, venv, decoy, "already there")
+
+
+def test_links_that_stay_inside_are_restored(box):
+    """The rule refuses only what leads out: chains inside the venv are restored and verified."""
+    vault, venv, decoy, sid = box
+    files = [_link(f"{SP}/hop", "../../.."), _link(f"{SP}/cfg", "hop/pyvenv.cfg"),
+             _link(f"{SP}/evil/alias.py", "__init__.py")]
+    good = _forge_package(vault, sid, files)
+    before_decoy = tree_state(decoy)
+    # (not "verified": the forged package has no dist-info, so the scan cannot see it installed)
+    proc = ev(vault, "restore", good, "--venv", venv, "--no-backup", check=False)
+    assert "refusing" not in proc.stderr and proc.returncode == 1, proc.stderr
+    assert os.path.realpath(venv / SP / "cfg") == os.path.realpath(venv / "pyvenv.cfg")
+    assert (venv / SP / "evil" / "alias.py").read_bytes() == b"owned\n"
+    new_links = [p for p in _links_leading_out(venv) if p.startswith(SP)]
+    assert new_links == []
+    assert tree_state(decoy) == before_decoy
+
+
+# -- cache restore --to ----------------------------------------------------------------------------
+
+
+def _cache_snapshot(vault_dir: Path, files: list[dict], blobs: list[bytes], root: Path) -> str:
+    from envvault.model.encoding import canonical_json, object_id
+    from envvault.vault.store import Vault
+
+    vault = Vault.open(vault_dir, create=True)
+    writer = vault.writer()
+    for data in blobs:
+        writer.add(object_id(data), data)
+    manifest = {"format": 1, "kind": "cache", "cache_kind": "user", "root": str(root), "fingerprint": None,
+                "files": files}
+    data = canonical_json(manifest)
+    writer.add(object_id(data), data, "m")
+    writer.flush()
+    writer.close()
+    doc = {"format": 1, "kind": "cache-snapshot", "created": "2026-11-29T00:00:00.000000Z", "message": "hostile",
+           "venv": None, "packages": [], "python": {}, "lock_only": False,
+           "caches": [{"kind": "user", "root": str(root), "manifest": object_id(data), "files": len(files),
+                       "bytes": 0, "fingerprint": None, "warnings": []}]}
+    return vault.commit_snapshot(doc)
+
+
+def _cfile(path: str, data: bytes) -> dict:
+    from envvault.model.encoding import object_id
+
+    return {"path": path, "size": len(data), "mode": 0o644, "sha256": _b64(data), "chunks": [object_id(data)]}
+
+
+def _clink(path: str, target: str) -> dict:
+    return {"path": path, "link": target, "mode": 0o777}
+
+
+CACHE_ATTACKS = {
+    "chain to a sibling": [_clink("a/hop", ".."), _clink("a/out", "hop/../decoy")],
+    "chain to /etc": [_clink("a/hop", ".."), _clink("a/out", "hop/../../etc")],
+    "three hops": [_clink("x/a", ".."), _clink("x/b", "a/x"), _clink("x/c", "b/../../decoy")],
+    "up out of a missing folder": [_clink("out", "later/../x")],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CACHE_ATTACKS))
+def test_cache_restore_to_refuses_symlinks_that_lead_out_of_the_final_tree(tmp_path, case):
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "keep.txt").write_text("decoy\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "present").write_text("already here\n")
+    files = [_cfile("good/first", b"good")] + CACHE_ATTACKS[case]
+    sid = _cache_snapshot(tmp_path / "vault", files, [b"good"], tmp_path / "archived")
+    before_root, before_decoy = tree_state(root), tree_state(decoy)
+    for mode in ("--merge", "--replace"):
+        proc = ev(tmp_path / "vault", "cache", "restore", sid, "--to", root, mode, check=False)
+        _assert_refused(proc, before_root, before_decoy, root, decoy)
+
+
+def test_cache_link_chain_inside_the_root_is_restored(tmp_path):
+    root = tmp_path / "root"
+    files = [_cfile("good/first", b"good"), _clink("a/hop", ".."), _clink("a/alias", "hop/good/first")]
+    sid = _cache_snapshot(tmp_path / "vault", files, [b"good"], tmp_path / "archived")
+    ev_json(tmp_path / "vault", "cache", "restore", sid, "--to", root)
+    assert (root / "a" / "alias").read_bytes() == b"good"
+    assert _links_leading_out(root) == []
+
+
+# -- the restore lock, reached through a symlink (14.4) -------------------------------------------
+
+
+def test_restore_lock_is_keyed_on_the_real_path(box, tmp_path):
+    """A restore through a symlink to the venv waits for (is refused by) one running on the venv itself."""
+    from envvault.restore.execute import _target_lock
+    from envvault.vault.store import Vault
+
+    vault, venv, decoy, sid = box
+    alias = tmp_path / "alias"
+    alias.symlink_to(venv)
+    before = tree_state(venv)
+    with _target_lock(Vault.open(vault), venv):  # a restore of the venv, by its own path, holds the lock
+        proc = ev(vault, "restore", sid, "--venv", alias, "--no-backup", check=False)
+    assert_one_line_error(proc, "another envvault restore")
+    assert proc.returncode == 3
+    assert tree_state(venv) == before
+    # and once it is released, the restore through the symlink runs
+    assert ev_json(vault, "restore", sid, "--venv", alias, "--no-backup")["verified"]
