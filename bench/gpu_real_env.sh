@@ -29,7 +29,7 @@ export ENVVAULT_HOME=$W/vault TORCHINDUCTOR_CACHE_DIR=$W/inductor TRITON_CACHE_D
 VENV=$(python3 -c 'import sys; print(sys.prefix)')
 BASEPY=$(python3 -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
 SP=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-EV="python3 -m envvault"
+EV=/tmp/site/bin/envvault  # the installed entry point, not `-m` (which would import ./envvault)
 SUMMARY=$OUT/gpu_real_env.json
 echo "[]" >"$SUMMARY"
 failed=0
