@@ -372,7 +372,11 @@ def test_cache_changing_while_read_gives_complete_files_or_a_warning(tmp_path):
 
 
 def test_envvault_snap_takes_caches_by_default_and_restore_brings_them_back(tmp_path, make_venv):
-    venv = make_venv("uv")
+    from fixtures import build_wheel, uv_install
+
+    venv = make_venv("uv")  # with a torch package: an environment's snap takes Inductor's cache only then
+    uv_install(venv, build_wheel(tmp_path / "stub", "torch", "2.13.0", {
+        "torch/__init__.py": b"", "torch/version.py": b"__version__ = '2.13.0'\ncuda = None\n"}))
     vault = tmp_path / "vault"
     env = _clean_env(vault, tmp_path)
     ic = _small_cache(tmp_path / "ic")

@@ -17,6 +17,9 @@ this environment" without changing its own.
   ``realpath($XDG_CACHE_HOME or ~/.cache)/torch_extensions`` (torch >= 2.10 builds into a
   ``py<XY>_<accelerator>`` folder below it; the root covers every such folder).
 - CUDA's JIT cache: ``$CUDA_CACHE_PATH``, else ``~/.nv/ComputeCache``.
+
+Which environments can use which cache (:func:`usable_kinds`): an environment's snapshot archives a cache
+only when a package that reads it is installed in the environment (``CACHE_USERS``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ __all__ = [
     "triton_cache_dir",
     "torch_extensions_dir",
     "cuda_cache_dir",
+    "CACHE_USERS",
+    "usable_kinds",
 ]
 
 CacheKind = Literal["inductor", "triton", "torch_extensions", "cuda", "user"]
@@ -91,6 +96,39 @@ def discover_caches(
         seen.add(path)
         locations.append(CacheLocation(kind=kind, path=path, exists=path.is_dir(), reason=reason))
     return locations
+
+
+# The top-level packages that read each kind of cache: Inductor's cache and torch extensions are torch's;
+# Triton's is read by Triton and by torch (Inductor compiles through it); the CUDA driver's JIT cache serves
+# every package that hands PTX to the driver. ``user`` (``--cache-dir``, configured dirs) is always taken.
+CACHE_USERS: dict[str, tuple[str, ...]] = {
+    "inductor": ("torch",),
+    "triton": ("torch", "triton"),
+    "torch_extensions": ("torch",),
+    "cuda": ("torch", "triton", "jax", "jaxlib", "cupy", "numba", "tensorflow"),
+}
+
+
+def usable_kinds(venv: Path) -> frozenset[str] | None:
+    """The cache kinds ``venv`` can use: those with a reader (``CACHE_USERS``) installed as a package
+    (``<name>/__init__.py``) in its own site-packages, plus ``user``. None when it cannot be told from the
+    venv's files: no site-packages found, or ``include-system-site-packages = true`` (a reader may come
+    from the base interpreter)."""
+    cfg = venv / "pyvenv.cfg"
+    try:
+        text = cfg.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "include-system-site-packages" and value.strip().lower() == "true":
+            return None
+    sites = [p for p in sorted(venv.glob("lib/python3*/site-packages")) if p.is_dir()]
+    if not sites:
+        return None
+    names = {n for users in CACHE_USERS.values() for n in users}
+    present = {n for n in names if any((site / n / "__init__.py").is_file() for site in sites)}
+    return frozenset({"user"} | {kind for kind, users in CACHE_USERS.items() if present.intersection(users)})
 
 
 def inductor_cache_dir(env: Mapping[str, str] = os.environ) -> tuple[Path, str]:

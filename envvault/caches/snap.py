@@ -29,7 +29,7 @@ import blake3
 from ..errors import EnvironmentProblem, NotFoundError, UsageError
 from ..model.encoding import canonical_json, object_id
 from ..vault.ingest import Ingester, StatCache, stat_key
-from .discover import CacheLocation, discover_caches, inductor_cache_dir
+from .discover import CacheLocation, discover_caches, inductor_cache_dir, usable_kinds
 
 # manifest, walk and fingerprint are imported where a cache is actually read: an unchanged one is not.
 
@@ -85,9 +85,11 @@ def locations_to_snap(
     *,
     discover: bool = True,
     use_torch_python: Path | None = None,
+    kinds: frozenset[str] | None = None,
 ) -> list[CacheLocation]:
     """The existing cache roots to archive: torch's, Triton's, CUDA's and ``extra`` (unless ``discover``
-    is false: then ``extra`` only). A root inside another one is left to the outer one.
+    is false: then ``extra`` only), only those of ``kinds`` when given. A root inside another one is left
+    to the outer one.
 
     With ``TORCHINDUCTOR_CACHE_DIR`` set, Inductor still keeps precompiled C++ headers under its default
     root (``codecache._HEADER_DIR`` is ``default_cache_dir()/precompiled_headers``), so that folder is a
@@ -106,7 +108,7 @@ def locations_to_snap(
             path = Path(os.path.abspath(os.path.expanduser(str(p))))
             if all(loc.path != path for loc in found):
                 found.append(CacheLocation(kind="user", path=path, exists=path.is_dir(), reason="configured"))
-    roots = [loc for loc in found if loc.exists]
+    roots = [loc for loc in found if loc.exists and (kinds is None or loc.kind in kinds)]
     real = {loc.path: os.path.realpath(loc.path) for loc in roots}
     kept: list[CacheLocation] = []
     for loc in roots:
@@ -501,14 +503,22 @@ def make_cache_hook(
     env: Mapping[str, str] = os.environ,
     discover: bool = True,
     use_torch_python: Path | None = None,
+    usable_only: bool = True,
 ) -> CacheHook:
     """The ``cache_hook`` for ``take_snapshot``: archives the caches of a process started with ``env``
-    (plus ``extra_dirs`` and the configured dirs), fingerprinted against ``target``'s torch."""
+    (plus ``extra_dirs`` and the configured dirs), fingerprinted against ``target``'s torch.
+
+    With ``usable_only`` (an environment's snap), a discovered cache is taken only when ``target`` can use
+    it (:func:`~envvault.caches.discover.usable_kinds`: no Inductor cache for a venv without torch); the
+    ``--cache-dir`` and configured folders always are. ``cache snap`` passes False: it archives what it finds.
+    """
     from .config import configured_dirs
 
     def hook(vault_, ingester: Ingester, statcache: StatCache) -> list[dict]:
         extra = list(extra_dirs) + configured_dirs(vault_.settings(), target)
-        locations = locations_to_snap(env, extra, discover=discover, use_torch_python=use_torch_python)
+        kinds = usable_kinds(target) if usable_only and target is not None else None
+        locations = locations_to_snap(env, extra, discover=discover, use_torch_python=use_torch_python,
+                                      kinds=kinds)
         env_fp, why = environment_fingerprint(target, statcache, env)
         entries = []
         for loc in locations:
@@ -549,7 +559,8 @@ def take_cache_snapshot(
 
     started = time.monotonic()
     statcache = StatCache(vault.state_path("stat-caches"))
-    hook = make_cache_hook(vault, venv, extra_dirs, env=env, discover=discover, use_torch_python=use_torch_python)
+    hook = make_cache_hook(vault, venv, extra_dirs, env=env, discover=discover, use_torch_python=use_torch_python,
+                           usable_only=False)
     with vault.lock():
         writer = vault.writer()
         try:

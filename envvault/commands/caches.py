@@ -226,10 +226,11 @@ def cache_restore(ctx, snapshot_id, venv, kinds, roots, to, merge, archived_root
     """
     from envvault.caches.restore import restore_snapshot_caches
 
+    target = _venv(venv)  # a bad --venv is told before the vault is read
     vault = _vault(ctx)
     sid = _resolve(vault, snapshot_id)
     doc = vault.load_snapshot(sid).doc
-    result = restore_snapshot_caches(vault, doc, venv=_venv(venv), mode="merge" if merge else "replace",
+    result = restore_snapshot_caches(vault, doc, venv=target, mode="merge" if merge else "replace",
                                      select=list(kinds) + [os.path.abspath(os.path.expanduser(r)) for r in roots],
                                      to=Path(to) if to else None, archived_roots=archived_roots, dry_run=dry_run)
     if as_json:

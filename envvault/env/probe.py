@@ -87,7 +87,8 @@ def _rel(path: Path, prefix: Path) -> str:
 
 
 def find_target(venv: str | os.PathLike | None) -> Path:
-    """The environment to act on: ``--venv``, else ``$VIRTUAL_ENV``, else a clear error."""
+    """The environment to act on: ``--venv``, else ``$VIRTUAL_ENV`` (then ``$CONDA_PREFIX``), else a clear
+    error. Only a virtual environment (a folder with ``pyvenv.cfg`` and ``bin/python``) is taken."""
     if venv is None:
         venv = os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX")
         if not venv:
@@ -95,9 +96,30 @@ def find_target(venv: str | os.PathLike | None) -> Path:
     path = Path(venv).expanduser().absolute()
     if not path.is_dir():
         raise UsageError(f"{path} is not a directory; pass --venv with the path of a virtual environment")
-    if _python_of(path) is None:
+    python = _python_of(path)
+    if python is None:
         raise UsageError(f"{path} is not a Python environment (no bin/python and no pyvenv.cfg)")
+    if not (path / "pyvenv.cfg").is_file():
+        raise UsageError(_not_a_venv(path, python))
     return path
+
+
+def _not_a_venv(path: Path, python: Path) -> str:
+    """Why a folder with a bin/python but no pyvenv.cfg is refused, and what to do instead.
+
+    Without pyvenv.cfg the interpreter does not take the folder as its prefix: either the folder is an
+    interpreter's own installation (it holds the standard library: /usr, a pyenv version, a conda
+    environment), which envvault does not snapshot yet, or its bin/python belongs to another
+    installation and would report that one's packages.
+    """
+    conda = " (a conda environment)" if (path / "conda-meta").is_dir() else ""
+    if any(path.glob("lib/python3*/os.py")):
+        return (f"{path} is not a virtual environment (no pyvenv.cfg) but an interpreter's own prefix{conda}; "
+                f"snapshots of an interpreter's own prefix are not supported yet: create a venv with "
+                f"`{python} -m venv DIR` and pass --venv DIR")
+    return (f"{path} is not a virtual environment: it has no pyvenv.cfg{conda}, so its bin/python "
+            f"({python.resolve()}) runs another installation, not this folder; pass a venv (python -m venv, "
+            f"virtualenv, uv venv) or put back its pyvenv.cfg")
 
 
 def _python_of(prefix: Path) -> Path | None:
@@ -139,6 +161,9 @@ def probe(prefix: Path) -> Interpreter:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"{exe} does not run ({last}); is the environment's base interpreter still installed?")
     info = json.loads(out.stdout)
+    if Path(info["prefix"]).resolve() != prefix.resolve():
+        raise UsageError(f"{exe} runs with prefix {info['prefix']}, not {prefix}: not a working virtual "
+                         "environment (check its pyvenv.cfg, or recreate it)")
     impl = info["implementation"]
     major, minor = info["version"].split(".")[:2]
     abi = f"cp{major}{minor}" if impl == "cpython" else info["cache_tag"]

@@ -1,0 +1,143 @@
+"""What a snapshot argument of ``diff`` and ``restore`` names: an id, prefix, tag or ``latest``; a stamped
+checkpoint file; or a checkpoint folder (Hugging Face ``checkpoint-N/``, a DCP folder), whose stamps must
+agree on one snapshot.
+
+Each answer carries the environment it belongs to (``venv``): the stamp's for a checkpoint, else the
+snapshot's own, so that ``current`` and ``restore`` can default to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from envvault.errors import AmbiguousError, NotFoundError
+
+__all__ = ["Ref", "resolve_arg", "is_lockfile"]
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A resolved snapshot argument: the snapshot id, a label for output, and the environment it names."""
+
+    sid: str
+    label: str
+    venv: str | None
+
+
+def is_lockfile(path: Path) -> bool:
+    return path.suffix == ".toml" or path.name.startswith("pylock")
+
+
+def resolve_arg(vault, arg: str) -> Ref:
+    """``arg`` as a snapshot: a checkpoint file (not a lockfile), a checkpoint folder, else an id / prefix /
+    tag / ``latest``. A folder that holds no checkpoint is taken as a name when the vault knows one."""
+    path = Path(arg).expanduser()
+    if path.is_file() and not is_lockfile(path):
+        return _checkpoint_file(vault, path)
+    if path.is_dir():
+        if _holds_checkpoints(path):
+            return _checkpoint_folder(vault, path)
+        try:
+            return _named(vault, arg)
+        except NotFoundError:
+            raise NotFoundError(f"{path} is a folder without checkpoint files (.metadata, envvault.json, "
+                                f"*.safetensors, *.bin, *.pt, ...) and no snapshot or tag has that name") from None
+    return _named(vault, arg)
+
+
+def _named(vault, arg: str) -> Ref:
+    sid = vault.resolve(arg)
+    return Ref(sid, sid[:12], vault.load_snapshot(sid).doc.get("venv"))
+
+
+def _checkpoint_file(vault, path: Path) -> Ref:
+    from envvault.torch.checkpoint import read_checkpoint
+    from envvault.torch.stamp_doc import snapshot_of
+
+    sid = snapshot_of(vault, path)
+    stamp = read_checkpoint(path).stamp or {}
+    return Ref(sid, f"{path.name} ({sid[:12]})", _venv_of(vault, sid, stamp))
+
+
+def _venv_of(vault, sid: str, stamp: dict) -> str | None:
+    venv = stamp.get("venv")
+    if isinstance(venv, str) and venv:
+        return venv
+    return vault.load_snapshot(sid).doc.get("venv")
+
+
+# -- folders -----------------------------------------------------------------------------------------
+
+
+def _holds_checkpoints(d: Path) -> bool:
+    """A checkpoint folder: a DCP folder (``.metadata``), a stamp sidecar, checkpoint files, or a sub-folder
+    that is a DCP folder or has a sidecar (Hugging Face with FSDP writes ``pytorch_model_fsdp_0/``)."""
+    from envvault.torch.checkpoint import CHECKPOINT_SUFFIXES, SIDECAR_NAME
+
+    try:
+        entries = list(d.iterdir())
+    except OSError:
+        return False
+    for e in entries:
+        if e.name in (".metadata", SIDECAR_NAME) or (e.suffix in CHECKPOINT_SUFFIXES and e.is_file()):
+            return True
+    return bool(_sub_checkpoints(d, entries))
+
+
+def _sub_checkpoints(d: Path, entries: list[Path] | None = None) -> list[Path]:
+    from envvault.torch.checkpoint import SIDECAR_NAME
+
+    entries = sorted(d.iterdir()) if entries is None else sorted(entries)
+    return [e for e in entries if e.is_dir() and ((e / ".metadata").is_file() or (e / SIDECAR_NAME).is_file())]
+
+
+def _stamped_parts(d: Path) -> list[tuple[str, Path, dict]]:
+    """``(name shown, path to resolve, stamp)`` for every stamped part of folder ``d``: its sidecar or each
+    stamped checkpoint file in it, then the same for each checkpoint sub-folder. Read with the folder
+    readers of :mod:`envvault.torch.directories` (through ``read_checkpoint``)."""
+    from envvault.torch.checkpoint import SIDECAR_NAME, read_checkpoint
+
+    parts: list[tuple[str, Path, dict]] = []
+    for folder, prefix in [(d, "")] + [(s, s.name + "/") for s in _sub_checkpoints(d)]:
+        if folder is d and not _has_own_checkpoint(d):
+            continue
+        info = read_checkpoint(folder)
+        if info.stamp is not None and info.stamp_source == SIDECAR_NAME:
+            parts.append((prefix + SIDECAR_NAME, folder, info.stamp))
+        for f in info.files:
+            if f.stamp is not None:
+                parts.append((prefix + f.name, folder / f.name, f.stamp))
+    return parts
+
+
+def _has_own_checkpoint(d: Path) -> bool:
+    from envvault.torch.checkpoint import CHECKPOINT_SUFFIXES, SIDECAR_NAME
+
+    return any(e.name in (".metadata", SIDECAR_NAME) or (e.suffix in CHECKPOINT_SUFFIXES and e.is_file())
+               for e in d.iterdir())
+
+
+def _checkpoint_folder(vault, d: Path) -> Ref:
+    """The one snapshot the stamps in folder ``d`` name. Files stamped alike are resolved once; when they
+    resolve to different snapshots, one line names the files and the snapshot each names (exit 4)."""
+    from envvault.torch.stamp_doc import snapshot_of
+
+    parts = _stamped_parts(d)
+    if not parts:
+        raise NotFoundError(f"{d}: no file in this checkpoint folder carries an envvault stamp (saved without "
+                            "stamping); name a snapshot instead")
+    groups: dict[str, list[tuple[str, dict]]] = {}
+    resolved: dict[tuple, str] = {}
+    for name, path, stamp in parts:
+        key = tuple(str(stamp.get(k)) for k in ("snapshot", "fingerprint", "venv", "snapshot_lock_only", "vault"))
+        if key not in resolved:
+            resolved[key] = snapshot_of(vault, path)
+        groups.setdefault(resolved[key], []).append((name, stamp))
+    if len(groups) > 1:
+        listed = "; ".join(f"{', '.join(n for n, _ in members)} -> {sid[:12]}" for sid, members in groups.items())
+        raise AmbiguousError(f"{d}: its files are stamped with different snapshots ({listed}); name one file "
+                             "or a snapshot id")
+    (sid, members), = groups.items()
+    label = f"{d.name}/ ({sid[:12]})"
+    return Ref(sid, label, _venv_of(vault, sid, members[0][1]))
