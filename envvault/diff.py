@@ -15,6 +15,7 @@ from envvault.output import style
 
 __all__ = [
     "DiffResult",
+    "exec_change",
     "PackageChange",
     "PackageRef",
     "current_document",
@@ -43,7 +44,7 @@ class PackageChange:
 
     ``kind``: ``upgrade`` / ``downgrade`` (public version), ``local`` (only the local label, ``+cu128`` ->
     ``+cu130``), ``build`` (same version string, other RECORD), ``edited`` (same build, files edited in
-    place, deleted or put back).
+    place, deleted or put back), ``mode`` (same bytes, files that gained or lost the execute bit).
     """
 
     name: str
@@ -57,6 +58,7 @@ class PackageChange:
     new_build_info: dict | None
     modified_files: tuple[str, ...] = ()
     missing_files: tuple[str, ...] = ()
+    mode_files: tuple[str, ...] = ()  # files whose execute bit differs (kind "mode" when nothing else does)
 
     def to_json(self) -> dict:
         return {
@@ -70,6 +72,7 @@ class PackageChange:
             "build_facts": _build_facts(self.old_build_info, self.new_build_info),
             "modified_files": list(self.modified_files),
             "missing_files": list(self.missing_files),
+            "mode_files": list(self.mode_files),
         }
 
 
@@ -144,8 +147,19 @@ def _by_name(packages: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def exec_change(a: dict, b: dict) -> tuple[str, ...]:
+    """Files of two states of a package whose execute bit differs (package summaries' ``exec``, see
+    docs/format.md); empty when either side recorded no modes (older snapshots, lock-only ones)."""
+    ea, eb = a.get("exec"), b.get("exec")
+    if not isinstance(ea, list) or not isinstance(eb, list):
+        return ()
+    return tuple(sorted(set(ea) ^ set(eb)))
+
+
 def _same_state(a: dict, b: dict) -> bool:
     if a.get("version") != b.get("version"):
+        return False
+    if exec_change(a, b):
         return False
     if a.get("build_id") and b.get("build_id"):
         if a["build_id"] != b["build_id"]:
@@ -205,10 +219,13 @@ def _change(o: dict, n: dict, vault) -> PackageChange:
     else:
         modified = _edited_files(o, n, o_mod, n_mod, vault)
     missing = sorted(set(o.get("missing") or ()) ^ set(n.get("missing") or ()))
+    modes = exec_change(o, n)
+    if kind == "edited" and modes and not modified and not missing:
+        kind = "mode"
     return PackageChange(
         name=n["name"], old_version=ov, new_version=nv, kind=kind, build_changed=build_changed,
         old_build_id=ob, new_build_id=nb, old_build_info=o.get("build_info"), new_build_info=n.get("build_info"),
-        modified_files=tuple(modified), missing_files=tuple(missing),
+        modified_files=tuple(modified), missing_files=tuple(missing), mode_files=modes,
     )
 
 
@@ -409,6 +426,11 @@ def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
             lines.append(f"{head('edited', 'red')}{ch.name} {ch.new_version}: " + ", ".join(counts))
             lines += _files_line("~", ch.modified_files, c, "red")
             lines += _files_line("-", ch.missing_files, c, "red")
+    for ch in result.changed:
+        if ch.mode_files:
+            lines.append(f"{head('mode', 'yellow')}{ch.name} {ch.new_version}: "
+                         f"{len(ch.mode_files)} file(s) gained or lost the execute bit")
+            lines += _files_line("x", ch.mode_files, c, "yellow")
     for k, (o, n) in result.host.items():
         lines.append(f"{head('host', 'cyan')}{k} {o} -> {n}")
     env = result.env

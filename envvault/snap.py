@@ -211,7 +211,15 @@ def _summary(man: dict, oid: str) -> dict:
         "size": sum(f.get("size") or 0 for f in counted),
         "modified": sorted(f["path"] for f in files if f.get("state") == "modified"),
         "missing": sorted(f["path"] for f in files if f.get("state") == "missing"),
+        "exec": _exec_files(counted),
     }
+
+
+def _exec_files(files: list[dict]) -> list[str] | None:
+    """Paths of the files with an execute bit (docs/format.md, "exec"); None when no mode was recorded."""
+    if not any("mode" in f for f in files):
+        return None
+    return sorted(f["path"] for f in files if "link" not in f and (f.get("mode") or 0) & 0o111)
 
 
 def _dist_dirs(sites: list[Path]) -> list[tuple[Path, Path]]:
@@ -258,6 +266,12 @@ def scan_environment(
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
     queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
+    from envvault.restore.baseline import JOURNAL_NAME
+
+    if os.path.lexists(os.path.join(prefix, JOURNAL_NAME)):  # a killed restore: clean what it half-made first
+        from envvault.restore.execute import settle_interrupted
+
+        settle_interrupted(vault, prefix)
     cache = statcache_for(vault, prefix)
     interp = cached_probe(prefix, cache)
     ing = Ingester(writer, vault.has, store=mode == "full")

@@ -224,13 +224,15 @@ def _render_restore(result, doc: dict) -> None:
             click.echo(line)
         if result.dry_run:
             click.echo(f"write {plan.get('write_files', 0)} files ({human_bytes(plan.get('write_bytes', 0))}), "
-                       f"remove {plan.get('remove_files', 0)} files, leave everything else untouched")
+                       + (f"set the mode of {plan['mode_files']}, " if plan.get("mode_files") else "")
+                       + f"remove {plan.get('remove_files', 0)} files, leave everything else untouched")
         elif result.changed == 0 and result.verified:
             click.echo(f"{result.target} already matches snapshot {style(short, 'yellow')}; nothing to do")
         else:
             click.echo(f"restored {style(short, 'yellow')} onto {result.target}: {result.changed} package(s) changed, "
                        f"{result.written_files} files written ({human_bytes(result.written_bytes)}), "
-                       f"{result.removed_files} removed in {result.seconds:.2f}s")
+                       + (f"{result.modes_set} modes set, " if result.modes_set else "")
+                       + f"{result.removed_files} removed in {result.seconds:.2f}s")
             if result.backup:
                 click.echo(f"backup {style(result.backup[:12], 'yellow')} (undo with: envvault restore {result.backup[:12]})")
     for w in result.warnings:
@@ -273,6 +275,7 @@ def _diff_lines(diff_json: dict) -> list[str]:
             c.get("old_build_id"), c.get("new_build_id"),
             {k: v[0] for k, v in facts.items()}, {k: v[1] for k, v in facts.items()},
             tuple(c.get("modified_files") or ()), tuple(c.get("missing_files") or ()),
+            tuple(c.get("mode_files") or ()),
         ))
     result = DiffResult(
         diff_json.get("old", "old"), diff_json.get("new", "new"),

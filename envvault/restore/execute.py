@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +31,9 @@ from typing import Callable, Iterator
 
 import blake3
 
+from envvault.crashpoints import crash_point as _crash_point
 from envvault.diff import current_document, diff_snapshots
-from envvault.errors import CorruptError, EnvironmentProblem, RefusedError, UsageError
+from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError, RefusedError, UsageError
 from envvault.model.encoding import parse_json
 from envvault.restore.baseline import JOURNAL_NAME, record_restored
 from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, is_pyc, make_plan
@@ -40,7 +42,7 @@ from envvault.vault.fsutil import flocked, fsync_dir, storage_error
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.store import ObjectReader, Vault
 
-__all__ = ["RestoreResult", "restore_snapshot", "read_current", "JOURNAL_NAME"]
+__all__ = ["RestoreResult", "restore_snapshot", "read_current", "settle_interrupted", "JOURNAL_NAME"]
 
 _TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
 _BATCH_BYTES = 16 << 20  # staging work is handed to threads in runs of about this many bytes
@@ -67,6 +69,7 @@ class RestoreResult:
     warnings: tuple[str, ...] = ()
     caches: object = None
     timings: dict | None = None  # seconds per phase (scan, plan, stage, commit, verify)
+    modes_set: int = 0  # kept files whose permission bits were put back
 
     def to_json(self) -> dict:
         return {
@@ -80,6 +83,7 @@ class RestoreResult:
             "written_files": self.written_files,
             "written_bytes": self.written_bytes,
             "removed_files": self.removed_files,
+            "modes_set": self.modes_set,
             "seconds": self.seconds,
             "plan": self.plan,
             "remaining": self.remaining,
@@ -87,28 +91,6 @@ class RestoreResult:
             "caches": self.caches,
             "timings": self.timings,
         }
-
-
-# -- test hook: die at a named point ---------------------------------------------------------------
-
-_crash_lock = threading.Lock()
-_crash_counts: dict[str, int] = {}
-
-
-def _crash_point(name: str) -> None:
-    """With ``ENVVAULT_TEST_CRASH_AT=<name>[:<n>]`` the process SIGKILLs itself at the n-th (default 1st)
-    passage of that point. For the crash-safety tests; costs one dict lookup otherwise."""
-    spec = os.environ.get("ENVVAULT_TEST_CRASH_AT")
-    if not spec:
-        return
-    want, _, nth = spec.partition(":")
-    if want != name:
-        return
-    with _crash_lock:
-        _crash_counts[name] = _crash_counts.get(name, 0) + 1
-        hit = _crash_counts[name] >= int(nth or 1)
-    if hit:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # -- reading objects, one frame cache per thread ---------------------------------------------------
@@ -206,6 +188,10 @@ def _write_journal(target: Path, doc: dict) -> None:
         os.replace(tmp, final)
         fsync_dir(target)
     except OSError as err:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise storage_error(err, final) from None
 
 
@@ -325,7 +311,29 @@ def _batches(writes: list[FileWrite]) -> Iterator[list[FileWrite]]:
         yield batch
 
 
-def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Progress | None) -> list[_Staged]:
+def _makedirs(path: str, created: list[str]) -> None:
+    """``mkdir -p`` that records the folders it made, outermost first (a failed restore removes them)."""
+    missing = []
+    p = path
+    while not os.path.isdir(p):
+        if os.path.lexists(p):
+            raise EnvironmentProblem(f"{p} is in the way: the snapshot needs a directory there; move it and run again")
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise storage_error(err, d) from None
+        created.append(d)
+
+
+def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Progress | None,
+               created: list[str]) -> list[_Staged]:
+    """Create the folders the writes need (recorded in ``created``) and stage every write. On failure the
+    staged files are deleted; the caller removes ``created``."""
     reader = ObjectReader(vault)
     for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
         full = paths.abs(d) if d else str(paths.target)
@@ -333,10 +341,7 @@ def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Prog
             if os.path.islink(full) and os.path.isdir(full):
                 continue  # a symlinked directory inside the target (checked by _Paths)
             raise EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
-        try:
-            os.makedirs(full, exist_ok=True)
-        except OSError as err:
-            raise storage_error(err, full) from None
+        _makedirs(full, created)
     if progress is not None and hasattr(progress, "total"):
         progress.total = max(plan.bytes, 1)  # a Progress bar: now the real amount is known
     # Read the vault in pack order so each frame is decompressed once.
@@ -383,7 +388,8 @@ def _drop_bytecode(abs_py: str, seen: dict[str, list[str]]) -> None:
                 pass
 
 
-def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str]) -> int:
+def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str]) -> tuple[int, int]:
+    """Rename staged files into place, set the modes of kept files, delete; returns (removed, modes set)."""
     pyc_seen: dict[str, list[str]] = {}
     parents: set[str] = set()
     for s in staged:
@@ -400,16 +406,16 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
         if final.endswith(".py"):
             _drop_bytecode(final, pyc_seen)
         _crash_point("commit")
-    for rel, mode in plan.keeps:
-        if not mode & 0o111:
-            continue  # only a lost exec bit breaks anything; a stat per kept file is not worth more
+    modes_set = 0
+    for rel, mode in plan.keeps:  # files of changed packages whose bytes match: give them back their mode
         full = paths.abs(rel)
         try:
             st = os.lstat(full)
-            if (st.st_mode & 0o777) != (mode & 0o777) and not os.path.islink(full):
-                os.chmod(full, mode & 0o777)
+            if stat.S_ISREG(st.st_mode) and (st.st_mode & 0o777) != (mode & 0o777):
+                os.chmod(full, mode & 0o777)  # never setuid/setgid from a vault
+                modes_set += 1
         except OSError:
-            pass
+            pass  # gone or not ours: verification names what still differs
     removed = 0
     # Files inside a dist-info folder that goes away leave with the folder (renamed away whole, below), so
     # a kill never leaves a dist-info without METADATA or RECORD. Package files go first: until then the
@@ -451,7 +457,7 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
     for cache_dir in pyc_seen:
         parents.add(cache_dir)
     _prune_empty(parents, protected)
-    return removed
+    return removed, modes_set
 
 
 def _rmdir_tree_if_empty(path: str) -> None:
@@ -628,12 +634,21 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
             "protected": sorted(os.path.relpath(d, target) for d in _protected_dirs(target, interp)),
         })
         _crash_point("journal")
-        _clean_temps(target, _str_list(journal, "staging_dirs") + plan.staging_dirs(), paths, keep_pid=pid)
-        staged = _stage_all(vault, plan, paths, pid, progress)
+        created: list[str] = []
+        try:
+            _clean_temps(target, _str_list(journal, "staging_dirs") + plan.staging_dirs(), paths, keep_pid=pid)
+            staged = _stage_all(vault, plan, paths, pid, progress, created)
+        except BaseException:
+            # Nothing was renamed into place: leave the environment as this run found it (a full disk must
+            # not leave empty package folders that import as empty packages).
+            _undo_staging(target, created, keep_journal=resumed)
+            if take_backup:
+                _discard_snapshot(vault, backup_id)
+            raise
         _crash_point("staged")
         clock.lap("stage")
         protected = _protected_dirs(target, interp)
-        removed = _commit(plan, staged, paths, protected)
+        removed, modes_set = _commit(plan, staged, paths, protected)
         _populate_statcache(vault, target, staged)
         _crash_point("committed")
         clock.lap("commit")
@@ -652,7 +667,7 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
         sid, str(target), "in-place", backup_id, plan.changed, remaining.packages_empty, False,
         len(staged), plan.bytes, removed, plan=plan.to_json(),
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
-        timings=clock.laps,
+        timings=clock.laps, modes_set=modes_set,
     )
 
 
@@ -700,6 +715,43 @@ def _recover(target: Path, journal: dict) -> None:
     protected = {str(target)} | {os.path.normpath(paths.abs(d)) for d in _str_list(journal, "protected")
                                  if d == "." or paths.check(d) is None}
     _prune_empty({paths.abs(d) for d in dirs if d and paths.check(d) is None}, protected)
+
+
+def _undo_staging(target: Path, created: list[str], *, keep_journal: bool) -> None:
+    """After a failure before any rename: remove the folders this run made (only while empty) and the
+    journal, unless it was an earlier run's (its renames are still to be finished)."""
+    for d in reversed(created):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+    if not keep_journal:
+        try:
+            _remove_journal(target)
+        except OSError:
+            pass
+
+
+def settle_interrupted(vault: Vault, target: Path) -> str | None:
+    """When a restore of ``target`` was killed (its journal is there) and none is running now, clean what
+    it half-made (staged files, unfinished dist-info folders, empty folders made for them) so that no empty
+    package imports meanwhile. The journal stays: ``status`` reports the restore as unfinished and the next
+    restore completes it. Returns the interrupted restore's snapshot id, or None. Never fails the caller."""
+    target = Path(target)
+    if not os.path.lexists(target / JOURNAL_NAME):
+        return None
+    journal = None
+    try:
+        journal = _read_journal(target)
+        if journal is None:
+            return None
+        with flocked(vault.root / "locks" / f"restore-{env_key(target)}.lock", exclusive=True, wait=False) as held:
+            if held:  # else a restore is running right now: its staged files are its own
+                _recover(target, journal)
+    except (EnvvaultError, OSError):
+        pass
+    sid = journal.get("snapshot") if isinstance(journal, dict) else None
+    return sid if isinstance(sid, str) else "unknown"
 
 
 def interp_scripts_rel(doc: dict) -> str:

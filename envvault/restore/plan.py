@@ -11,7 +11,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from envvault.diff import DiffResult, diff_snapshots
+from envvault.diff import DiffResult, diff_snapshots, exec_change
 from envvault.errors import RefusedError
 from envvault.safepaths import link_target_problem, path_problem
 
@@ -58,10 +58,11 @@ class Plan:
     remove: tuple[str, ...]  # "name version" of packages removed
     warnings: tuple[str, ...] = ()
     dist_infos: tuple[str, ...] = ()  # dist-info folders of the packages written
+    modes: tuple[tuple[str, int], ...] = ()  # kept files whose execute bit differs from the snapshot's (path, mode)
 
     @property
     def empty(self) -> bool:
-        return not (self.writes or self.removals or self.remove_dirs)
+        return not (self.writes or self.removals or self.remove_dirs or self.modes)
 
     @property
     def bytes(self) -> int:
@@ -84,6 +85,7 @@ class Plan:
             "write_files": len(self.writes),
             "write_bytes": self.bytes,
             "keep_files": len(self.keeps),
+            "mode_files": len(self.modes),
             "remove_files": len(self.removals),
             "remove_dirs": list(self.remove_dirs),
             "warnings": list(self.warnings),
@@ -127,6 +129,7 @@ def _same(snap: dict, cur: dict) -> bool:
         and snap.get("build_id") == cur.get("build_id")
         and snap.get("state_id") == cur.get("state_id")
         and set(snap.get("missing") or ()) == set(cur.get("missing") or ())
+        and not exec_change(snap, cur)
     )
 
 
@@ -171,6 +174,7 @@ def make_plan(
 
     writes: list[FileWrite] = []
     keeps: list[tuple[str, int]] = []
+    modes: list[tuple[str, int]] = []
     owned: set[str] = set(kept_paths)
     absent: set[str] = set()
     install_names: list[str] = []
@@ -178,6 +182,7 @@ def make_plan(
     replaced: list[CurrentDist] = []
     for p, cur in to_install:
         label = f"{p['name']} {p['version']}"
+        chmod = set(exec_change(p, cur.summary)) if cur is not None else set()
         if cur is not None:
             replaced.append(cur)
         if p.get("record") == "missing":
@@ -219,6 +224,8 @@ def make_plan(
             owned.add(path)
             if known.get(path) is not None and known[path] == f.get("sha256"):
                 keeps.append((path, mode))
+                if path in chmod:
+                    modes.append((path, mode))
                 continue
             writes.append(FileWrite(path, tuple(chunks), int(f.get("size") or 0), f.get("sha256"), mode, None, p["name"]))
         if isinstance(mdi, str) and check_rel_path(mdi) is None:
@@ -253,4 +260,5 @@ def make_plan(
         remove=tuple(remove_names),
         warnings=tuple(warnings),
         dist_infos=tuple(sorted(dist_infos)),
+        modes=tuple(sorted(modes)),
     )

@@ -1,0 +1,153 @@
+"""Permission-only changes seen and undone (issue 9.12), and restores that meet a full disk or a kill leave
+no empty package behind (issue 14.12)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from fixtures import build_wheel, python_of, site_packages, uv_install
+from fixtures import make_venv as make_venv_at
+from fixtures.trees import temp_files, tree_state
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+
+JOURNAL = ".envvault-restore.json"
+
+
+def _tool_wheel(out: Path) -> Path:
+    return build_wheel(out, "modepkg", "1.0", {"modepkg/__init__.py": b"def main():\n    print('hi')\n",
+                                               "modepkg/data.txt": b"just data\n"},
+                       scripts={"modepkg-sh": b"#!/bin/sh\necho modepkg\n"})
+
+
+def test_permission_only_change_is_reported_and_restored(tmp_path, make_venv):
+    venv = make_venv("uv")
+    uv_install(venv, _tool_wheel(tmp_path / "w"))
+    vault = tmp_path / "vault"
+    script, data = venv / "bin" / "modepkg-sh", site_packages(venv) / "modepkg" / "data.txt"
+    assert os.stat(script).st_mode & 0o111 and not os.stat(data).st_mode & 0o111
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+    script.chmod(0o644)  # chmod -x on a script
+    data.chmod(0o755)  # chmod +x on a data file
+    rel_script, rel_data = "bin/modepkg-sh", os.path.relpath(data, venv)
+
+    status = ev_json(vault, "status", "--venv", venv)
+    assert status["empty"] is False
+    [change] = status["packages"]["changed"]
+    assert change["name"] == "modepkg" and change["kind"] == "mode"
+    assert change["mode_files"] == sorted([rel_script, rel_data])
+    text = ev(vault, "status", "--venv", venv).stdout
+    assert "mode" in text and rel_script in text and rel_data in text
+    assert ev(vault, "status", "--venv", venv, "--exit-code", check=False).returncode == 1
+    diff = ev_json(vault, "diff", sid, "current", "--venv", venv)
+    assert diff["packages"]["changed"][0]["mode_files"] == sorted([rel_script, rel_data])
+
+    dry = ev(vault, "restore", sid, "--venv", venv, "--dry-run").stdout
+    assert "set the mode of 2" in dry
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] is True and res["modes_set"] == 2, res
+    assert os.stat(script).st_mode & 0o777 == 0o755 and os.stat(data).st_mode & 0o777 == 0o644
+    assert subprocess.run([script], capture_output=True, text=True).stdout == "modepkg\n"
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+    human = ev(vault, "restore", sid, "--venv", venv, "--no-backup").stdout
+    assert "already matches" in human
+
+
+# -- full disk and kills: no empty package left to import ------------------------------------------
+
+
+def _big_wheel(out: Path) -> Path:
+    rnd = random.Random(5)
+    files = {f"bigpkg/part{i}.py": b"# part\n" + rnd.randbytes(60_000).replace(b"\x00", b"0") for i in range(20)}
+    files["bigpkg/__init__.py"] = b"VALUE = 42\n"
+    return build_wheel(out, "bigpkg", "1.0", files)
+
+
+def _uninstall(venv: Path) -> None:
+    site = site_packages(venv)
+    shutil.rmtree(site / "bigpkg")
+    shutil.rmtree(site / "bigpkg-1.0.dist-info")
+
+
+def _imports(venv: Path) -> bool:
+    proc = subprocess.run([python_of(venv), "-c", "import bigpkg"], capture_output=True, text=True)
+    return proc.returncode == 0
+
+
+def _mount(args: list[str]) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def test_full_disk_restore_leaves_the_environment_as_it_was(tmp_path):
+    assert os.geteuid() == 0, "this test mounts a tmpfs; CI runs as root"
+    wheel = _big_wheel(tmp_path / "w")
+    full = tmp_path / "full"
+    full.mkdir()
+    _mount(["-t", "tmpfs", "-o", "size=4m", "tmpfs", str(full)])
+    try:
+        venv = make_venv_at(full / "venv", "uv")
+        uv_install(venv, wheel)
+        vault = tmp_path / "vault"  # the vault has room; the environment's disk has not
+        sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+        _uninstall(venv)
+        assert not _imports(venv)
+        st = os.statvfs(full)
+        (full / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 400_000))  # 400 KB left, 1.2 MB needed
+        before = tree_state(venv)
+        snaps = set(os.listdir(vault / "snapshots"))
+        proc = ev(vault, "restore", sid, "--venv", venv, check=False)
+        assert_one_line_error(proc, "no space left")
+        assert proc.returncode == 6
+        assert tree_state(venv) == before  # no journal, no staged file, no new (empty) folder
+        assert not _imports(venv)
+        assert set(os.listdir(vault / "snapshots")) == snaps  # its backup was dropped again
+        (full / "filler").unlink()
+        assert ev_json(vault, "restore", sid, "--venv", venv)["verified"] is True
+        assert _imports(venv)
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+
+
+def test_a_killed_restore_is_tidied_by_the_next_command(tmp_path, make_venv):
+    venv = make_venv("uv")
+    uv_install(venv, _big_wheel(tmp_path / "w"))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    _uninstall(venv)
+    proc = ev(vault, "restore", sid, "--venv", venv, "--no-backup", check=False,
+              env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="staged"))
+    assert proc.returncode == -signal.SIGKILL, proc
+    assert temp_files(venv) and (site_packages(venv) / "bigpkg").is_dir()  # staged, nothing renamed yet
+    assert _imports(venv)  # the bug: an empty package (only temp files) imports
+
+    status = ev(vault, "status", "--venv", venv, check=False)
+    assert f"a restore of {sid[:12]} onto {venv} was interrupted" in status.stderr
+    assert not temp_files(venv) and not (site_packages(venv) / "bigpkg").exists()
+    assert not _imports(venv)
+    assert (venv / JOURNAL).exists()  # still unfinished: status keeps saying so until a restore ends it
+    assert ev_json(vault, "status", "--venv", venv)["interrupted_restore"] == sid
+
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] is True and not (venv / JOURNAL).exists()
+    assert _imports(venv)
+
+
+def test_snap_and_diff_current_tidy_a_killed_restore_too(tmp_path, make_venv):
+    venv = make_venv("uv")
+    uv_install(venv, _big_wheel(tmp_path / "w"))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    _uninstall(venv)
+    for command in (["diff", sid, "current", "--venv", str(venv)], ["snap", "--no-caches", "--venv", str(venv)]):
+        proc = ev(vault, "restore", sid, "--venv", venv, "--no-backup", check=False,
+                  env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="staged"))
+        assert proc.returncode == -signal.SIGKILL, proc
+        assert temp_files(venv)
+        ev(vault, *command)
+        assert not temp_files(venv) and not (site_packages(venv) / "bigpkg").exists(), command
+        assert not _imports(venv)
