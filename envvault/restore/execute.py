@@ -19,9 +19,7 @@ import json
 import os
 import re
 import shutil
-import signal
 import stat
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager

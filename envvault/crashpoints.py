@@ -1,0 +1,64 @@
+"""Named crash points: where the crash-safety tests kill a real envvault process.
+
+``ENVVAULT_TEST_CRASH_AT=<name>[:<n>]`` makes the process SIGKILL itself at the n-th (default 1st) passage
+of ``crash_point(<name>)`` (counted per process, across threads). Unset, a point costs one environment
+lookup. The tests drive every kill through these points, never through a sleep, so each kill lands
+mid-work on every run, however fast or slow the machine.
+
+The points, in the order a run passes them:
+
+restore in place (``envvault/restore/execute.py``)
+    ``journal``      journal written, nothing staged yet
+    ``stage``        after each file is staged under its temp name (none renamed yet)
+    ``staged``       every file staged, none renamed into place
+    ``commit``       after each rename into place, each removal, each dist-info folder removed
+    ``remove_dir``   a dist-info folder renamed away, not yet deleted
+    ``committed``    the tree is the snapshot's, not yet verified; the journal is still there
+    ``verified``     verified and the journal removed
+
+writing objects (``envvault/vault/packs.py``; snap, gc's rewrites, cache snaps)
+    ``pack_frame``   after each compressed frame is appended to the temp pack
+    ``pack_renamed`` a pack renamed to its final name, its index not yet written
+    ``pack_indexed`` a pack and its index durable
+
+snap (``envvault/snap.py``)
+    ``snap_objects`` every object of the snapshot durable, the snapshot file not yet written
+
+gc (``envvault/vault/gc.py``)
+    ``gc_caches_dropped``  stat caches gone, no snapshot deleted yet
+    ``gc_snapshot_removed`` after each snapshot file is deleted
+    ``gc_rewritten``       a pack's live objects copied to new packs, the old index and pack still there
+    ``gc_index_removed``   a pack's index deleted, the pack itself not yet
+
+checkpoint stamps (``envvault/torch/``)
+    ``stamp_snapshot``     the stamp's lock-only snapshot committed, the background full snap not started
+    ``stamp_write``        a stamped file's new bytes written and fsynced under a temp name, not renamed
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+__all__ = ["crash_point", "ENV"]
+
+ENV = "ENVVAULT_TEST_CRASH_AT"
+
+_lock = threading.Lock()
+_counts: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process here when ``ENVVAULT_TEST_CRASH_AT`` names this point (see the module doc)."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    want, _, nth = spec.partition(":")
+    if want != name:
+        return
+    with _lock:
+        _counts[name] = _counts.get(name, 0) + 1
+        hit = _counts[name] >= int(nth or 1)
+    if hit:
+        os.kill(os.getpid(), signal.SIGKILL)
