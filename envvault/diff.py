@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envvault.model.identity import same_build
 from envvault.output import style
 
 __all__ = [
@@ -161,11 +162,15 @@ def _same_state(a: dict, b: dict) -> bool:
         return False
     if exec_change(a, b):
         return False
-    if a.get("build_id") and b.get("build_id"):
-        if a["build_id"] != b["build_id"]:
-            return False
-        if a.get("state_id") and b.get("state_id") and a["state_id"] != b["state_id"]:
-            return False
+    build = same_build(a, b)
+    if build is False:
+        return False
+    if build and a.get("state_id") and b.get("state_id") and a["state_id"] != b["state_id"]:
+        return False
+    if build is None and a.get("build_id") and b.get("build_id"):  # ids of two identity versions
+        return set(a.get("modified") or ()) == set(b.get("modified") or ()) \
+            and set(a.get("missing") or ()) == set(b.get("missing") or ())
+    if build:
         return set(a.get("missing") or ()) == set(b.get("missing") or ())
     return True  # a side without build facts (a foreign pylock) can only be compared by version
 
@@ -200,7 +205,7 @@ def _parse_version(text: str):
 def _change(o: dict, n: dict, vault) -> PackageChange:
     ov, nv = o["version"], n["version"]
     ob, nb = o.get("build_id"), n.get("build_id")
-    build_changed = bool(ob and nb and ob != nb)
+    build_changed = same_build(o, n) is False
     if ov != nv:
         pv_o, pv_n = _parse_version(ov), _parse_version(nv)
         if pv_o is not None and pv_n is not None and pv_o.public == pv_n.public:
@@ -346,6 +351,7 @@ def lockfile_document(path: Path) -> dict:
             "version": str(pkg.get("version") or ""),
             "build_id": tool.get("build_id"),
             "state_id": tool.get("state_id"),
+            "identity": tool.get("identity", 1),
             "build_info": tool.get("build_info"),
             "modified": list(tool.get("modified_files") or ()),
             "missing": [],

@@ -10,20 +10,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import blake3
 
 from envvault import __version__
 from envvault.env.host import host_facts, relevant_env
 from envvault.env.probe import Interpreter, probe
 from envvault.errors import EnvironmentProblem
 from envvault.model.encoding import canonical_json, object_id
+from envvault.model.identity import (
+    IDENTITY_VERSION,
+    LAUNCHER_HEAD,
+    fingerprint,  # noqa: F401 - re-exported: stamps and diff ask snap for it
+    is_bytecode,
+    is_generated,
+    is_script,
+    script_digest,
+    scripts_id,
+    state_id,
+)
 from envvault.vault.ingest import Ingester, StatCache, stat_key
 from envvault.vault.store import FORMAT, Vault, _now
 
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
 
-__all__ = ["take_snapshot", "SnapResult", "scan_environment", "dist_build_id", "statcache_for"]
+__all__ = ["take_snapshot", "SnapResult", "scan_environment", "statcache_for", "fingerprint"]
 
 CacheHook = Callable[[Vault, Ingester, StatCache], "list[dict]"]
 
@@ -70,35 +80,8 @@ class _LazyDists:
 _dists = _LazyDists()
 
 
-def _is_pyc(record_path: str) -> bool:
-    return record_path.endswith((".pyc", ".pyo")) or "/__pycache__/" in f"/{record_path}"
-
-
-def dist_build_id(dist: InstalledDist, prefix: Path, scripts_dir: Path) -> str:
-    """BLAKE3 over RECORD rows minus what installers generate (see docs/format.md, 'build id')."""
-    lines = []
-    di_name = dist.dist_info.name
-    for e in dist.record or ():
-        if _is_pyc(e.path):
-            continue
-        parts = e.path.split("/")
-        if len(parts) == 2 and parts[0] == di_name and parts[1] in _dists.GENERATED_NAMES:
-            continue
-        if dist.scripts and e.path.startswith("../"):
-            absolute = os.path.normpath(f"{dist.site}/{e.path}")
-            if os.path.dirname(absolute) == str(scripts_dir) and os.path.basename(absolute) in dist.scripts:
-                continue
-        # Rows are keyed by the path relative to the dist's site dir, as RECORD gives it.
-        lines.append(f"{e.path},{e.algo or ''}={e.digest or ''},{e.size if e.size is not None else ''}")
-    lines.sort()
-    return blake3.blake3("\n".join(lines).encode()).hexdigest()
-
-
-def _state_id(build_id: str, modified: list[tuple[str, str]]) -> str:
-    if not modified:
-        return build_id
-    text = build_id + "\n" + "\n".join(f"{p} {h}" for p, h in sorted(modified))
-    return blake3.blake3(text.encode()).hexdigest()
+# A python script bigger than this is hashed as it is (its shebang left in): none such is known.
+_SCRIPT_READ_LIMIT = 16 << 20
 
 
 class _Builder:
@@ -125,7 +108,7 @@ class _Builder:
             entry["sha256" if rec.algo == "sha256" else f"record_{rec.algo}"] = rec.digest
         if rec.size is not None:
             entry["size"] = rec.size
-        if _is_pyc(rec.path):
+        if is_bytecode(rec.path):
             entry["state"] = "ok"
             return entry
         if self.mode == "lock":
@@ -138,6 +121,8 @@ class _Builder:
             return entry
         except OSError as err:
             raise EnvironmentProblem(f"cannot stat {absolute}: {err.strerror}") from None
+        if statmod.S_ISDIR(st.st_mode):
+            return None  # virtualenv's seeder lists folders; manifest() reports them
         entry["mode"] = st.st_mode & 0o7777
         if statmod.S_ISLNK(st.st_mode):
             entry["link"] = os.readlink(absolute)
@@ -168,14 +153,29 @@ class _Builder:
     def manifest(self, dist: InstalledDist) -> dict:
         files = []
         modified = []
+        layout = dist.layout(self.interp.scripts)
+        folders, unhashed, scripts = [], [], []
+        scripts_known = self.mode != "lock"
         for rec in dist.record or ():
             entry = self.file_entry(dist, rec)
             if entry is None:
+                if os.path.isdir(os.path.normpath(f"{dist.site}/{rec.path}")):
+                    folders.append(rec.path)
                 continue
             files.append(entry)
             if entry["state"] == "modified":
                 modified.append((entry["path"], entry["sha256"]))
-        build_id = dist_build_id(dist, self.prefix, self.interp.scripts)
+            digest = None
+            if is_script(rec.path, layout) and not is_generated(rec, layout) and self.mode != "lock":
+                digest = self._script(entry, layout, rec)
+                if digest is None:
+                    scripts_known = False  # an edited or missing script: its build cannot be told
+                elif digest:
+                    scripts.append((os.path.basename(rec.path), digest))
+            if rec.algo is None and digest != "" and not is_generated(rec, layout):
+                unhashed.append(rec.path)
+        self._report_rows(dist, folders, unhashed, [f["record"] for f in files if f["state"] == "missing"])
+        build = dist.build_id(self.interp.scripts)
         return {
             "kind": "dist",
             "format": FORMAT,
@@ -187,21 +187,52 @@ class _Builder:
             "wheel": dist.wheel,
             "direct_url": dist.direct_url,
             "record": "ok" if dist.record is not None else "missing",
-            "build_id": build_id,
-            "state_id": _state_id(build_id, modified),
+            "build_id": build,
+            "state_id": state_id(build, modified),
+            "scripts": scripts_id(scripts) if scripts_known else None,
             "build_info": _dists.build_info(dist),
             "files": files,
         }
 
+    def _script(self, entry: dict, layout, rec) -> str | None:
+        """The normalised digest of a script in the scripts folder; "" for a launcher the installer wrote
+        (generated, by its content); None when the script is edited or missing."""
+        if entry["state"] not in ("ok", "unhashed") or "link" in entry:
+            return None
+        absolute = f"{self._base}{entry['path']}"
+        try:
+            with open(absolute, "rb") as fh:
+                head = fh.read(LAUNCHER_HEAD)
+                if is_generated(rec, layout, head):
+                    return ""
+                if not head.startswith(b"#!") or entry.get("size", 0) > _SCRIPT_READ_LIMIT:
+                    return entry["sha256"]
+                return script_digest(head + fh.read())
+        except OSError:
+            return None
+
+    def _report_rows(self, dist: InstalledDist, folders: list[str], unhashed: list[str], missing: list[str]) -> None:
+        """One warning per kind of RECORD row that does not describe a file as it should."""
+        for rows, what in (
+            (folders, "names folders, not files (left out)"),
+            (unhashed, "gives no hash (stored as found)"),
+            (missing, "lists files that are gone (recorded as missing)"),
+        ):
+            if rows:
+                shown = ", ".join(sorted(rows)[:3]) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
+                self.warnings.append(f"{dist.display}: RECORD {what}: {shown}")
+
 
 def _summary(man: dict, oid: str) -> dict:
     files = man["files"]
-    counted = [f for f in files if f.get("state") != "missing" and not _is_pyc(f["record"])]
+    counted = [f for f in files if f.get("state") != "missing" and not is_bytecode(f["record"])]
     return {
         "name": man["name"],
         "version": man["version"],
         "build_id": man["build_id"],
         "state_id": man["state_id"],
+        "identity": IDENTITY_VERSION,
+        "scripts": man["scripts"],
         "manifest": oid,
         "installer": man["installer"],
         "requested": man["requested"],
@@ -229,7 +260,7 @@ def _dist_dirs(sites: list[Path]) -> list[tuple[Path, Path]]:
             continue
         seen.add(site)
         for entry in os.scandir(site):
-            if entry.name.endswith((".dist-info", ".egg-info")):
+            if entry.name.endswith((".dist-info", ".egg-info", ".egg-link")):
                 out.append((Path(entry.path), site))
     out.sort(key=lambda t: t[0].name)
     return out
@@ -293,17 +324,17 @@ def scan_environment(
         if mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
             packages.append(dict(group["lock"]["summary"]))
             continue
-        if dist_info.name.endswith(".egg-info"):
-            egg = _dists.read_egg_info(dist_info, site)
-            if egg is not None:
-                slow.append(egg)
-            continue
-        slow.append(_dists.read_dist(dist_info, site))
+        dist = _dists.read_any(dist_info, site)
+        if dist is not None:
+            slow.append(dist)
     if progress is not None and hasattr(progress, "set_total"):
         progress.set_total(sum(e.size or 0 for d in slow for e in (d.record or ())))
     done = 0
     for dist in slow:
-        if dist.record is None:
+        if dist.kind == "egg-link":
+            warnings.append(f"{dist.display} is an old-style editable ({dist.dist_info.name}): its files live "
+                            f"outside the environment, in {dist.target or '?'}, and are not stored")
+        elif dist.record is None:
             warnings.append(f"{dist.display} has no RECORD ({dist.kind} install): its files are not stored; reinstall it with pip to make it restorable")
         man = builder.manifest(dist)
         data = canonical_json(man)
@@ -392,11 +423,6 @@ def cached_probe(prefix: Path, cache: StatCache) -> Interpreter:
     cache.extra["probe"] = {"key": key, "value": interp.to_cache()}
     cache.mark_dirty()
     return interp
-
-
-def fingerprint(python_version: str, packages: list[dict]) -> str:
-    lines = [f"python {python_version}"] + sorted(f"{p['name']} {p['version']} {p['state_id']}" for p in packages)
-    return blake3.blake3("\n".join(lines).encode()).hexdigest()
 
 
 def take_snapshot(

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import ast
-import csv
-import io
 import re
 from pathlib import Path
 
-import blake3
-
 from ..errors import EnvironmentProblem, UsageError
+from ..model.identity import DistLayout, build_id
+from ..model.record import parse_record
 
 __all__ = ["site_packages", "python_version", "find_dist_info", "record_digest", "module_constants"]
-
-# Entries an installer writes itself (they differ between pip and uv installs of one wheel).
-_INSTALLER_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "RECORD.jws", "RECORD.p7s"}
 
 
 def python_version(venv: Path) -> str | None:
@@ -71,30 +66,15 @@ def find_dist_info(site: Path, package: str) -> Path | None:
 
 
 def record_digest(dist_info: Path) -> str:
-    """BLAKE3 (hex) over the sorted lines of RECORD that describe the wheel's own files.
-
-    Left out: ``.pyc`` and ``__pycache__`` (pip compiles and lists them, uv does not), paths outside
-    site-packages (console scripts carry the venv's path) and the files installers write into the
-    dist-info. So pip and uv installs of the same wheel give the same digest, and another build of the
-    same version does not.
-    """
+    """The distribution's build id (``envvault.model.identity.build_id``): BLAKE3 over the sorted RECORD
+    lines of the wheel's own files, so pip and uv installs of one wheel give the same digest and another
+    build of the same version does not."""
     try:
         text = (dist_info / "RECORD").read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise EnvironmentProblem(f"cannot read {dist_info / 'RECORD'}: {exc}") from exc
-    kept = []
-    for row in csv.reader(io.StringIO(text)):
-        if not row or not row[0]:
-            continue
-        path = row[0]
-        if path.endswith(".pyc") or "__pycache__/" in path or path.startswith("../"):
-            continue
-        folder, _, name = path.rpartition("/")
-        if folder == dist_info.name and name in _INSTALLER_FILES:
-            continue
-        kept.append(",".join(row))
-    kept.sort()
-    return blake3.blake3("\n".join(kept).encode("utf-8")).hexdigest()
+    entries, _problems = parse_record(text)  # garbled rows are the snapshot's to report
+    return build_id(entries, DistLayout(dist_info.name))
 
 
 def module_constants(path: Path, names: set[str]) -> dict[str, object]:

@@ -5,8 +5,6 @@ Nothing here reads file contents beyond the dist-info folder (and a torch-like `
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import re
@@ -17,21 +15,11 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from envvault.errors import EnvironmentProblem
+from envvault.model.identity import DistLayout, build_id, egg_link_build_id
+from envvault.model.record import RecordEntry, parse_record
 
-__all__ = ["RecordEntry", "InstalledDist", "scan_dists", "read_dist", "GENERATED_NAMES"]
-
-# Files an installer writes itself; they differ between pip and uv installs of one wheel.
-GENERATED_NAMES = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json", "uv_cache.json"}
-
-
-@dataclass(frozen=True)
-class RecordEntry:
-    """One RECORD row: ``path`` as RECORD writes it, hash as ``algo`` + urlsafe-b64 digest (or None)."""
-
-    path: str
-    algo: str | None
-    digest: str | None
-    size: int | None
+__all__ = ["RecordEntry", "InstalledDist", "scan_dists", "read_dist", "read_egg_info", "read_egg_link",
+           "read_any", "dist_entries"]
 
 
 @dataclass
@@ -46,11 +34,22 @@ class InstalledDist:
     direct_url: dict | None
     record: list[RecordEntry] | None  # None: no RECORD (egg-info / distutils)
     scripts: set[str] = field(default_factory=set)  # console/gui script names (launchers are generated)
-    kind: str = "dist-info"
+    kind: str = "dist-info"  # or "egg-info", or "egg-link" (an old-style editable: dist_info is the .egg-link)
+    target: str | None = None  # egg-link: the folder its files live in, outside the environment
 
     @property
     def display(self) -> str:
         return f"{self.name} {self.version}"
+
+    def layout(self, scripts_dir: Path) -> DistLayout:
+        """What ``envvault.model.identity`` needs to tell this distribution's generated rows."""
+        return DistLayout.of(self.dist_info.name, str(self.site), str(scripts_dir), self.scripts)
+
+    def build_id(self, scripts_dir: Path) -> str:
+        """The build id (docs/format.md, "build id"), from RECORD alone."""
+        if self.kind == "egg-link":
+            return egg_link_build_id(self.target or "")
+        return build_id(self.record or (), self.layout(scripts_dir))
 
 
 def _read_text(path: Path) -> str | None:
@@ -63,24 +62,12 @@ def _read_text(path: Path) -> str | None:
 
 
 def _parse_record(text: str, where: Path) -> list[RecordEntry]:
-    entries = []
-    try:
-        for row in csv.reader(io.StringIO(text)):
-            if not row:
-                continue
-            if len(row) != 3:
-                raise ValueError(f"row {len(entries) + 1} has {len(row)} fields, not 3")
-            path, hash_, size = row
-            algo = digest = None
-            if hash_:
-                if "=" not in hash_:
-                    raise ValueError(f"bad hash {hash_!r} for {path}")
-                algo, digest = hash_.split("=", 1)
-            entries.append(RecordEntry(path, algo, digest, int(size) if size else None))
-    except (csv.Error, ValueError) as err:
+    entries, problems = parse_record(text)
+    if problems:
+        shown = "; ".join(map(str, problems[:5])) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise EnvironmentProblem(
-            f"{where} is garbled ({err}); reinstall that package (pip install --force-reinstall) and snap again"
-        ) from None
+            f"{where} is garbled ({shown}); reinstall that package (pip install --force-reinstall) and snap again"
+        )
     return entries
 
 
@@ -166,6 +153,46 @@ def read_egg_info(path: Path, site: Path) -> InstalledDist | None:
     )
 
 
+def read_egg_link(path: Path, site: Path) -> InstalledDist:
+    """An old-style editable (``pip install --no-use-pep517 -e``, ``setup.py develop``): ``<name>.egg-link``
+    names the folder holding the project's ``<name>.egg-info``; the files stay in that folder. Metadata that
+    cannot be read there (project moved or deleted) leaves the version ``unknown``."""
+    text = _read_text(path) or ""
+    target = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    stem = canonicalize_name(path.name[: -len(".egg-link")])
+    folder = (site / target) if target else None
+    found = None
+    if folder is not None:
+        try:
+            candidates = sorted(folder.glob("*.egg-info"))
+        except OSError:
+            candidates = []
+        for cand in candidates:
+            if canonicalize_name(cand.name[: -len(".egg-info")].split("-")[0]) == stem:
+                found = read_egg_info(cand, site)
+                break
+    name, version = (found.name, found.version) if found is not None else (stem, "unknown")
+    return InstalledDist(
+        name=name, version=version, dist_info=path, site=site, installer=None, requested=False,
+        wheel={"tags": [], "build": None, "generator": None, "root_is_purelib": None},
+        direct_url=None, record=None, kind="egg-link", target=str(folder.resolve()) if folder else "",
+    )
+
+
+def dist_entries(site: Path) -> list[Path]:
+    """The distribution entries of one site directory: ``*.dist-info``, ``*.egg-info`` and ``*.egg-link``."""
+    return [Path(e.path) for e in os.scandir(site) if e.name.endswith((".dist-info", ".egg-info", ".egg-link"))]
+
+
+def read_any(entry: Path, site: Path) -> InstalledDist | None:
+    """``read_dist``, ``read_egg_info`` or ``read_egg_link`` by the entry's suffix (None: unreadable egg-info)."""
+    if entry.name.endswith(".egg-link"):
+        return read_egg_link(entry, site)
+    if entry.name.endswith(".egg-info"):
+        return read_egg_info(entry, site)
+    return read_dist(entry, site)
+
+
 def scan_dists(sites: list[Path]) -> list[InstalledDist]:
     """Every distribution in the given site directories, sorted by name."""
     dists: list[InstalledDist] = []
@@ -174,13 +201,12 @@ def scan_dists(sites: list[Path]) -> list[InstalledDist]:
         if site in seen or not site.is_dir():
             continue
         seen.add(site)
-        for entry in sorted(os.scandir(site), key=lambda e: e.name):
-            if entry.name.endswith(".dist-info") and entry.is_dir():
-                dists.append(read_dist(Path(entry.path), site))
-            elif entry.name.endswith(".egg-info"):
-                egg = read_egg_info(Path(entry.path), site)
-                if egg is not None:
-                    dists.append(egg)
+        for entry in sorted(dist_entries(site)):
+            if entry.name.endswith(".dist-info") and not entry.is_dir():
+                continue
+            dist = read_any(entry, site)
+            if dist is not None:
+                dists.append(dist)
     dists.sort(key=lambda d: (d.name, d.version))
     return dists
 

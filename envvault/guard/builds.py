@@ -17,42 +17,24 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from envvault.model.identity import verbatim_rows
+from envvault.model.record import parse_record
+
 __all__ = ["same_build", "wheel_rows", "installed_rows", "comparable_rows"]
 
-_GENERATED = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json", "uv_cache.json"}
 _FULL_DOWNLOAD_LIMIT = 64 * 1024 * 1024
 _BLOCK = 256 * 1024
 _TIMEOUT = 20
 
 
 def comparable_rows(rows: dict[str, str]) -> dict[str, str]:
-    """RECORD rows an installer copies verbatim: site-packages files and dist-info metadata, keyed with the
-    dist-info folder's name removed (``.dist-info/METADATA``). Byte-compiled files, ``*.data/`` members
-    (moved and possibly rewritten on install), files outside site-packages and generated files are left out.
-    """
-    out = {}
-    for path, digest in rows.items():
-        if path.endswith((".pyc", ".pyo")) or "__pycache__/" in path or path.startswith("../"):
-            continue
-        head, _, tail = path.partition("/")
-        if head.endswith(".data"):
-            continue
-        if head.endswith(".dist-info"):
-            if tail in _GENERATED:
-                continue
-            path = ".dist-info/" + tail
-        out[path] = digest
-    return out
+    """RECORD rows an installer copies verbatim (``envvault.model.identity.verbatim_rows``)."""
+    return verbatim_rows(rows)
 
 
 def _parse_record(text: str) -> dict[str, str]:
-    import csv
-
-    rows = {}
-    for row in csv.reader(io.StringIO(text)):
-        if len(row) == 3:
-            rows[row[0]] = row[1]
-    return rows
+    entries, _problems = parse_record(text)  # a garbled row only costs this comparison its precision
+    return {e.path: e.hash_field for e in entries}
 
 
 def installed_rows(dist_info: Path) -> dict[str, str] | None:

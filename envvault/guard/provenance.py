@@ -126,8 +126,6 @@ def report_provenance(installs: Iterable[PlannedDist], indexes: list[str]) -> di
 
 def current_builds(prefix: Path, sites: Iterable[Path], names: Iterable[str]) -> dict[str, tuple[str, str]]:
     """``{name: (version, build_id)}`` for the named distributions installed now (RECORD only, no hashing)."""
-    from envvault.snap import dist_build_id  # late: snap pulls in the whole store
-
     wanted = set(names)
     out: dict[str, tuple[str, str]] = {}
     if not wanted:
@@ -148,7 +146,7 @@ def current_builds(prefix: Path, sites: Iterable[Path], names: Iterable[str]) ->
             except Exception:  # a damaged dist-info is the snapshot's to report, not provenance's
                 continue
             if dist.name in wanted:
-                out[dist.name] = (dist.version, dist_build_id(dist, prefix, prefix / "bin"))
+                out[dist.name] = (dist.version, dist.build_id(prefix / "bin"))
     return out
 
 

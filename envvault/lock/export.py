@@ -44,7 +44,8 @@ def pylock_document(doc: dict, entries: list[dict]) -> dict:
             pkg["wheels"] = [w]
         elif src and src.get("hashes") and src["url"].endswith(".whl"):
             pkg["wheels"] = [{"name": src["url"].rsplit("/", 1)[-1], "url": src["url"], "hashes": src["hashes"]}]
-        tool = {"build_id": p["build_id"], "state_id": p["state_id"], "snapshot": e["snapshot"]}
+        tool = {"build_id": p["build_id"], "state_id": p["state_id"], "identity": p.get("identity", 1),
+                "snapshot": e["snapshot"]}
         if p.get("installer"):
             tool["installer"] = p["installer"]
         if p.get("build_info"):

@@ -10,14 +10,13 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
-from envvault.env.dists import GENERATED_NAMES
+from envvault.model.identity import LAUNCHER_HEAD, DistLayout, is_generated, is_script, normalise_script
 from envvault.vault.fsutil import tmp_name
 from envvault.vault.store import Vault
 
 __all__ = ["rebuild_wheel", "wheel_filename", "wheel_member"]
 
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
-_SHEBANG = re.compile(rb"^#!.*python[0-9.]*(?:\s|$)")
 
 
 def _escape(name: str) -> str:
@@ -41,14 +40,16 @@ def wheel_filename(man: dict) -> str:
     return f"{_escape(man['name'])}-{version}{build_part}-{tag}.whl"
 
 
-def wheel_member(man: dict, f: dict, python: dict) -> str | None:
+def _layout(man: dict, python: dict, entry_points=()) -> DistLayout:
+    di = PurePosixPath(man["dist_info"])
+    return DistLayout.of(di.name, str(di.parent), python.get("scripts") or "bin", entry_points)
+
+
+def wheel_member(man: dict, f: dict, python: dict, layout: DistLayout | None = None) -> str | None:
     """Where an installed file goes inside a wheel, or None when the installer regenerates it."""
     record = f["record"]
     di = PurePosixPath(man["dist_info"]).name
-    parts = record.split("/")
-    if len(parts) == 2 and parts[0] == di and parts[1] in GENERATED_NAMES:
-        return None
-    if record.endswith((".pyc", ".pyo")) or "__pycache__" in parts:
+    if is_generated(record, layout or _layout(man, python)):
         return None
     if not record.startswith("../"):
         return record
@@ -65,6 +66,12 @@ def wheel_member(man: dict, f: dict, python: dict) -> str | None:
 def _file_bytes(vault: Vault, f: dict) -> Iterator[bytes]:
     for oid in f.get("chunks") or ():
         yield vault.get(oid)
+
+
+def _head(vault: Vault, f: dict) -> bytes:
+    """The first bytes of a stored file (its first chunk: at least 256 KiB unless the file is smaller)."""
+    chunks = f.get("chunks") or ()
+    return vault.get(chunks[0])[:LAUNCHER_HEAD] if chunks else b""
 
 
 def _console_scripts(vault: Vault, man: dict) -> set[str]:
@@ -87,8 +94,7 @@ def rebuild_wheel(vault: Vault, man: dict, python: dict, out_dir: Path) -> tuple
     """Write ``out_dir/<wheel>``; return (path, sha256 hex, size). Deterministic bytes for one manifest."""
     name = wheel_filename(man)
     final = out_dir / name
-    scripts = _console_scripts(vault, man)
-    scripts_dir = PurePosixPath(python.get("scripts") or "bin")
+    layout = _layout(man, python, _console_scripts(vault, man))
     di = PurePosixPath(man["dist_info"]).name
     record_rows = []
     tmp = tmp_name(out_dir, name)
@@ -97,21 +103,18 @@ def rebuild_wheel(vault: Vault, man: dict, python: dict, out_dir: Path) -> tuple
             for f in sorted(man["files"], key=lambda f: f["record"]):
                 if f.get("chunks") is None and "link" not in f:
                     continue
-                rel = PurePosixPath(f["path"])
-                if rel.parent == scripts_dir and rel.name in scripts:
-                    continue  # console-script launcher: the installer writes a fresh one
-                member = wheel_member(man, f, python)
-                if member is None:
-                    continue
-                is_script = member.startswith(di[: -len(".dist-info")] + ".data/scripts/")
+                member = wheel_member(man, f, python, layout)
+                script = is_script(f["record"], layout) and "link" not in f
+                if member is None or script and is_generated(f["record"], layout, _head(vault, f)):
+                    continue  # the installer writes launchers afresh (by name or by their shape)
                 info = zipfile.ZipInfo(member, date_time=_ZIP_EPOCH)
                 info.external_attr = ((f.get("mode") or 0o644) | 0o100000) << 16
                 h, size = hashlib.sha256(), 0
                 with zf.open(info, "w", force_zip64=(f.get("size") or 0) > (1 << 30)) as out:
                     pieces = [f["link"].encode()] if "link" in f else _file_bytes(vault, f)
                     for i, data in enumerate(pieces):
-                        if i == 0 and is_script and _SHEBANG.match(data):
-                            data = b"#!python" + data[data.index(b"\n"):] if b"\n" in data else b"#!python\n"
+                        if i == 0 and script:
+                            data = normalise_script(data)
                         out.write(data)
                         h.update(data)
                         size += len(data)

@@ -8,14 +8,13 @@ that state (bytes and RECORD rows), so the new environment has the snapshot's st
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import shutil
 from pathlib import Path, PurePosixPath
 
 from envvault.diff import current_document, diff_snapshots
 from envvault.errors import RefusedError
+from envvault.model.record import format_record, parse_record
 from envvault.restore.plan import check_rel_path
 from envvault.restore.uv import (
     make_venv,
@@ -124,7 +123,7 @@ def _check_paths(p: dict, man: dict) -> None:
 
 
 def _read_record(text: str) -> list[list[str]]:
-    return [row for row in csv.reader(io.StringIO(text)) if row]
+    return [e.to_row() for e in parse_record(text)[0]]
 
 
 def _reapply_state(vault, dest: Path, python: dict, man: dict) -> None:
@@ -162,8 +161,6 @@ def _reapply_state(vault, dest: Path, python: dict, man: dict) -> None:
             rows[by_path[rec]] = old
         else:
             rows.insert(len(rows) - 1, old)
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(rows)
     tmp = record_path.with_name(".RECORD.envvault-tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
+    tmp.write_text(format_record(rows), encoding="utf-8")
     os.replace(tmp, record_path)

@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 
 from envvault.diff import DiffResult, diff_snapshots, exec_change
 from envvault.errors import RefusedError
+from envvault.model.identity import is_bytecode
 from envvault.safepaths import link_target_problem, path_problem
 
 __all__ = ["CurrentDist", "FileWrite", "Plan", "make_plan", "check_python", "check_rel_path", "is_pyc"]
@@ -92,8 +93,7 @@ class Plan:
         }
 
 
-def is_pyc(path: str) -> bool:
-    return path.endswith((".pyc", ".pyo")) or "/__pycache__/" in f"/{path}"
+is_pyc = is_bytecode  # the one rule, in envvault.model.identity
 
 
 check_rel_path = path_problem  # the one rule, in envvault.safepaths

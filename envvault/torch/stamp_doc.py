@@ -55,10 +55,10 @@ __all__ = [
 
 STAMP_FORMAT = 1
 # A cache under the vault's state/ (deleting it costs only speed):
-#   {"tool": ..., "version": 2, "snapshots": {id: [fingerprint, lock_only, created, venv]},
+#   {"tool": ..., "version": 3, "snapshots": {id: [fingerprint, lock_only, created, venv]},
 #    "states": {key of (prefix, python, signature): [fingerprint, [[name, version, build id], ...]]}}
 _INDEX_NAME = "stamp-index.json"
-_INDEX_VERSION = 2
+_INDEX_VERSION = 3  # 3: identity version 2 (build ids leave scripts out)
 _MAX_STATES = 64
 _GIT_TIMEOUT = 2.0
 
@@ -105,7 +105,7 @@ def dist_signature(prefix: Path, sites: list[Path]) -> Signature:
             continue
         with entries:
             for e in entries:
-                if e.name.endswith((".dist-info", ".egg-info")):
+                if e.name.endswith((".dist-info", ".egg-info", ".egg-link")):
                     rel = os.path.relpath(e.path, prefix).replace(os.sep, "/")
                     out.append((rel, _stat_key(e.path + "/RECORD"), _stat_key(e.path + "/METADATA")))
     out.sort()

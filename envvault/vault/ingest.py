@@ -107,7 +107,7 @@ class StatCache:
     snap) and ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
     """
 
-    VERSION = 4
+    VERSION = 5  # 5: identity version 2 (package summaries carry "identity" and "scripts")
 
     def __init__(self, path: Path):
         self.groups_path = path.with_name(path.name + ".groups.json")

@@ -1,0 +1,106 @@
+"""RECORD files (the wheel spec's installed-files list): parse and write them, in one place.
+
+Pure: text in, records out. Modelled on pypa/installer's ``records.py``: ``RecordEntry`` trusts its
+arguments; ``parse_record`` validates every row and lists every problem with its row number, so a caller
+can report them all at once. Rows an installer legitimately writes without a hash or size (RECORD itself,
+bytecode, the folder rows virtualenv's seeder writes) parse cleanly.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+from dataclasses import dataclass
+
+__all__ = ["RecordEntry", "RecordProblem", "parse_record", "format_record", "record_sha256"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEntry:
+    """One RECORD row: ``path`` exactly as RECORD writes it (relative to the site directory, ``../`` for
+    files outside it), the hash as ``algo`` and its urlsafe-base64 ``digest`` (both None when the row has
+    no hash), and ``size`` in bytes (None when the row gives none)."""
+
+    path: str
+    algo: str | None
+    digest: str | None
+    size: int | None
+
+    @property
+    def hash_field(self) -> str:
+        """The row's middle field: ``algo=digest``, or empty."""
+        return f"{self.algo}={self.digest}" if self.algo is not None else ""
+
+    def to_row(self) -> list[str]:
+        return [self.path, self.hash_field, "" if self.size is None else str(self.size)]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordProblem:
+    """What is wrong with one row; ``row`` counts from 1 (lines of the file, blank lines included)."""
+
+    row: int
+    problem: str
+
+    def __str__(self) -> str:
+        return f"row {self.row}: {self.problem}"
+
+
+def _entry(row: list[str], number: int, problems: list[RecordProblem]) -> RecordEntry | None:
+    found = []
+    if len(row) != 3:
+        problems.append(RecordProblem(number, f"has {len(row)} fields, not 3"))
+        return None
+    path, hash_field, size_field = row
+    if not path:
+        found.append("has an empty path")
+    algo = digest = None
+    if hash_field:
+        algo, sep, digest = hash_field.partition("=")
+        if not sep or not algo or not digest:
+            found.append(f"has a bad hash {hash_field[:40]!r} (want algo=digest)")
+            algo = digest = None
+    size = None
+    if size_field:
+        if size_field.isdigit():
+            size = int(size_field)
+        else:
+            found.append(f"has a bad size {size_field[:20]!r}")
+    if found:
+        problems.extend(RecordProblem(number, f"{path[:200]!r} {why}") for why in found)
+        return None
+    return RecordEntry(path, algo, digest, size)
+
+
+def parse_record(text: str) -> tuple[list[RecordEntry], list[RecordProblem]]:
+    """Every well-formed row of ``text`` as a ``RecordEntry``, and every problem found (empty when the
+    whole file is well formed). Blank lines are skipped."""
+    entries: list[RecordEntry] = []
+    problems: list[RecordProblem] = []
+    reader = csv.reader(io.StringIO(text))
+    try:
+        for row in reader:
+            if not row:
+                continue
+            entry = _entry(row, reader.line_num, problems)
+            if entry is not None:
+                entries.append(entry)
+    except csv.Error as err:
+        problems.append(RecordProblem(reader.line_num, f"is not CSV ({err})"))
+    return entries, problems
+
+
+def format_record(rows) -> str:
+    """RECORD text for ``rows`` (``RecordEntry`` or lists of three strings), CSV as installers write it."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for row in rows:
+        writer.writerow(row.to_row() if isinstance(row, RecordEntry) else row)
+    return buf.getvalue()
+
+
+def record_sha256(digest: bytes) -> str:
+    """A raw sha256 digest as RECORD writes it: urlsafe base64 without padding."""
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+

@@ -1,0 +1,208 @@
+"""The identity rules (envvault.model.identity) and the RECORD parser (envvault.model.record), row by row."""
+
+from __future__ import annotations
+
+import pytest
+
+from envvault.model.identity import (
+    DistLayout,
+    build_id,
+    is_bytecode,
+    is_generated,
+    is_launcher,
+    is_script,
+    normalise_script,
+    same_build,
+    script_digest,
+    verbatim_rows,
+)
+from envvault.model.record import RecordEntry, format_record, parse_record
+
+DEMO = DistLayout("demo-1.0.dist-info", "../../../bin", frozenset({"demo-cli"}))
+
+PIP_LAUNCHER = (b"#!/venvs/a/bin/python3\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n"
+                b"from pip._internal.cli.main import main\nif __name__ == '__main__':\n"
+                b"    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n    sys.exit(main())\n")
+UV_LAUNCHER = (b'#!/venvs/b/bin/python\n# -*- coding: utf-8 -*-\nimport sys\nfrom pip._internal.cli.main import cli\n'
+               b'if __name__ == "__main__":\n    if sys.argv[0].endswith("-script.pyw"):\n'
+               b'        sys.argv[0] = sys.argv[0][:-11]\n    elif sys.argv[0].endswith(".exe"):\n'
+               b'        sys.argv[0] = sys.argv[0][:-4]\n    sys.exit(cli())\n')
+VIRTUALENV_LAUNCHER = (b"#!/venvs/c/bin/python\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n"
+                       b"if __name__ == '__main__':\n    from pip._internal.cli.main import cli\n"
+                       b"    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n    sys.exit(cli())\n")
+TRAMPOLINE = b"#!/bin/sh\n'''exec' '/very/long/path/bin/python' \"$0\" \"$@\"\n' '''\n"
+LONG_PATH_LAUNCHER = TRAMPOLINE + PIP_LAUNCHER.split(b"\n", 1)[1]
+INSTALLER_LAUNCHER = b"#!python\r\n" + PIP_LAUNCHER.split(b"\n", 1)[1].replace(b"\n", b"\r\n")
+DATA_SCRIPT = b"#!/venvs/a/bin/python3\nimport dill\nprint(dill.__version__)\n"
+NOT_A_LAUNCHER = (b"#!python\nimport sys\nfrom demo import main\nprint('side effect')\n"
+                  b"if __name__ == '__main__':\n    sys.argv[0] = sys.argv[0].replace('-script', '')\n"
+                  b"    sys.exit(main())\n")
+
+# path, file head (None: not read, as in a lock-only scan), generated?, enters the build id?
+ROWS = [
+    ("demo/__init__.py", None, False, True),
+    ("demo/__pycache__/__init__.cpython-311.pyc", None, True, False),
+    ("demo/legacy.pyo", None, True, False),
+    ("demo/__pycache__", None, True, False),  # a folder row (virtualenv's seeder)
+    ("pip/_internal/exceptions/__init__.cpython-311.pyc", None, True, False),  # virtualenv: no __pycache__
+    ("demo-1.0.dist-info/licenses/src/demo/__pycache__", None, True, False),
+    ("demo-1.0.dist-info/METADATA", None, False, True),
+    ("demo-1.0.dist-info/WHEEL", None, False, True),
+    ("demo-1.0.dist-info/entry_points.txt", None, False, True),
+    ("demo-1.0.dist-info/INSTALLER", None, True, False),
+    ("demo-1.0.dist-info/REQUESTED", None, True, False),
+    ("demo-1.0.dist-info/RECORD", None, True, False),
+    ("demo-1.0.dist-info/RECORD.jws", None, True, False),
+    ("demo-1.0.dist-info/RECORD.p7s", None, True, False),
+    ("demo-1.0.dist-info/direct_url.json", None, True, False),
+    ("demo-1.0.dist-info/uv_cache.json", None, True, False),
+    ("demo/_vendor/six-1.0.dist-info/INSTALLER", None, False, True),  # a vendored copy is the wheel's
+    ("demo.virtualenv", None, False, True),
+    ("../../../bin/demo-cli", None, True, False),  # named in entry_points.txt
+    ("../../../bin/pip3.12", PIP_LAUNCHER, True, False),  # not named there: pip's launcher shape
+    ("../../../bin/pip3.12", UV_LAUNCHER, True, False),
+    ("../../../bin/pip-3.11", VIRTUALENV_LAUNCHER, True, False),
+    ("../../../bin/pip3", LONG_PATH_LAUNCHER, True, False),
+    ("../../../bin/pip3", INSTALLER_LAUNCHER, True, False),
+    ("../../../bin/pip3.12", None, False, False),  # unread: not known generated, never in the build id
+    ("../../../bin/get_objgraph", DATA_SCRIPT, False, False),  # rewritten shebang: compared by scripts id
+    ("../../../bin/demo.sh", b"#!/bin/sh\necho hi\n", False, False),
+    ("../../../bin/demo-tool", NOT_A_LAUNCHER, False, False),
+    ("../../../bin/big", PIP_LAUNCHER + b"#" * 5000, False, False),
+    ("../../../share/demo/demo.conf", None, False, True),  # <name>.data/data/
+    ("../../../include/site/python3.11/demo/demo.h", None, False, True),  # <name>.data/headers/
+]
+
+
+@pytest.mark.parametrize("path,head,generated,in_build", ROWS, ids=[f"{i}:{r[0]}" for i, r in enumerate(ROWS)])
+def test_each_row(path, head, generated, in_build):
+    row = RecordEntry(path, "sha256", "x", 1)
+    assert is_generated(row, DEMO, head) is generated
+    assert is_generated(path, DEMO, head) is generated
+    with_row = build_id([RecordEntry("demo/a.py", "sha256", "a", 1), row], DEMO)
+    without = build_id([RecordEntry("demo/a.py", "sha256", "a", 1)], DEMO)
+    assert (with_row != without) is in_build
+
+
+@pytest.mark.parametrize("path,bytecode", [
+    ("a.pyc", True), ("a/b.pyo", True), ("a/__pycache__/b.cpython-311.pyc", True), ("a/__pycache__", True),
+    ("__pycache__", True), ("a/pycache/b.py", False), ("a/b.py", False), ("a/__pycache__x/b.py", False),
+])
+def test_bytecode(path, bytecode):
+    assert is_bytecode(path) is bytecode
+
+
+@pytest.mark.parametrize("path,script", [
+    ("../../../bin/x", True), ("../../../bin/sub/x", False), ("../../../share/x", False), ("bin/x", False),
+    ("../../../bin/../bin/x", True),
+])
+def test_scripts_folder(path, script):
+    assert is_script(path, DEMO) is script
+
+
+def test_layout_of_absolute_paths():
+    layout = DistLayout.of("d-1.dist-info", "/v/lib/python3.11/site-packages", "/v/bin", ["d"])
+    assert layout == DistLayout("d-1.dist-info", "../../../bin", frozenset({"d"}))
+
+
+@pytest.mark.parametrize("given,wanted", [
+    (b"#!/venvs/a/bin/python3\nx\n", b"#!python\nx\n"),  # pip
+    (b"#!/venvs/b/bin/python\nx\n", b"#!python\nx\n"),  # uv
+    (b"#!python\nx\n", b"#!python\nx\n"),  # as in the wheel
+    (b"#!/usr/bin/env python3.11\r\nx", b"#!python\nx"),
+    (b"#!/opt/py/bin/pythonw\nx", b"#!python\nx"),
+    (TRAMPOLINE + b"x\n", b"#!python\nx\n"),  # uv's and pip's form for long interpreter paths
+    (b"#!/bin/sh\necho hi\n", b"#!/bin/sh\necho hi\n"),
+    (b"\x7fELF\x02\x01", b"\x7fELF\x02\x01"),
+    (b"", b""),
+])
+def test_normalise_script(given, wanted):
+    assert normalise_script(given) == wanted
+
+
+def test_rewritten_scripts_digest_alike():
+    assert script_digest(DATA_SCRIPT) == script_digest(DATA_SCRIPT.replace(b"/venvs/a/bin/python3", b"/x/bin/python"))
+    assert script_digest(DATA_SCRIPT) != script_digest(DATA_SCRIPT + b"# edited\n")
+
+
+def test_launcher_shapes():
+    for launcher in (PIP_LAUNCHER, UV_LAUNCHER, VIRTUALENV_LAUNCHER, LONG_PATH_LAUNCHER, INSTALLER_LAUNCHER):
+        assert is_launcher(launcher)
+    for other in (DATA_SCRIPT, NOT_A_LAUNCHER, b"#!/bin/sh\nexec x\n", PIP_LAUNCHER[2:], b"\xff" * 10, b""):
+        assert not is_launcher(other)
+
+
+def test_one_wheel_two_installs_one_build_id():
+    """pip into one venv, uv into another: launchers, rewritten script hashes, bytecode and installer
+    files differ; the build id does not. A changed package file changes it."""
+    common = [RecordEntry("dill/__init__.py", "sha256", "AAA", 10),
+              RecordEntry("dill-0.3.8.dist-info/METADATA", "sha256", "BBB", 20)]
+    by_pip = common + [
+        RecordEntry("../../../bin/get_objgraph", "sha256", "pip-rewritten", 301),
+        RecordEntry("../../../bin/pip3.12", "sha256", "launcher", 250),
+        RecordEntry("dill/__pycache__/__init__.cpython-312.pyc", "sha256", "pyc", 5),
+        RecordEntry("dill-0.3.8.dist-info/INSTALLER", "sha256", "pip", 4),
+        RecordEntry("dill-0.3.8.dist-info/RECORD", None, None, None),
+    ]
+    by_uv = common + [
+        RecordEntry("../../../bin/get_objgraph", "sha256", "uv-rewritten", 299),
+        RecordEntry("dill-0.3.8.dist-info/INSTALLER", "sha256", "uv", 3),
+        RecordEntry("dill-0.3.8.dist-info/uv_cache.json", "sha256", "c", 9),
+        RecordEntry("dill-0.3.8.dist-info/RECORD", None, None, None),
+    ]
+    layout = DistLayout("dill-0.3.8.dist-info")
+    assert build_id(by_pip, layout) == build_id(by_uv, layout)
+    other = [RecordEntry("dill/__init__.py", "sha256", "CCC", 10)] + by_pip[1:]
+    assert build_id(other, layout) != build_id(by_pip, layout)
+
+
+@pytest.mark.parametrize("a,b,same", [
+    ({"build_id": "b1", "identity": 2}, {"build_id": "b1", "identity": 2}, True),
+    ({"build_id": "b1", "identity": 2}, {"build_id": "b2", "identity": 2}, False),
+    ({"build_id": "b1", "identity": 2, "scripts": "s1"}, {"build_id": "b1", "identity": 2, "scripts": "s2"}, False),
+    ({"build_id": "b1", "identity": 2, "scripts": "s1"}, {"build_id": "b1", "identity": 2, "scripts": None}, True),
+    ({"build_id": "b1"}, {"build_id": "b2", "identity": 2}, None),  # identity 1 against 2: cannot tell
+    ({"build_id": "b1"}, {"build_id": "b2"}, False),
+    ({"version": "1.0"}, {"build_id": "b1", "identity": 2}, None),  # a foreign pylock
+])
+def test_same_build(a, b, same):
+    assert same_build(a, b) is same
+
+
+def test_verbatim_rows_of_a_wheel_and_its_installation():
+    wheel = {"demo/__init__.py": "sha256=a", "demo-1.0.data/scripts/tool": "sha256=s",
+             "demo-1.0.data/purelib/x.py": "sha256=p", "demo-1.0.dist-info/METADATA": "sha256=m",
+             "demo-1.0.dist-info/RECORD": ""}
+    installed = {"demo/__init__.py": "sha256=a", "../../../bin/tool": "sha256=t", "x.py": "sha256=p",
+                 "demo/__pycache__/__init__.cpython-311.pyc": "sha256=c", "demo-1.0.dist-info/METADATA": "sha256=m",
+                 "demo-1.0.dist-info/INSTALLER": "sha256=i", "demo-1.0.dist-info/RECORD": ""}
+    assert verbatim_rows(wheel) == {"demo/__init__.py": "sha256=a", ".dist-info/METADATA": "sha256=m"}
+    assert verbatim_rows(installed) == {"demo/__init__.py": "sha256=a", "x.py": "sha256=p",
+                                        ".dist-info/METADATA": "sha256=m"}
+
+
+# RECORD text, entries wanted, problems wanted ("row N: ...").
+RECORDS = [
+    ("a.py,sha256=abc,12\n", [RecordEntry("a.py", "sha256", "abc", 12)], []),
+    ("pip/__pycache__,,\n", [RecordEntry("pip/__pycache__", None, None, None)], []),
+    ("d-1.dist-info/RECORD,,\r\n\r\n", [RecordEntry("d-1.dist-info/RECORD", None, None, None)], []),
+    ('"a,b.py",sha256=x,1\n', [RecordEntry("a,b.py", "sha256", "x", 1)], []),
+    ("a.py,sha256=x\n", [], ["row 1: has 2 fields, not 3"]),
+    ("a.py,sha256=x,1\nb.py,nohash,1\nc.py,sha256=y,big\n,sha256=z,1\n",
+     [RecordEntry("a.py", "sha256", "x", 1)],
+     ["row 2: 'b.py' has a bad hash 'nohash' (want algo=digest)", "row 3: 'c.py' has a bad size 'big'",
+      "row 4: '' has an empty path"]),
+]
+
+
+@pytest.mark.parametrize("text,entries,problems", RECORDS)
+def test_parse_record(text, entries, problems):
+    got, found = parse_record(text)
+    assert got == entries
+    assert [str(p) for p in found] == problems
+
+
+def test_record_round_trip():
+    entries = [RecordEntry("a,b.py", "sha256", "x", 1), RecordEntry("d-1.dist-info/RECORD", None, None, None)]
+    assert format_record(entries) == '"a,b.py",sha256=x,1\nd-1.dist-info/RECORD,,\n'
+    assert parse_record(format_record(entries)) == (entries, [])
