@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 
 from envvault import __version__
+from envvault.crashpoints import crash_point
 from envvault.env.host import host_facts, relevant_env
 from envvault.env.probe import Interpreter, probe
 from envvault.errors import EnvironmentProblem
@@ -451,6 +452,7 @@ def take_snapshot(
             writer.abort()
             raise
         writer.close()
+        crash_point("snap_objects")
         doc = {
             "format": FORMAT,
             "kind": "snapshot",

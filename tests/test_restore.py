@@ -292,6 +292,8 @@ def _big_wheel(out: Path, version: str, seed: str) -> Path:
 
 
 def test_sigkill_at_random_times_then_rerun(tmp_path, make_venv):
+    """Five restores, each killed at a seeded-random passage of a named point (envvault/crashpoints.py):
+    while staging or between renames, so every kill lands mid-work however fast the machine is."""
     vault = tmp_path / "vault"
     one = _big_wheel(tmp_path / "w1", "1.0", "one")
     two = _big_wheel(tmp_path / "w2", "2.0", "two")
@@ -301,22 +303,30 @@ def test_sigkill_at_random_times_then_rerun(tmp_path, make_venv):
     uv_install(venv, two)
     after = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     known = _known_contents(vault, sid, after)
+    files = [rel for rel in known if "/__pycache__/" not in rel]
+    assert len(files) > 600
+
+    def inodes() -> dict:
+        return {rel: (venv / rel).stat().st_ino for rel in files if (venv / rel).exists()}
+
     rnd = random.Random(7)
-    killed = 0
-    for _ in range(5):
-        proc = subprocess.Popen([sys.executable, "-m", "envvault", "restore", sid, "--venv", str(venv), "--no-backup"],
-                                env=ev_env(vault), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rnd.uniform(0.2, 1.2))
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            killed += 1
-        proc.wait(timeout=120)
+    for point in ("stage", "commit", "stage", "commit", "commit"):
+        at = f"{point}:{rnd.randint(1, 90)}"  # each run has more than 600 files to stage and rename
+        before = inodes()
+        proc = subprocess.run([sys.executable, "-m", "envvault", "restore", sid, "--venv", str(venv), "--no-backup"],
+                              env=ev_env(vault, ENVVAULT_TEST_CRASH_AT=at), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == -signal.SIGKILL, (at, proc.stderr)
         _assert_no_torn_files(venv, known)
+        assert (venv / ".envvault-restore.json").exists(), at  # killed mid-restore: the journal is still there
+        assert temp_files(venv), at  # staged files wait under temp names
+        now = inodes()
+        renamed = sum(1 for rel, ino in now.items() if before.get(rel) != ino)
+        # killed while staging: nothing renamed into place yet; killed between renames: some, not all
+        assert (renamed > 0) == (point == "commit") and renamed < len(files) / 2, (at, renamed)
     res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
     assert res["verified"]
     assert_matches_snapshot(vault, sid, venv)
     assert not temp_files(venv) and not (venv / ".envvault-restore.json").exists()
-    assert killed >= 1  # at least one kill landed mid-restore
 
 
 # -- a hostile vault -----------------------------------------------------------------------------------

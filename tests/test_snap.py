@@ -320,44 +320,52 @@ def test_two_snaps_at_once(tmp_path, make_venv, wheelhouse):
     assert ev_json(vault, "verify")["ok"]
 
 
+def _packs(vault: Path) -> tuple[set, set]:
+    """(pack ids under packs/, pack ids with an index file)."""
+    packs = {p.stem for p in (vault / "packs").rglob("*.pack")}
+    indexed = {p.stem for p in (vault / "index").glob("*.idx")}
+    return packs, indexed
+
+
+# Each kill lands at a named point of the snap's own work (envvault/crashpoints.py), never after a sleep,
+# and the evidence that it was mid-work is what it left behind.
+SNAP_KILLS = [
+    ("pack_frame:5", lambda v: any(p.stat().st_size > 5_000_000 for p in (v / "tmp").glob("*pack*"))),  # a temp pack half-written
+    ("pack_renamed", lambda v: len(_packs(v)[0] - _packs(v)[1]) == 1),  # a pack without its index
+    ("pack_indexed", lambda v: len(_packs(v)[1]) == 1),  # one pack durable, the other still to write
+    ("snap_objects", lambda v: len(_packs(v)[1]) >= 2),  # every object durable, no snapshot file
+]
+
+
 def test_sigkill_during_snap_leaves_clean_vault(tmp_path, make_venv, wheelhouse):
     venv = make_venv("uv")
     _install_base(venv, wheelhouse)
-    # enough bytes that a snap takes a while: 40 distinct 1.5 MiB files in one package
+    # more bytes than one pack holds (packs close at 32 MiB): 30 distinct 1.5 MB files in one package
     big = site_packages(venv) / "smallpkg"
     rng = random.Random(7)
-    for i in range(40):
+    for i in range(30):
         (big / f"blob{i}.bin").write_bytes(rng.randbytes(1_500_000))
     di = next(site_packages(venv).glob("smallpkg-*.dist-info"))
     with (di / "RECORD").open("a") as rec:
         from fixtures.wheels import record_hash
-        for i in range(40):
+        for i in range(30):
             data = (big / f"blob{i}.bin").read_bytes()
             rec.write(f"smallpkg/blob{i}.bin,{record_hash(data)},{len(data)}\n")
     vault = tmp_path / "vault"
-    env = ev_env(vault)
-    kills = 0
-    for delay in (0.15, 0.3, 0.5, 0.8, 1.2):
-        p = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--venv", str(venv)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        time.sleep(delay)
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-            kills += 1
-        p.wait()
-        if (vault / "config.json").exists():
-            report = ev_json(vault, "verify")
-            assert report["ok"], report
-            for s in ev_json(vault, "list", "--all")["snapshots"]:
-                ev(vault, "show", s["id"])  # every listed snapshot is whole
-    assert kills >= 2
-    packs_before = sum(f.stat().st_size for f in (vault / "packs").rglob("*.pack")) if (vault / "packs").exists() else 0
+    for point, mid_work in SNAP_KILLS:
+        p = subprocess.run([sys.executable, "-m", "envvault", "snap", "--venv", str(venv)],
+                           capture_output=True, text=True, env=ev_env(vault, ENVVAULT_TEST_CRASH_AT=point), timeout=300)
+        assert p.returncode == -signal.SIGKILL, (point, p.stderr)
+        assert mid_work(vault), (point, _packs(vault), list((vault / "tmp").iterdir()))
+        assert ev_json(vault, "list", "--all")["snapshots"] == []  # nothing committed: no half snapshot listed
+        report = ev_json(vault, "verify")
+        assert report["ok"], (point, report)
     out = ev_json(vault, "snap", "--venv", venv)
-    total = sum(f.stat().st_size for f in (vault / "packs").rglob("*.pack"))
     assert ev_json(vault, "verify")["ok"]
-    # what the killed snaps had written was reused: the finishing snap wrote less than everything
-    if packs_before > 0:
-        assert out["new_bytes"] < total
+    ev(vault, "show", out["id"])
+    assert [s["id"] for s in ev_json(vault, "list", "--all")["snapshots"]] == [out["id"]]
+    # what the killed snaps had made durable was reused: the finishing snap stored no blob again
+    assert out["new_bytes"] < 1_500_000, out
 
 
 @pytest.mark.torch

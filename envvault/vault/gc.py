@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvvaultError
 from envvault.model.encoding import object_id
 from envvault.vault.packs import read_frame
@@ -107,11 +108,13 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
             # Stat caches trust the chunk ids they hold without asking the index (envvault/snap.py): they
             # go before anything else does.
             _drop_stat_caches(vault)
+            crash_point("gc_caches_dropped")
             for s in drop:
                 try:
                     os.unlink(vault.root / "snapshots" / f"{s.id}.json")
                 except FileNotFoundError:
                     pass
+                crash_point("gc_snapshot_removed")
         removed_packs = rewritten = partial = removed_objects = 0
         freed = 0
         warnings: list[str] = []
@@ -144,6 +147,7 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
                 freed += pack_size
                 if not dry_run:
                     idx_path.unlink(missing_ok=True)  # index first: a pack without index is ignored
+                    crash_point("gc_index_removed")
                     pack_path.unlink(missing_ok=True)
                 continue
             total = sum(o[2] for o in objects.values())
@@ -159,7 +163,9 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
                 freed += int(pack_size * dead / max(total, 1))
                 continue
             written = _rewrite(vault, pack_path, doc, live_here)
+            crash_point("gc_rewritten")
             idx_path.unlink(missing_ok=True)
+            crash_point("gc_index_removed")
             pack_path.unlink(missing_ok=True)
             freed += pack_size - written
         # Packs that never got an index (a writer killed between pack and index) are garbage; packs a

@@ -17,6 +17,7 @@ import blake3
 import zstandard
 
 from envvault.errors import CorruptError
+from envvault.crashpoints import crash_point
 from envvault.vault.fsutil import fsync_dir, storage_error, tmp_name
 
 __all__ = ["PackWriter", "PACK_MAGIC", "read_frame", "FRAME_TARGET", "MAX_FRAME"]
@@ -140,6 +141,7 @@ class PackWriter:
             off += length
         self.written_bytes += len(comp)
         self.written_objects += len(meta)
+        crash_point("pack_frame")
         if self._pack_len >= PACK_TARGET:
             self._close_pack()
 
@@ -158,6 +160,7 @@ class PackWriter:
             final.parent.mkdir(mode=0o700, exist_ok=True)
             os.replace(tmp, final)
             fsync_dir(final.parent)
+            crash_point("pack_renamed")
             idx_tmp = tmp_name(self.root / "tmp", "idx")
             with open(idx_tmp, "wb") as f:
                 f.write(idx_bytes)
@@ -167,6 +170,7 @@ class PackWriter:
             fsync_dir(self.root / "index")
         except OSError as err:
             raise storage_error(err, final) from None
+        crash_point("pack_indexed")
         locs = {
             oid: (pack_id, self._pack_frames[fi][0], self._pack_frames[fi][1], off, length, kind)
             for oid, (fi, off, length, kind) in self._pack_objects.items()
