@@ -409,7 +409,9 @@ def cached_probe(prefix: Path, cache: StatCache) -> Interpreter:
         exe = prefix / "bin" / "python"
         if not exe.exists():
             exe = prefix / "bin" / "python3"
-        key = [str(exe.resolve())] + stat_key(exe.stat())
+        # The prefix as given is part of the key: the cache is shared by every path of one environment
+        # (its <key> is the real path), and the probe answers with paths under the prefix it was given.
+        key = [str(prefix), str(exe.resolve())] + stat_key(exe.stat())
         cfg = prefix / "pyvenv.cfg"
         key += stat_key(cfg.stat()) if cfg.exists() else []
     except OSError:

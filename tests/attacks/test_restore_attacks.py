@@ -229,3 +229,18 @@ def test_restore_lock_is_keyed_on_the_real_path(box, tmp_path):
     assert tree_state(venv) == before
     # and once it is released, the restore through the symlink runs
     assert ev_json(vault, "restore", sid, "--venv", alias, "--no-backup")["verified"]
+
+
+def test_restored_marker_and_stat_cache_are_keyed_on_the_real_path(box, tmp_path):
+    """Restored through a symlink, the environment is the same one for `status` by its own path."""
+    from fixtures import build_wheel, uv_install
+
+    vault, venv, decoy, empty = box
+    uv_install(venv, build_wheel(tmp_path / "w", "keyedpkg", "1.0", {"keyedpkg/__init__.py": b"X = 1\n"}))
+    newer = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]  # the newest snapshot: with keyedpkg
+    alias = tmp_path / "alias"
+    alias.symlink_to(venv)
+    assert ev_json(vault, "restore", empty, "--venv", alias, "--no-backup")["verified"]  # keyedpkg removed
+    status = ev_json(vault, "status", "--venv", venv)
+    assert status["snapshot"] == empty and status["empty"] is True, status
+    assert newer != empty
