@@ -131,7 +131,11 @@ def diff_snapshots(old: dict, new: dict, *, vault=None, old_label: str = "old", 
                    scope: str = "all") -> DiffResult:
     """Compare two environment documents. ``scope="environment"`` leaves out host and environment
     variables (facts of the shell, not of the environment: what ``status`` and restore checks use)."""
-    added, removed, changed = _diff_packages(old.get("packages") or [], new.get("packages") or [], vault)
+    old_pk, new_pk = old.get("packages") or [], new.get("packages") or []
+    if old.get("lock_only") or new.get("lock_only"):
+        # A lock-only snapshot recorded no file contents: against one, packages compare by version and build.
+        old_pk, new_pk = _builds_only(old_pk), _builds_only(new_pk)
+    added, removed, changed = _diff_packages(old_pk, new_pk, vault)
     python = _diff_keys(old.get("python"), new.get("python"), _PY_KEYS)
     host: dict = {}
     env: dict = {}
@@ -139,6 +143,11 @@ def diff_snapshots(old: dict, new: dict, *, vault=None, old_label: str = "old", 
         host = _diff_keys(_host_view(old.get("host")), _host_view(new.get("host")), _HOST_KEYS)
         env = _diff_env(old.get("env"), new.get("env"))
     return DiffResult(old_label, new_label, tuple(added), tuple(removed), tuple(changed), python, host, env)
+
+
+def _builds_only(packages: list[dict]) -> list[dict]:
+    """Package summaries without what only a full scan knows (state id, edited and missing files)."""
+    return [{k: v for k, v in p.items() if k not in ("state_id", "modified", "missing")} for p in packages]
 
 
 def _by_name(packages: list[dict]) -> dict[str, list[dict]]:

@@ -129,7 +129,7 @@ def status(ctx, venv, against, as_json, exit_code):
     """
     from envvault.diff import current_document, diff_snapshots
     from envvault.env.probe import find_target
-    from envvault.restore.baseline import baseline_snapshot, interrupted_restore
+    from envvault.restore.baseline import baseline_snapshot, contents_note, interrupted_restore
 
     target = find_target(venv)
     vault = open_vault(ctx)
@@ -141,12 +141,14 @@ def status(ctx, venv, against, as_json, exit_code):
                    f"`envvault restore {broken[:12]} --venv {target}` to finish it", err=True)
     now = current_document(vault, target, facts=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
+    note = contents_note(sid, snap, changed=not result.empty)
     if as_json:
-        emit_json({"venv": str(target), "snapshot": sid, "interrupted_restore": broken, **result.to_json()})
+        emit_json({"venv": str(target), "snapshot": sid, "interrupted_restore": broken,
+                   "contents_recorded": not snap.get("lock_only"), **result.to_json()})
     elif result.empty:
-        click.echo(f"{target}: unchanged since snapshot {style(sid[:12], 'yellow')}")
+        click.echo(f"{target}: unchanged since snapshot {style(sid[:12], 'yellow')}" + (f" ({note})" if note else ""))
     else:
-        click.echo(f"{target}: changed since snapshot {style(sid[:12], 'yellow')}")
+        click.echo(f"{target}: changed since snapshot {style(sid[:12], 'yellow')}" + (f" ({note})" if note else ""))
         _render_diff(result)
     if exit_code and not result.empty:
         sys.exit(1)
@@ -222,7 +224,13 @@ def _render_restore(result, doc: dict) -> None:
         lines = _diff_lines(diff_json)
         for line in lines:
             click.echo(line)
-        if result.dry_run:
+        if result.dry_run and result.mode == "lock":
+            for src in plan.get("sources") or ():
+                origin = src.get("from") or {}
+                where = (f"the stored copy in snapshot {origin['snapshot'][:12]}" if "snapshot" in origin
+                         else origin.get("url", "?"))
+                click.echo(f"install {src['name']} {src['version']} from {where}")
+        elif result.dry_run:
             click.echo(f"write {plan.get('write_files', 0)} files ({human_bytes(plan.get('write_bytes', 0))}), "
                        + (f"set the mode of {plan['mode_files']}, " if plan.get("mode_files") else "")
                        + f"remove {plan.get('remove_files', 0)} files, leave everything else untouched")

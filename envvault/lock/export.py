@@ -82,6 +82,12 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
     if fmt != "pylock":
         raise UsageError(f"unknown export format {fmt!r}; use pylock or requirements")
     wheel_dir = out.parent / f"{out.stem}.wheels"
+    if doc.get("lock_only"):
+        entries, lock_warnings = _lock_only_entries(vault, sid, doc, wheel_dir, out.parent, wheels)
+        atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
+        n_wheels = sum(1 for e in entries if e["wheel"])
+        return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
+                "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings + lock_warnings}
     entries = []
     n_wheels = 0
     for p in doc["packages"]:
@@ -99,3 +105,15 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
     atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
     return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
             "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings}
+
+
+def _lock_only_entries(vault: Vault, sid: str, doc: dict, wheel_dir: Path, base: Path, wheels: bool):
+    """A lock-only snapshot's packages from stored copies of their builds, else recorded URLs
+    (``envvault.lock.sources``, the rule restore uses too)."""
+    from envvault.lock.sources import describe, pylock_entries, resolve_sources
+
+    sources = resolve_sources(vault, doc, copies=wheels)
+    warnings = [w for s in sources for w in [describe(s)] if w]
+    warnings += [f"{s.package['name']} {s.package['version']}: no stored copy of its build and no recorded URL; "
+                 "the lock names it without a source" for s in sources if not s.known]
+    return pylock_entries(vault, sid, doc, sources, wheel_dir, base), warnings

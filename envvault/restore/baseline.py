@@ -15,7 +15,7 @@ from envvault.safepaths import env_key
 from envvault.vault.fsutil import atomic_write
 from envvault.vault.store import Vault, _now
 
-__all__ = ["baseline_snapshot", "record_restored", "interrupted_restore", "JOURNAL_NAME"]
+__all__ = ["baseline_snapshot", "record_restored", "interrupted_restore", "contents_note", "JOURNAL_NAME"]
 
 JOURNAL_NAME = ".envvault-restore.json"  # in the environment while a restore is under way (docs/format.md)
 
@@ -49,6 +49,15 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     if best is None:
         raise NotFoundError(f"no snapshot of {target} in {vault.root}; run `envvault snap` first")
     return best[1]
+
+
+def contents_note(sid: str, doc: dict, *, changed: bool) -> str | None:
+    """What a comparison with snapshot ``doc`` cannot know: a lock-only snapshot recorded no file contents,
+    so only versions and builds were compared (``diff_snapshots`` does so). None for a full snapshot."""
+    if not doc.get("lock_only"):
+        return None
+    tail = "only versions and builds were compared" if changed else "versions and builds unchanged"
+    return f"baseline {sid[:12]} is lock-only: file contents were not recorded; {tail}"
 
 
 def interrupted_restore(target: Path) -> str | None:

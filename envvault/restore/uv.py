@@ -13,13 +13,14 @@ import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 
 from envvault.errors import EnvironmentProblem, NotFoundError, RefusedError, UsageError
 
-__all__ = ["find_uv", "run_uv", "find_python", "make_venv", "restore_lock_only", "lock_sources",
-           "resolve_lock_sources", "sync_from_lock", "scratch_dir", "refuse_nonempty"]
+__all__ = ["find_uv", "run_uv", "find_python", "make_venv", "restore_lock_only",
+           "check_lock_sources", "resolve_lock_sources", "sync_from_lock", "scratch_dir", "refuse_nonempty"]
 
 
 def find_uv() -> str:
@@ -120,45 +121,23 @@ def scratch_dir(vault) -> Iterator[Path]:
 # -- lock-only snapshots ---------------------------------------------------------------------------
 
 
-def _full_manifests_by_build(vault) -> dict[str, str]:
-    """build_id -> manifest id of an unedited, fully stored copy of that build anywhere in the vault."""
-    found: dict[str, str] = {}
-    for s in vault.snapshots():
-        if s.doc.get("lock_only"):
-            continue
-        for p in s.doc.get("packages") or ():
-            b = p.get("build_id")
-            if b and b not in found and p.get("state_id") == b and not p.get("missing") and p.get("record") == "ok" \
-                    and vault.has(p.get("manifest", "")):
-                found[b] = p["manifest"]
-    return found
+def _unknown(sources) -> list[str]:
+    return [f"{s.package['name']} {s.package['version']}" for s in sources if not s.known]
 
 
-def lock_sources(vault, sid: str, doc: dict, wheel_dir: Path) -> tuple[list[dict], list[str]]:
-    """For each package of a lock-only snapshot, where its exact build can come from: a wheel rebuilt from
-    the same build stored by another snapshot, else the original URL + hash its installer recorded.
-    Returns (pylock entries, packages with no known source)."""
-    from envvault.lock.export import original_source
-    from envvault.lock.wheels import rebuild_wheel
+def check_lock_sources(vault, sid: str, doc: dict):
+    """The sources of a lock-only snapshot's packages, decided from snapshot documents alone (fast);
+    ``NotFoundError`` (exit 4) listing every package without one, before anything slow or any change."""
+    from envvault.lock.sources import resolve_sources
 
-    builds = _full_manifests_by_build(vault)
-    entries, unknown = [], []
-    for p in doc.get("packages") or ():
-        entry = {"summary": p, "snapshot": sid, "source": None, "wheel": None}
-        mid = builds.get(p.get("build_id") or "")
-        if mid is not None:
-            wheel_dir.mkdir(parents=True, exist_ok=True)
-            path, sha, size = rebuild_wheel(vault, vault.get_json(mid), doc["python"], wheel_dir)
-            entry["wheel"] = {"name": path.name, "path": os.path.relpath(path, wheel_dir.parent), "size": size, "sha256": sha}
-        else:
-            man = vault.get_json(p["manifest"]) if p.get("manifest") and vault.has(p["manifest"]) else None
-            src = original_source(man) if man else None
-            if src and src.get("hashes") and src["url"].endswith(".whl"):
-                entry["source"] = src
-            else:
-                unknown.append(f"{p['name']} {p['version']}")
-        entries.append(entry)
-    return entries, unknown
+    sources = resolve_sources(vault, doc)
+    unknown = _unknown(sources)
+    if unknown:
+        raise NotFoundError(
+            f"snapshot {sid[:12]} is lock-only and these packages have no known source (no stored copy of "
+            f"their build, no recorded URL): {', '.join(unknown)}"
+        )
+    return sources
 
 
 def _write_pylock(doc: dict, entries: list[dict], out: Path) -> None:
@@ -172,20 +151,29 @@ def _write_pylock(doc: dict, entries: list[dict], out: Path) -> None:
     out.write_text(tomli_w.dumps(lock))
 
 
-def resolve_lock_sources(vault, sid: str, doc: dict, work: Path) -> list[dict]:
-    """``lock_sources`` that raises ``NotFoundError`` listing every package without a known source."""
-    entries, unknown = lock_sources(vault, sid, doc, work / "pylock.wheels")
-    if unknown:
-        raise NotFoundError(
-            f"snapshot {sid[:12]} is lock-only and these packages have no known source (no stored copy of "
-            f"their build, no recorded URL): {', '.join(unknown)}"
-        )
+def resolve_lock_sources(vault, sid: str, doc: dict, work: Path, sources=None) -> list[dict]:
+    """Pylock entries for every package (wheels of stored copies rebuilt under ``work/pylock.wheels``; an
+    entry from an edited copy carries ``reapply(prefix)``, which ``sync_from_lock`` calls). ``sources``:
+    from ``check_lock_sources``, which runs first when not given (and fails before anything is rebuilt)."""
+    from envvault.lock.sources import pylock_entries
+    from envvault.restore.into import _reapply_state
+
+    if sources is None:
+        sources = check_lock_sources(vault, sid, doc)
+    entries = pylock_entries(vault, sid, doc, sources, work / "pylock.wheels", work)
+    for e in entries:  # an edited stored copy: after install, its RECORD rows go back to the build's
+        copy = e["copy"]
+        if copy is not None and copy.edited:
+            e["reapply"] = partial(_reapply_state, vault, python=doc["python"], man=vault.get_json(copy.manifest))
     return entries
 
 
-def sync_from_lock(sid: str, doc: dict, entries: list[dict], python_exe: Path, *, reinstall: list[str], work: Path) -> dict:
+def sync_from_lock(sid: str, doc: dict, entries: list[dict], python_exe: Path, *, reinstall: list[str], work: Path,
+                   installed: set[str] | None = None) -> dict:
     """Write the snapshot's pylock.toml under ``work`` (beside ``pylock.wheels/``) and ``uv pip sync`` the
-    interpreter's environment to it: offline when every package has a rebuilt wheel."""
+    interpreter's environment to it: offline when every package has a rebuilt wheel. Packages that came
+    from an edited stored copy and that uv installed (``installed``: their names; None: all) then get the
+    RECORD rows their build has, so they carry the snapshot's build id with the stored edits."""
     lock_path = work / "pylock.toml"
     _write_pylock(doc, entries, lock_path)
     offline = all(e["wheel"] is not None for e in entries)
@@ -196,45 +184,69 @@ def sync_from_lock(sid: str, doc: dict, entries: list[dict], python_exe: Path, *
     for name in reinstall:
         args += ["--reinstall-package", name]
     run_uv(*args, str(lock_path), what=f"sync {python_exe.parent.parent} to the lockfile of {sid[:12]}")
+    for e in entries:
+        if e.get("reapply") is not None and (installed is None or e["summary"]["name"] in installed):
+            e["reapply"](python_exe.parent.parent)
     return {"wheels": sum(1 for e in entries if e["wheel"]), "urls": sum(1 for e in entries if e["source"]),
             "offline": offline}
 
 
 def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool):
-    """Restore a lock-only snapshot in place through uv. Same-version build changes and edited files are
-    forced with ``--reinstall-package`` (uv judges by version alone)."""
+    """Restore a lock-only snapshot in place through uv. The sources of its packages are decided first
+    (fast, from snapshot documents): a restore that cannot succeed fails before any slow work, and
+    ``dry_run`` runs the same decision. Same-version build changes are forced with ``--reinstall-package``
+    (uv judges by version alone). A lock-only snapshot recorded no file contents, so edits in place are
+    neither planned nor verified (``diff_snapshots`` compares it at build level)."""
     from envvault.diff import current_document, diff_snapshots
+    from envvault.lock.sources import describe
     from envvault.restore.execute import RestoreResult
     from envvault.restore.plan import check_python
 
     if not (target / "bin" / "python").exists():
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
+    sources = check_lock_sources(vault, sid, doc)
     with vault.lock():
         now = current_document(vault, target, facts=False)
         check_python(doc["python"], now["python"])
         plan = diff_snapshots(now, doc, old_label="current", new_label=sid[:12], scope="environment")
         reinstall = sorted({c.name for c in plan.changed if c.old_version == c.new_version})
+        touched = {p.name for p in plan.added} | {c.name for c in plan.changed}
+        warnings = tuple(w for s in sources if s.package["name"] in touched for w in [describe(s)] if w)
+        planned = {"diff": plan.to_json(), "reinstall": reinstall, "sources": [_source_json(s) for s in sources
+                                                                               if s.package["name"] in touched]}
         if dry_run or plan.packages_empty:
             return RestoreResult(sid, str(target), "lock", None, len(plan.changed) + len(plan.added) + len(plan.removed),
-                                 plan.packages_empty and not dry_run, dry_run,
-                                 plan={"diff": plan.to_json(), "reinstall": reinstall})
+                                 plan.packages_empty and not dry_run, dry_run, plan=planned, warnings=warnings)
         backup_id = None
         with scratch_dir(vault) as work:
-            # Resolve every source before touching anything: an unknown one fails the whole restore.
-            entries = resolve_lock_sources(vault, sid, doc, work)
+            entries = resolve_lock_sources(vault, sid, doc, work, sources)
             if backup:
                 from envvault.snap import take_snapshot
 
                 backup_id = take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}",
                                           trigger="restore-backup", argv=["envvault", "restore", sid]).id
-            info = sync_from_lock(sid, doc, entries, target / "bin" / "python", reinstall=reinstall, work=work)
+            info = sync_from_lock(sid, doc, entries, target / "bin" / "python", reinstall=reinstall, work=work,
+                                  installed=touched)
         after = current_document(vault, target, facts=False)
         remaining = diff_snapshots(after, doc, old_label="current", new_label=sid[:12], scope="environment")
+    written = [p for p in after["packages"] if p["name"] in touched]
     return RestoreResult(
         sid, str(target), "lock", backup_id, len(plan.changed) + len(plan.added) + len(plan.removed),
-        remaining.packages_empty, False, plan={"diff": plan.to_json(), "reinstall": reinstall, **info},
-        remaining=None if remaining.packages_empty else remaining.to_json(),
+        remaining.packages_empty, False, plan={**planned, **info},
+        written_files=sum(p.get("files") or 0 for p in written), written_bytes=sum(p.get("size") or 0 for p in written),
+        remaining=None if remaining.packages_empty else remaining.to_json(), warnings=warnings,
     )
+
+
+def _source_json(s) -> dict:
+    p = s.package
+    out = {"name": p["name"], "version": p["version"], "build_id": p.get("build_id")}
+    if s.copy is not None:
+        out["from"] = {"snapshot": s.copy.snapshot, "manifest": s.copy.manifest,
+                       "differs_from_record": list(s.copy.differs), "missing": list(s.copy.missing)}
+    elif s.url is not None:
+        out["from"] = {"url": s.url["url"]}
+    return out
 
 
 def refuse_nonempty(path: Path) -> None:

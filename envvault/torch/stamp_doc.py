@@ -46,6 +46,7 @@ __all__ = [
     "environment_state",
     "state_from_cache",
     "find_snapshot",
+    "lock_fingerprint",
     "ensure_snapshot",
     "drift_between",
     "git_state",
@@ -240,31 +241,52 @@ def _save_index(vault, index: dict) -> None:
         pass  # a cache: the next process does the work again
 
 
-def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str, bool] | None:
-    """``(id, lock_only)`` of a snapshot with this fingerprint (of the environment at ``venv`` when given:
-    an identical copy elsewhere would make ``restore`` target that copy), a full one before a lock-only
-    one, then the newest.
+def lock_fingerprint(doc: dict) -> str | None:
+    """A snapshot's lock-level fingerprint (what stamps carry): its fingerprint with each package's build id
+    in place of its state id. Equal to ``fingerprint`` for a lock-only snapshot and for a full one without
+    edits; a full snapshot of an environment with edited files (an appended CA in certifi) differs only here."""
+    from envvault.snap import fingerprint
 
-    The index under ``state/`` remembers each snapshot's fingerprint (snapshot files never change), so
+    python = doc.get("python") or {}
+    packages = doc.get("packages")
+    if doc.get("fingerprint") is None or not isinstance(packages, list) or not python.get("version"):
+        return None
+    try:
+        return fingerprint(python["version"], [{"name": p["name"], "version": p["version"], "state_id": p["build_id"]}
+                                               for p in packages])
+    except (KeyError, TypeError):
+        return None
+
+
+def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str, bool] | None:
+    """``(id, lock_only)`` of a snapshot with this lock-level fingerprint (see ``lock_fingerprint``; of the
+    environment at ``venv`` when given: an identical copy elsewhere would make ``restore`` target that
+    copy), a full one before a lock-only one, then the newest.
+
+    The index under ``state/`` remembers each snapshot's fingerprints (snapshot files never change; entries
+    ``[fingerprint, lock_only, created, venv, lock fingerprint]``, shorter ones are read again), so
     each snapshot document is read once per vault, not once per process.
     """
     index = _load_index(vault)
     known = index["snapshots"]
     ids = set(vault.snapshot_ids())
     changed = not known.keys() <= ids
-    for sid in ids - known.keys():
+    for sid in ids:
+        entry = known.get(sid)
+        if isinstance(entry, list) and len(entry) == 5:
+            continue
         try:
             doc = vault.load_snapshot(sid).doc
         except EnvvaultError:
             continue
         known[sid] = [doc.get("fingerprint"), bool(doc.get("lock_only")), str(doc.get("created", "")),
-                      str(doc.get("venv", ""))]
+                      str(doc.get("venv", "")), lock_fingerprint(doc)]
         changed = True
     if changed:
         index["snapshots"] = {sid: v for sid, v in known.items() if sid in ids}
         _save_index(vault, index)
-    matches = [(not lock_only, created, sid) for sid, (fp, lock_only, created, where) in known.items()
-               if fp == fingerprint and sid in ids and (venv is None or where == venv)]
+    matches = [(not entry[1], entry[2], sid) for sid, entry in known.items()
+               if sid in ids and len(entry) == 5 and entry[4] == fingerprint and (venv is None or entry[3] == venv)]
     if not matches:
         return None
     best = max(matches)
@@ -451,7 +473,9 @@ def snapshot_of(vault, path: Path) -> str:
         raise NotFoundError(f"{path}: its stamp names no snapshot (the vault was not writable when it was saved) "
                             f"and {vault.root} holds none with fingerprint {fp or 'unknown'}")
     if sid in set(vault.snapshot_ids()):
-        if better and not better[1] and stamp.get("snapshot_lock_only"):
+        # A lock-only snapshot stores no files: a full one of the same environment (same lock-level
+        # fingerprint and venv: the detached snap of the first stamp, or any later one) restores better.
+        if better and not better[1] and better[0] != sid and vault.load_snapshot(sid).doc.get("lock_only"):
             return better[0]
         return sid
     where = stamp.get("vault")

@@ -1,0 +1,224 @@
+"""Lock-only snapshots of real environments (issue 9 items 4, 5, 6).
+
+The environment is what cloud and corporate images look like: certifi from the registry installed by pip
+into a ``python -m venv``, with a CA appended to ``certifi/cacert.pem`` and to pip's vendored copy before
+anything is snapped. A lock-only snapshot of it restores and exports from the vault's stored (edited) copies
+of its builds; a restore that cannot succeed fails at once, and ``--dry-run`` says what the restore would do.
+Checkpoint stamps name, and ``restore CKPT`` uses, a full snapshot of the environment when one exists.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from envvault.torch.checkpoint import read_checkpoint
+from envvault.torch.hook import link_runtime
+from envvault.vault.store import Vault
+from fixtures.venvs import find_uv, isolated_env, make_venv, site_packages, uv_install
+from fixtures.wheels import build_wheel
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+
+CERTIFI = "certifi==2024.8.30"
+FAKE_CA = "\n# Corporate CA\n-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+
+
+def _run(cmd, *, env=None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+                          timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {' '.join(map(str, cmd))}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _certifi_venv(path: Path) -> Path:
+    """``python -m venv`` + ``pip install certifi`` (the machine's pip configuration: its registry mirror),
+    then the image's edit: a CA appended to both bundles."""
+    _run([sys.executable, "-m", "venv", path])
+    _run([path / "bin" / "python", "-m", "pip", "install", "-q", CERTIFI])
+    bundles = [site_packages(path) / "certifi" / "cacert.pem", *site_packages(path).glob("pip/_vendor/certifi/cacert.pem")]
+    assert len(bundles) == 2
+    for bundle in bundles:
+        with open(bundle, "a") as f:
+            f.write(FAKE_CA)
+    return path
+
+
+def _snap(vault: Path, venv: Path, *args: str) -> str:
+    return ev_json(vault, "snap", "--venv", venv, "--no-caches", *args)["id"]
+
+
+@pytest.fixture(scope="module")
+def edited(tmp_path_factory):
+    """(venv, vault, full snapshot id, lock-only snapshot id) of the edited-certifi environment."""
+    root = tmp_path_factory.mktemp("lockonly")
+    venv = _certifi_venv(root / "venv")
+    vault = root / "vault"
+    full = _snap(vault, venv)
+    lock = _snap(vault, venv, "--lock-only")
+    return venv, vault, full, lock
+
+
+def test_lock_only_restores_offline_from_the_edited_stored_copy(edited, tmp_path):
+    venv, vault, full, lock = edited
+    site = site_packages(venv)
+    bundle = (site / "certifi" / "cacert.pem").read_bytes()
+    _run([venv / "bin" / "python", "-m", "pip", "uninstall", "-y", "-q", "certifi"])
+    assert not (site / "certifi").exists()
+
+    dry = ev(vault, "restore", lock, "--venv", venv, "--dry-run")
+    assert f"install certifi 2024.8.30 from the stored copy in snapshot {full[:12]}" in dry.stdout, dry.stdout
+    assert "certifi/cacert.pem differs from RECORD" in dry.stderr, dry.stderr
+    assert not (site / "certifi").exists()  # a dry run changes nothing
+
+    # Offline: no index, no network; the wheel is rebuilt from the vault.
+    env = ev_env(vault, UV_OFFLINE="1", PIP_NO_INDEX="1", UV_INDEX_URL="http://127.0.0.1:9/simple")
+    res = ev_json(vault, "restore", lock, "--venv", venv, env=env)
+    assert res["verified"] is True and res["mode"] == "lock", res
+    assert res["plan"]["offline"] is True and res["written_files"] > 0, res
+    assert any("certifi/cacert.pem differs from RECORD" in w for w in res["warnings"]), res["warnings"]
+    assert (site / "certifi" / "cacert.pem").read_bytes() == bundle  # the stored (edited) bytes
+    _run([venv / "bin" / "python", "-c", "import certifi; assert certifi.where().endswith('cacert.pem')"])
+    # RECORD is the build's again: against the full snapshot the environment is exactly as stored.
+    st = ev_json(vault, "status", "--venv", venv, "--against", full)
+    assert st["empty"] is True, st
+
+
+def test_export_of_lock_only_syncs_offline_into_a_fresh_venv(edited, tmp_path):
+    _venv, vault, _full, lock = edited
+    out = tmp_path / "exp" / "pylock.toml"
+    res = ev_json(vault, "export", lock, "-o", out)
+    assert res["wheels"] == res["packages"] >= 2, res  # certifi, pip (setuptools), from their stored copies
+    edited = sorted(w.split(" ", 1)[0] for w in res["warnings"] if "/cacert.pem differs from RECORD" in w)
+    assert edited == ["certifi", "pip"] and len(res["warnings"]) == 2, res["warnings"]
+    fresh = make_venv(tmp_path / "fresh", "uv")
+    _run([find_uv(), "pip", "sync", "--offline", "--preview-features", "pylock", "--python", fresh / "bin" / "python",
+          out], env=isolated_env())
+    _run([fresh / "bin" / "python", "-c", "import certifi, pip; print(certifi.where())"])
+    assert (site_packages(fresh) / "certifi" / "cacert.pem").read_text().endswith(FAKE_CA)
+
+
+def test_lock_only_without_a_source_fails_fast_and_dry_run_says_so(tmp_path):
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv])
+    wheel = build_wheel(tmp_path / "w", "orphan", "1.0", {"orphan/__init__.py": b"X = 1\n"})
+    uv_install(venv, wheel)  # from a local file: uv records a file:// URL ...
+    (next(site_packages(venv).glob("orphan-1.0.dist-info")) / "direct_url.json").unlink()  # ... which is gone
+    vault = tmp_path / "vault"
+    lock = _snap(vault, venv, "--lock-only")
+    _run([find_uv(), "pip", "uninstall", "-q", "--python", venv / "bin" / "python", "orphan"], env=isolated_env())
+    before = sorted(p.name for p in site_packages(venv).iterdir())
+
+    dry = ev(vault, "restore", lock, "--venv", venv, "--dry-run", check=False)
+    assert dry.returncode == 4
+    assert_one_line_error(dry, "no known source", "orphan 1.0")
+    started = time.monotonic()
+    proc = ev(vault, "restore", lock, "--venv", venv, check=False)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 4 and elapsed < 5, (proc.returncode, elapsed)  # bench/ holds the real figure
+    assert_one_line_error(proc, "no known source", "orphan 1.0")
+    assert sorted(p.name for p in site_packages(venv).iterdir()) == before  # nothing changed
+    assert Vault.open(vault).snapshot_ids() == [lock]  # not even a backup was taken
+
+
+def test_status_after_lock_only_compares_what_the_baseline_recorded(tmp_path):
+    venv = make_venv(tmp_path / "venv", "uv")
+    uv_install(venv, build_wheel(tmp_path / "w", "bundle", "1.0", {"bundle/ca.pem": b"CA\n"}),
+               build_wheel(tmp_path / "w", "other", "2.0", {"other/__init__.py": b""}))
+    with open(site_packages(venv) / "bundle" / "ca.pem", "a") as f:
+        f.write("edited before any snap\n")
+    vault = tmp_path / "vault"
+    _snap(vault, venv)
+    lock = _snap(vault, venv, "--lock-only")
+    out = ev(vault, "status", "--venv", venv, "--exit-code")
+    assert f"unchanged since snapshot {lock[:12]}" in out.stdout, out.stdout
+    assert "file contents were not recorded; versions and builds unchanged" in out.stdout, out.stdout
+    doc = ev_json(vault, "status", "--venv", venv)
+    assert doc["snapshot"] == lock and doc["empty"] is True and doc["contents_recorded"] is False, doc
+    # What the baseline does know is still compared.
+    _run([find_uv(), "pip", "uninstall", "-q", "--python", venv / "bin" / "python", "other"], env=isolated_env())
+    changed = ev(vault, "status", "--venv", venv, "--exit-code", check=False)
+    assert changed.returncode == 1 and "removed" in changed.stdout and "other 2.0" in changed.stdout, changed.stdout
+    assert "only versions and builds were compared" in changed.stdout and "bundle" not in changed.stdout
+
+
+# --- checkpoint stamps -------------------------------------------------------------------------------------
+
+STAMP_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    import envvault.torch
+    envvault.torch.enable(full_snapshot=False)
+    torch.save({"step": 1, "w": torch.ones(2)}, sys.argv[1])
+    print("saved", flush=True)
+    sys.stdin.readline()
+    """)
+
+
+@pytest.fixture(scope="module")
+def light_venv(tmp_path_factory, torch_venv) -> Path:
+    """A venv that imports real torch from ``torch_venv`` and envvault from this checkout (a .pth file)."""
+    venv = make_venv(tmp_path_factory.mktemp("light") / "venv", "venv", python=sys._base_executable)
+    site = site_packages(venv)
+    libs = link_runtime(site / "envvault_test.libs")
+    (site / "envvault_test.pth").write_text(f"{libs}\n{site_packages(torch_venv)}\n")
+    return venv
+
+
+def _edited_light(light_venv: Path, tmp_path: Path) -> Path:
+    """A copy of the light venv holding one distribution whose data file is edited in place."""
+    venv = tmp_path / "venv"
+    shutil.copytree(light_venv, venv, symlinks=True)
+    uv_install(venv, build_wheel(tmp_path / "w", "bundle", "1.0", {"bundle/ca.pem": b"CA\n"}))
+    with open(site_packages(venv) / "bundle" / "ca.pem", "a") as f:
+        f.write("appended CA\n")
+    return venv
+
+
+def _stamping(venv: Path, vault: Path, path: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "ENVVAULT_STAMP")}
+    env["ENVVAULT_HOME"] = str(vault)
+    return subprocess.Popen([str(venv / "bin" / "python"), "-c", STAMP_SCRIPT, str(path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _saved(proc: subprocess.Popen) -> None:
+    assert proc.stdout.readline().strip() == "saved", proc.stderr.read()
+
+
+def test_stamp_names_the_full_snapshot_of_an_edited_environment(light_venv, tmp_path):
+    venv = _edited_light(light_venv, tmp_path)
+    vault = tmp_path / "vault"
+    full = _snap(vault, venv)
+    proc = _stamping(venv, vault, tmp_path / "step.pt")
+    _saved(proc)
+    proc.communicate("\n", timeout=120)
+    stamp = read_checkpoint(tmp_path / "step.pt").stamp
+    assert stamp["snapshot"] == full and stamp["snapshot_lock_only"] is False, stamp
+    assert Vault.open(vault).snapshot_ids() == [full]  # no lock-only snapshot was needed
+
+
+def test_restore_checkpoint_uses_the_full_snapshot_of_its_lock_only_stamp(light_venv, tmp_path):
+    venv = _edited_light(light_venv, tmp_path)
+    vault = tmp_path / "vault"
+    step = tmp_path / "step_690.pt"
+    proc = _stamping(venv, vault, step)
+    _saved(proc)  # the vault was empty: the stamp names the lock-only snapshot taken for it
+    proc.communicate("\n", timeout=120)
+    stamp = read_checkpoint(step).stamp
+    lock = stamp["snapshot"]
+    assert stamp["snapshot_lock_only"] is True and Vault.open(vault).load_snapshot(lock).doc["lock_only"], stamp
+    full = _snap(vault, venv)  # what the background snap of the first stamp does (an edited file: its
+    assert full != lock        # fingerprint differs from the stamp's, its lock-level fingerprint does not)
+
+    # The file of the edited distribution is gone: only the full snapshot holds its bytes.
+    shutil.rmtree(site_packages(venv) / "bundle")
+    res = ev_json(vault, "restore", step, "--no-backup")
+    assert res["restored"] == full and res["mode"] != "lock" and res["verified"] is True, res
+    assert (site_packages(venv) / "bundle" / "ca.pem").read_text() == "CA\nappended CA\n"
+    assert ev_json(vault, "diff", step, full)["empty"] is True
