@@ -22,50 +22,54 @@ from envvault.vault.store import Vault
 __all__ = ["resolve_side", "resolve_snapshot"]
 
 
-def _is_lockfile(path: Path) -> bool:
-    return path.suffix == ".toml" or path.name.startswith("pylock")
-
-
-def resolve_side(vault: Vault, arg: str, *, venv: str | None = None) -> tuple[str, dict]:
+def resolve_side(vault: Vault, arg: str, *, venv: str | None = None, other: str | None = None) -> tuple[str, dict]:
     """One side of a diff as (label, document): ``current`` (the live environment, nothing written to the
-    vault), a path to a pylock.toml, or a snapshot id / prefix / tag / ``latest``."""
+    vault), a path to a pylock.toml, or what :func:`envvault.refs.resolve_arg` takes (a snapshot id / prefix /
+    tag / ``latest``, a stamped checkpoint file or folder). ``other``: for ``current`` without ``--venv`` and
+    without an active venv, the environment the other side names (see :func:`current_target`)."""
     if arg == "current":
         from envvault.diff import current_document
-        from envvault.env.probe import find_target
 
-        target = find_target(venv)
+        target = current_target(venv, other)
         return f"current ({target})", current_document(vault, target)
+    label, doc, _ = _stored_side(vault, arg)
+    return label, doc
+
+
+def _stored_side(vault: Vault, arg: str) -> tuple[str, dict, str | None]:
+    """A side that is not ``current``: (label, document, the environment it names or None)."""
+    from envvault.refs import is_lockfile, resolve_arg
+
     path = Path(arg).expanduser()
-    if path.is_file():
-        if _is_lockfile(path):
-            from envvault.diff import lockfile_document
+    if path.is_file() and is_lockfile(path):
+        from envvault.diff import lockfile_document
 
-            return str(path), lockfile_document(path)
-        return _path_side(vault, path)
-    sid = resolve_ref(vault, arg)
-    return sid[:12], vault.load_snapshot(sid).doc
+        return str(path), lockfile_document(path), None
+    ref = resolve_arg(vault, arg)
+    return ref.label, vault.load_snapshot(ref.sid).doc, ref.venv
 
 
-def _path_side(vault: Vault, path: Path) -> tuple[str, dict]:
-    """A file that is not a lockfile. Hook for checkpoints (the torch area): map the file to the snapshot
-    stamped into it and return ``(label, snapshot document)``; ``resolve_snapshot`` uses it too."""
-    sid = _checkpoint_snapshot(vault, path)
-    return f"{path.name} ({sid[:12]})", vault.load_snapshot(sid).doc
+def current_target(venv: str | None, named: str | None) -> Path:
+    """The environment ``current`` means: ``--venv``, else the active venv (``$VIRTUAL_ENV``), else the one
+    the other side names (a snapshot's environment or a checkpoint stamp's) when it still exists, else
+    ``$CONDA_PREFIX`` / a clear error (:func:`find_target`)."""
+    from envvault.env.probe import find_target
+
+    if venv is None and not os.environ.get("VIRTUAL_ENV") and named:
+        if Path(named).is_dir():
+            return find_target(named)
+        if not os.environ.get("CONDA_PREFIX"):
+            raise UsageError(f"`current` would be {named}, the environment the snapshot names, but it does not "
+                             "exist; pass --venv PATH or activate a virtual environment")
+    return find_target(venv)
 
 
-def _checkpoint_snapshot(vault: Vault, path: Path) -> str:
-    # Checkpoints (issue 5): the snapshot named by the file's envvault stamp; one line when the vault lacks it.
-    from envvault.torch.stamp_doc import snapshot_of
+def resolve_snapshot(vault: Vault, arg: str):
+    """A snapshot for restore (:class:`envvault.refs.Ref`): id / prefix / tag / ``latest``, or a stamped
+    checkpoint file or folder."""
+    from envvault.refs import resolve_arg
 
-    return snapshot_of(vault, path)
-
-
-def resolve_snapshot(vault: Vault, arg: str) -> str:
-    """A snapshot id for restore: id / prefix / tag / ``latest``, or a file stamped with one."""
-    path = Path(arg).expanduser()
-    if path.is_file() and not _is_lockfile(path):
-        return _checkpoint_snapshot(vault, path)
-    return resolve_ref(vault, arg)
+    return resolve_arg(vault, arg)
 
 
 def _render_diff(result) -> None:
@@ -88,8 +92,9 @@ def _render_diff(result) -> None:
 def diff(ctx, old, new, venv, as_json, exit_code):
     """Show what changed from OLD to NEW.
 
-    Each side is a snapshot id, unique prefix, tag or `latest`; `current` (the live environment, read
-    without writing to the vault); or a path to a pylock.toml.
+    Each side is a snapshot id, unique prefix, tag or `latest`; a stamped checkpoint file or folder;
+    `current` (the live environment, read without writing to the vault: --venv, else the active venv, else
+    the environment the other side names); or a path to a pylock.toml.
 
     \b
     Examples:
@@ -100,8 +105,10 @@ def diff(ctx, old, new, venv, as_json, exit_code):
     from envvault.diff import diff_snapshots
 
     vault = open_vault(ctx)
-    old_label, old_doc = resolve_side(vault, old, venv=venv)
-    new_label, new_doc = resolve_side(vault, new, venv=venv)
+    stored = {arg: _stored_side(vault, arg) for arg in (old, new) if arg != "current"}
+    named = next((s[2] for s in stored.values() if s[2]), None)  # for `current`: the environment named
+    old_label, old_doc = stored[old][:2] if old in stored else resolve_side(vault, old, venv=venv, other=named)
+    new_label, new_doc = stored[new][:2] if new in stored else resolve_side(vault, new, venv=venv, other=named)
     result = diff_snapshots(old_doc, new_doc, vault=vault, old_label=old_label, new_label=new_label)
     if as_json:
         emit_json(result.to_json())
@@ -131,9 +138,13 @@ def status(ctx, venv, against, as_json, exit_code):
     from envvault.env.probe import find_target
     from envvault.restore.baseline import baseline_snapshot, contents_note, interrupted_restore
 
-    target = find_target(venv)
     vault = open_vault(ctx)
-    sid = resolve_ref(vault, against) if against else baseline_snapshot(vault, target)
+    if against:  # without --venv and an active venv: the environment the snapshot names
+        sid = resolve_ref(vault, against)
+        target = current_target(venv, vault.load_snapshot(sid).doc.get("venv"))
+    else:
+        target = find_target(venv)
+        sid = baseline_snapshot(vault, target)
     snap = vault.load_snapshot(sid).doc
     broken = interrupted_restore(target)
     if broken:
@@ -154,14 +165,17 @@ def status(ctx, venv, against, as_json, exit_code):
         sys.exit(1)
 
 
-def _restore_target(vault: Vault, sid: str, venv: str | None) -> Path:
+def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None = None) -> Path:
+    """--venv, else the environment the argument names (a checkpoint stamp's, else the snapshot's) when it
+    exists, else the active venv."""
     from envvault.env.probe import find_target
 
     if venv is not None:
         return find_target(venv)
     recorded = vault.load_snapshot(sid).doc.get("venv")
-    if recorded and Path(recorded).is_dir():
-        return Path(recorded)
+    for candidate in (named, recorded):
+        if candidate and Path(candidate).is_dir():
+            return find_target(candidate)
     if os.environ.get("VIRTUAL_ENV"):
         return find_target(None)
     raise UsageError(f"the snapshot's environment {recorded} does not exist; pass --venv PATH or --into NEW_PATH")
@@ -179,9 +193,10 @@ def _restore_target(vault: Vault, sid: str, venv: str | None) -> Path:
 def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, as_json):
     """Put an environment back exactly as a snapshot recorded it, offline, from the vault.
 
-    In place (default: the snapshot's own environment, or --venv): distributions the snapshot lacks are
-    removed, changed ones (other version, other build, edited files) are rewritten, the rest is left
-    untouched. The current state is snapshotted first, so `envvault restore <backup id>` undoes it.
+    SNAPSHOT_ID is an id, unique prefix, tag, `latest`, or a stamped checkpoint file or folder.
+    In place (default: --venv, else the checkpoint's or snapshot's own environment, else the active venv):
+    distributions the snapshot lacks are removed, changed ones (other version, other build, edited files)
+    are rewritten, the rest is left untouched. The current state is snapshotted first, so `envvault restore <backup id>` undoes it.
 
     \b
     Examples:
@@ -192,8 +207,9 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, as_json
     from envvault.restore.execute import restore_snapshot
 
     vault = open_vault(ctx)
-    sid = resolve_snapshot(vault, snapshot_id)
-    target = Path(into).absolute() if into else _restore_target(vault, sid, venv)
+    ref = resolve_snapshot(vault, snapshot_id)
+    sid = ref.sid
+    target = Path(into).absolute() if into else _restore_target(vault, sid, venv, ref.venv)
     total = (vault.load_snapshot(sid).doc.get("stats") or {}).get("bytes") or 1
     bar = Progress("restore", total, enabled=not as_json)
     try:

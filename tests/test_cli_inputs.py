@@ -1,0 +1,259 @@
+"""What the commands take as input, as users type it (issue 9 items 7, 11, 12, 13).
+
+- A folder that is not a virtual environment (``/usr``, a venv without ``pyvenv.cfg``, a conda-like
+  prefix whose ``bin/python`` belongs to another installation, a venv whose ``bin/python`` runs another
+  prefix) is refused by every command that takes ``--venv``: one line, exit 2.
+- ``current`` without ``--venv`` and without an active venv is the environment the other side names.
+- A checkpoint folder (Hugging Face ``checkpoint-N/``) is taken wherever a checkpoint file is; its
+  stamps must agree.
+- An environment's snap archives a discovered compile cache only when the environment can use it.
+
+Stamps are written by the real stamping code, run by each venv's own Python through the installed hook.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import zipfile
+import pickle
+from pathlib import Path
+
+import pytest
+
+from fixtures import build_wheel, uv_install
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+
+BASE_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3")
+
+
+def _env(vault: Path, **extra: str) -> dict:
+    env = ev_env(vault, **extra)
+    env.pop("CONDA_PREFIX", None)
+    return env
+
+
+def _run(vault: Path, *args, **extra: str) -> subprocess.CompletedProcess:
+    return ev(vault, *args, check=False, env=_env(vault, **extra), timeout=120)
+
+
+def _stamp(venv: Path, vault: Path, *paths: Path) -> None:
+    """Stamp saved checkpoints with ``venv``'s own Python, as a training script there would (the hook)."""
+    code = "import sys\nfrom envvault.torch import plugin\nfor p in sys.argv[1:]:\n    plugin.stamp(p)\n"
+    env = _env(vault, ENVVAULT_STAMP="1")
+    env.pop("PYTHONPATH", None)  # envvault comes through the venv's hook, as for users
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", code, *map(str, paths)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _hf_checkpoint(d: Path) -> Path:
+    """A Hugging Face Trainer ``checkpoint-N/`` folder: safetensors weights, torch zip optimizer state and
+    training arguments, a config (written the way those libraries write them; no torch needed)."""
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"model_type": "tiny", "hidden_size": 2}))
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
+    for name, obj in (("optimizer.pt", {"state": {}, "param_groups": [{"lr": 0.1}]}),
+                      ("training_args.bin", {"output_dir": "out", "learning_rate": 0.1})):
+        with zipfile.ZipFile(d / name, "w") as z:
+            z.writestr("archive/data.pkl", pickle.dumps(obj, protocol=2))
+            z.writestr("archive/version", "3\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A vault with a full snapshot of a small venv that has the stamping hook, and a second venv."""
+    from fixtures import make_venv
+
+    root = tmp_path_factory.mktemp("inputs")
+    vault = root / "vault"
+    venv = make_venv(root / "train", "venv", BASE_PYTHON)
+    other = make_venv(root / "other", "venv", BASE_PYTHON)
+    for v in (venv, other):
+        ev(vault, "torch", "install-hook", "--venv", v, env=_env(vault))
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches", env=_env(vault))["id"]
+    return {"root": root, "vault": vault, "venv": venv, "other": other, "sid": sid}
+
+
+# -- 11: not a virtual environment ------------------------------------------------------------------
+
+
+def _no_cfg(root: Path) -> Path:
+    from fixtures import make_venv
+
+    v = make_venv(root / "nocfg", "venv", BASE_PYTHON)
+    (v / "pyvenv.cfg").unlink()
+    return v
+
+
+def _conda_like(root: Path) -> Path:
+    p = root / "condalike"
+    (p / "bin").mkdir(parents=True)
+    (p / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (p / "conda-meta").mkdir()
+    (p / "bin" / "python").symlink_to(BASE_PYTHON)
+    return p
+
+
+def _wrapped(root: Path) -> Path:
+    """A venv whose bin/python is a wrapper that runs the base interpreter: it reports the base's prefix."""
+    from fixtures import make_venv
+
+    v = make_venv(root / "wrapped", "venv", BASE_PYTHON)
+    for name in ("python", "python3", "python3.11"):
+        (v / "bin" / name).unlink()
+    (v / "bin" / "python3").write_text(f'#!/bin/sh\nexec {BASE_PYTHON} "$@"\n')
+    (v / "bin" / "python3").chmod(0o755)
+    return v
+
+
+@pytest.mark.parametrize("shape", ["usr", "no-pyvenv-cfg", "conda-like", "pyenv-prefix"])
+def test_snap_refuses_what_is_not_a_venv(world, tmp_path, shape):
+    target = {"usr": lambda: Path("/usr"), "no-pyvenv-cfg": lambda: _no_cfg(tmp_path),
+              "conda-like": lambda: _conda_like(tmp_path), "pyenv-prefix": lambda: BASE_PYTHON.parent.parent}[shape]()
+    proc = _run(world["vault"], "snap", "--venv", target)
+    assert proc.returncode == 2, proc
+    assert_one_line_error(proc, f"{target} is not a virtual environment", "pyvenv.cfg")
+    own_prefix = shape in ("usr", "pyenv-prefix")
+    assert ("snapshots of an interpreter's own prefix are not supported yet" in proc.stderr) is own_prefix
+    assert ("runs another installation" in proc.stderr) is not own_prefix
+    assert ("conda" in proc.stderr) is (shape == "conda-like")
+
+
+def test_a_venv_whose_python_runs_another_prefix_is_refused(world, tmp_path):
+    target = _wrapped(tmp_path)
+    proc = _run(world["vault"], "snap", "--venv", target)
+    assert proc.returncode == 2, proc
+    assert_one_line_error(proc, "runs with prefix", str(BASE_PYTHON.parent.parent), "not a working virtual environment")
+
+
+COMMANDS = [
+    ("snap", "--venv", "{t}"),
+    ("snap", "--lock-only", "--venv", "{t}"),
+    ("status", "--venv", "{t}"),
+    ("status", "--against", "{sid}", "--venv", "{t}"),
+    ("diff", "{sid}", "current", "--venv", "{t}"),
+    ("restore", "{sid}", "--venv", "{t}", "--dry-run"),
+    ("list", "--venv", "{t}"),
+    ("guard", "--venv", "{t}", "--yes", "--", "pip", "install", "x"),
+    ("guard", "--venv", "{t}", "--show-protected"),
+    ("cache", "snap", "--venv", "{t}"),
+    ("cache", "list", "--where", "--venv", "{t}"),
+    ("cache", "restore", "--venv", "{t}", "--dry-run"),
+    ("torch", "install-hook", "--venv", "{t}"),
+]
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(x for x in a if "{" not in x))
+def test_every_command_with_venv_refuses_a_conda_like_prefix(world, tmp_path, args):
+    target = _conda_like(tmp_path)
+    proc = _run(world["vault"], *(a.format(t=target, sid=world["sid"][:12]) for a in args))
+    assert proc.returncode == 2, proc
+    assert_one_line_error(proc, f"{target} is not a virtual environment", "no pyvenv.cfg")
+
+
+# -- 7: `current` defaults to the environment the other side names -----------------------------------
+
+
+def test_diff_id_current_without_venv_means_the_snapshots_environment(world):
+    for args in (("diff", world["sid"][:12], "current"), ("diff", "current", world["sid"][:12])):
+        proc = _run(world["vault"], *args, "--exit-code")
+        assert proc.returncode == 0, proc
+        assert f"current ({world['venv']})" in proc.stdout and "no differences" in proc.stdout
+    out = json.loads(_run(world["vault"], "status", "--against", world["sid"][:12], "--json").stdout)
+    assert out["venv"] == str(world["venv"]) and out["snapshot"] == world["sid"]
+
+
+def test_current_prefers_venv_then_the_active_venv(world):
+    proc = _run(world["vault"], "diff", world["sid"][:12], "current", VIRTUAL_ENV=str(world["other"]))
+    assert proc.returncode == 0 and f"current ({world['other']})" in proc.stdout, proc
+    proc = _run(world["vault"], "diff", world["sid"][:12], "current", "--venv", world["other"])
+    assert proc.returncode == 0 and f"current ({world['other']})" in proc.stdout, proc
+
+
+def test_current_of_a_snapshot_whose_environment_is_gone(world, tmp_path):
+    from fixtures import make_venv
+
+    gone = make_venv(tmp_path / "gone", "uv")
+    sid = ev_json(world["vault"], "snap", "--venv", gone, "--no-caches", env=_env(world["vault"]))["id"]
+    shutil.rmtree(gone)
+    proc = _run(world["vault"], "diff", sid[:12], "current")
+    assert proc.returncode == 2, proc
+    assert_one_line_error(proc, str(gone), "does not exist", "--venv")
+
+
+# -- 13: checkpoint folders ---------------------------------------------------------------------------
+
+
+def test_checkpoint_folder_is_taken_by_diff_and_restore(world, tmp_path):
+    ckpt = _hf_checkpoint(tmp_path / "run" / "checkpoint-500")
+    _stamp(world["venv"], world["vault"], *(ckpt / n for n in ("model.safetensors", "optimizer.pt", "training_args.bin")))
+    proc = _run(world["vault"], "diff", ckpt, "current", "--exit-code")
+    assert proc.returncode == 0, proc
+    assert f"checkpoint-500/ ({world['sid'][:12]})" in proc.stdout and f"current ({world['venv']})" in proc.stdout
+    proc = _run(world["vault"], "restore", ckpt, "--dry-run", "--json")
+    assert proc.returncode == 0, proc
+    out = json.loads(proc.stdout)
+    assert out["restored"] == world["sid"] and out["target"] == str(world["venv"])
+    proc = _run(world["vault"], "diff", ckpt / "optimizer.pt", world["sid"][:12], "--exit-code")
+    assert proc.returncode == 0, proc  # a file of the folder still works on its own
+
+
+def test_checkpoint_folder_whose_stamps_disagree(world, tmp_path):
+    ckpt = _hf_checkpoint(tmp_path / "checkpoint-7")
+    _stamp(world["venv"], world["vault"], ckpt / "model.safetensors", ckpt / "optimizer.pt")
+    _stamp(world["other"], world["vault"], ckpt / "training_args.bin")
+    other_sid = ev_json(world["vault"], "restore", ckpt / "training_args.bin", "--dry-run", env=_env(world["vault"]))["restored"]
+    assert other_sid != world["sid"]
+    for args in (("diff", ckpt, "current"), ("restore", ckpt, "--dry-run")):
+        proc = _run(world["vault"], *args)
+        assert proc.returncode == 4, proc
+        assert_one_line_error(proc, "stamped with different snapshots",
+                              f"model.safetensors, optimizer.pt -> {world['sid'][:12]}",
+                              f"training_args.bin -> {other_sid[:12]}")
+
+
+def test_checkpoint_folder_without_stamps_and_plain_folders(world, tmp_path):
+    ckpt = _hf_checkpoint(tmp_path / "checkpoint-1")
+    proc = _run(world["vault"], "restore", ckpt, "--dry-run")
+    assert proc.returncode == 4, proc
+    assert_one_line_error(proc, "checkpoint-1", "carries an envvault stamp")
+    empty = tmp_path / "notes"
+    empty.mkdir()
+    proc = _run(world["vault"], "diff", empty, "current")
+    assert proc.returncode == 4, proc
+    assert_one_line_error(proc, "without checkpoint files", "no snapshot or tag has that name")
+
+
+# -- 12: caches archived only for an environment that can use them ------------------------------------
+
+
+def _torch_stub(venv: Path, tmp: Path) -> None:
+    uv_install(venv, build_wheel(tmp / "stub", "torch", "2.13.0", {
+        "torch/__init__.py": b"", "torch/version.py": b"__version__ = '2.13.0'\ncuda = None\n"}))
+
+
+def test_snap_archives_inductor_cache_only_for_an_environment_with_torch(tmp_path, make_venv):
+    vault = tmp_path / "vault"
+    caches = {"TORCHINDUCTOR_CACHE_DIR": tmp_path / "ic", "TRITON_CACHE_DIR": tmp_path / "tc"}
+    for root in caches.values():
+        (root / "k").mkdir(parents=True)
+        (root / "k" / "kernel.bin").write_bytes(b"compiled elsewhere")
+    mine = tmp_path / "mine"
+    (mine / "x").mkdir(parents=True)
+    (mine / "x" / "a.bin").write_bytes(b"mine")
+    env = _env(vault, **{k: str(v) for k, v in caches.items()}, TMPDIR=str(tmp_path))
+    plain = make_venv("uv")
+    doc = ev_json(vault, "snap", "--venv", plain, "--cache-dir", mine, env=env)
+    assert [(c["kind"], c["root"]) for c in ev_json(vault, "show", doc["id"], env=env)["caches"]] == [("user", str(mine))]
+    # `cache snap` archives what it finds, whatever the environment
+    assert {c["kind"] for c in ev_json(vault, "cache", "snap", "--venv", plain, env=env)["caches"]} == {"inductor", "triton"}
+    _torch_stub(plain, tmp_path)
+    doc = ev_json(vault, "snap", "--venv", plain, env=env)
+    kinds = {c["kind"]: c["root"] for c in ev_json(vault, "show", doc["id"], env=env)["caches"]}
+    assert kinds == {"inductor": str(caches["TORCHINDUCTOR_CACHE_DIR"]), "triton": str(caches["TRITON_CACHE_DIR"])}
