@@ -3,12 +3,20 @@
 uv makes the venv with the snapshot's Python and installs the wheels that ``export`` would rebuild from the
 vault, offline and without dependency resolution, so console-script launchers are written for the new
 interpreter. Files that were edited in place or deleted when the snapshot was taken are then put back in
-that state (bytes and RECORD rows), so the new environment has the snapshot's state ids.
+that state (bytes and RECORD rows), so the new environment has the snapshot's state ids. Last, each
+distribution's provenance files (``INSTALLER``, ``REQUESTED``, ``direct_url.json``, ``uv_cache.json``) and the
+pyvenv.cfg settings that change behaviour are made as the snapshot recorded them: uv's own (a
+``direct_url.json`` naming the scratch wheel, ``REQUESTED`` on every package) would rewrite history. The
+verification compares them too.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
+import re
 import shutil
 from pathlib import Path, PurePosixPath
 
@@ -67,6 +75,11 @@ def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progr
                 man = manifests.get(p["manifest"])
                 if man is not None and (p.get("modified") or p.get("missing")):
                     _reapply_state(vault, dest, doc["python"], man)
+            provenance = _provenance_of(vault, packages, manifests)
+            for di, wanted in provenance:
+                _apply_provenance(dest, doc["python"], di, wanted)
+            pyvenv = _pyvenv_wanted(doc["python"])
+            _apply_pyvenv(dest, pyvenv)
         except BaseException:
             if created:
                 shutil.rmtree(dest, ignore_errors=True)
@@ -76,7 +89,9 @@ def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progr
     python_ok = not any(k in remaining.python for k in ("implementation", "abi", "soabi", "platform"))
     for k, (o, n) in remaining.python.items():
         warnings.append(f"python {k} is {o}, the snapshot had {n}")
-    verified = remaining.packages_empty and python_ok
+    differs = _provenance_differences(dest, doc["python"], provenance) + _pyvenv_differences(dest, pyvenv)
+    warnings.extend(differs)
+    verified = remaining.packages_empty and python_ok and not differs
     return RestoreResult(
         sid, str(dest), "into", None, len(packages), verified, False,
         written_files=sum(p.get("files") or 0 for p in packages), written_bytes=sum(p.get("size") or 0 for p in packages),
@@ -134,14 +149,10 @@ def _reapply_state(vault, dest: Path, python: dict, man: dict) -> None:
     if original is None:
         return
     old_rows = {row[0]: row for row in _read_record(b"".join(vault.get(c) for c in original["chunks"]).decode("utf-8"))}
-    site = dest / python.get("purelib", "lib")
-    new_dist_info = site / PurePosixPath(di).name
-    if not new_dist_info.is_dir():  # purelib vs platlib layouts: find the dist-info uv wrote
-        found = list(dest.glob(f"lib*/python*/site-packages/{PurePosixPath(di).name}"))
-        if not found:
-            return
-        new_dist_info = found[0]
-        site = new_dist_info.parent
+    new_dist_info = _find_dist_info(dest, python, PurePosixPath(di).name)
+    if new_dist_info is None:
+        return
+    site = new_dist_info.parent
     record_path = new_dist_info / "RECORD"
     rows = _read_record(record_path.read_text(encoding="utf-8"))
     by_path = {row[0]: i for i, row in enumerate(rows)}
@@ -161,6 +172,152 @@ def _reapply_state(vault, dest: Path, python: dict, man: dict) -> None:
             rows[by_path[rec]] = old
         else:
             rows.insert(len(rows) - 1, old)
-    tmp = record_path.with_name(".RECORD.envvault-tmp")
-    tmp.write_text(format_record(rows), encoding="utf-8")
-    os.replace(tmp, record_path)
+    _replace(record_path, format_record(rows).encode("utf-8"))
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.envvault-tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _dist_key(dist_info_name: str) -> str:
+    """``Foo.Bar-1.0.dist-info`` and ``foo_bar-1.0.dist-info`` name one distribution."""
+    name, _, version = dist_info_name[: -len(".dist-info")].partition("-")
+    return f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}"
+
+
+def _find_dist_info(dest: Path, python: dict, name: str) -> Path | None:
+    """The dist-info folder the installer wrote for the snapshot's ``name`` (purelib or platlib; a wheel from
+    an index may spell the name another way)."""
+    for key in ("purelib", "platlib"):
+        candidate = dest / python.get(key, "lib") / name
+        if candidate.is_dir():
+            return candidate
+    found = list(dest.glob(f"lib*/python*/site-packages/{name}"))
+    if found:
+        return found[0]
+    key = _dist_key(name)
+    return next((p for p in dest.glob("lib*/python*/site-packages/*.dist-info") if _dist_key(p.name) == key), None)
+
+
+# -- provenance and pyvenv.cfg: as the snapshot recorded them ------------------------------------------------
+
+# The dist-info files an installer writes about the install itself (docs/format.md, "generated row").
+PROVENANCE_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json")
+# pyvenv.cfg keys that change how the environment behaves; the others describe the interpreter found.
+PYVENV_KEYS = ("include-system-site-packages", "prompt")
+
+
+def _wanted_provenance(vault, man: dict) -> dict[str, tuple[bytes | None, bool]]:
+    """``{file: (bytes or None for absent, listed in RECORD)}`` for the files whose state is known: the stored
+    bytes (full snapshots), else what the manifest says (lock-only: installer, requested, direct_url)."""
+    di = PurePosixPath(man["dist_info"]).name
+    rows = {f["record"]: f for f in man.get("files") or ()}
+    out: dict[str, tuple[bytes | None, bool]] = {}
+    for name in PROVENANCE_FILES:
+        f = rows.get(f"{di}/{name}")
+        listed = f is not None
+        if listed and f.get("state") == "missing":
+            out[name] = (None, False)
+        elif listed and f.get("chunks") is not None:
+            out[name] = (b"".join(bytes(vault.get(c)) for c in f["chunks"]), True)
+        elif name == "INSTALLER":
+            out[name] = (f"{man['installer']}\n".encode() if man.get("installer") else None, listed)
+        elif name == "REQUESTED":
+            out[name] = (b"" if man.get("requested") else None, listed)
+        elif name == "direct_url.json":
+            du = man.get("direct_url")
+            ok = isinstance(du, dict) and "unparsable" not in du
+            out[name] = (json.dumps(du, sort_keys=True).encode() if ok else None, listed)
+        elif not listed:
+            out[name] = (None, False)  # uv_cache.json: absent; recorded but not stored: left as written
+    return out
+
+
+def _provenance_of(vault, packages: list[dict], manifests: dict) -> list[tuple[str, dict]]:
+    out = []
+    for p in packages:
+        man = manifests.get(p.get("manifest"))
+        if man is None and p.get("record") == "ok" and vault.has(p.get("manifest", "")):
+            man = vault.get_json(p["manifest"])  # lock-only: installed from a lock, manifests not loaded yet
+        if man is not None and str(man.get("dist_info", "")).endswith(".dist-info"):
+            out.append((PurePosixPath(man["dist_info"]).name, _wanted_provenance(vault, man)))
+    return out
+
+
+def _record_row(rel: str, data: bytes) -> list[str]:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return [rel, f"sha256={digest}", str(len(data))]
+
+
+def _apply_provenance(dest: Path, python: dict, di: str, wanted: dict) -> None:
+    """Write (or remove) the provenance files and put their RECORD rows as the snapshot had them."""
+    folder = _find_dist_info(dest, python, di)
+    if folder is None:
+        return
+    record_path = folder / "RECORD"
+    rows = _read_record(record_path.read_text(encoding="utf-8"))
+    for name, (data, listed) in wanted.items():
+        target = folder / name
+        if data is None:
+            try:
+                os.unlink(target)
+            except FileNotFoundError:
+                pass
+        else:
+            _replace(target, data)
+        rel = f"{folder.name}/{name}"
+        rows = [r for r in rows if r[0] != rel]
+        if data is not None and listed:
+            at = next((i for i, r in enumerate(rows) if r[0] == f"{folder.name}/RECORD"), len(rows))
+            rows.insert(at, _record_row(rel, data))
+    _replace(record_path, format_record(rows).encode("utf-8"))
+
+
+def _provenance_differences(dest: Path, python: dict, provenance: list[tuple[str, dict]]) -> list[str]:
+    out = []
+    for di, wanted in provenance:
+        folder = _find_dist_info(dest, python, di)
+        if folder is None:
+            out.append(f"{di}: not installed")
+            continue
+        for name, (data, _listed) in wanted.items():
+            try:
+                found = (folder / name).read_bytes()
+            except FileNotFoundError:
+                found = None
+            if found != data:
+                out.append(f"{di}/{name} differs from the snapshot's")
+    return out
+
+
+def _pyvenv_wanted(python: dict) -> dict[str, str | None]:
+    """The settings to reproduce: each of ``PYVENV_KEYS`` as recorded (None: absent); nothing when the
+    snapshot recorded no pyvenv.cfg. A missing include-system-site-packages means false."""
+    cfg = python.get("pyvenv_cfg")
+    if not isinstance(cfg, dict) or not cfg:
+        return {}
+    wanted = {k: cfg.get(k) for k in PYVENV_KEYS}
+    wanted["include-system-site-packages"] = (wanted["include-system-site-packages"] or "false").lower()
+    return wanted
+
+
+def _read_pyvenv(dest: Path) -> tuple[list[str], dict[str, str]]:
+    lines = (dest / "pyvenv.cfg").read_text(encoding="utf-8").splitlines()
+    return lines, {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in lines) if _}
+
+
+def _apply_pyvenv(dest: Path, wanted: dict) -> None:
+    if not wanted:
+        return
+    lines, _ = _read_pyvenv(dest)
+    kept = [ln for ln in lines if ln.partition("=")[0].strip() not in wanted]
+    kept += [f"{k} = {v}" for k, v in wanted.items() if v is not None]
+    _replace(dest / "pyvenv.cfg", ("\n".join(kept) + "\n").encode("utf-8"))
+
+
+def _pyvenv_differences(dest: Path, wanted: dict) -> list[str]:
+    _, found = _read_pyvenv(dest)
+    return [f"pyvenv.cfg {k} is {found.get(k)!r}, the snapshot had {v!r}" for k, v in wanted.items()
+            if found.get(k) != v]
