@@ -166,14 +166,16 @@ class _Builder:
             files.append(entry)
             if entry["state"] == "modified":
                 modified.append((entry["path"], entry["sha256"]))
+            generated = is_generated(rec, layout)
+            script = is_script(rec.path, layout) and not generated
             digest = None
-            if is_script(rec.path, layout) and not is_generated(rec, layout) and self.mode != "lock":
+            if script and self.mode != "lock":
                 digest = self._script(entry, layout, rec)
                 if digest is None:
                     scripts_known = False  # an edited or missing script: its build cannot be told
                 elif digest:
                     scripts.append((os.path.basename(rec.path), digest))
-            if rec.algo is None and digest != "" and not is_generated(rec, layout):
+            if rec.algo is None and not generated and (digest or not script):  # launchers are the installer's
                 unhashed.append(rec.path)
         self._report_rows(dist, folders, unhashed, [f["record"] for f in files if f["state"] == "missing"])
         build = dist.build_id(self.interp.scripts)

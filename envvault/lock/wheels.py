@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import re
@@ -11,6 +10,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from envvault.model.identity import LAUNCHER_HEAD, DistLayout, is_generated, is_script, normalise_script
+from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.vault.fsutil import tmp_name
 from envvault.vault.store import Vault
 
@@ -118,12 +118,12 @@ def rebuild_wheel(vault: Vault, man: dict, python: dict, out_dir: Path) -> tuple
                         out.write(data)
                         h.update(data)
                         size += len(data)
-                digest = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-                record_rows.append(f"{member},sha256={digest},{size}")
-            record_rows.append(f"{di}/RECORD,,")
+                digest = record_sha256(h.digest())
+                record_rows.append(RecordEntry(member, "sha256", digest, size))
+            record_rows.append(RecordEntry(f"{di}/RECORD", None, None, None))
             info = zipfile.ZipInfo(f"{di}/RECORD", date_time=_ZIP_EPOCH)
             info.external_attr = 0o100644 << 16
-            zf.writestr(info, "\n".join(_csv_quote(r) for r in record_rows) + "\n")
+            zf.writestr(info, format_record(record_rows))
         h = hashlib.sha256()
         with open(tmp, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
@@ -137,9 +137,3 @@ def rebuild_wheel(vault: Vault, man: dict, python: dict, out_dir: Path) -> tuple
         raise
     return final, h.hexdigest(), final.stat().st_size
 
-
-def _csv_quote(row: str) -> str:
-    path, rest = row.split(",", 1)
-    if "," in path or '"' in path:
-        path = '"' + path.replace('"', '""') + '"'
-    return f"{path},{rest}"
