@@ -206,3 +206,27 @@ def test_record_round_trip():
     entries = [RecordEntry("a,b.py", "sha256", "x", 1), RecordEntry("d-1.dist-info/RECORD", None, None, None)]
     assert format_record(entries) == '"a,b.py",sha256=x,1\nd-1.dist-info/RECORD,,\n'
     assert parse_record(format_record(entries)) == (entries, [])
+
+
+def _summary(name, build, identity=None, scripts=None, modified=()):
+    p = {"name": name, "version": "1.0", "build_id": build, "state_id": build, "modified": list(modified),
+         "missing": [], "manifest": "0" * 64, "files": 1, "size": 1}
+    if identity is not None:
+        p.update(identity=identity, scripts=scripts)
+    return p
+
+
+def test_diff_across_identity_versions():
+    """An identity-1 snapshot against an identity-2 one: a package whose ids changed only because the rules
+    did is no change; edits still are; within one identity version a changed scripts id is a build change."""
+    from envvault.diff import diff_snapshots
+
+    old = {"packages": [_summary("dill", "old-id"), _summary("six", "old-six")]}
+    new = {"packages": [_summary("dill", "new-id", 2), _summary("six", "new-six", 2, modified=["six.py"])]}
+    result = diff_snapshots(old, new).to_json()["packages"]
+    assert [(c["name"], c["kind"]) for c in result["changed"]] == [("six", "edited")]
+    a = {"packages": [_summary("dill", "b", 2, scripts="s1")]}
+    b = {"packages": [_summary("dill", "b", 2, scripts="s2")]}
+    assert [(c["name"], c["kind"]) for c in diff_snapshots(a, b).to_json()["packages"]["changed"]] == [("dill", "build")]
+    c = {"packages": [_summary("dill", "b", 2, scripts=None)]}
+    assert diff_snapshots(a, c).to_json()["packages"]["changed"] == []
