@@ -57,7 +57,8 @@ ROWS = [
     ("demo-1.0.dist-info/direct_url.json", None, True, False),
     ("demo-1.0.dist-info/uv_cache.json", None, True, False),
     ("demo/_vendor/six-1.0.dist-info/INSTALLER", None, False, True),  # a vendored copy is the wheel's
-    ("demo.virtualenv", None, False, True),
+    ("demo-1.0.virtualenv", None, True, False),  # virtualenv's seeder marker
+    ("demo/data.virtualenv", None, False, True),
     ("../../../bin/demo-cli", None, True, False),  # named in entry_points.txt
     ("../../../bin/pip3.12", PIP_LAUNCHER, True, False),  # not named there: pip's launcher shape
     ("../../../bin/pip3.12", UV_LAUNCHER, True, False),

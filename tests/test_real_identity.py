@@ -77,13 +77,14 @@ def test_virtualenv_venv_snaps(tmp_path):
     info = next(site_packages(venv).glob("pip-*.dist-info"))
     record = (info / "RECORD").read_text()
     assert "pip/__pycache__,," in record or "/__pycache__,," in record
-    (info / "RECORD").write_text(record + "pip/_vendor,,\n")
+    (info / "RECORD").write_text(record + "pip/_vendor,,\npip/extra.txt,,\n")
+    (site_packages(venv) / "pip" / "extra.txt").write_text("not hashed\n")
     (site_packages(venv) / "pip" / "py.typed").unlink()
     vault = tmp_path / "vault"
     snap = ev_json(vault, "snap", "--venv", venv)
     warnings = "\n".join(snap["warnings"])
     assert "RECORD names folders, not files (left out): pip/_vendor" in warnings
-    assert "RECORD gives no hash (stored as found)" in warnings
+    assert "RECORD gives no hash (stored as found): pip/extra.txt\n" in warnings + "\n"
     assert "RECORD lists files that are gone (recorded as missing): pip/py.typed" in warnings
     assert {p["name"] for p in json.loads((vault / "snapshots" / f"{snap['id']}.json").read_text())["packages"]} \
         >= {"pip", "setuptools"}

@@ -58,9 +58,13 @@ def is_bytecode(path: str) -> bool:
     return path.endswith((".pyc", ".pyo")) or "__pycache__" in path.split("/")
 
 
-def _is_dist_info_file(path: str, dist: DistLayout) -> bool:
+def _is_installer_file(path: str, dist: DistLayout) -> bool:
+    """The dist-info files in ``GENERATED_NAMES``, and the ``<name>-<version>.virtualenv`` marker virtualenv's
+    seeder writes at the top of site-packages."""
     head, sep, tail = path.partition("/")
-    return bool(sep) and head == dist.dist_info and tail in GENERATED_NAMES
+    if not sep:
+        return head.endswith(".virtualenv")
+    return head == dist.dist_info and tail in GENERATED_NAMES
 
 
 def is_script(path: str, dist: DistLayout) -> bool:
@@ -111,10 +115,10 @@ def is_launcher(head: bytes) -> bool:
 
 def is_generated(row: RecordEntry | str, dist: DistLayout, head: bytes | None = None) -> bool:
     """True when the installer, not the wheel, made this row's file: bytecode, the dist-info files in
-    ``GENERATED_NAMES``, and launchers in the scripts folder (named in ``entry_points.txt``, or, when the
+    ``GENERATED_NAMES``, virtualenv's ``*.virtualenv`` marker, and launchers in the scripts folder (named in ``entry_points.txt``, or, when the
     file's ``head`` is given, shaped like one)."""
     path = row.path if isinstance(row, RecordEntry) else row
-    if is_bytecode(path) or _is_dist_info_file(path, dist):
+    if is_bytecode(path) or _is_installer_file(path, dist):
         return True
     if not is_script(path, dist):
         return False
