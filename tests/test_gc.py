@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -100,6 +101,20 @@ def test_partly_live_packs_are_rewritten_and_orphans_removed(tmp_path, make_venv
     assert ev_json(vault, "restore", keep, "--venv", venv)["verified"]
 
 
+def _wait_until_blocked_on_lock(proc: subprocess.Popen, lock: Path) -> None:
+    """Return once ``proc`` waits for an flock on ``lock``, as the kernel lists it in /proc/locks."""
+    ino = str(lock.stat().st_ino)
+    while True:
+        for line in Path("/proc/locks").read_text().splitlines():
+            f = line.split()
+            if "->" in f and len(f) > f.index("->") + 5:
+                i = f.index("->")
+                if f[i + 4] == str(proc.pid) and f[i + 5].rsplit(":", 1)[-1] == ino:
+                    return
+        assert proc.poll() is None, proc.communicate()  # it ended without ever waiting
+        time.sleep(0.01)
+
+
 def test_gc_waits_for_a_running_snap(tmp_path, make_venv, wheelhouse):
     """A snapshot committed while gc wants to run loses nothing: gc waits for the shared lock."""
     from envvault.snap import take_snapshot
@@ -113,8 +128,7 @@ def test_gc_waits_for_a_running_snap(tmp_path, make_venv, wheelhouse):
     with v.lock():  # as a snap holds it
         gc = subprocess.Popen([sys.executable, "-m", "envvault", "gc", "--keep-last", "1", "--json"],
                               env=ev_env(vault), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
-        assert gc.poll() is None  # blocked on the lock
+        _wait_until_blocked_on_lock(gc, vault / "locks" / "vault.lock")  # blocked on the lock, not just slow
         new = take_snapshot(v, venv, message="concurrent").id
     out, err = gc.communicate(timeout=120)
     assert gc.returncode == 0, err
@@ -152,3 +166,42 @@ def test_gc_loop_beside_snaps_never_breaks_a_snapshot(tmp_path, make_venv, wheel
     assert gc_runs and set(gc_runs) == {0}
     assert ev_json(vault, "verify")["ok"]
     assert ev_json(vault, "status", "--venv", venv)["empty"]
+
+
+# Each kill lands at a named point of gc's own work (envvault/crashpoints.py), never after a sleep. One gc
+# after another, each killed further on; the evidence that it was mid-work is what it left behind.
+GC_KILLS = [
+    ("gc_caches_dropped", lambda v, snaps, packs, idx: snaps == 2 and not list((v / "state").glob("stat-*"))),
+    ("gc_snapshot_removed", lambda v, snaps, packs, idx: snaps == 1 and packs == idx == 1),  # not rewritten yet
+    ("gc_rewritten", lambda v, snaps, packs, idx: snaps == 1 and packs == idx == 2),  # old pack and its copy
+    ("gc_index_removed", lambda v, snaps, packs, idx: snaps == 1 and packs == idx + 1),  # a pack left without index
+]
+
+
+def test_sigkill_at_each_gc_point_loses_nothing(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)  # one pack: torchlike and smallpkg together
+    uv_pip(venv, "uninstall", "torchlike")
+    keep = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    objects = _objects_of(vault, keep)
+    before = _pack_bytes(vault)
+    assert len(list((vault / "packs").rglob("*.pack"))) == 1 and list((vault / "state").glob("stat-*"))
+    for point, mid_work in GC_KILLS:
+        proc = ev(vault, "gc", "--keep-last", "1", check=False, env=ev_env(vault, ENVVAULT_TEST_CRASH_AT=point))
+        assert proc.returncode == -signal.SIGKILL, (point, proc.stderr)
+        snaps = len(_vault(vault).snapshot_ids())
+        packs = len(list((vault / "packs").rglob("*.pack")))
+        idx = len(list((vault / "index").glob("*.idx")))
+        assert mid_work(vault, snaps, packs, idx), (point, snaps, packs, idx)
+        v = _vault(vault)
+        assert keep in v.snapshot_ids() and all(v.has(o) for o in objects), point
+        assert ev_json(vault, "verify")["ok"], point
+    res = ev_json(vault, "gc", "--keep-last", "1")
+    assert res["removed_packs"] >= 1  # the pack the killed gc left without its index
+    assert _pack_bytes(vault) < before - 150_000
+    assert ev_json(vault, "verify")["ok"]
+    assert [s["id"] for s in ev_json(vault, "list", "--all")["snapshots"]] == [keep]
+    uv_install(venv, wheelhouse[C.SMALL_02])
+    assert ev_json(vault, "restore", keep, "--venv", venv)["verified"]

@@ -438,6 +438,26 @@ CONCURRENT_SCRIPT = textwrap.dedent("""
     """)
 
 
+def _background_snaps(vault: Path) -> list[int]:
+    """Pids of the running `envvault snap` processes writing to ``vault`` (started by stamping processes)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0") if d.name.isdigit() else []
+        except OSError:  # ended meanwhile
+            continue
+        if str(vault).encode() in argv and b"snap" in argv:
+            pids.append(int(d.name))
+    return pids
+
+
+def _wait_for_background_snaps(vault: Path) -> None:
+    deadline = time.monotonic() + 300  # a bound on a hang, not a guess at how long a snap takes
+    while _background_snaps(vault):
+        assert time.monotonic() < deadline, _background_snaps(vault)
+        time.sleep(0.05)
+
+
 def test_eight_processes_of_three_threads_make_one_snapshot(light_venv, tmp_path):
     vault = tmp_path / "vault"
     go = tmp_path / "go"
@@ -462,11 +482,9 @@ def test_eight_processes_of_three_threads_make_one_snapshot(light_venv, tmp_path
     docs = [v.load_snapshot(sid).doc for sid in v.snapshot_ids()]
     lock_only = [d for d in docs if d["lock_only"]]
     assert len(lock_only) == 1 and lock_only[0]["trigger"] == "stamp"
-    # The one process that took it also started one full snap of the files, in the background.
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and len(v.snapshot_ids()) < 2:
-        time.sleep(0.2)
-    time.sleep(1.0)
+    # The one process that took it also started one full snap of the files, in the background: every
+    # background snap has been started by now (the processes that start them have ended); wait until they end.
+    _wait_for_background_snaps(vault)
     docs = [v.load_snapshot(sid).doc for sid in v.snapshot_ids()]
     assert sorted(d["lock_only"] for d in docs) == [False, True], (vault / "state" / "stamp-snap.log").read_text()
     assert len({d["fingerprint"] for d in docs}) == 1
