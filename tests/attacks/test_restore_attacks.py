@@ -161,7 +161,9 @@ def _cache_snapshot(vault_dir: Path, files: list[dict], blobs: list[bytes], root
     writer.flush()
     writer.close()
     doc = {"format": 1, "kind": "cache-snapshot", "created": "2026-11-29T00:00:00.000000Z", "message": "hostile",
-           "venv": None, "packages": [], "python": {}, "lock_only": False,
+           "trigger": "cache-snap", "argv": ["envvault", "cache", "snap"], "venv": None, "lock_only": False,
+           "python": dict.fromkeys(("implementation", "version", "abi", "soabi", "platform")),
+           "host": {}, "env": {}, "packages": [], "fingerprint": None, "warnings": [],
            "caches": [{"kind": "user", "root": str(root), "manifest": object_id(data), "files": len(files),
                        "bytes": 0, "fingerprint": None, "warnings": []}]}
     return vault.commit_snapshot(doc)
@@ -244,3 +246,48 @@ def test_restored_marker_and_stat_cache_are_keyed_on_the_real_path(box, tmp_path
     status = ev_json(vault, "status", "--venv", venv)
     assert status["snapshot"] == empty and status["empty"] is True, status
     assert newer != empty
+
+
+# -- the rule itself, case by case (envvault.safepaths.FinalTree) ---------------------------------
+
+RULE_CASES = [
+    # (links the restore creates, files it writes, {path: expected verdict: None = allowed, else a word of it})
+    ({"a/hop": "..", "a/out": "hop/a/x"}, [], {"a/out": None}),
+    ({"a/hop": "..", "a/out": "hop/../x"}, [], {"a/out": "leads outside"}),
+    ({"a/hop": "..", "a/out": "hop/.."}, [], {"a/out": "leads outside"}),
+    ({"a/l": "b"}, ["a/l/f"], {"a/l/f": "symlink this restore creates"}),
+    ({"a/l": "../d/f"}, ["d/f"], {"a/l": None}),
+    ({"a/l": "ghost/../x"}, [], {"a/l": "not a folder"}),
+    ({"a/l": "f/../x"}, ["a/f"], {"a/l": "not a folder"}),
+    ({"l1": "l2", "l2": "l1"}, [], {"l1": "too many levels"}),
+    ({"l": "/etc"}, [], {"l": "absolute"}),
+]
+
+
+def test_final_tree_rule_case_by_case(tmp_path):
+    from envvault.safepaths import FinalTree
+
+    for links, files, expect in RULE_CASES:
+        root = tmp_path / f"case{RULE_CASES.index((links, files, expect))}"
+        root.mkdir()
+        tree = FinalTree(root, links=links, entries=files)
+        for path, want in expect.items():
+            got = tree.link_problem(path, links[path]) if path in links else tree.write_problem(path)
+            if want is None:
+                assert got is None, (links, path, got)
+            else:
+                assert got is not None and want in got, (links, path, got)
+
+
+def test_final_tree_follows_links_already_on_disk(tmp_path):
+    from envvault.safepaths import FinalTree
+
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    os.symlink("..", root / "up")  # on disk: leads out
+    os.symlink(str(root / "d"), root / "abs-in")  # absolute, inside
+    tree = FinalTree(root, links={"x": "abs-in/../d", "y": "up/root/d"}, entries=["up/f", "abs-in/f"])
+    assert tree.link_problem("x", "abs-in/../d") is None
+    assert "leads outside" in tree.link_problem("y", "up/root/d")  # out and back in: still refused
+    assert "leads outside" in tree.write_problem("up/f")
+    assert tree.write_problem("abs-in/f") is None
