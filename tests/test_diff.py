@@ -137,7 +137,7 @@ def _synthetic_vault(vault_path: Path, n: int = 200) -> tuple[str, str]:
     old = [_pkg(f"pkg{i:03d}", "1.0", f"{i % 10}") for i in range(n)]
     new = [dict(p) for p in old]
     for i in range(0, n, 10):
-        new[i] = _pkg(new[i]["name"], "2.0", "z")
+        new[i] = _pkg(new[i]["name"], "2.0", "f")
     new[5] = _pkg(new[5]["name"], "1.0", "5", state="e" * 64, modified=["lib/pkg005/a.py"])
     a = v.commit_snapshot(dict(base, packages=old, created="2026-01-01T00:00:00Z"))
     b = v.commit_snapshot(dict(base, packages=new, created="2026-01-02T00:00:00Z"))

@@ -19,7 +19,10 @@ venv_option = click.option(
 
 
 def open_vault(ctx: click.Context, create: bool = False) -> Vault:
-    return Vault.open(ctx.obj.get("vault_path"), create=create)
+    """The vault of ``--vault``; documents it skips (a malformed snapshot, a bad tag) are warned about on stderr."""
+    vault = Vault.open(ctx.obj.get("vault_path"), create=create)
+    vault.warn = lambda message: click.echo(f"envvault: warning: {message}", err=True)
+    return vault
 
 
 def torch_label(doc: dict) -> str:
@@ -168,7 +171,7 @@ def show(ctx, snapshot_id, as_json):
         emit_json({"id": ref.id, **doc})
         return
     py = doc["python"]
-    host = doc["host"]
+    host = doc.get("host") or {}
     click.echo(f"snapshot {style(ref.id, 'yellow')}")
     click.echo(f"created  {doc['created']}  ({doc.get('trigger')})  {doc.get('message', '')}")
     click.echo(f"venv     {doc['venv']}")

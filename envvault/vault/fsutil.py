@@ -5,13 +5,86 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from envvault.errors import StorageError
+from envvault.errors import CorruptError, RefusedError, StorageError
 
-__all__ = ["atomic_write", "flocked", "fsync_dir", "storage_error", "tmp_name"]
+__all__ = ["atomic_write", "flocked", "fsync_dir", "storage_error", "tmp_name", "read_regular", "read_regular_at",
+           "link_refused", "write_nofollow"]
+
+# Files of the vault's own tree are opened without following a symlink at their last component; a FIFO or
+# device is never read (O_NONBLOCK: opening a FIFO does not wait for a writer).
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def link_refused(path: Path | str) -> RefusedError:
+    """The one line for a symlink found inside a vault (docs/format.md, "Threat model")."""
+    return RefusedError(f"{path} is a symlink; envvault does not follow links inside a vault (writes could land "
+                        "outside it): replace it with the real file or folder")
+
+
+def _open_regular(path: Path | str, what: str) -> tuple[int, os.stat_result]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise CorruptError(f"{what} is a symlink ({path}); envvault does not follow links inside a vault") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CorruptError(f"{what} is not a regular file ({path})")
+    return fd, st
+
+
+def read_regular_at(path: Path | str, offset: int, length: int, what: str) -> bytes:
+    """At most ``length`` bytes at ``offset`` of the regular file ``path`` (opened as :func:`read_regular`
+    does); fewer when the file is shorter."""
+    fd, _st = _open_regular(path, what)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def read_regular(path: Path | str, limit: int, what: str) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes, opened without following a symlink.
+
+    A symlink, a FIFO, a device or a folder, or a file over ``limit``, is a CorruptError naming ``what``;
+    a missing file raises FileNotFoundError and other failures their OSError."""
+    fd, st = _open_regular(path, what)
+    try:
+        if st.st_size > limit:
+            raise CorruptError(f"{what} is {st.st_size} bytes, over the limit of {limit}")
+        chunks, total = [], 0
+        while True:
+            block = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not block:
+                break
+            chunks.append(block)
+            total += len(block)
+            if total > limit:  # grew while read
+                raise CorruptError(f"{what} is over the limit of {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def write_nofollow(path: Path, data: bytes) -> None:
+    """Replace the content of the small file ``path`` in place, refusing a symlink there (RefusedError)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise link_refused(path) from None
+        raise
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def tmp_name(directory: Path, stem: str) -> Path:
@@ -74,8 +147,10 @@ def flocked(path: Path, *, exclusive: bool, wait: bool = True, where: Path | Non
     ``wait=False`` yields False at once when another process holds it. Closing the descriptor releases it.
     A lock file that cannot be opened is a StorageError naming ``where`` (default: the lock file)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise link_refused(path) from None
         raise storage_error(err, where or path) from None
     try:
         try:

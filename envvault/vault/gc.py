@@ -20,7 +20,8 @@ from pathlib import Path
 
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvvaultError
-from envvault.model.encoding import object_id
+from envvault.model.encoding import MAX_DOC_BYTES, object_id
+from envvault.vault.fsutil import read_regular, write_nofollow
 from envvault.vault.packs import read_frame
 from envvault.vault.store import Vault
 from envvault.vault.verify import referenced_objects
@@ -73,11 +74,11 @@ def _choose(vault: Vault, keep_last: int | None) -> tuple[list, list]:
 
 def _load_index(path: Path) -> dict | None:
     try:
-        doc = json.loads(path.read_bytes())
+        doc = json.loads(read_regular(path, MAX_DOC_BYTES, f"index {path.name}"))
         if not isinstance(doc.get("objects"), dict) or not isinstance(doc.get("frames"), list):
             return None
         return doc
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, CorruptError):
         return None
 
 
@@ -91,10 +92,17 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
         unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
         if unreadable:
             # Their references are unknown; deleting anything could break them.
+            first = min(unreadable)
             raise CorruptError(
-                f"{len(unreadable)} snapshot(s) cannot be read ({', '.join(sorted(u[:12] for u in unreadable))}); "
+                f"{len(unreadable)} snapshot(s) cannot be read ({', '.join(sorted(u[:12] for u in unreadable))}; "
+                f"{vault.skipped.get(first, f'snapshot {first[:12]} vanished while read')}); "
                 "gc stops so it cannot delete what they need; run `envvault verify`"
             )
+        if keep_last is not None and vault.bad_tags:
+            # A tag that cannot be read may name a snapshot --keep-last would drop.
+            name, why = sorted(vault.bad_tags.items())[0]
+            raise CorruptError(f"{why}; gc --keep-last stops so it cannot drop a tagged snapshot; fix or remove "
+                               f"tags/{name}")
         problems: dict = {}
         live: set[str] = set()
         for s in keep:
@@ -173,11 +181,11 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
         indexed |= {n[:-4] for n in os.listdir(idx_dir) if n.endswith(".idx")} if idx_dir.is_dir() else set()
         packs_dir = vault.root / "packs"
         for sub in sorted(packs_dir.iterdir()) if packs_dir.is_dir() else []:
-            if not sub.is_dir():
+            if sub.is_symlink() or not sub.is_dir():  # never delete through a link (Vault.open refuses them)
                 continue
             for p in sub.iterdir():
                 if p.suffix == ".pack" and p.stem not in indexed:
-                    freed += p.stat().st_size
+                    freed += p.lstat().st_size
                     removed_packs += 1
                     if not dry_run:
                         p.unlink(missing_ok=True)
@@ -191,7 +199,7 @@ def _drop_stat_caches(vault: Vault) -> None:
     """Forget every stat cache, and move the gc epoch on so a scan that loaded one earlier cannot save it back."""
     state = vault.root / "state"
     try:
-        (state / "gc-epoch").write_text(f"{time.time_ns()}\n")
+        write_nofollow(state / "gc-epoch", f"{time.time_ns()}\n".encode())
         names = os.listdir(state)
     except FileNotFoundError:
         return

@@ -17,9 +17,9 @@ from pathlib import Path
 import zstandard
 
 from envvault import __version__
-from envvault.errors import EnvironmentProblem
-from envvault.model.encoding import object_id
-from envvault.vault.fsutil import atomic_write, flocked
+from envvault.errors import CorruptError, EnvironmentProblem
+from envvault.model.encoding import MAX_DOC_BYTES, object_id
+from envvault.vault.fsutil import atomic_write, flocked, read_regular
 from envvault.vault.packs import PackWriter
 
 __all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256"]
@@ -127,11 +127,13 @@ class StatCache:
 
     def _load(self, path: Path, compressed: bool) -> dict | None:
         try:
-            raw = path.read_bytes()
+            raw = read_regular(path, MAX_DOC_BYTES, path.name)  # no FIFO, no link to /dev/zero
             if compressed:
-                raw = zstandard.ZstdDecompressor().decompress(raw)
+                if zstandard.get_frame_parameters(raw).content_size > MAX_DOC_BYTES:
+                    return None
+                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=MAX_DOC_BYTES)
             doc = json.loads(raw)
-        except (OSError, ValueError, zstandard.ZstdError):
+        except (OSError, ValueError, zstandard.ZstdError, CorruptError):
             return None
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:
             return None
@@ -139,8 +141,8 @@ class StatCache:
 
     def _read_epoch(self) -> str:
         try:
-            return self._epoch_path.read_text()
-        except OSError:
+            return read_regular(self._epoch_path, 4096, "gc-epoch").decode("ascii", "replace")
+        except (OSError, CorruptError):
             return ""
 
     @property

@@ -18,7 +18,7 @@ import zstandard
 
 from envvault.errors import CorruptError
 from envvault.crashpoints import crash_point
-from envvault.vault.fsutil import fsync_dir, storage_error, tmp_name
+from envvault.vault.fsutil import fsync_dir, read_regular_at, storage_error, tmp_name
 
 __all__ = ["PackWriter", "PACK_MAGIC", "read_frame", "FRAME_TARGET", "MAX_FRAME"]
 
@@ -206,10 +206,10 @@ _dctx = threading.local()
 
 def read_frame(pack_path: Path, offset: int, length: int) -> bytes:
     """Read and decompress one frame; damage becomes a CorruptError naming the pack."""
+    if not (0 <= offset and 0 < length <= MAX_FRAME + (1 << 20)):  # a frame never compresses to more
+        raise CorruptError(f"pack {pack_path.name}: the index gives a frame of {length} bytes at {offset}; refused")
     try:
-        with open(pack_path, "rb") as f:
-            f.seek(offset)
-            comp = f.read(length)
+        comp = read_regular_at(pack_path, offset, length, f"pack {pack_path.name}")
     except FileNotFoundError:
         raise CorruptError(f"pack {pack_path.name} is missing; run `envvault verify`") from None
     if len(comp) != length:

@@ -12,18 +12,33 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from envvault.errors import AmbiguousError, CorruptError, NotFoundError, StorageError, UsageError
-from envvault.model.encoding import canonical_json, object_id, parse_json
-from envvault.vault.fsutil import atomic_write, flocked, storage_error
+from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json
+from envvault.vault.fsutil import atomic_write, flocked, link_refused, read_regular, storage_error
 from envvault.vault.packs import PackWriter, read_frame
+from envvault.vault.schema import is_id, snapshot_problems, tag_name_problem
 
-__all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef"]
+__all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef", "check_tag_name",
+           "VAULT_ENTRIES", "MAX_TAG_BYTES", "MAX_SMALL_DOC"]
 
 FORMAT = 1
 _HEX = re.compile(r"^[0-9a-f]+$")
-_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+VAULT_DIRS = ("packs", "index", "snapshots", "tags", "locks", "state", "tmp")
+# The vault's own top-level entries: the only names a folder may hold for envvault to make a vault in it.
+VAULT_ENTRIES = frozenset(VAULT_DIRS) | {"config.json", "settings.json"}
+MAX_TAG_BYTES = 4096  # a tag file is one id and a newline
+MAX_SMALL_DOC = 1 << 20  # config.json, settings.json
+
+
+def check_tag_name(name: str) -> str:
+    """``name`` when it is a valid tag name (docs/format.md, "Ids on the command line"), else a UsageError.
+    Every path that touches ``tags/`` goes through it, so a name is never a path."""
+    why = tag_name_problem(name)
+    if why:
+        raise UsageError(f"bad tag name {name!r}: {why}")
+    return name
 
 
 def default_vault_path(explicit: str | os.PathLike | None = None) -> Path:
@@ -58,21 +73,31 @@ class Vault:
         self._index: dict[str, tuple] | None = None
         self._index_seen: set[str] = set()
         self._reader: ObjectReader | None = None
+        self.skipped: dict[str, str] = {}  # snapshot id -> why it could not be loaded
+        self.bad_tags: dict[str, str] = {}  # entry in tags/ -> why it was not read
+        # Where warnings about skipped documents go (the CLI prints them on stderr); default: nowhere.
+        self.warn: Callable[[str], None] = lambda message: None
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike | None = None, *, create: bool = False) -> "Vault":
         root = default_vault_path(path)
         cfg_path = root / "config.json"
-        if not cfg_path.exists():
+        if not os.path.lexists(cfg_path):
             if not create:
                 raise NotFoundError(f"no vault at {root}; run `envvault snap` first or pass --vault PATH")
             cls._create(root)
+        cls._check_links(root)
         try:
-            config = parse_json(cfg_path.read_bytes(), f"{cfg_path}")
+            config = parse_json(read_regular(cfg_path, MAX_SMALL_DOC, f"{cfg_path}"), f"{cfg_path}")
         except OSError as err:
             raise StorageError(f"cannot read {cfg_path}: {err.strerror}") from None
-        if not isinstance(config, dict) or not isinstance(config.get("format"), int):
+        except CorruptError:
+            config = None
+        if not isinstance(config, dict) or type(config.get("format")) is not int:
+            if not (root / "snapshots").is_dir():  # another program's folder, not a damaged vault
+                raise UsageError(f"{root} is not an envvault vault ({cfg_path} is not envvault's); pass --vault "
+                                 "with a new or empty folder")
             raise CorruptError(f"{cfg_path} is not an envvault config; is --vault pointing at the right place?")
         if config["format"] > FORMAT:
             raise UsageError(
@@ -81,12 +106,44 @@ class Vault:
         return cls(root, config)
 
     @staticmethod
-    def _create(root: Path) -> None:
+    def _check_links(root: Path) -> None:
+        """Refuse a vault whose own entries (top-level files and folders, ``packs/<aa>/``) are symlinks: the
+        root itself may be one, nothing inside it may (writes through it would land outside the vault)."""
+        for name in sorted(VAULT_ENTRIES):
+            if os.path.islink(root / name):
+                raise link_refused(root / name)
         try:
-            root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(root, 0o700)
-            for sub in ("packs", "index", "snapshots", "tags", "locks", "state", "tmp"):
-                (root / sub).mkdir(mode=0o700, exist_ok=True)
+            with os.scandir(root / "packs") as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        raise link_refused(entry.path)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as err:
+            raise storage_error(err, root / "packs") from None
+
+    @staticmethod
+    def _create(root: Path) -> None:
+        """Make a vault in a new or empty folder (or finish one a killed or concurrent creator began). Modes are
+        set only on what this creates: an existing folder (a shared 1777 one) keeps its mode."""
+        try:
+            try:
+                root.mkdir(mode=0o700, parents=True)
+                os.chmod(root, 0o700)
+            except FileExistsError:
+                if not root.is_dir():
+                    raise UsageError(f"{root} is not a folder; pass --vault with a new or empty folder") from None
+                alien = sorted(set(os.listdir(root)) - VAULT_ENTRIES)
+                if alien:
+                    shown = ", ".join(alien[:3]) + (f" and {len(alien) - 3} more" if len(alien) > 3 else "")
+                    raise UsageError(f"{root} is not empty and not an envvault vault (it holds {shown}); pass "
+                                     "--vault with a new or empty folder") from None
+            Vault._check_links(root)
+            for sub in VAULT_DIRS:
+                try:
+                    (root / sub).mkdir(mode=0o700)
+                except FileExistsError:
+                    pass
         except OSError as err:
             raise storage_error(err, root) from None
         cfg = {
@@ -136,13 +193,15 @@ class Vault:
             if not name.endswith(".idx") or name in self._index_seen:
                 continue
             try:
-                doc = json.loads((idx_dir / name).read_bytes())
+                doc = json.loads(read_regular(idx_dir / name, MAX_DOC_BYTES, f"index {name}"))
                 pack = doc["pack"]
                 frames = doc["frames"]
                 for oid, (fi, off, length, kind) in doc["objects"].items():
                     fo, fl = frames[fi]
+                    if not all(type(n) is int and n >= 0 for n in (fi, off, length, fo, fl)):
+                        raise TypeError("not a location")
                     self._index.setdefault(oid, (pack, fo, fl, off, length, kind))
-            except (OSError, ValueError, KeyError, TypeError, IndexError):
+            except (OSError, ValueError, KeyError, TypeError, IndexError, CorruptError):
                 # A damaged index is reported by verify; its objects are treated as absent.
                 continue
             self._index_seen.add(name)
@@ -194,28 +253,40 @@ class Vault:
         return [n[:-5] for n in names if n.endswith(".json") and _HEX.match(n[:-5]) and len(n) == 69]
 
     def load_snapshot(self, sid: str) -> SnapshotRef:
+        """A snapshot read (a regular file, at most 512 MiB), checked against its id and validated
+        (``envvault/vault/schema.py``): a CorruptError naming every problem, or a UsageError for a newer format."""
+        what = f"snapshot {sid[:12]}"
         path = self.root / "snapshots" / f"{sid}.json"
         try:
-            data = path.read_bytes()
+            data = read_regular(path, MAX_DOC_BYTES, what)
         except FileNotFoundError:
             raise NotFoundError(f"snapshot {sid[:12]} not found in {self.root}") from None
+        except OSError as err:
+            raise CorruptError(f"{what} cannot be read: {err.strerror or err}") from None
         if object_id(data) != sid:
-            raise CorruptError(f"snapshot {sid[:12]} does not match its id; run `envvault verify`")
-        doc = parse_json(data, f"snapshot {sid[:12]}")
-        if not isinstance(doc, dict):
-            raise CorruptError(f"snapshot {sid[:12]} is not a JSON object")
-        if doc.get("format", 0) > FORMAT:
-            raise UsageError(f"snapshot {sid[:12]} was written by a newer envvault; upgrade envvault")
+            raise CorruptError(f"{what} does not match its id; run `envvault verify`")
+        doc = parse_json(data, what)
+        if isinstance(doc, dict) and isinstance(doc.get("format"), int) and doc["format"] > FORMAT:
+            raise UsageError(f"{what} was written by a newer envvault; upgrade envvault")
+        problems = snapshot_problems(doc)
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise CorruptError(f"{what} is malformed ({shown})")
         return SnapshotRef(sid, doc)
 
     def snapshots(self) -> list[SnapshotRef]:
-        """All readable snapshots, newest first. Damaged ones are skipped (verify reports them)."""
+        """All readable snapshots, newest first. Damaged or malformed ones are skipped with a warning (once per
+        snapshot, through ``self.warn``); ``self.skipped`` maps their ids to why (verify names them)."""
         out = []
         for sid in self.snapshot_ids():
             try:
                 out.append(self.load_snapshot(sid))
-            except (CorruptError, UsageError):
-                continue
+            except (CorruptError, UsageError, NotFoundError) as err:
+                if isinstance(err, NotFoundError):  # deleted since listed (gc, retention)
+                    continue
+                if sid not in self.skipped:
+                    self.skipped[sid] = str(err)
+                    self.warn(f"skipped {err}")
         out.sort(key=lambda s: (s.created, s.id), reverse=True)
         return out
 
@@ -251,30 +322,39 @@ class Vault:
 
     # -- tags ----------------------------------------------------------------------------------
     def tags(self) -> dict[str, str]:
+        """Tag name -> snapshot id. Entries that are not a valid name holding one id (read as a regular file
+        of at most 4 KiB) are skipped with a warning and listed in ``self.bad_tags``."""
         out = {}
         try:
             names = os.listdir(self.root / "tags")
         except FileNotFoundError:
             return out
-        for name in names:
+        for name in sorted(names):
             if name.startswith("."):
                 continue
             try:
-                sid = (self.root / "tags" / name).read_text().strip()
-            except OSError:
+                check_tag_name(name)
+                text = read_regular(self.root / "tags" / name, MAX_TAG_BYTES, f"tag {name!r}")
+                sid = text.decode("ascii").strip()
+                if not is_id(sid):
+                    raise CorruptError(f"tag {name!r} does not hold a snapshot id")
+            except FileNotFoundError:
                 continue
-            if _HEX.match(sid):
-                out[name] = sid
+            except (OSError, UnicodeDecodeError, UsageError, CorruptError) as err:
+                if name not in self.bad_tags:
+                    why = str(err) if isinstance(err, (UsageError, CorruptError)) else f"tag {name!r} cannot be read"
+                    self.bad_tags[name] = why
+                    self.warn(f"skipped tags/{name}: {why}")
+                continue
+            out[name] = sid
         return out
 
     def set_tag(self, name: str, sid: str) -> None:
-        if not _TAG.match(name) or name == "latest" or _HEX.match(name):
-            raise UsageError(f"bad tag name {name!r}: use letters, digits, . _ -; not 'latest' and not all hex digits")
-        atomic_write(self.root / "tags" / name, (sid + "\n").encode(), tmp_dir=self.root / "tmp")
+        atomic_write(self.root / "tags" / check_tag_name(name), (sid + "\n").encode(), tmp_dir=self.root / "tmp")
 
     def remove_tag(self, name: str) -> None:
         try:
-            os.unlink(self.root / "tags" / name)
+            os.unlink(self.root / "tags" / check_tag_name(name))
         except FileNotFoundError:
             raise NotFoundError(f"no tag {name!r}; see `envvault list`") from None
 
@@ -284,8 +364,8 @@ class Vault:
 
     def settings(self) -> dict:
         try:
-            return json.loads((self.root / "settings.json").read_bytes())
-        except (OSError, ValueError):
+            return json.loads(read_regular(self.root / "settings.json", MAX_SMALL_DOC, "settings.json"))
+        except (OSError, ValueError, CorruptError):
             return {}
 
     def save_settings(self, settings: dict) -> None:
@@ -297,8 +377,9 @@ class Vault:
         try:
             for entry in os.scandir(self.root / "tmp"):
                 try:
-                    if now - entry.stat().st_mtime > older_than:
-                        os.unlink(entry.path)
+                    st = entry.stat(follow_symlinks=False)
+                    if not entry.is_dir(follow_symlinks=False) and now - st.st_mtime > older_than:
+                        os.unlink(entry.path)  # a symlink is removed itself, never what it points to
                 except OSError:
                     pass
         except OSError:
