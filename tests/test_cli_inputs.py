@@ -247,13 +247,20 @@ def test_snap_archives_inductor_cache_only_for_an_environment_with_torch(tmp_pat
     mine = tmp_path / "mine"
     (mine / "x").mkdir(parents=True)
     (mine / "x" / "a.bin").write_bytes(b"mine")
-    env = _env(vault, **{k: str(v) for k, v in caches.items()}, TMPDIR=str(tmp_path))
+    env = _env(vault, **{k: str(v) for k, v in caches.items()}, TMPDIR=str(tmp_path),
+               TORCH_EXTENSIONS_DIR=str(tmp_path / "no-ext"), CUDA_CACHE_PATH=str(tmp_path / "no-nv"))
     plain = make_venv("uv")
     doc = ev_json(vault, "snap", "--venv", plain, "--cache-dir", mine, env=env)
     assert [(c["kind"], c["root"]) for c in ev_json(vault, "show", doc["id"], env=env)["caches"]] == [("user", str(mine))]
+    where = {r["kind"]: r["archived_by_snap"] for r in
+             ev_json(vault, "cache", "list", "--where", "--venv", plain, env=env)["locations"] if r["exists"]}
+    assert where == {"inductor": False, "triton": False}  # `cache list --where` tells the same
     # `cache snap` archives what it finds, whatever the environment
     assert {c["kind"] for c in ev_json(vault, "cache", "snap", "--venv", plain, env=env)["caches"]} == {"inductor", "triton"}
     _torch_stub(plain, tmp_path)
     doc = ev_json(vault, "snap", "--venv", plain, env=env)
     kinds = {c["kind"]: c["root"] for c in ev_json(vault, "show", doc["id"], env=env)["caches"]}
     assert kinds == {"inductor": str(caches["TORCHINDUCTOR_CACHE_DIR"]), "triton": str(caches["TRITON_CACHE_DIR"])}
+    where = {r["kind"]: r["archived_by_snap"] for r in
+             ev_json(vault, "cache", "list", "--where", "--venv", plain, env=env)["locations"] if r["exists"]}
+    assert where == {"inductor": True, "triton": True}

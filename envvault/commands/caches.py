@@ -157,13 +157,14 @@ def cache_list(ctx, snapshot_id, where, venv, as_json):
     vault = _vault(ctx)
     doc: dict = {}
     if where:
-        from envvault.caches.discover import discover_caches
+        from envvault.caches.discover import discover_caches, usable_kinds
         from envvault.caches.snap import locations_to_snap
 
         target = _venv(venv)
         extra = configured_dirs(vault.settings(), target)
         found = discover_caches(os.environ, extra)
-        taken = locations_to_snap(os.environ, extra)
+        # what `envvault snap` of that environment would take: only the caches it can use
+        taken = locations_to_snap(os.environ, extra, kinds=usable_kinds(target) if target else None)
         found += [loc for loc in taken if all(loc.path != f.path for f in found)]
         doc["locations"] = [{"kind": loc.kind, "path": str(loc.path), "exists": loc.exists, "reason": loc.reason,
                              "archived_by_snap": any(t.path == loc.path for t in taken)} for loc in found]
