@@ -346,3 +346,36 @@ def test_index_claiming_a_huge_frame_is_refused_without_reading(box):
     rc, out, err = run_cli(["verify"], vault=vault, timeout=15, memory=1 << 30)
     assert rc == 5 and "refused" in out and bad[:12] in out, (out, err)
     assert state() == before
+
+
+# -- the same against a real environment: status and snap ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_venv(tmp_path_factory):
+    from fixtures import make_venv
+
+    return make_venv(tmp_path_factory.mktemp("real") / "venv", "uv")
+
+
+def test_status_skips_a_malformed_snapshot(tmp_path, real_venv):
+    vault = tmp_path / "vault"
+    rc, out, err = run_cli(["snap", "--no-caches", "--venv", real_venv, "--json"], vault=vault, timeout=60)
+    assert rc == 0, err
+    bad = put_snapshot(vault, snapshot_doc(venv=str(real_venv), packages="x"))
+    rc, out, err = run_cli(["status", "--venv", real_venv, "--json"], vault=vault, timeout=60)
+    assert rc == 0, err
+    assert one_line(0, err, 0, bad[:12], "packages: expected a list").startswith("envvault: warning:")
+
+
+@pytest.mark.parametrize("entry", ["index", "packs"])
+def test_snap_into_a_vault_with_a_linked_folder_is_refused(tmp_path, real_venv, entry):
+    vault = tmp_path / "vault"
+    rc, _out, err = run_cli(["snap", "--no-caches", "--venv", real_venv], vault=vault, timeout=60)
+    assert rc == 0, err
+    root, state = decoy(tmp_path)
+    _link_entry(vault, entry, root / "sub")
+    before = state()
+    rc, _out, err = run_cli(["snap", "--no-caches", "--venv", real_venv, "-m", "again"], vault=vault, timeout=60)
+    one_line(rc, err, 3, str(vault / entry), "is a symlink")
+    assert state() == before
