@@ -200,8 +200,9 @@ def test_checkpoint_folder_is_taken_by_diff_and_restore(world, tmp_path):
     assert proc.returncode == 0, proc
     out = json.loads(proc.stdout)
     assert out["restored"] == world["sid"] and out["target"] == str(world["venv"])
-    proc = _run(world["vault"], "diff", ckpt / "optimizer.pt", world["sid"][:12], "--exit-code")
-    assert proc.returncode == 0, proc  # a file of the folder still works on its own
+    proc = _run(world["vault"], "diff", ckpt / "optimizer.pt", "current", "--exit-code")
+    assert proc.returncode == 0, proc  # a file of the folder still works on its own, `current` its stamp's venv
+    assert f"optimizer.pt ({world['sid'][:12]})" in proc.stdout and f"current ({world['venv']})" in proc.stdout
 
 
 def test_checkpoint_folder_whose_stamps_disagree(world, tmp_path):
