@@ -169,3 +169,75 @@ def test_into_verification_compares_provenance_and_pyvenv(shaped, restored):
     finally:
         requested.unlink()
         (restored / "pyvenv.cfg").write_text(cfg)
+
+
+# -- export ------------------------------------------------------------------------------------------------
+
+
+def _export(shaped, name: str, *args) -> dict:
+    out = shaped["tmp"] / "export" / name
+    ev(shaped["vault"], "export", shaped["sid"], "-o", out, *args)
+    return tomllib.loads(out.read_text()) if out.suffix == ".toml" else {"text": out.read_text()}
+
+
+def _validated(lock: dict) -> dict:
+    """The lock as PEP 751 says it must be (packaging >= 26's reference parser), by package name."""
+    from packaging.pylock import Pylock
+
+    Pylock.from_dict(lock).validate()
+    return {p["name"]: p for p in lock["packages"]}
+
+
+def test_export_pylock_names_directory_editable_and_archive(shaped):
+    full = _validated(_export(shaped, "full/pylock.toml"))
+    lock = _export(shaped, "bare/pylock.toml", "--no-wheels")
+    # depleaf came from an index: with --no-wheels it has no source (export warns; see below), which PEP 751
+    # does not allow; every other entry must be valid as written
+    bare = _validated({**lock, "packages": [p for p in lock["packages"] if p["name"] != "depleaf"]})
+    assert [p for p in lock["packages"] if p["name"] == "depleaf"][0].keys() == {"name", "version", "tool"}
+    editable = {"path": str(shaped["editable"]), "editable": True}
+    assert full["edproj"]["directory"] == editable and "wheels" not in full["edproj"]
+    assert bare["edproj"]["directory"] == editable
+    assert bare["folderproj"]["directory"] == {"path": str(shaped["folder"])}
+    sha = __import__("hashlib").sha256(shaped["filewheel"].read_bytes()).hexdigest()
+    assert bare["filewheel"]["archive"] == {"path": str(shaped["filewheel"]), "hashes": {"sha256": sha}}
+    for name in ("depleaf", "filewheel", "folderproj"):  # with wheels: the stored bytes, the origin kept aside
+        assert [w["name"].split("-")[0] for w in full[name]["wheels"]] == [name]
+    assert full["folderproj"]["tool"]["envvault"]["origin"] == {"directory": {"path": str(shaped["folder"])}}
+
+
+def test_export_requires_python_is_the_minor_version(shaped):
+    from packaging.specifiers import SpecifierSet
+
+    lock = _export(shaped, "py/pylock.toml", "--no-wheels")
+    spec = SpecifierSet(lock["requires-python"])
+    minor = ".".join(map(str, sys.version_info[:2]))
+    assert spec.contains(f"{minor}.0") and spec.contains(f"{minor}.99")
+    assert not spec.contains(f"{sys.version_info[0]}.{sys.version_info[1] + 1}.0")
+
+
+def test_export_requirements_keeps_direct_references(shaped):
+    text = _export(shaped, "requirements.txt", "--format", "requirements")["text"]
+    lines = {ln.split("  #")[0] for ln in text.splitlines() if not ln.startswith("#")}
+    assert lines == {
+        "depleaf==1.0",
+        f"-e {shaped['editable'].as_uri()}",
+        f"filewheel @ {shaped['filewheel'].as_uri()}",
+        f"folderproj @ {shaped['folder'].as_uri()}",
+    }
+
+
+def test_export_warns_when_an_installed_folder_is_gone(shaped, tmp_path):
+    moved = tmp_path / "away"
+    shaped["folder"].rename(moved)
+    try:
+        proc = ev(shaped["vault"], "export", shaped["sid"], "-o", tmp_path / "pylock.toml", "--no-wheels")
+    finally:
+        moved.rename(shaped["folder"])
+    assert f"folderproj 1.0: the lock installs it from {shaped['folder']}, which no longer exists" in proc.stderr
+
+
+def test_export_no_wheels_warns_about_packages_without_source(shaped, tmp_path):
+    proc = ev(shaped["vault"], "export", shaped["sid"], "-o", tmp_path / "pylock.toml", "--no-wheels")
+    assert "1 package installed from an index has no source in the lock (--no-wheels): depleaf 1.0" in proc.stderr
+    assert "edproj" not in proc.stderr and "folderproj" not in proc.stderr and "filewheel" not in proc.stderr

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import tomli_w
 
 from envvault import __version__
-from envvault.errors import UsageError
-from envvault.lock.wheels import rebuild_wheel
+from envvault.errors import CorruptError, UsageError
+from envvault.lock.wheels import check_wheel_source, rebuild_wheel, wheel_filename
 from envvault.vault.fsutil import atomic_write
 from envvault.vault.store import Vault
 
-__all__ = ["export_snapshot", "pylock_document", "original_source"]
+__all__ = ["export_snapshot", "pylock_document", "original_source", "direct_reference", "requires_python"]
 
 
 def original_source(man: dict) -> dict | None:
@@ -30,20 +32,91 @@ def original_source(man: dict) -> dict | None:
     return {"url": url, "hashes": hashes} if hashes else {"url": url}
 
 
+def _local_path(url: str) -> str | None:
+    """The path of a ``file://`` URL (uv takes local files as paths, not URLs), else None."""
+    parts = urlsplit(url)
+    return unquote(parts.path) if parts.scheme == "file" and parts.netloc in ("", "localhost") else None
+
+
+def _where(url: str) -> dict:
+    path = _local_path(url)
+    return {"path": path} if path is not None else {"url": url}
+
+
+def direct_reference(man: dict) -> dict | None:
+    """Where the installer says the distribution came from (``direct_url.json``, PEP 610), as the PEP 751
+    source table it maps to: ``{"directory": {path, editable?, subdirectory?}}`` (a local folder, editable
+    or not), ``{"archive": {url | path, hashes, subdirectory?}}`` (a direct URL to a wheel or sdist; only with
+    a recorded hash, which PEP 751 requires), ``{"vcs": {type, url | path, commit-id, ...}}``; else None
+    (installed from an index, or nothing usable recorded)."""
+    du = man.get("direct_url")
+    if not isinstance(du, dict) or not isinstance(du.get("url"), str):
+        return None
+    url, sub = du["url"], du.get("subdirectory")
+    extra = {"subdirectory": sub} if isinstance(sub, str) and sub else {}
+    if isinstance(du.get("dir_info"), dict):
+        path = _local_path(url)
+        if path is None:
+            return None
+        table = {"path": path, **extra}
+        if du["dir_info"].get("editable") is True:
+            table["editable"] = True
+        return {"directory": table}
+    if isinstance(du.get("vcs_info"), dict):
+        info = du["vcs_info"]
+        if not (isinstance(info.get("vcs"), str) and isinstance(info.get("commit_id"), str)):
+            return None
+        table = {"type": info["vcs"], **_where(url), "commit-id": info["commit_id"], **extra}
+        if isinstance(info.get("requested_revision"), str):
+            table["requested-revision"] = info["requested_revision"]
+        return {"vcs": table}
+    src = original_source(man)
+    if src is not None and src.get("hashes"):
+        return {"archive": {**_where(url), "hashes": src["hashes"], **extra}}
+    return None
+
+
+def requirement_line(p: dict, man: dict | None) -> str:
+    """One requirements.txt line: ``name @ url`` for a direct reference (``-e url`` for an editable),
+    else ``name==version``; the build id as a comment."""
+    du = (man or {}).get("direct_url")
+    ref = direct_reference(man) if man else None
+    pin = f"{p['name']}=={p['version']}"
+    if ref is not None:
+        url = du["url"]
+        if "vcs" in ref:
+            url = f"{ref['vcs']['type']}+{url}@{ref['vcs']['commit-id']}"
+        if du.get("subdirectory"):
+            url += f"#subdirectory={du['subdirectory']}"
+        editable = ref.get("directory", {}).get("editable")
+        pin = f"-e {url}" if editable else f"{p['name']} @ {url}"
+    return f"{pin}  # build {p['build_id'][:16]}"
+
+
+def requires_python(version: str) -> str:
+    """What the environment needs: its minor version (``==3.11.*``), not the exact patch."""
+    major, minor = version.split(".")[:2]
+    return f"=={major}.{minor}.*"
+
+
 def pylock_document(doc: dict, entries: list[dict]) -> dict:
-    """``entries``: per package {summary, wheel: {name, path, size, sha256} | None, source}."""
+    """``entries``: per package {summary, wheel: {name, path, size, sha256} | None, source, origin?}.
+    ``origin``: a ``direct_reference`` table, written as the package's source when no wheel is."""
     packages = []
     for e in entries:
         p = e["summary"]
         pkg: dict = {"name": p["name"], "version": p["version"]}
         wheel = e.get("wheel")
         src = e.get("source")
+        origin = e.get("origin")
         if wheel is not None:
             w = {"name": wheel["name"], "path": wheel["path"], "size": wheel["size"],
                  "hashes": {"sha256": wheel["sha256"]}}
             pkg["wheels"] = [w]
+        elif origin is not None:
+            pkg.update(origin)
         elif src and src.get("hashes") and src["url"].endswith(".whl"):
-            pkg["wheels"] = [{"name": src["url"].rsplit("/", 1)[-1], "url": src["url"], "hashes": src["hashes"]}]
+            pkg["wheels"] = [{"name": src["url"].rsplit("/", 1)[-1], **_where(src["url"]), "hashes": src["hashes"]}]
         tool = {"build_id": p["build_id"], "state_id": p["state_id"], "identity": p.get("identity", 1),
                 "snapshot": e["snapshot"]}
         if p.get("installer"):
@@ -54,33 +127,66 @@ def pylock_document(doc: dict, entries: list[dict]) -> dict:
             tool["modified_files"] = p["modified"]
         if src:
             tool["source"] = src
+        if origin is not None and wheel is not None:
+            tool["origin"] = origin  # where the installer took it from; the wheel holds its installed files
         pkg["tool"] = {"envvault": tool}
         packages.append(pkg)
     py = doc["python"]["version"]
     return {
         "lock-version": "1.0",
         "created-by": "envvault",
-        "requires-python": f"=={py}",
+        "requires-python": requires_python(py),
         "packages": packages,
         "tool": {"envvault": {"version": __version__, "snapshot": entries[0]["snapshot"] if entries else None,
                               "python": doc["python"]["version"], "abi": doc["python"].get("abi")}},
     }
 
 
+def _manifests(vault: Vault, sid: str, doc: dict) -> dict[str, dict]:
+    """Every package's manifest, read before anything is written: one missing (a lost pack or index file)
+    is damaged data (exit 5), not a package without a source."""
+    out, lost = {}, []
+    for p in doc["packages"]:
+        mid = p.get("manifest")
+        if isinstance(mid, str) and vault.has(mid):
+            out[mid] = vault.get_json(mid)
+        else:
+            lost.append(f"{p['name']} {p['version']}")
+    if lost:
+        raise CorruptError(f"snapshot {sid[:12]}: the vault lacks the manifests of {', '.join(lost[:10])}"
+                           f"{' and more' if len(lost) > 10 else ''} (a pack or index file is missing); "
+                           "run `envvault verify`")
+    return out
+
+
+def _check_rebuildable(vault: Vault, sid: str, doc: dict, man: dict) -> None:
+    """Refuse an unsafe manifest, and fail (exit 5) on a missing file object, before any wheel is written."""
+    check_wheel_source(man, doc["python"])
+    for f in man.get("files") or ():
+        if any(not vault.has(c) for c in f.get("chunks") or ()):
+            raise CorruptError(f"snapshot {sid[:12]}: the vault lacks stored bytes of {man['name']} {man['version']} "
+                               f"({f.get('path')}; a pack or index file is missing); run `envvault verify`")
+
+
 def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", wheels: bool = True) -> dict:
-    """Write the lockfile (and, for pylock, a ``<stem>.wheels/`` folder beside it). Returns a summary."""
+    """Write the lockfile (and, for pylock, a ``<stem>.wheels/`` folder beside it). Returns a summary.
+
+    Everything is checked before anything is written (names, versions and member paths of the wheels to
+    rebuild; every manifest and stored file present), wheels are written next, and the lockfile last
+    (temp + rename); a failure removes the wheels this export wrote."""
     ref = vault.load_snapshot(sid)
     doc = ref.doc
     warnings: list[str] = []
+    if fmt not in ("pylock", "requirements"):
+        raise UsageError(f"unknown export format {fmt!r}; use pylock or requirements")
+    manifests = _manifests(vault, sid, doc)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "requirements":
         lines = [f"# exported by envvault {__version__} from snapshot {sid}", f"# python {doc['python']['version']}"]
         for p in doc["packages"]:
-            lines.append(f"{p['name']}=={p['version']}  # build {p['build_id'][:16]}")
+            lines.append(requirement_line(p, manifests.get(p["manifest"])))
         atomic_write(out, ("\n".join(lines) + "\n").encode(), mode=0o644)
         return {"path": str(out), "format": fmt, "packages": len(doc["packages"]), "warnings": warnings}
-    if fmt != "pylock":
-        raise UsageError(f"unknown export format {fmt!r}; use pylock or requirements")
     wheel_dir = out.parent / f"{out.stem}.wheels"
     if doc.get("lock_only"):
         entries, lock_warnings = _lock_only_entries(vault, sid, doc, wheel_dir, out.parent, wheels)
@@ -88,21 +194,53 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
         n_wheels = sum(1 for e in entries if e["wheel"])
         return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
                 "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings + lock_warnings}
-    entries = []
-    n_wheels = 0
+    plan = []
     for p in doc["packages"]:
-        man = vault.get_json(p["manifest"]) if (not doc.get("lock_only") and vault.has(p["manifest"])) else None
-        src = original_source(man) if man else None
-        entry = {"summary": p, "snapshot": sid, "source": src, "wheel": None}
-        if wheels and man is not None and man.get("record") == "ok":
-            wheel_dir.mkdir(parents=True, exist_ok=True)
-            path, sha, size = rebuild_wheel(vault, man, doc["python"], wheel_dir)
-            entry["wheel"] = {"name": path.name, "path": os.path.relpath(path, out.parent), "size": size, "sha256": sha}
-            n_wheels += 1
-        elif man is None or man.get("record") != "ok":
-            warnings.append(f"{p['name']} {p['version']}: files not in the vault; the lock names it without a source")
-        entries.append(entry)
-    atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
+        man = manifests[p["manifest"]]
+        origin = direct_reference(man)
+        editable = bool(origin and origin.get("directory", {}).get("editable"))
+        rebuild = wheels and man.get("record") == "ok" and not editable
+        if rebuild:
+            _check_rebuildable(vault, sid, doc, man)
+        plan.append((p, man, origin, rebuild))
+    entries = []
+    made: list[Path] = []
+    made_dir = not wheel_dir.exists()
+    try:
+        for p, man, origin, rebuild in plan:
+            entry = {"summary": p, "snapshot": sid, "source": original_source(man), "wheel": None, "origin": origin}
+            if rebuild:
+                wheel_dir.mkdir(parents=True, exist_ok=True)
+                existed = (wheel_dir / wheel_filename(man)).exists()
+                path, sha, size = rebuild_wheel(vault, man, doc["python"], wheel_dir)
+                if not existed:
+                    made.append(path)
+                entry["wheel"] = {"name": path.name, "path": os.path.relpath(path, out.parent), "size": size,
+                                  "sha256": sha}
+            elif origin is not None and "directory" in origin and not os.path.isdir(origin["directory"]["path"]):
+                warnings.append(f"{p['name']} {p['version']}: the lock installs it from {origin['directory']['path']}, "
+                                "which no longer exists")
+            elif origin is None and man.get("record") != "ok":
+                warnings.append(f"{p['name']} {p['version']}: files not in the vault; the lock names it without a source")
+            entries.append(entry)
+        atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
+    except BaseException:
+        for path in made:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        if made_dir:
+            shutil.rmtree(wheel_dir, ignore_errors=True)
+        raise
+    bare = [f"{p['name']} {p['version']}" for (p, man, origin, _r), e in zip(plan, entries)
+            if e["wheel"] is None and origin is None and man.get("record") == "ok"]
+    if bare:
+        warnings.append(f"{len(bare)} package{'s' if len(bare) != 1 else ''} installed from an index "
+                        f"{'have' if len(bare) != 1 else 'has'} no source in the lock (--no-wheels): "
+                        f"{', '.join(bare[:10])}{' and more' if len(bare) > 10 else ''}; an installer must find "
+                        "them on its index by name and version")
+    n_wheels = sum(1 for e in entries if e["wheel"])
     return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
             "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings}
 

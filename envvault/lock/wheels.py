@@ -9,19 +9,12 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
-from envvault.model.identity import (
-    LAUNCHER_HEAD,
-    DistLayout,
-    is_generated,
-    is_script,
-    is_seed_marker,
-    normalise_script,
-)
+from envvault.model.identity import LAUNCHER_HEAD, DistLayout, is_generated, is_script, normalise_script
 from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.vault.fsutil import tmp_name
 from envvault.vault.store import Vault
 
-__all__ = ["rebuild_wheel", "wheel_filename", "wheel_member"]
+__all__ = ["check_wheel_source", "rebuild_wheel", "wheel_filename", "wheel_member"]
 
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -47,6 +40,51 @@ def wheel_filename(man: dict) -> str:
     return f"{_escape(man['name'])}-{version}{build_part}-{tag}.whl"
 
 
+# What a manifest may put into a wheel's file name and member paths (a shared vault is not trusted: a name
+# "/abs/x" or "../x" would make export write outside its folder). Names: PEP 503 normalisable.
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]*")
+_DIST_INFO = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]*\.dist-info")
+_TAG = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.]+-[A-Za-z0-9_.]+")
+_BUILD = re.compile(r"[0-9][A-Za-z0-9_]*")
+
+
+def _bad_member(member: str) -> bool:
+    return (not member or "\x00" in member or "\\" in member or member.startswith("/")
+            or any(part in ("", ".", "..") for part in member.split("/")))
+
+
+def check_wheel_source(man: dict, python: dict) -> None:
+    """Refuse (exit 3) a manifest whose name, version, dist-info, tags or files would give a wheel file name
+    or member outside where it belongs; called before anything is written."""
+    from envvault.errors import RefusedError
+
+    wheel = man.get("wheel") or {}
+    name, version = man.get("name"), man.get("version")
+    checks = [
+        ("name", name, isinstance(name, str) and _NAME.fullmatch(name)),
+        ("version", version, isinstance(version, str) and _VERSION.fullmatch(version)),
+        ("dist_info", man.get("dist_info"), isinstance(man.get("dist_info"), str)
+         and _DIST_INFO.fullmatch(PurePosixPath(man["dist_info"]).name)),
+        ("wheel tags", wheel.get("tags"), isinstance(wheel.get("tags") or [], list)
+         and all(isinstance(t, str) and _TAG.fullmatch(t) for t in wheel.get("tags") or [])),
+        ("wheel build", wheel.get("build"), wheel.get("build") is None
+         or isinstance(wheel["build"], str) and _BUILD.fullmatch(wheel["build"])),
+    ]
+    shown = f"{name!r} {version!r}"
+    for what, value, ok in checks:
+        if not ok:
+            raise RefusedError(f"refusing to rebuild the wheel of {shown}: its manifest has an unsafe {what} {value!r}")
+    for f in man.get("files") or ():
+        rec, path = f.get("record"), f.get("path")
+        if not isinstance(rec, str) or not isinstance(path, str):
+            raise RefusedError(f"refusing to rebuild the wheel of {shown}: a file of its manifest has no path")
+        member = wheel_member(man, f, python)
+        if member is not None and _bad_member(member):
+            raise RefusedError(f"refusing to rebuild the wheel of {shown}: file {rec!r} would be the wheel member {member!r}, "
+                               "outside the wheel's folders")
+
+
 def _layout(man: dict, python: dict, entry_points=()) -> DistLayout:
     di = PurePosixPath(man["dist_info"])
     return DistLayout.of(di.name, str(di.parent), python.get("scripts") or "bin", entry_points)
@@ -56,8 +94,8 @@ def wheel_member(man: dict, f: dict, python: dict, layout: DistLayout | None = N
     """Where an installed file goes inside a wheel, or None when the installer regenerates it."""
     record = f["record"]
     di = PurePosixPath(man["dist_info"]).name
-    if is_generated(record, layout or _layout(man, python)) and not is_seed_marker(record):
-        return None  # virtualenv's marker is no installer's to rewrite: carried, so the files stay as they were
+    if is_generated(record, layout or _layout(man, python)):
+        return None
     if not record.startswith("../"):
         return record
     data_dir = di[: -len(".dist-info")] + ".data"
@@ -99,6 +137,7 @@ def _console_scripts(vault: Vault, man: dict) -> set[str]:
 
 def rebuild_wheel(vault: Vault, man: dict, python: dict, out_dir: Path) -> tuple[Path, str, int]:
     """Write ``out_dir/<wheel>``; return (path, sha256 hex, size). Deterministic bytes for one manifest."""
+    check_wheel_source(man, python)
     name = wheel_filename(man)
     final = out_dir / name
     layout = _layout(man, python, _console_scripts(vault, man))
@@ -115,7 +154,7 @@ def rebuild_wheel(vault: Vault, man: dict, python: dict, out_dir: Path) -> tuple
                 if member is None or script and is_generated(f["record"], layout, _head(vault, f)):
                     continue  # the installer writes launchers afresh (by name or by their shape)
                 info = zipfile.ZipInfo(member, date_time=_ZIP_EPOCH)
-                info.external_attr = ((f.get("mode") or 0o644) | 0o100000) << 16
+                info.external_attr = (((f.get("mode") or 0o644) & 0o777) | 0o100000) << 16
                 h, size = hashlib.sha256(), 0
                 with zf.open(info, "w", force_zip64=(f.get("size") or 0) > (1 << 30)) as out:
                     pieces = [f["link"].encode()] if "link" in f else _file_bytes(vault, f)
