@@ -103,6 +103,11 @@ def test_export_of_lock_only_syncs_offline_into_a_fresh_venv(edited, tmp_path):
     _run([fresh / "bin" / "python", "-c", "import certifi, pip; print(certifi.where())"])
     assert (site_packages(fresh) / "certifi" / "cacert.pem").read_text().endswith(FAKE_CA)
 
+    # --into builds the same from the same sources, edited bytes and the build's RECORD rows included.
+    res = ev_json(vault, "restore", lock, "--into", tmp_path / "into")
+    assert res["verified"] is True, res
+    assert (site_packages(tmp_path / "into") / "certifi" / "cacert.pem").read_text().endswith(FAKE_CA)
+
 
 def test_lock_only_without_a_source_fails_fast_and_dry_run_says_so(tmp_path):
     venv = tmp_path / "venv"
@@ -118,6 +123,9 @@ def test_lock_only_without_a_source_fails_fast_and_dry_run_says_so(tmp_path):
     dry = ev(vault, "restore", lock, "--venv", venv, "--dry-run", check=False)
     assert dry.returncode == 4
     assert_one_line_error(dry, "no known source", "orphan 1.0")
+    into = ev(vault, "restore", lock, "--into", tmp_path / "new", "--dry-run", check=False)
+    assert into.returncode == 4 and not (tmp_path / "new").exists()
+    assert_one_line_error(into, "no known source", "orphan 1.0")
     started = time.monotonic()
     proc = ev(vault, "restore", lock, "--venv", venv, check=False)
     elapsed = time.monotonic() - started

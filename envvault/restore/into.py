@@ -27,6 +27,7 @@ from envvault.restore.plan import check_rel_path
 from envvault.restore.uv import (
     make_venv,
     refuse_nonempty,
+    check_lock_sources,
     resolve_lock_sources,
     run_uv,
     scratch_dir,
@@ -44,6 +45,8 @@ def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progr
     refuse_nonempty(dest)
     packages = doc.get("packages") or []
     names = [f"{p['name']} {p['version']}" for p in packages]
+    # A lock-only snapshot's sources are decided first (fast): a dry run says what the restore would say.
+    sources = check_lock_sources(vault, sid, doc) if doc.get("lock_only") else None
     if dry_run:
         return RestoreResult(sid, str(dest), "into", None, len(packages), False, True,
                              plan={"python": doc["python"].get("version"), "install": names})
@@ -54,7 +57,7 @@ def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progr
         manifests: dict[str, dict] = {}
         wheels: list[Path] = []
         if doc.get("lock_only"):
-            lock_entries = resolve_lock_sources(vault, sid, doc, work)
+            lock_entries = resolve_lock_sources(vault, sid, doc, work, sources)
         else:
             wheels = _rebuild_all(vault, doc, packages, work / "wheels", manifests, warnings, progress)
         venv_warning = make_venv(dest, doc["python"])
