@@ -168,10 +168,14 @@ class _Builder:
                 modified.append((entry["path"], entry["sha256"]))
             generated = is_generated(rec, layout)
             script = is_script(rec.path, layout) and not generated
+            if generated and is_script(rec.path, layout):
+                entry["generated"] = True  # a launcher named in entry_points.txt
             digest = None
             if script and self.mode != "lock":
                 digest = self._script(entry, layout, rec)
-                if digest is None:
+                if digest == "":
+                    entry["generated"] = True  # a launcher by its content
+                elif digest is None:
                     scripts_known = False  # an edited or missing script: its build cannot be told
                 elif digest:
                     scripts.append((os.path.basename(rec.path), digest))
@@ -253,7 +257,8 @@ def _exec_files(files: list[dict]) -> list[str] | None:
     """Paths of the files with an execute bit (docs/format.md, "exec"); None when no mode was recorded."""
     if not any("mode" in f for f in files):
         return None
-    return sorted(f["path"] for f in files if "link" not in f and (f.get("mode") or 0) & 0o111)
+    return sorted(f["path"] for f in files
+                  if "link" not in f and not f.get("generated") and (f.get("mode") or 0) & 0o111)
 
 
 def _dist_dirs(sites: list[Path]) -> list[tuple[Path, Path]]:

@@ -9,7 +9,14 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
-from envvault.model.identity import LAUNCHER_HEAD, DistLayout, is_generated, is_script, normalise_script
+from envvault.model.identity import (
+    LAUNCHER_HEAD,
+    DistLayout,
+    is_generated,
+    is_script,
+    is_seed_marker,
+    normalise_script,
+)
 from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.vault.fsutil import tmp_name
 from envvault.vault.store import Vault
@@ -94,8 +101,8 @@ def wheel_member(man: dict, f: dict, python: dict, layout: DistLayout | None = N
     """Where an installed file goes inside a wheel, or None when the installer regenerates it."""
     record = f["record"]
     di = PurePosixPath(man["dist_info"]).name
-    if is_generated(record, layout or _layout(man, python)):
-        return None
+    if is_generated(record, layout or _layout(man, python)) and not is_seed_marker(record):
+        return None  # virtualenv's marker is no installer's to rewrite: carried, so the files stay as they were
     if not record.startswith("../"):
         return record
     data_dir = di[: -len(".dist-info")] + ".data"

@@ -19,7 +19,7 @@ from envvault.model.record import RecordEntry, record_sha256
 
 __all__ = [
     "IDENTITY_VERSION", "GENERATED_NAMES", "DistLayout", "is_bytecode", "is_script", "is_generated",
-    "is_launcher", "normalise_script", "script_digest", "build_id", "scripts_id", "state_id", "fingerprint",
+    "is_launcher", "is_seed_marker", "normalise_script", "script_digest", "build_id", "scripts_id", "state_id", "fingerprint",
     "record_line", "verbatim_rows", "same_build", "egg_link_build_id", "LAUNCHER_HEAD",
 ]
 
@@ -58,12 +58,16 @@ def is_bytecode(path: str) -> bool:
     return path.endswith((".pyc", ".pyo")) or "__pycache__" in path.split("/")
 
 
+def is_seed_marker(path: str) -> bool:
+    """The ``<name>-<version>.virtualenv`` file virtualenv's seeder writes at the top of site-packages."""
+    return "/" not in path and path.endswith(".virtualenv")
+
+
 def _is_installer_file(path: str, dist: DistLayout) -> bool:
-    """The dist-info files in ``GENERATED_NAMES``, and the ``<name>-<version>.virtualenv`` marker virtualenv's
-    seeder writes at the top of site-packages."""
+    """The dist-info files in ``GENERATED_NAMES``, and virtualenv's seed marker."""
     head, sep, tail = path.partition("/")
     if not sep:
-        return head.endswith(".virtualenv")
+        return is_seed_marker(head)
     return head == dist.dist_info and tail in GENERATED_NAMES
 
 
