@@ -10,7 +10,15 @@ import struct
 from collections import OrderedDict
 from typing import Any
 
-from envvault.torch.records import Opaque, Placeholder, StorageRef, TensorInfo, TorchConst, global_name
+from envvault.torch.records import (
+    Opaque,
+    Placeholder,
+    StorageRef,
+    TensorInfo,
+    TorchConst,
+    global_name,
+    valid_shape,
+)
 
 __all__ = ["GUARDS", "Refused"]
 
@@ -26,10 +34,10 @@ def _plain_seq(value: Any) -> Any:
 
 
 def _ints(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                        for v in value):
-        raise Refused("expected a sequence of ints")
-    return tuple(value)
+    shape = valid_shape(value)
+    if shape is None:
+        raise Refused("expected a shape: a few ints in [0, 2**63)")
+    return shape
 
 
 def _g_ordered_dict(s: Any, items: Any = ()) -> OrderedDict:
@@ -45,7 +53,7 @@ def _g_set(s: Any, items: Any = ()) -> set:
 
 
 def _g_frozenset(s: Any, items: Any = ()) -> frozenset:
-    return frozenset(_plain_seq(items))
+    return s.nest(frozenset(_plain_seq(items)))  # nesting counted like tuples (hashing recurses)
 
 
 def _g_complex(s: Any, real: Any = 0, imag: Any = 0) -> complex:
@@ -55,6 +63,8 @@ def _g_complex(s: Any, real: Any = 0, imag: Any = 0) -> complex:
 
 
 def _g_slice(s: Any, *args: Any) -> slice:
+    if not all(a is None or type(a) is int for a in args):
+        raise Refused("slice")  # slices hash their fields: no tuples inside
     return slice(*args)
 
 

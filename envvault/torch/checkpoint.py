@@ -9,8 +9,11 @@ through :mod:`envvault.torch.pickle_reader`, which imports and runs nothing the 
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import stat
+import struct
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -20,6 +23,7 @@ from typing import Any, BinaryIO
 from envvault.errors import CorruptError, NotFoundError, UsageError
 from envvault.torch import pickle_reader as pr
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
+from envvault.torch.records import valid_shape
 
 __all__ = [
     "CheckpointInfo",
@@ -27,6 +31,10 @@ __all__ = [
     "TensorSummary",
     "read_checkpoint",
     "read_safetensors_header",
+    "open_regular",
+    "read_small",
+    "load_json",
+    "BadJSON",
     "to_jsonable",
     "STAMP_KEY",
     "STAMP_RECORD",
@@ -39,9 +47,14 @@ SIDECAR_NAME = "envvault.json"  # file in a checkpoint directory
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
+# Reading limits (docs/format.md, threat model; the pickle reader has its own in pickle_reader.MAX_*).
 MAX_PICKLE_BYTES = 1 << 30  # a data.pkl bigger than this holds data, not structure: refuse
-MAX_SIDE_BYTES = 1 << 20  # stamp records, sidecars and DCP byte entries read into memory
-MAX_SAFETENSORS_HEADER = 100_000_000  # the limit the safetensors library itself enforces
+MAX_SIDE_BYTES = 1 << 20  # stamp records, sidecars, config/index JSON and DCP byte entries read into memory
+MAX_SAFETENSORS_HEADER = 16 << 20  # a header this large describes ~150,000 tensors; over it: refuse
+_SAFETENSORS_LIBRARY_LIMIT = 100_000_000  # what the safetensors library accepts (to recognise the format)
+MAX_ZIP_DIRECTORY = 16 << 20  # a zip central directory this large lists ~200,000 records; over it: refuse
+MAX_JSON_DEPTH = 64  # nesting of any JSON document read (stamps, headers, config.json)
+MAX_JSON_DIGITS = 100  # digits of an integer in any JSON document read
 CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 SAFETENSORS_DTYPES = {
@@ -119,9 +132,61 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
         raise UsageError(f"{p}: cannot read: {err.strerror or err}") from None
 
 
+def open_regular(p: Path) -> BinaryIO:
+    """``p`` opened for reading, only if it is a regular file. A FIFO, device or socket is refused with
+    :class:`UsageError` without blocking: opened with ``O_NONBLOCK`` and checked with ``fstat`` before
+    anything is read. Unlike the vault's own reads (``fsutil.read_regular``) a symlink is followed: the
+    Hugging Face cache links every checkpoint file to a blob."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{p}: not a regular file (a FIFO, device or socket); envvault reads only files")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_small(p: Path, limit: int = MAX_SIDE_BYTES) -> bytes | None:
+    """The bytes of regular file ``p`` when it holds at most ``limit`` bytes, else None. Raises
+    :class:`UsageError` for what is not a regular file and ``OSError`` when it cannot be read."""
+    with open_regular(p) as f:
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
+class BadJSON(ValueError):
+    """A JSON document that does not parse or goes past :data:`MAX_JSON_DEPTH` / :data:`MAX_JSON_DIGITS`."""
+
+
+def _json_int(text: str) -> int:
+    if len(text) > MAX_JSON_DIGITS:
+        raise BadJSON(f"it holds an integer of {len(text)} digits (over {MAX_JSON_DIGITS})")
+    return int(text)
+
+
+def load_json(raw: bytes | str) -> Any:
+    """Parse a JSON document read from a checkpoint: the one bounded parser for stamps, safetensors
+    headers and folder JSON. Raises :class:`BadJSON` (one line) for what is not JSON, holds an integer of
+    more than :data:`MAX_JSON_DIGITS` digits or nests deeper than :data:`MAX_JSON_DEPTH`."""
+    try:
+        value = json.loads(raw, parse_int=_json_int)
+    except RecursionError:
+        raise BadJSON(f"it nests deeper than {MAX_JSON_DEPTH}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadJSON(" ".join(str(err).split())[:160]) from None
+    level = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [c for v in level if isinstance(v, (dict, list)) for c in (v.values() if isinstance(v, dict) else v)]
+        if not level:
+            return value
+    raise BadJSON(f"it nests deeper than {MAX_JSON_DEPTH}")
+
+
 def _read_file(p: Path) -> CheckpointInfo:
-    size = p.stat().st_size
-    with open(p, "rb") as f:
+    with open_regular(p) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(512)
         if head[:4] == b"PK\x03\x04":
             return _read_zip(p, f)
@@ -143,7 +208,29 @@ def _read_file(p: Path) -> CheckpointInfo:
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, NotImplementedError, RuntimeError)
 
 
+def _zip_directory_size(f: BinaryIO, size: int) -> int:
+    """The size its end record gives the zip's central directory (0 when there is no end record)."""
+    tail_len = min(size, 22 + 0xFFFF)
+    f.seek(size - tail_len)
+    tail = f.read(tail_len)
+    i = tail.rfind(b"PK\x05\x06")
+    if i < 0 or len(tail) - i < 22:
+        return 0
+    cd_size = struct.unpack_from("<L", tail, i + 12)[0]
+    if i >= 20 and tail[i - 20 : i - 16] == b"PK\x06\x07":  # zip64: the real size is in the zip64 record
+        f.seek(struct.unpack_from("<Q", tail, i - 12)[0])
+        rec = f.read(56)
+        if len(rec) == 56 and rec[:4] == b"PK\x06\x06":
+            cd_size = struct.unpack_from("<Q", rec, 40)[0]
+    f.seek(0)
+    return cd_size
+
+
 def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
+    cd_size = _zip_directory_size(f, os.fstat(f.fileno()).st_size)
+    if cd_size > MAX_ZIP_DIRECTORY:
+        raise UsageError(f"{p}: its zip directory is {cd_size} bytes, over envvault's {MAX_ZIP_DIRECTORY >> 20} MiB "
+                         "limit; refusing to read it")
     try:
         zf = zipfile.ZipFile(f)
         names = zf.namelist()
@@ -157,7 +244,7 @@ def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
         stored = sum(zf.getinfo(n).file_size for n in names if n.startswith(prefix + "data/"))
     except _ZIP_ERRORS as err:
         raise CorruptError(f"{p}: damaged zip checkpoint ({' '.join(str(err).split())[:160]})") from None
-    notes: list[str] = []
+    notes = _more_findings(result)
     stamp, source = _stamp_from_content(result.obj, notes)
     if record is not None:
         rec_stamp = _parse_stamp(record, f"{prefix}{STAMP_RECORD}", notes)
@@ -171,6 +258,10 @@ def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
         notes.append(f"the data records hold {stored} bytes but the pickle describes {summary.storage_bytes}")
     return CheckpointInfo(str(p), fmt, stamp, source, to_jsonable(result.obj), summary, result.findings,
                           result.globals, notes=tuple(notes))
+
+
+def _more_findings(result: pr.PickleResult) -> list[str]:
+    return [f"{result.more_findings} more findings like those above are not listed"] if result.more_findings else []
 
 
 def _data_pkl_name(names: list[str]) -> str | None:
@@ -194,7 +285,8 @@ def _zip_pickle(zf: zipfile.ZipFile, name: str, what: str) -> pr.PickleResult:
     if zf.getinfo(name).file_size > MAX_PICKLE_BYTES:
         raise UsageError(f"{what}: pickle larger than {MAX_PICKLE_BYTES >> 20} MiB; refusing to read it")
     with zf.open(name) as stream:
-        return pr.load(stream, what=what)
+        # zipfile's reader is Python code; a buffer in front of it serves the unpickler's small reads in C.
+        return pr.load(io.BufferedReader(stream, 1 << 16), what=what)
 
 
 # --- legacy torch files and bare pickles --------------------------------------------------------------
@@ -211,7 +303,7 @@ def _read_pickle_file(p: Path, f: BinaryIO) -> CheckpointInfo:
         # What follows is the list of storage keys, then raw storage bytes: never read.
     else:
         result, fmt = first, "pickle"
-    notes: list[str] = []
+    notes = _more_findings(result)
     stamp, source = _stamp_from_content(result.obj, notes)
     return CheckpointInfo(str(p), fmt, stamp, source, to_jsonable(result.obj),
                           summarize(result.obj, result.storages), result.findings, result.globals,
@@ -225,7 +317,7 @@ def _looks_safetensors(head: bytes) -> bool:
     if len(head) < 9:
         return False
     n = int.from_bytes(head[:8], "little")
-    return 2 <= n <= MAX_SAFETENSORS_HEADER and head[8:9] == b"{"
+    return 2 <= n <= _SAFETENSORS_LIBRARY_LIMIT and head[8:9] == b"{"
 
 
 def read_safetensors_header(f: BinaryIO, size: int, what: str) -> dict[str, Any]:
@@ -236,12 +328,15 @@ def read_safetensors_header(f: BinaryIO, size: int, what: str) -> dict[str, Any]
     if len(raw) < 8:
         raise CorruptError(f"{what}: truncated safetensors file")
     n = int.from_bytes(raw, "little")
-    if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
+    if 8 + n > size:
         raise CorruptError(f"{what}: safetensors header length {n} does not fit in a {size}-byte file")
+    if n > MAX_SAFETENSORS_HEADER:
+        raise UsageError(f"{what}: its safetensors header is {n} bytes, over envvault's "
+                         f"{MAX_SAFETENSORS_HEADER >> 20} MiB limit; refusing to read it")
     try:
-        header = json.loads(f.read(n))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CorruptError(f"{what}: safetensors header is not JSON ({err})") from None
+        header = load_json(f.read(n))
+    except BadJSON as err:
+        raise CorruptError(f"{what}: safetensors header is not JSON envvault reads ({err})") from None
     if not isinstance(header, dict):
         raise CorruptError(f"{what}: safetensors header is not a JSON object")
     problems = []
@@ -251,10 +346,10 @@ def read_safetensors_header(f: BinaryIO, size: int, what: str) -> dict[str, Any]
             if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
                 problems.append("__metadata__ is not a str-to-str map")
             continue
-        ok = (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
-              and isinstance(entry.get("shape"), list) and all(isinstance(d, int) for d in entry["shape"])
+        ok = (isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and len(entry["dtype"]) <= 32
+              and valid_shape(entry.get("shape")) is not None
               and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2
-              and all(isinstance(o, int) for o in entry["data_offsets"]))
+              and all(type(o) is int for o in entry["data_offsets"]))
         if not ok:
             problems.append(f"{name}: malformed entry")
         elif not 0 <= entry["data_offsets"][0] <= entry["data_offsets"][1] <= data_size:
@@ -306,9 +401,9 @@ def _stamp_from_content(obj: Any, notes: list[str]) -> tuple[dict | None, str | 
 
 def _parse_stamp(raw: bytes, where: str, notes: list[str]) -> dict | None:
     try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        notes.append(f"{where} is not valid JSON; stamp ignored")
+        value = load_json(raw)
+    except BadJSON as err:
+        notes.append(f"{where} is not JSON envvault reads ({err}); stamp ignored")
         return None
     if not isinstance(value, dict):
         notes.append(f"{where} is not a JSON object; stamp ignored")

@@ -9,7 +9,6 @@ Face folder holds ``config.json``, ``*.safetensors`` / ``pytorch_model*.bin`` sh
 from __future__ import annotations
 
 import io
-import json
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,21 @@ from envvault.errors import CorruptError, EnvvaultError, UsageError
 from envvault.torch import pickle_reader as pr
 from envvault.torch.checkpoint import (
     CHECKPOINT_SUFFIXES,
+    MAX_SAFETENSORS_HEADER,
     MAX_SIDE_BYTES,
     SIDECAR_NAME,
+    BadJSON,
     CheckpointInfo,
     FileInfo,
     _parse_stamp,
     _read_file,
     _zip_pickle,
+    load_json,
+    open_regular,
+    read_small,
 )
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
+from envvault.torch.records import valid_shape
 
 __all__ = ["read_directory"]
 
@@ -40,18 +45,27 @@ def read_directory(d: Path) -> CheckpointInfo:
     return _read_model_dir(d, stamp, notes)
 
 
+def _small_json_file(p: Path, notes: list[str], limit: int = MAX_SIDE_BYTES) -> bytes | None:
+    """The bytes of ``p`` (a regular file of at most ``limit`` bytes), else None with a note."""
+    if not p.exists():
+        return None
+    try:
+        raw = read_small(p, limit)
+    except EnvvaultError as err:  # not a regular file
+        notes.append(str(err))
+        return None
+    if raw is None:
+        notes.append(f"{p.name} is larger than {limit} bytes; not read")
+    return raw
+
+
 def _sidecar(d: Path, notes: list[str]) -> dict | None:
-    side = d / SIDECAR_NAME
-    if not side.is_file():
-        return None
-    if side.stat().st_size > MAX_SIDE_BYTES:
-        notes.append(f"{SIDECAR_NAME} is larger than {MAX_SIDE_BYTES} bytes; stamp ignored")
-        return None
-    return _parse_stamp(side.read_bytes(), SIDECAR_NAME, notes)
+    raw = _small_json_file(d / SIDECAR_NAME, notes)
+    return None if raw is None else _parse_stamp(raw, SIDECAR_NAME, notes)
 
 
 def _read_dcp(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
-    with open(d / ".metadata", "rb") as f:
+    with open_regular(d / ".metadata") as f:
         result = pr.load(f, what=f"{d / '.metadata'}")
     state = _state(result.obj)
     entries = state.get("state_dict_metadata")
@@ -64,7 +78,7 @@ def _read_dcp(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
         fields = _state(entry)
         if "size" in fields:  # TensorStorageMetadata; BytesStorageMetadata has no fields
             size = fields["size"]
-            shape = size if isinstance(size, tuple) and all(type(n) is int for n in size) else None
+            shape = valid_shape(size) if isinstance(size, tuple) else None
             tensors[str(fqn)] = info = pr.TensorInfo(shape, _dcp_dtype(fields.get("properties")))
             content[str(fqn)] = to_jsonable(info)
         else:
@@ -109,9 +123,9 @@ def _dcp_bytes(d: Path, info: dict | None, notes: list[str]) -> Any:
     if (not isinstance(length, int) or not isinstance(offset, int) or length > MAX_SIDE_BYTES
             or target.parent != d.resolve() or not target.is_file()):
         return {"bytes": length}
-    with open(target, "rb") as f:
-        f.seek(offset)
-        blob = f.read(length)
+    with open_regular(target) as f:
+        f.seek(max(offset, 0))
+        blob = f.read(max(length, 0))
     try:
         zf = zipfile.ZipFile(io.BytesIO(blob))
         name = next(n for n in zf.namelist() if n.endswith("data.pkl"))
@@ -127,18 +141,22 @@ def _dcp_bytes(d: Path, info: dict | None, notes: list[str]) -> Any:
 def _read_model_dir(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
     content: dict[str, Any] = {}
     for name in ("config.json", "generation_config.json"):
-        if (d / name).is_file() and (d / name).stat().st_size <= MAX_SIDE_BYTES:
+        raw = _small_json_file(d / name, notes)
+        if raw is not None:
             try:
-                content[name] = json.loads((d / name).read_bytes())
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                notes.append(f"{name} is not valid JSON")
+                content[name] = load_json(raw)
+            except BadJSON as err:
+                notes.append(f"{name} is not JSON envvault reads ({err})")
     for index in sorted(d.glob("*.index.json")):
+        raw = _small_json_file(index, notes, MAX_SAFETENSORS_HEADER)  # a weight map: one line per tensor
+        if raw is None:
+            continue
         try:
-            doc = json.loads(index.read_bytes())
+            doc = load_json(raw)
             weight_map = doc["weight_map"]
             content[index.name] = {"metadata": doc.get("metadata"), "files": sorted(set(weight_map.values())),
                                    "tensors": len(weight_map)}
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        except (BadJSON, KeyError, TypeError, AttributeError):
             notes.append(f"{index.name} is not a valid index (no weight_map)")
     paths = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)
     if not paths:

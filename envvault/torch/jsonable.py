@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from envvault.torch.pickle_reader import (
+    LargeData,
     Opaque,
     StorageRef,
     StorageType,
@@ -25,7 +26,8 @@ from envvault.torch.pickle_reader import (
 __all__ = ["to_jsonable", "TensorSummary", "summarize"]
 
 MAX_DEPTH = 100
-MAX_NODES = 1_000_000
+MAX_NODES = 200_000  # values rendered (scalars included, deep ones weigh more): bounds the output
+MAX_CHARS = 8_000_000  # characters of strings rendered, in all
 _CUT = "…"  # marks a subtree left out because of a cycle or a limit
 
 
@@ -69,35 +71,60 @@ def summarize(obj: Any, storages: Iterable[StorageRef] = (), *, storage_bytes: i
     return TensorSummary(count, elements, nbytes, storage_bytes, dict(dtypes))
 
 
-def to_jsonable(obj: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> Any:
+def to_jsonable(obj: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
+                max_chars: int = MAX_CHARS) -> Any:
     """Plain data for ``obj`` that ``json.dumps`` accepts, with records rendered as small dicts.
 
     Tensors become ``{"tensor": [shape], "dtype": "float32"}`` (plus ``"kind"`` for parameters and
     other kinds, ``"device"`` when not CPU); objects of classes the reader did not import become
     ``{"object": "module.Class", "args": [...], "state": ...}``; blocked or unknown calls become
-    ``{"call": "os.system", "args": [...], "blocked": true}``; bytes become ``{"bytes": length}``.
-    Dict keys become strings. Cycles and anything past ``max_depth`` / ``max_nodes`` become ``"…"``.
+    ``{"call": "os.system", "args": [...], "blocked": true}``; bytes become ``{"bytes": length}`` (and
+    payloads the reader skipped ``{"bytes": length}`` or ``{"str": length}``). Dict keys become strings.
+    Cycles and anything past ``max_depth`` becomes ``"…"``; past ``max_nodes`` values or ``max_chars``
+    characters of strings, containers end with ``"…"`` and strings are cut, ending in ``"…"``: the result
+    is bounded whatever the input shares or repeats.
     """
-    budget = [max_nodes]
+    budget = [max_nodes, max_chars]
     return _conv(obj, 0, set(), budget, max_depth)
 
 
 def _conv(o: Any, depth: int, path: set[int], budget: list[int], max_depth: int) -> Any:
-    if o is None or isinstance(o, (bool, int, str)):
+    budget[0] -= 1 + depth // 4  # deep values cost more: printed with indentation, they weigh more
+    if o is None or isinstance(o, (bool, int)):
         return o
+    if isinstance(o, str):
+        return _clip(o, budget)
     if isinstance(o, float):
         return o if math.isfinite(o) else str(o)
-    budget[0] -= 1
     if budget[0] < 0 or depth >= max_depth or id(o) in path:
         return _CUT
     path.add(id(o))
     try:
-        return _conv_node(o, lambda x: _conv(x, depth + 1, path, budget, max_depth))
+        return _conv_node(o, lambda x: _conv(x, depth + 1, path, budget, max_depth), budget)
     finally:
         path.discard(id(o))
 
 
-def _conv_node(o: Any, conv: Any) -> Any:
+def _clip(text: str, budget: list[int]) -> str:
+    budget[1] -= len(text)
+    if budget[1] >= 0:
+        return text
+    keep = max(0, len(text) + budget[1])
+    budget[1] = 0
+    return text[:keep] + _CUT
+
+
+def _items(values: Iterable[Any], conv: Any, budget: list[int]) -> list[Any]:
+    out = []
+    for v in values:
+        if budget[0] <= 0:
+            out.append(_CUT)
+            break
+        out.append(conv(v))
+    return out
+
+
+def _conv_node(o: Any, conv: Any, budget: list[int]) -> Any:
     if isinstance(o, TensorInfo):
         out: dict[str, Any] = {"tensor": list(o.shape) if o.shape is not None else None, "dtype": o.dtype}
         if o.kind != "tensor":
@@ -114,18 +141,23 @@ def _conv_node(o: Any, conv: Any) -> Any:
     if isinstance(o, dict):
         out = {}
         for k, v in o.items():
-            key = _key(k, conv)
+            if budget[0] <= 0:
+                out[_CUT] = _CUT
+                break
+            key = _clip(_key(k, conv), budget)
             while key in out:
                 key += "#"
             out[key] = conv(v)
         return out
     if isinstance(o, (list, tuple)):
-        return [conv(v) for v in o]
+        return _items(o, conv, budget)
     if isinstance(o, (set, frozenset)):
         # Sets have no order: sort the rendered elements (never repr(): it recurses without bound).
-        return sorted((conv(v) for v in o), key=lambda v: json.dumps(v, sort_keys=True))
+        return sorted(_items(o, conv, budget), key=lambda v: json.dumps(v, sort_keys=True))
     if isinstance(o, (bytes, bytearray)):
         return {"bytes": len(o)}
+    if isinstance(o, LargeData):
+        return {"str" if o.kind == "str" else "bytes": o.size}
     if isinstance(o, complex):
         return {"complex": [conv(o.real), conv(o.imag)]}
     if isinstance(o, slice):
@@ -144,14 +176,14 @@ def _conv_opaque(o: Opaque, conv: Any) -> Any:
         code = dtype.args[0] if isinstance(dtype, Opaque) and dtype.args else None
         return {"ndarray": conv(o.state[1]), "dtype": conv(code)}
     if o.called and not o.benign:
-        out: dict[str, Any] = {"call": o.qualname, "args": conv(list(o.args))}
+        out: dict[str, Any] = {"call": o.qualname, "args": conv(o.args)}
         if o.kwargs:
             out["kwargs"] = conv(o.kwargs)
         out["blocked"] = True
         return out
     out = {"object": o.qualname}
     if o.args:
-        out["args"] = conv(list(o.args))
+        out["args"] = conv(o.args)
     if o.kwargs:
         out["kwargs"] = conv(o.kwargs)
     if o.state is not None:
@@ -159,7 +191,7 @@ def _conv_opaque(o: Opaque, conv: Any) -> Any:
     if o.items:
         out["items"] = conv(o.items)
     if o.dict_items:
-        out["dict_items"] = conv([list(kv) for kv in o.dict_items])
+        out["dict_items"] = conv(o.dict_items)  # (key, value) pairs: rendered as two-element lists
     return out
 
 
@@ -170,4 +202,6 @@ def _key(k: Any, conv: Any) -> str:
         return json.dumps(k)
     if isinstance(k, (TensorInfo, Opaque)) or isinstance(k, type):
         return f"<{global_name(k) if not isinstance(k, TensorInfo) else k.kind}>"
+    if isinstance(k, LargeData):
+        return repr(k)
     return json.dumps(conv(k), sort_keys=True)

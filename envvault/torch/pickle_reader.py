@@ -8,6 +8,11 @@ This reader resolves each global against a fixed table instead of importing it:
 - dtypes, layouts and devices become :class:`TorchConst`, ``torch.Size`` a tuple, ``OrderedDict`` itself;
 - ``set``, ``frozenset``, ``complex``, ``slice``, ``bytes``, ``bytearray`` and ``_codecs.encode`` run
   through guards that accept plain data only (no ``bytearray(10**12)``);
+- the pickle is read by a bounded subclass of Python's own (pure-Python) unpickler: at most
+  :data:`MAX_OPS` opcodes (so objects), :data:`MAX_BYTES` bytes, tuples nested :data:`MAX_NEST` deep
+  (hashing a deeper one as a dict key would exhaust the C stack), integers of :data:`MAX_INT_BITS` bits,
+  :data:`MAX_GLOBALS` distinct globals; strings and bytes over :data:`MAX_ITEM` bytes are skipped and
+  stand in as :class:`LargeData`. Past a limit the read stops with one line (:class:`UsageError`);
 - every other global becomes a placeholder *type*: creating it yields an inert :class:`Opaque` record that
   keeps its arguments and ``__setstate__`` state, so a pickled ``nn.Module`` is a tree of records;
 - calling anything that is not allow-listed (``os.system``, ``builtins.eval``, the result of a blocked
@@ -24,14 +29,16 @@ import _compat_pickle
 import io
 import pickle
 import reprlib
+import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from envvault.errors import CorruptError
+from envvault.errors import CorruptError, UsageError
 from envvault.torch._guards import GUARDS, Refused
 from envvault.torch.records import (
     DTYPE_SIZES,
     Blocked,
+    LargeData,
     Opaque,
     Placeholder,
     StorageRef,
@@ -50,7 +57,10 @@ __all__ = [
     "TensorInfo",
     "Opaque",
     "Blocked",
+    "LargeData",
     "PickleResult",
+    "MAX_BYTES",
+    "MAX_OPS",
     "load",
     "loads",
     "global_name",
@@ -128,15 +138,32 @@ def _is_dangerous(module: str, name: str) -> bool:
                for p in parts)
 
 
+# Reading limits (docs/format.md, threat model). A real torch.save of 12,000 tensors (a 4,000-layer model
+# and its Adam state) is a 1.4 MB pickle of 500,000 opcodes; these leave room for four times that.
+MAX_BYTES = 1 << 30  # bytes of one pickle stream read, payloads skipped over included
+MAX_OPS = 2_000_000  # opcodes executed: each makes at most one object
+MAX_ITEM = 1 << 20  # a str or bytes payload larger than this is skipped (a LargeData stands in)
+MAX_KEPT = 64 << 20  # total str/bytes payload kept in memory; later ones are skipped too
+MAX_LINE = 1 << 16  # one line of a text opcode (protocol 0/1 GLOBAL, INT, STRING...)
+MAX_FRAME = 4 << 20  # one protocol-4 frame (the pickler makes them about 64 KiB)
+MAX_NEST = 100  # tuples / frozensets inside tuples / frozensets
+MAX_INT_BITS = 4096  # an integer of more bits ends the read (4096 bits: 1234 decimal digits)
+MAX_GLOBALS = 10_000  # distinct module.name pairs
+MAX_NAME = 256  # characters in a global's module or name
+MAX_FINDINGS = 100  # findings listed; the rest are counted
+
+
 @dataclass(frozen=True)
 class PickleResult:
-    """The record tree, the findings in pickle order, every non-allow-listed global the pickle names, and
-    the storages its persistent ids point at."""
+    """The record tree, the findings in pickle order (the first :data:`MAX_FINDINGS`; ``more_findings``
+    counts the rest), every non-allow-listed global the pickle names, and the storages its persistent ids
+    point at."""
 
     obj: Any
     findings: tuple[Blocked, ...]
     globals: tuple[str, ...]
     storages: tuple[StorageRef, ...] = ()
+    more_findings: int = 0
 
 
 _REPR = reprlib.Repr()
@@ -153,6 +180,8 @@ class _Session:
         self.made: list[Opaque] = []
         self.names: dict[tuple[str, str], None] = {}
         self.storages: dict[str, StorageRef] = {}
+        self.depths: dict[int, int] = {}
+        self.keep: list[Any] = []
 
     def make(self, cls: type, module: str, name: str, args: tuple, kwargs: dict, *, called: bool,
              danger: bool, benign: bool = False) -> Opaque:
@@ -166,6 +195,8 @@ class _Session:
     def placeholder(self, module: str, name: str) -> type:
         key = (module, name)
         if key not in self.types:
+            if len(self.types) >= MAX_GLOBALS:
+                raise _Limit(f"it names more than {MAX_GLOBALS} distinct globals")
             if key not in _ALLOWED_CLASSES:
                 self.names[key] = None
             self.types[key] = type("OpaqueGlobal", (Placeholder,), {
@@ -175,6 +206,8 @@ class _Session:
         return self.types[key]
 
     def find_class(self, module: str, name: str) -> Any:
+        if len(module) > MAX_NAME or len(name) > MAX_NAME:
+            raise _Limit(f"it names a global longer than {MAX_NAME} characters")
         if (module, name) in _compat_pickle.NAME_MAPPING:
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         elif module in _compat_pickle.IMPORT_MAPPING:
@@ -194,7 +227,7 @@ class _Session:
             key = _text(key)
             if key not in self.storages:
                 dtype = stype.dtype if isinstance(stype, StorageType) else "unknown"
-                numel = numel if isinstance(numel, int) and numel >= 0 else 0
+                numel = numel if type(numel) is int and 0 <= numel < 1 << 63 else 0
                 self.storages[key] = StorageRef(key, dtype, _text(location), numel)
             return self.storages[key]
         if isinstance(pid, tuple) and len(pid) == 4 and pid[0] in ("module", b"module"):
@@ -202,20 +235,47 @@ class _Session:
         # Unknown persistent ids stay inert data; torch.load would fail on them.
         return self.make(Opaque, "", "persistent_id", (pid,), {}, called=False, danger=False, benign=True)
 
-    def findings(self) -> tuple[Blocked, ...]:
+    def nest(self, obj: Any) -> Any:
+        """Record how deeply the new tuple or frozenset ``obj`` nests others; refuse past :data:`MAX_NEST`.
+        (Hashing one as a dict key or set member recurses in C once per level.)"""
+        depth = 1
+        for e in obj:
+            if type(e) is tuple or type(e) is frozenset:
+                d = self.depths.get(id(e), 1) + 1
+                if d > depth:
+                    depth = d
+        if depth > MAX_NEST:
+            raise _Limit(f"it nests tuples more than {MAX_NEST} deep")
+        if depth > 1:
+            self.depths[id(obj)] = depth
+            self.keep.append(obj)  # alive while its id is a key of depths
+        return obj
+
+    def findings(self, limit: int) -> tuple[tuple[Blocked, ...], int]:
+        """The first ``limit`` findings and how many more there are."""
         out: list[Blocked] = []
+        more = 0
         used: set[tuple[str, str]] = set()
         for rec in self.made:
             used.add((rec.module, rec.name))
             if rec.called and not rec.benign:
+                if len(out) >= limit:
+                    more += 1
+                    continue
                 out.append(Blocked(rec.module, rec.name, "call", _call_repr(rec.args, rec.kwargs),
                                    "danger" if rec.danger else "unknown"))
             elif rec.danger and not rec.called:
+                if len(out) >= limit:
+                    more += 1
+                    continue
                 out.append(Blocked(rec.module, rec.name, "instantiate"))
         for (module, name), cls in self.types.items():
             if cls._g_danger and (module, name) not in used:
+                if len(out) >= limit:
+                    more += 1
+                    continue
                 out.append(Blocked(module, name, "reference"))
-        return tuple(out)
+        return tuple(out), more
 
 
 def _call_repr(args: tuple, kwargs: dict) -> str:
@@ -241,10 +301,46 @@ def _bind(guard: Any, session: _Session, module: str, name: str) -> Any:
     return call
 
 
-class _Unpickler(pickle.Unpickler):
+class _Limit(Exception):
+    """The pickle goes past a reading limit; the message completes "pickle ... : <message>"."""
+
+
+class _Lines:
+    """The pickle's file as the unpickler sees it: ``read`` is the file's own (every size the pickle
+    states is checked before a read, see ``_Reader``), ``readline`` stops at :data:`MAX_LINE` bytes."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.read = file.read
+        self._readline = file.readline
+
+    def readline(self) -> bytes:
+        line = self._readline(MAX_LINE + 1)
+        if len(line) > MAX_LINE:
+            raise _Limit(f"it holds a text line longer than {MAX_LINE} bytes")
+        return line
+
+
+def _digits(line: bytes) -> bytes:
+    if len(line) > MAX_INT_BITS // 3:
+        raise _Limit(f"it holds an integer of more than {MAX_INT_BITS} bits")
+    return line
+
+
+class _Reader(pickle._Unpickler):
+    """Python's own unpickler with every opcode counted and every size checked before it is allocated.
+
+    The C unpickler cannot be bounded from outside (it hashes a 300,000-deep tuple used as a dict key
+    until the C stack overflows, and sizes its memo by the largest index a pickle names), so this one runs
+    the pure-Python implementation of the same opcodes (``pickle._Unpickler``), overriding only those
+    that allocate by a size the pickle states or build nested tuples.
+    """
+
+    dispatch: dict[int, Any] = {}  # filled below: the base table, with this class's overrides
+
     def __init__(self, file: BinaryIO, session: _Session) -> None:
-        super().__init__(file, encoding="utf-8", errors="backslashreplace")
+        super().__init__(_Lines(file), encoding="utf-8", errors="backslashreplace")
         self._session = session
+        self._kept = self._payloads = 0
 
     def find_class(self, module: str, name: str) -> Any:  # never imports
         return self._session.find_class(str(module), str(name))
@@ -252,22 +348,174 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:  # never loads
         return self._session.persistent_load(pid)
 
+    def load(self) -> Any:
+        # pickle._Unpickler.load with an opcode budget (same private helpers as the standard library's).
+        # Reads go straight to the file until a FRAME opcode (protocol 4+) switches them to the unframer.
+        self._unframer = pickle._Unframer(self._file_read, self._file_readline)
+        self.read, self.readline = self._file_read, self._file_readline
+        self.metastack, self.stack, self.proto = [], [], 0
+        self.append = self.stack.append
+        dispatch = self.dispatch
+        budget = MAX_OPS
+        try:
+            while True:
+                key = self.read(1)
+                if not key:
+                    raise EOFError
+                budget -= 1
+                if budget < 0:
+                    raise _Limit(f"it runs more than {MAX_OPS} opcodes")
+                dispatch[key[0]](self)
+        except pickle._Stop as stop:
+            return stop.value
+
+    # -- sizes stated by the pickle ------------------------------------------------------------------
+
+    def _payload(self, n: int, kind: str) -> Any:
+        if n < 0:
+            raise pickle.UnpicklingError("negative length")
+        self._payloads += n
+        if self._payloads > MAX_BYTES:
+            raise _Limit(f"its strings and bytes are larger than {MAX_BYTES >> 20} MiB")
+        if n > MAX_ITEM or self._kept + n > MAX_KEPT:
+            left = n
+            while left:  # skipped in chunks: never held
+                step = min(left, MAX_ITEM)
+                if len(self.read(step)) < step:
+                    raise EOFError
+                left -= step
+            return LargeData(kind, n)
+        data = self.read(n)
+        if len(data) < n:
+            raise EOFError
+        self._kept += n
+        return data
+
+    def _bytes(self, n: int) -> None:
+        self.append(self._payload(n, "bytes"))
+
+    def _text(self, n: int, *, legacy: bool = False) -> None:
+        data = self._payload(n, "str")
+        if isinstance(data, LargeData):
+            self.append(data)
+        elif legacy:
+            self.append(self._decode_string(data))
+        else:
+            self.append(str(data, "utf-8", "surrogatepass"))
+
+    def load_binbytes(self) -> None:
+        self._bytes(struct.unpack("<I", self.read(4))[0])
+
+    def load_binbytes8(self) -> None:
+        self._bytes(struct.unpack("<Q", self.read(8))[0])
+
+    def load_short_binbytes(self) -> None:
+        self._bytes(self.read(1)[0])
+
+    def load_bytearray8(self) -> None:
+        data = self._payload(struct.unpack("<Q", self.read(8))[0], "bytearray")
+        self.append(data if isinstance(data, LargeData) else bytearray(data))
+
+    def load_binunicode(self) -> None:
+        self._text(struct.unpack("<I", self.read(4))[0])
+
+    def load_binunicode8(self) -> None:
+        self._text(struct.unpack("<Q", self.read(8))[0])
+
+    def load_short_binunicode(self) -> None:
+        self._text(self.read(1)[0])
+
+    def load_binstring(self) -> None:
+        self._text(struct.unpack("<i", self.read(4))[0], legacy=True)
+
+    def load_short_binstring(self) -> None:
+        self._text(self.read(1)[0], legacy=True)
+
+    def load_frame(self) -> None:
+        size = struct.unpack("<Q", self.read(8))[0]
+        if size > MAX_FRAME:
+            raise _Limit(f"it holds a {size}-byte frame (over {MAX_FRAME >> 20} MiB)")
+        self.read, self.readline = self._unframer.read, self._unframer.readline
+        self.readinto = self._unframer.readinto
+        self._unframer.load_frame(size)
+
+    def load_long1(self) -> None:
+        self._long(self.read(1)[0])
+
+    def load_long4(self) -> None:
+        self._long(struct.unpack("<i", self.read(4))[0])
+
+    def _long(self, n: int) -> None:
+        if n < 0:
+            raise pickle.UnpicklingError("LONG pickle has negative byte count")
+        if n * 8 > MAX_INT_BITS:
+            raise _Limit(f"it holds an integer of more than {MAX_INT_BITS} bits")
+        self.append(pickle.decode_long(self.read(n)))
+
+    def load_long(self) -> None:
+        val = _digits(self.readline()[:-1])
+        self.append(int(val[:-1] if val.endswith(b"L") else val, 0))
+
+    def load_int(self) -> None:
+        data = _digits(self.readline())
+        self.append(False if data == b"00\n" else True if data == b"01\n" else int(data, 0))
+
+    def load_get(self) -> None:
+        i = int(_digits(self.readline()[:-1]))
+        if i not in self.memo:
+            raise pickle.UnpicklingError(f"memo value not found at index {i}")
+        self.append(self.memo[i])
+
+    def load_put(self) -> None:
+        i = int(_digits(self.readline()[:-1]))
+        if i < 0:
+            raise pickle.UnpicklingError("negative PUT argument")
+        self.memo[i] = self.stack[-1]
+
+    # -- nesting -----------------------------------------------------------------------------------
+
+    def load_tuple(self) -> None:
+        items = self.pop_mark()  # before self.append is looked up: pop_mark replaces it
+        self.append(self._session.nest(tuple(items)))
+
+    def load_tuple1(self) -> None:
+        self.stack[-1] = self._session.nest((self.stack[-1],))
+
+    def load_tuple2(self) -> None:
+        self.stack[-2:] = [self._session.nest((self.stack[-2], self.stack[-1]))]
+
+    def load_tuple3(self) -> None:
+        self.stack[-3:] = [self._session.nest((self.stack[-3], self.stack[-2], self.stack[-1]))]
+
+    def load_frozenset(self) -> None:
+        items = self.pop_mark()
+        self.append(self._session.nest(frozenset(items)))
+
+
+_Reader.dispatch = {key: getattr(_Reader, func.__name__) for key, func in pickle._Unpickler.dispatch.items()}
+
 
 def load(file: BinaryIO, *, what: str = "pickle") -> PickleResult:
     """Read one pickle from ``file`` (left just after its STOP opcode) without importing or running code.
 
-    Raises :class:`CorruptError` (one line, naming ``what``) when the bytes are not a complete pickle.
+    Raises :class:`CorruptError` (one line, naming ``what``) when the bytes are not a complete pickle, and
+    :class:`UsageError` when they go past a reading limit (``MAX_*`` above).
     """
     session = _Session()
     try:
-        obj = _Unpickler(file, session).load()
+        obj = _Reader(file, session).load()
+    except _Limit as err:
+        raise UsageError(f"{what}: refusing to read this pickle: {err} (envvault's limit)") from None
     except EOFError:
         raise CorruptError(f"{what} is truncated") from None
+    except RecursionError:  # not expected: nothing here recurses by the pickle's nesting
+        raise UsageError(f"{what}: refusing to read this pickle: it nests too deeply") from None
     except Exception as err:  # whatever the bytes make the unpickler raise, the file is unreadable
         detail = " ".join(str(err).split())[:200] or type(err).__name__
         raise CorruptError(f"{what} cannot be read: {detail}") from None
     names = tuple(f"{m}.{n}" for m, n in session.names)
-    return PickleResult(obj, session.findings(), names, tuple(session.storages.values()))
+    findings, more = session.findings(MAX_FINDINGS)
+    return PickleResult(obj, findings, names, tuple(session.storages.values()), more)
 
 
 def loads(data: bytes, *, what: str = "pickle") -> PickleResult:

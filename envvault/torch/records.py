@@ -18,9 +18,15 @@ __all__ = [
     "Opaque",
     "Placeholder",
     "Blocked",
+    "LargeData",
+    "MAX_DIMS",
+    "valid_shape",
     "global_name",
     "walk",
 ]
+
+MAX_DIMS = 64  # dimensions of a tensor shape a reader accepts
+_MAX_DIM = (1 << 63) - 1  # torch sizes are int64
 
 DTYPE_SIZES: dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -33,6 +39,29 @@ DTYPE_SIZES: dict[str, int] = {
     "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
     **{f"{p}int{n}": 1 for p in ("", "u") for n in range(1, 8)},
 }  # fmt: skip
+
+
+def valid_shape(value: Any) -> tuple[int, ...] | None:
+    """``value`` as a tensor shape (or stride): a list or tuple of at most :data:`MAX_DIMS` ints in
+    ``[0, 2**63)``; None for anything else. The one rule for shapes read from any checkpoint, so that
+    element counts stay cheap to compute whatever a file claims."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_DIMS:
+        return None
+    if not all(type(d) is int and 0 <= d <= _MAX_DIM for d in value):
+        return None
+    return tuple(value)
+
+
+class LargeData:
+    """A str or bytes payload too large to keep (see ``pickle_reader.MAX_ITEM``): its kind and size."""
+
+    __slots__ = ("kind", "size")
+
+    def __init__(self, kind: str, size: int) -> None:
+        self.kind, self.size = kind, size
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} of {self.size} bytes, not read>"
 
 
 @dataclass(frozen=True)

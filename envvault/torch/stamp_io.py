@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from envvault.errors import CorruptError, NotFoundError, RefusedError, StorageError, UsageError
-from envvault.torch.checkpoint import SIDECAR_NAME, STAMP_RECORD, read_safetensors_header
+from envvault.torch.checkpoint import SIDECAR_NAME, STAMP_RECORD, open_regular, read_safetensors_header
 from envvault.vault.fsutil import fsync_dir, tmp_name
 
 __all__ = ["add_zip_record", "set_safetensors_metadata", "write_sidecar", "ZIP_ALIGNMENT"]
@@ -203,8 +203,9 @@ def _write_end(f: BinaryIO, central: bytes, count: int, comment: bytes, zip64: b
 
 
 def _open_existing(path: Path) -> BinaryIO:
+    """``path`` opened for reading when it is a regular file (a FIFO or device is refused, never waited on)."""
     try:
-        return open(path, "rb")
+        return open_regular(path)
     except FileNotFoundError:
         raise NotFoundError(f"{path}: no such file") from None
 
