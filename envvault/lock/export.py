@@ -221,7 +221,8 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
                 warnings.append(f"{p['name']} {p['version']}: the lock installs it from {origin['directory']['path']}, "
                                 "which no longer exists")
             elif origin is None and man.get("record") != "ok":
-                warnings.append(f"{p['name']} {p['version']}: files not in the vault; the lock names it without a source")
+                warnings.append(f"{p['name']} {p['version']}: files not in the vault; "
+                                "the lock names it without a source")
             entries.append(entry)
         atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
     except BaseException:

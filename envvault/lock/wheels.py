@@ -88,8 +88,8 @@ def check_wheel_source(man: dict, python: dict) -> None:
             raise RefusedError(f"refusing to rebuild the wheel of {shown}: a file of its manifest has no path")
         member = wheel_member(man, f, python)
         if member is not None and _bad_member(member):
-            raise RefusedError(f"refusing to rebuild the wheel of {shown}: file {rec!r} would be the wheel member {member!r}, "
-                               "outside the wheel's folders")
+            raise RefusedError(f"refusing to rebuild the wheel of {shown}: file {rec!r} would be the wheel member "
+                               f"{member!r}, outside the wheel's folders")
 
 
 def _layout(man: dict, python: dict, entry_points=()) -> DistLayout:

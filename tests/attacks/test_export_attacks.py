@@ -14,7 +14,9 @@ import os
 
 import pytest
 
-from tests.attacks.craft import blake, decoy, init_vault, one_line, put_manifest, put_snapshot, run_cli, snapshot_doc, write_pack
+from tests.attacks.craft import (
+    blake, decoy, init_vault, one_line, put_manifest, put_snapshot, run_cli, snapshot_doc, write_pack,
+)
 
 SP = "lib/python3.11/site-packages"
 PYTHON = {"abi": "cp311", "implementation": "cpython", "platform": "linux-x86_64", "version": "3.11.7",
