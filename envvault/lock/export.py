@@ -189,8 +189,14 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
         return {"path": str(out), "format": fmt, "packages": len(doc["packages"]), "warnings": warnings}
     wheel_dir = out.parent / f"{out.stem}.wheels"
     if doc.get("lock_only"):
-        entries, lock_warnings = _lock_only_entries(vault, sid, doc, wheel_dir, out.parent, wheels)
-        atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
+        made_dir = not wheel_dir.exists()
+        try:
+            entries, lock_warnings = _lock_only_entries(vault, sid, doc, wheel_dir, out.parent, wheels)
+            atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
+        except BaseException:
+            if made_dir:  # a refused or damaged copy: no wheel folder left half-filled
+                shutil.rmtree(wheel_dir, ignore_errors=True)
+            raise
         n_wheels = sum(1 for e in entries if e["wheel"])
         return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
                 "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings + lock_warnings}

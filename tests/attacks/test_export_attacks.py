@@ -120,3 +120,27 @@ def test_missing_index_files_fail_export(tmp_path, lost):
         rc, err, out = _export(tmp_path, vault, sid, *args)
         one_line(rc, err, 5, "envvault verify")
         _nothing_written(out)
+
+
+def test_lock_only_export_of_a_hostile_stored_copy_leaves_no_wheels(tmp_path):
+    """A lock-only snapshot is exported from the full snapshot's stored copies: a good one is rebuilt first,
+    then the hostile one is refused; the wheel folder does not stay half-filled."""
+    good = {**_manifest(name="aaa"), "build_id": "a" * 64, "state_id": "a" * 64,
+            "dist_info": f"{SP}/aaa-1.0.dist-info"}
+    bad = _manifest(files=[_file("pkg/__init__.py"), _file("/abs/escape.py", f"{SP}/escape.py")])
+    vault = init_vault(tmp_path / "vault")
+    write_pack(vault, [(PAYLOAD, "b")])
+    packages = []
+    for man in (good, bad):
+        mid = put_manifest(vault, man)
+        packages.append({"name": man["name"], "version": man["version"], "build_id": man["build_id"],
+                         "state_id": man["state_id"], "identity": 2, "scripts": None, "manifest": mid,
+                         "installer": "pip", "requested": True, "record": "ok", "build_info": None, "files": 1,
+                         "size": 10, "modified": [], "missing": [], "exec": []})
+    venv = str(tmp_path / "venv")
+    put_snapshot(vault, snapshot_doc(venv=venv, packages=packages, lock_only=False, python=PYTHON))
+    lock = put_snapshot(vault, snapshot_doc(venv=venv, packages=packages, lock_only=True, python=PYTHON,
+                                            created="2026-11-30T11:00:00.000000Z"))
+    rc, err, out = _export(tmp_path, vault, lock)
+    one_line(rc, err, 3, "outside the wheel")
+    _nothing_written(out)
