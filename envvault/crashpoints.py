@@ -30,9 +30,8 @@ gc (``envvault/vault/gc.py``)
     ``gc_rewritten``       a pack's live objects copied to new packs, the old index and pack still there
     ``gc_index_removed``   a pack's index deleted, the pack itself not yet
 
-checkpoint stamps (``envvault/torch/``)
-    ``stamp_snapshot``     the stamp's lock-only snapshot committed, the background full snap not started
-    ``stamp_write``        a stamped file's new bytes written and fsynced under a temp name, not renamed
+checkpoint stamps (``envvault/torch/stamp_io.py``: a stamp added to a checkpoint file, a sidecar)
+    ``stamp_write``        the file's new bytes written and fsynced under a temp name beside it, not renamed
 """
 
 from __future__ import annotations

@@ -488,3 +488,36 @@ def test_eight_processes_of_three_threads_make_one_snapshot(light_venv, tmp_path
     docs = [v.load_snapshot(sid).doc for sid in v.snapshot_ids()]
     assert sorted(d["lock_only"] for d in docs) == [False, True], (vault / "state" / "stamp-snap.log").read_text()
     assert len({d["fingerprint"] for d in docs}) == 1
+
+
+STAMP_PATH_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    import envvault.torch
+    torch.manual_seed(0)
+    torch.save(torch.nn.Linear(2, 2).state_dict(), sys.argv[1])  # saved before stamping is on: no stamp
+    envvault.torch.enable(full_snapshot=False)
+    envvault.torch.stamp(sys.argv[1])
+    print("stamped", flush=True)
+    """)
+
+
+def test_sigkill_while_stamping_a_file_leaves_it_whole(light_venv, tmp_path):
+    """Killed at the named point where the stamped copy is written but not renamed (envvault/crashpoints.py):
+    the checkpoint under its name is the whole unstamped one; a rerun stamps it."""
+    vault, ckpt = tmp_path / "vault", tmp_path / "ckpt" / "step.pt"
+    ckpt.parent.mkdir()
+    run = [str(light_venv / "bin" / "python"), "-c", STAMP_PATH_SCRIPT, str(ckpt)]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=300,
+                          env=dict(_env(vault), ENVVAULT_TEST_CRASH_AT="stamp_write"))
+    assert proc.returncode == -9, proc.stderr  # SIGKILL
+    assert [p.name for p in ckpt.parent.iterdir() if p != ckpt]  # killed mid-work: the stamped copy beside it
+    assert read_checkpoint(ckpt).stamp is None
+    torch.manual_seed(0)
+    want = torch.nn.Linear(2, 2).state_dict()
+    got = torch.load(ckpt, weights_only=True)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=300, env=_env(vault))
+    assert proc.returncode == 0 and "stamped" in proc.stdout, proc.stderr
+    stamp = read_checkpoint(ckpt).stamp
+    assert stamp is not None and stamp["snapshot"] in Vault.open(vault).snapshot_ids()
+    torch.nn.Linear(2, 2).load_state_dict(torch.load(ckpt, weights_only=True), strict=True)

@@ -24,6 +24,7 @@ import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
+from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, NotFoundError, RefusedError, StorageError, UsageError
 from envvault.torch.checkpoint import SIDECAR_NAME, STAMP_RECORD, open_regular, read_safetensors_header
 from envvault.vault.fsutil import fsync_dir, tmp_name
@@ -245,6 +246,7 @@ def _replace_atomically(target: Path, fill: Callable[[BinaryIO], Any], mode: int
             fill(f)
             f.flush()
             os.fsync(f.fileno())
+        crash_point("stamp_write")
         os.chmod(tmp, stat.S_IMODE(target.stat().st_mode) if target.exists() else mode)
         os.replace(tmp, target)
     except BaseException as err:
