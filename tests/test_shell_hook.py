@@ -185,3 +185,25 @@ def test_hook_in_interactive_zsh(scene):
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed (apt-get install -y fish)")
 def test_hook_in_interactive_fish(scene):
     _other_shell(scene, [shutil.which("fish"), "--no-config", "-i"], "source", "$status")
+
+
+def test_hook_catches_mpip_and_versioned_python_in_interactive_bash(scene):
+    """`python -mpip` (no space) and `python3.N -m pip` went around the hook (issue 14, item 9)."""
+    venv, env = scene
+    versioned = sorted(p.name for p in (venv / "bin").glob("python3.*") if p.name[len("python3."):].isdigit())
+    assert versioned, list((venv / "bin").iterdir())
+    with PtyShell(["/bin/bash", "--norc", "--noprofile", "-i"], env, cwd=venv.parent, prompt=PROMPT) as sh:
+        sh.expect(re.escape(PROMPT))
+        out, rc = sh.run(f'eval "$({sys.executable} -m envvault shell-hook bash)"')
+        assert rc == 0, out
+        out, rc = sh.run(f"source {venv}/bin/activate")
+        assert rc == 0, out
+        for line in ("python -mpip install --force-reinstall servingpkg </dev/null",
+                     f"{versioned[0]} -m pip install --force-reinstall servingpkg </dev/null",
+                     f"{versioned[0]} -mpip install --force-reinstall servingpkg </dev/null"):
+            out, rc = sh.run(line)
+            assert rc == 3, (line, out)
+            assert "SWAP      torchlike 2.11.0+cu128 -> 2.11.0" in out, (line, out)
+        assert _torch(sh) == "torchlike 2.11.0+cu128 cuda 12.8"
+        out, rc = sh.run(f"{versioned[0]} -c 'print(6 * 7)'")
+        assert rc == 0 and "42" in out and "envvault:" not in out

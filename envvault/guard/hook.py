@@ -7,12 +7,16 @@ unless all of these hold, in which case it runs ``envvault guard -- <the same wo
 - a virtual environment is active (``$VIRTUAL_ENV`` is set);
 - ``$ENVVAULT_DISABLE`` is empty or ``0``;
 - it is not already inside a guarded command (``$ENVVAULT_GUARD_ACTIVE``);
-- the words are ``pip``/``pip3 ...``, ``python``/``python3 -m pip ...`` or ``uv ... pip ...``, and one of
-  them is ``install``, ``uninstall`` or ``sync``. guard parses the command exactly and runs anything that
-  does not change the environment (``pip install --dry-run``, ``pip install --target``) untouched.
+- the words are ``pip``/``pip3``/``pip3.N ...``, ``python``/``python3``/``python3.N -m pip ...`` (or
+  ``-mpip``) or ``uv ... pip ...``, and one of them is ``install``, ``uninstall`` or ``sync``. guard parses
+  the command exactly and runs anything that does not change the environment (``pip install --dry-run``,
+  ``pip install --target``) untouched.
 
 The functions call the interpreter envvault was installed with, so the hook works in any venv, including
-ones without envvault. If that interpreter disappears, the hook warns and runs the command unguarded.
+ones without envvault. If that interpreter disappears, the hook warns and runs the command unguarded. They
+run envvault through :func:`boot_code`, never ``python -m envvault``: ``-m`` (and ``-c``) put the current
+folder first on ``sys.path``, so an ``envvault/`` folder (or a ``typing.py``) in the checkout the user
+stands in would run instead.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from __future__ import annotations
 import shlex
 import sys
 
-__all__ = ["SHELLS", "hook_code"]
+__all__ = ["SHELLS", "hook_code", "boot_code"]
 
 SHELLS = ("bash", "zsh", "fish")
+# python3.N / pip3.N commands the hook wraps besides python, python3, pip, pip3.
+_MINORS = range(6, 21)
 
 _POSIX = r"""# envvault shell hook ({shell}): eval "$(envvault shell-hook {shell})"
 # Routes pip, pip3, python -m pip and uv pip installs, uninstalls and syncs through `envvault guard`
 # while a virtual environment is active. ENVVAULT_DISABLE=1 turns it off.
 __envvault_python={python}
+__envvault_boot={boot}
 
 __envvault_wanted() {{
     [ -n "${{VIRTUAL_ENV:-}}" ] || return 1
@@ -43,7 +50,7 @@ __envvault_wanted() {{
 __envvault_run() {{
     if __envvault_wanted "$@"; then
         if [ -x "$__envvault_python" ]; then
-            "$__envvault_python" -m envvault guard -- "$@"
+            "$__envvault_python" -c "$__envvault_boot" guard -- "$@"
             return
         fi
         echo "envvault: $__envvault_python is gone; running $1 unguarded (ENVVAULT_DISABLE=1 silences this)" >&2
@@ -51,14 +58,18 @@ __envvault_run() {{
     command "$@"
 }}
 
-function pip {{ __envvault_run pip "$@"; }}
-function pip3 {{ __envvault_run pip3 "$@"; }}
-function python {{
-    if [ "${{1:-}}" = "-m" ] && [ "${{2:-}}" = "pip" ]; then __envvault_run python "$@"; else command python "$@"; fi
+__envvault_py() {{
+    local __envvault_name="$1"
+    shift
+    if [ "${{1:-}}" = "-mpip" ] || {{ [ "${{1:-}}" = "-m" ] && [ "${{2:-}}" = "pip" ]; }}; then
+        __envvault_run "$__envvault_name" "$@"
+    else
+        command "$__envvault_name" "$@"
+    fi
 }}
-function python3 {{
-    if [ "${{1:-}}" = "-m" ] && [ "${{2:-}}" = "pip" ]; then __envvault_run python3 "$@"; else command python3 "$@"; fi
-}}
+
+{pip_functions}
+{python_functions}
 function uv {{
     local __envvault_word
     for __envvault_word in "$@"; do
@@ -72,6 +83,7 @@ _FISH = r"""# envvault shell hook (fish): envvault shell-hook fish | source
 # Routes pip, pip3, python -m pip and uv pip installs, uninstalls and syncs through `envvault guard`
 # while a virtual environment is active. ENVVAULT_DISABLE=1 turns it off.
 set -g __envvault_python {python}
+set -g __envvault_boot {boot}
 
 function __envvault_wanted
     test -n "$VIRTUAL_ENV"; or return 1
@@ -93,7 +105,7 @@ end
 function __envvault_run
     if __envvault_wanted $argv
         if test -x "$__envvault_python"
-            $__envvault_python -m envvault guard -- $argv
+            $__envvault_python -c $__envvault_boot guard -- $argv
             return $status
         end
         echo "envvault: $__envvault_python is gone; running $argv[1] unguarded (ENVVAULT_DISABLE=1 silences this)" >&2
@@ -101,26 +113,20 @@ function __envvault_run
     command $argv
 end
 
-function pip --wraps pip
-    __envvault_run pip $argv
-end
-function pip3 --wraps pip3
-    __envvault_run pip3 $argv
-end
-function python --wraps python
-    if test (count $argv) -ge 2; and test "$argv[1]" = -m; and test "$argv[2]" = pip
-        __envvault_run python $argv
+function __envvault_py
+    set -l name $argv[1]
+    set -e argv[1]
+    if test (count $argv) -ge 1; and test "$argv[1]" = -mpip
+        __envvault_run $name $argv
+    else if test (count $argv) -ge 2; and test "$argv[1]" = -m; and test "$argv[2]" = pip
+        __envvault_run $name $argv
     else
-        command python $argv
+        command $name $argv
     end
 end
-function python3 --wraps python3
-    if test (count $argv) -ge 2; and test "$argv[1]" = -m; and test "$argv[2]" = pip
-        __envvault_run python3 $argv
-    else
-        command python3 $argv
-    end
-end
+
+{pip_functions}
+{python_functions}
 function uv --wraps uv
     if contains -- pip $argv
         __envvault_run uv $argv
@@ -135,12 +141,38 @@ def _fish_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def boot_code(prepend: list[str] | tuple[str, ...] = ()) -> str:
+    """Python source for ``python -c`` that runs envvault's command line (arguments after the code) with
+    the current folder off ``sys.path``: ``-c`` puts ``''`` first, so a module of the folder the command
+    runs in (``envvault/``, ``typing.py``, ``json.py``) would shadow envvault or the standard library.
+    Only absolute entries stay; ``prepend`` goes first. The one way envvault starts itself in a folder it
+    does not trust (the shell hook; the background snap of checkpoint stamping)."""
+    return ("import os, sys; sys.path[:] = " + repr(list(prepend))
+            + " + [p for p in sys.path if p and os.path.isabs(p)]; "
+            "sys.argv[0] = 'envvault'; from envvault.cli import main; main()")
+
+
+def _wrappers(shell: str) -> tuple[str, str]:
+    pips = ["pip", "pip3"] + [f"pip3.{n}" for n in _MINORS]
+    pythons = ["python", "python3"] + [f"python3.{n}" for n in _MINORS]
+    if shell == "fish":
+        pip = "\n".join(f"function {n} --wraps {n}\n    __envvault_run {n} $argv\nend" for n in pips)
+        py = "\n".join(f"function {n} --wraps {n}\n    __envvault_py {n} $argv\nend" for n in pythons)
+    else:
+        pip = "\n".join(f'function {n} {{ __envvault_run {n} "$@"; }}' for n in pips)
+        py = "\n".join(f'function {n} {{ __envvault_py {n} "$@"; }}' for n in pythons)
+    return pip, py
+
+
 def hook_code(shell: str, python: str | None = None) -> str:
     """The hook for ``shell`` ("bash", "zsh" or "fish"), calling envvault through ``python``
     (default: the interpreter running this envvault)."""
     python = python or sys.executable
-    if shell in ("bash", "zsh"):
-        return _POSIX.format(shell=shell, python=shlex.quote(python))
+    if shell not in SHELLS:
+        raise ValueError(f"unknown shell {shell!r}; choose one of {', '.join(SHELLS)}")
+    pip, py = _wrappers(shell)
     if shell == "fish":
-        return _FISH.format(python=_fish_quote(python))
-    raise ValueError(f"unknown shell {shell!r}; choose one of {', '.join(SHELLS)}")
+        return _FISH.format(python=_fish_quote(python), boot=_fish_quote(boot_code()), pip_functions=pip,
+                            python_functions=py)
+    return _POSIX.format(shell=shell, python=shlex.quote(python), boot=shlex.quote(boot_code()), pip_functions=pip,
+                         python_functions=py)

@@ -1,0 +1,171 @@
+"""Hostile working directories (issue 14, items 9 and 10): the shell hook run inside a checkout that holds
+an ``envvault/`` folder (and modules shadowing the standard library), the background snap of checkpoint
+stamping started from such a folder, the ``.pth`` stamping hook, and checkpoint stamping inside a git
+repository whose config names commands (``core.fsmonitor``). Each asserts that a marker file the hostile
+code would create never appears, and that envvault still did its work.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from envvault.guard.hook import hook_code
+from tests.evtools import ROOT
+
+PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('ran from the working directory')\n"
+
+
+def _hostile_checkout(where: Path, marker: Path) -> Path:
+    """A folder holding an ``envvault`` package and modules named like the standard library's that
+    envvault imports after start-up (typing, gettext, json): each writes ``marker`` when imported."""
+    where.mkdir(parents=True)
+    pkg = where / "envvault"
+    pkg.mkdir()
+    code = PAYLOAD.format(marker=str(marker))
+    for path in (pkg / "__init__.py", pkg / "__main__.py", where / "typing.py", where / "gettext.py",
+                 where / "json.py"):
+        path.write_text(code)
+    return where
+
+
+def _fake_tool(bindir: Path, name: str, log: Path) -> None:
+    """``name`` on PATH: records how it was called (and whether guard ran it) instead of doing anything."""
+    bindir.mkdir(exist_ok=True)
+    tool = bindir / name
+    tool.write_text(f'#!/bin/sh\necho "{name} guard=${{ENVVAULT_GUARD_ACTIVE:-no}} $*" >> {log}\n')
+    tool.chmod(0o755)
+
+
+def test_shell_hook_ignores_code_in_the_working_directory(tmp_path):
+    marker = tmp_path / "marker"
+    checkout = _hostile_checkout(tmp_path / "checkout", marker)
+    log = tmp_path / "calls.log"
+    bindir = tmp_path / "bin"
+    minor = f"python3.{sys.version_info[1]}"
+    for name in ("pip", "python", minor):
+        _fake_tool(bindir, name, log)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    script = (f'eval "$(cat {tmp_path / "hook.sh"})"\n'
+              "pip install --dry-run requests\n"
+              "python -mpip install --dry-run requests\n"
+              f"{minor} -m pip install --dry-run requests\n")
+    (tmp_path / "hook.sh").write_text(hook_code("bash", python=sys.executable))
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "VIRTUAL_ENV": str(venv),
+           "PYTHONPATH": str(ROOT), "ENVVAULT_HOME": str(tmp_path / "vault")}
+    proc = subprocess.run(["bash", "--norc", "--noprofile", "-c", script], cwd=checkout, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), marker.read_text() + proc.stderr
+    # envvault ran (the real one) and passed each dry run through to the tool, the -mpip and python3.N
+    # spellings included.
+    assert log.read_text().splitlines() == [
+        "pip guard=1 install --dry-run requests",
+        "python guard=1 -mpip install --dry-run requests",
+        f"{minor} guard=1 -m pip install --dry-run requests",
+    ], proc.stderr
+
+
+def test_background_snap_of_stamping_ignores_code_in_the_working_directory(tmp_path, monkeypatch):
+    from envvault.torch import stamp_doc
+    from envvault.torch.hook import runtime_path
+    from envvault.vault.store import Vault
+
+    marker = tmp_path / "marker"
+    checkout = _hostile_checkout(tmp_path / "checkout", marker)
+    vault = Vault.open(tmp_path / "vault", create=True)
+    started: list[list[str]] = []
+    monkeypatch.setattr(stamp_doc, "subprocess", SimpleNamespace(run=lambda cmd, **kw: started.append(cmd)))
+    stamp_doc.spawn_full_snapshot(vault, Path(sys.prefix), "f" * 64, runtime_path())
+    cmd = started[0][started[0].index(sys.executable):]  # the command sh starts in the background
+    # Run it where a training process could stand, asking only for the version.
+    proc = subprocess.run([cmd[0], "-c", cmd[2], "--version"], cwd=checkout, capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert not marker.exists(), proc.stderr
+    assert proc.returncode == 0 and "envvault" in proc.stdout, proc.stderr
+
+
+def test_pth_stamping_hook_ignores_code_in_the_working_directory(tmp_path, make_venv):
+    from envvault.torch.hook import install_hook
+
+    venv = make_venv("uv", name="train")
+    install_hook(venv)
+    marker = tmp_path / "marker"
+    checkout = _hostile_checkout(tmp_path / "checkout", marker)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["ENVVAULT_STAMP"] = "1"
+    python = str(venv / "bin" / "python")
+    armed = subprocess.run([python, "-c", "import sys, envvault; print('envvault.torch._autostamp' in sys.modules, "
+                            "envvault.__file__)"], cwd=checkout, env=env, capture_output=True, text=True, timeout=120)
+    assert not marker.exists(), armed.stderr
+    assert armed.stdout.split()[0] == "True", armed.stdout + armed.stderr  # the hook ran ...
+    assert not armed.stdout.split()[1].startswith(str(checkout)), armed.stdout  # ... with the real envvault
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo.parent)})
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git work tree with one commit on branch ``main`` and a tracked file."""
+    repo = tmp_path / "unpacked"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "train.py").write_text("print('train')\n")
+    _git(repo, "add", "train.py")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    return repo
+
+
+def _stamp_git(cwd: Path) -> dict:
+    """The ``git`` field of a stamp made by a process standing in ``cwd``."""
+    code = ("import json, sys; from pathlib import Path; from envvault.torch.stamp_doc import base_stamp\n"
+            "doc = base_stamp(state=None, snapshot=None, vault_root=None, prefix=Path(sys.prefix), warnings=[])\n"
+            "print(json.dumps(doc['git']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(cwd.parent)})
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    return json.loads(proc.stdout)
+
+
+def test_stamping_in_a_repository_runs_none_of_its_configured_commands(repo, tmp_path):
+    marker = tmp_path / "marker"
+    hook = tmp_path / "fsmonitor.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    hook.chmod(0o755)
+    _git(repo, "config", "core.fsmonitor", str(hook))
+    (repo / "train.py").write_text("print('edited')\n")  # a change: git status would consult fsmonitor
+    head = (repo / ".git" / "refs" / "heads" / "main").read_text().strip()
+    sub = repo / "runs" / "exp1"
+    sub.mkdir(parents=True)
+    git = _stamp_git(sub)
+    assert not marker.exists()
+    assert git == {"root": str(repo), "commit": head, "branch": "main", "dirty": None}
+
+
+def test_stamping_in_a_plain_repository_still_says_whether_it_is_dirty(repo):
+    git = _stamp_git(repo)
+    assert git["branch"] == "main" and len(git["commit"]) == 40 and git["dirty"] is False
+    (repo / "train.py").write_text("print('edited')\n")
+    assert _stamp_git(repo)["dirty"] is True
+    _git(repo, "pack-refs", "--all")  # the branch now lives in packed-refs only
+    assert not (repo / ".git" / "refs" / "heads" / "main").exists()
+    assert _stamp_git(repo)["commit"] == git["commit"]
+
+
+def test_stamping_reads_no_fifo_in_the_repository(repo):
+    head = repo / ".git" / "HEAD"
+    head.unlink()
+    os.mkfifo(head)  # reading it would block the training process forever
+    git = _stamp_git(repo)
+    assert git == {"root": str(repo), "commit": None, "branch": None, "dirty": None}
