@@ -11,25 +11,12 @@ import tomli_w
 
 from envvault import __version__
 from envvault.errors import CorruptError, UsageError
+from envvault.lock.sources import describe, original_source, pylock_entries, resolve_sources
 from envvault.lock.wheels import check_wheel_source, rebuild_wheel, wheel_filename
 from envvault.vault.fsutil import atomic_write
 from envvault.vault.store import Vault
 
 __all__ = ["export_snapshot", "pylock_document", "original_source", "direct_reference", "requires_python"]
-
-
-def original_source(man: dict) -> dict | None:
-    """The wheel URL and hash from ``direct_url.json``, when the installer recorded them."""
-    du = man.get("direct_url") or {}
-    url = du.get("url")
-    info = du.get("archive_info")
-    if not url or info is None:
-        return None
-    hashes = dict(info.get("hashes") or {})
-    if not hashes and "=" in (info.get("hash") or ""):
-        algo, value = info["hash"].split("=", 1)
-        hashes[algo] = value
-    return {"url": url, "hashes": hashes} if hashes else {"url": url}
 
 
 def _local_path(url: str) -> str | None:
@@ -255,7 +242,6 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
 def _lock_only_entries(vault: Vault, sid: str, doc: dict, wheel_dir: Path, base: Path, wheels: bool):
     """A lock-only snapshot's packages from stored copies of their builds, else recorded URLs
     (``envvault.lock.sources``, the rule restore uses too)."""
-    from envvault.lock.sources import describe, pylock_entries, resolve_sources
 
     sources = resolve_sources(vault, doc, copies=wheels)
     warnings = [w for s in sources for w in [describe(s)] if w]

@@ -23,6 +23,20 @@ from pathlib import Path
 __all__ = ["StoredCopy", "Source", "stored_copies", "resolve_sources", "pylock_entries", "describe"]
 
 
+def original_source(man: dict) -> dict | None:
+    """The wheel URL and hash from ``direct_url.json``, when the installer recorded them."""
+    du = man.get("direct_url") or {}
+    url = du.get("url")
+    info = du.get("archive_info")
+    if not url or info is None:
+        return None
+    hashes = dict(info.get("hashes") or {})
+    if not hashes and "=" in (info.get("hash") or ""):
+        algo, value = info["hash"].split("=", 1)
+        hashes[algo] = value
+    return {"url": url, "hashes": hashes} if hashes else {"url": url}
+
+
 @dataclass(frozen=True)
 class StoredCopy:
     """A full snapshot's copy of one build: ``differs`` are the files edited in place (bytes differ from
@@ -77,7 +91,6 @@ def resolve_sources(vault, doc: dict, *, copies: bool = True) -> list[Source]:
     """One ``Source`` per package of the lock-only snapshot ``doc``, in its order. Reads snapshot documents
     and, for packages without a stored copy, their (file-less) lock-only manifests; never a file's bytes.
     ``copies=False``: recorded URLs only (an export without wheels)."""
-    from envvault.lock.export import original_source
 
     copies = stored_copies(vault) if copies else {}
     out = []
