@@ -139,9 +139,9 @@ def _is_dangerous(module: str, name: str) -> bool:
 
 
 # Reading limits (docs/format.md, threat model). A real torch.save of 12,000 tensors (a 4,000-layer model
-# and its Adam state) is a 1.4 MB pickle of 500,000 opcodes; these leave room for four times that.
+# and its Adam state) is a 1.4 MB pickle of 500,000 opcodes: these leave room for twice that.
 MAX_BYTES = 1 << 30  # bytes of one pickle stream read, payloads skipped over included
-MAX_OPS = 2_000_000  # opcodes executed: each makes at most one object
+MAX_OPS = 1_000_000  # opcodes executed: each makes at most one object
 MAX_ITEM = 1 << 20  # a str or bytes payload larger than this is skipped (a LargeData stands in)
 MAX_KEPT = 64 << 20  # total str/bytes payload kept in memory; later ones are skipped too
 MAX_LINE = 1 << 16  # one line of a text opcode (protocol 0/1 GLOBAL, INT, STRING...)

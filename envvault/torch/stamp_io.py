@@ -26,7 +26,13 @@ from typing import Any, BinaryIO, Callable
 
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, NotFoundError, RefusedError, StorageError, UsageError
-from envvault.torch.checkpoint import SIDECAR_NAME, STAMP_RECORD, open_regular, read_safetensors_header
+from envvault.torch.checkpoint import (
+    MAX_ZIP_DIRECTORY,
+    SIDECAR_NAME,
+    STAMP_RECORD,
+    open_regular,
+    read_safetensors_header,
+)
 from envvault.vault.fsutil import fsync_dir, tmp_name
 
 __all__ = ["add_zip_record", "set_safetensors_metadata", "write_sidecar", "ZIP_ALIGNMENT"]
@@ -151,6 +157,9 @@ def _read_central_directory(f: BinaryIO, size: int, where: Path) -> tuple[int, l
         if len(rec) < _EOCD64.size or rec[:4] != b"PK\x06\x06":
             raise CorruptError(f"{where}: damaged zip64 end record")
         _, _, _, _, _, _, _, count, cd_size, cd_offset = _EOCD64.unpack(rec)
+    if cd_size > MAX_ZIP_DIRECTORY:
+        raise UsageError(f"{where}: its zip directory is {cd_size} bytes, over envvault's "
+                         f"{MAX_ZIP_DIRECTORY >> 20} MiB limit")
     f.seek(cd_offset)
     cd = f.read(cd_size)
     entries, pos = [], 0
