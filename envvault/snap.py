@@ -308,7 +308,7 @@ def scan_environment(
     from envvault.restore.baseline import JOURNAL_NAME
 
     if os.path.lexists(os.path.join(prefix, JOURNAL_NAME)):  # a killed restore: clean what it half-made first
-        from envvault.restore.execute import settle_interrupted
+        from envvault.restore.journal import settle_interrupted
 
         settle_interrupted(vault, prefix)
     cache = statcache_for(vault, prefix)

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
-import re
 import shutil
 import stat
 import time
@@ -27,22 +25,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-import blake3
-
 from envvault.crashpoints import crash_point as _crash_point
 from envvault.diff import current_document, diff_snapshots
-from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError, RefusedError, UsageError
-from envvault.model.encoding import parse_json
+from envvault.errors import CorruptError, EnvironmentProblem, RefusedError, UsageError
 from envvault.restore.baseline import JOURNAL_NAME, record_restored
+from envvault.restore.journal import (
+    Paths, clean_temps, prune_empty, read_journal, recover, remove_journal, settle_interrupted, str_list,
+    tmp_for, write_journal,
+)
 from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, is_pyc, make_plan
 from envvault.safepaths import FinalTree, env_key
-from envvault.vault.fsutil import flocked, fsync_dir, storage_error
+from envvault.vault.fsutil import flocked, storage_error
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.store import ObjectReader, Vault
 
 __all__ = ["RestoreResult", "restore_snapshot", "read_current", "settle_interrupted", "JOURNAL_NAME"]
 
-_TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
 _BATCH_BYTES = 16 << 20  # staging work is handed to threads in runs of about this many bytes
 _WORKERS = max(1, min(4, os.cpu_count() or 1))
 
@@ -154,100 +152,7 @@ def _sha_of_small(path: str, limit: int = 64 << 20) -> str | None:
 # -- journal ---------------------------------------------------------------------------------------
 
 
-def _read_journal(target: Path) -> dict | None:
-    path = target / JOURNAL_NAME
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
-    try:
-        doc = parse_json(data, str(path))
-    except CorruptError:
-        return {"snapshot": None, "removals": [], "staging_dirs": []}
-    if not isinstance(doc, dict):
-        return {"snapshot": None, "removals": [], "staging_dirs": []}
-    for key in ("removals", "staging_dirs"):
-        if not isinstance(doc.get(key), list):
-            doc[key] = []
-    return doc
-
-
-def _write_journal(target: Path, doc: dict) -> None:
-    """Temp name that a rerun's cleanup recognises, fsync, rename, fsync the folder."""
-    final = str(target / JOURNAL_NAME)
-    tmp = _tmp_for(final, os.getpid())
-    try:
-        with open(tmp, "wb") as f:
-            f.write(json.dumps(doc, separators=(",", ":")).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fsync_dir(target)
-    except OSError as err:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise storage_error(err, final) from None
-
-
-def _remove_journal(target: Path) -> None:
-    try:
-        os.unlink(target / JOURNAL_NAME)
-    except FileNotFoundError:
-        pass
-
-
 # -- paths -----------------------------------------------------------------------------------------
-
-
-class _Paths:
-    """Maps manifest paths to absolute ones, refusing any whose folders resolve outside the target as it is
-    on disk now (the rule is ``envvault.safepaths.FinalTree``; a restore's own entries are checked against
-    the final tree in ``_restore_in_place``)."""
-
-    def __init__(self, target: Path):
-        self.target = target
-        self.tree = FinalTree(target)
-
-    def check(self, rel: str) -> str | None:
-        return self.tree.write_problem(rel)
-
-    def abs(self, rel: str) -> str:
-        return os.path.join(self.target, rel)
-
-
-def _tmp_for(abs_path: str, pid: int) -> str:
-    d, name = os.path.split(abs_path)
-    if len(name) > 200:
-        name = name[:150] + "~" + blake3.blake3(name.encode()).hexdigest()[:12]
-    return os.path.join(d, f".{name}.envvault-{pid}.tmp")
-
-
-def _clean_temps(target: Path, rel_dirs, paths: _Paths, *, keep_pid: int | None = None) -> int:
-    n = 0
-    for rel in set(rel_dirs):
-        if not isinstance(rel, str) or (rel and paths.check(rel + "/x") is not None):
-            continue
-        try:
-            entries = os.listdir(paths.abs(rel) if rel else target)
-        except OSError:
-            continue
-        for name in entries:
-            m = _TMP_RE.match(name)
-            if m and (keep_pid is None or int(m.group(1)) != keep_pid):
-                full = os.path.join(paths.abs(rel) if rel else target, name)
-                try:
-                    if os.path.isdir(full) and not os.path.islink(full):
-                        shutil.rmtree(full)  # a dist-info folder renamed away for deletion
-                    else:
-                        os.unlink(full)
-                    n += 1
-                except OSError:
-                    pass
-    return n
 
 
 # -- staging and committing ------------------------------------------------------------------------
@@ -260,9 +165,9 @@ class _Staged:
     sha256: str | None
 
 
-def _stage_one(reader: ObjectReader, paths: _Paths, w: FileWrite, pid: int) -> _Staged:
+def _stage_one(reader: ObjectReader, paths: Paths, w: FileWrite, pid: int) -> _Staged:
     final = paths.abs(w.path)
-    tmp = _tmp_for(final, pid)
+    tmp = tmp_for(final, pid)
     try:
         if w.link is not None:
             try:
@@ -328,7 +233,7 @@ def _makedirs(path: str, created: list[str]) -> None:
         created.append(d)
 
 
-def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Progress | None,
+def _stage_all(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progress | None,
                created: list[str]) -> list[_Staged]:
     """Create the folders the writes need (recorded in ``created``) and stage every write. On failure the
     staged files are deleted; the caller removes ``created``."""
@@ -337,7 +242,7 @@ def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Prog
         full = paths.abs(d) if d else str(paths.target)
         if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):
             if os.path.islink(full) and os.path.isdir(full):
-                continue  # a symlinked directory inside the target (checked by _Paths)
+                continue  # a symlinked directory inside the target (checked by Paths)
             raise EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
         _makedirs(full, created)
     if progress is not None and hasattr(progress, "total"):
@@ -360,7 +265,7 @@ def _stage_all(vault: Vault, plan: Plan, paths: _Paths, pid: int, progress: Prog
     except BaseException:
         for w in ordered:
             try:
-                os.unlink(_tmp_for(paths.abs(w.path), pid))
+                os.unlink(tmp_for(paths.abs(w.path), pid))
             except OSError:
                 pass
         raise
@@ -386,7 +291,7 @@ def _drop_bytecode(abs_py: str, seen: dict[str, list[str]]) -> None:
                 pass
 
 
-def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str]) -> tuple[int, int]:
+def _commit(plan: Plan, staged: list[_Staged], paths: Paths, protected: set[str]) -> tuple[int, int]:
     """Rename staged files into place, set the modes of kept files, delete; returns (removed, modes set)."""
     pyc_seen: dict[str, list[str]] = {}
     parents: set[str] = set()
@@ -419,7 +324,7 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
     # a kill never leaves a dist-info without METADATA or RECORD. Package files go first: until then the
     # dist-info still lists them, and after a kill the journal does.
     doomed_dirs = tuple(d + "/" for d in plan.remove_dirs)
-    paths = _Paths(paths.target)  # the tree has changed: judge removals against it as it is now
+    paths = Paths(paths.target)  # the tree has changed: judge removals against it as it is now
     for rel in plan.removals:
         if paths.check(rel) is not None or (doomed_dirs and rel.startswith(doomed_dirs)):
             continue
@@ -445,7 +350,7 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
             os.unlink(full)
         elif os.path.isdir(full):
             # Renamed away first, so a kill mid-delete never leaves a dist-info without METADATA or RECORD.
-            doomed = _tmp_for(full, os.getpid())
+            doomed = tmp_for(full, os.getpid())
             removed += sum(len(files) for _root, _dirs, files in os.walk(full))
             os.rename(full, doomed)
             _crash_point("remove_dir")
@@ -454,7 +359,7 @@ def _commit(plan: Plan, staged: list[_Staged], paths: _Paths, protected: set[str
         _crash_point("commit")
     for cache_dir in pyc_seen:
         parents.add(cache_dir)
-    _prune_empty(parents, protected)
+    prune_empty(parents, protected)
     return removed, modes_set
 
 
@@ -463,17 +368,6 @@ def _rmdir_tree_if_empty(path: str) -> None:
         if files:
             raise EnvironmentProblem(f"{path} is a non-empty directory where the snapshot has a file; move it and run again")
         os.rmdir(root)
-
-
-def _prune_empty(dirs: set[str], protected: set[str]) -> None:
-    """Remove directories left empty by deletions, bottom-up, never a protected one (prefix, site-packages, bin)."""
-    for d in sorted(dirs, key=len, reverse=True):
-        while d not in protected and len(d) > 1:
-            try:
-                os.rmdir(d)
-            except OSError:
-                break
-            d = os.path.dirname(d)
 
 
 def _populate_statcache(vault: Vault, target: Path, staged: list[_Staged]) -> None:
@@ -583,10 +477,10 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
     if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists():
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     with vault.lock(), (_nullcontext() if dry_run else _target_lock(vault, target)):
-        journal = _read_journal(target)
+        journal = read_journal(target)
         resumed = journal is not None
         if resumed and not dry_run:
-            _recover(target, journal)
+            recover(target, journal)
         take_backup = backup and not dry_run and not resumed
         clock = _Clock()
         now_doc, backup_id = _scan_now(vault, target, sid, take_backup)
@@ -598,8 +492,8 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
             interp = _Layout.of(target, now_doc["python"])
             current = read_current(target, interp, now_doc["packages"], doc.get("packages"))
             plan = make_plan(sid, doc, now_doc, current, vault.get_json,
-                             pending_removals=_str_list(journal, "removals") + _str_list(journal, "writes"))
-            paths = _Paths(target)
+                             pending_removals=str_list(journal, "removals") + str_list(journal, "writes"))
+            paths = Paths(target)
             # Every entry decided against the tree as the restore leaves it (its own symlinks included).
             bad = FinalTree(target, links={w.path: w.link for w in plan.writes if w.link is not None},
                             entries=[w.path for w in plan.writes if w.link is None]).problems()
@@ -621,10 +515,10 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
                                  warnings=plan.warnings)
         clock.lap("plan")
         pid = os.getpid()
-        _write_journal(target, {
+        write_journal(target, {
             "format": 1, "snapshot": sid, "backup": backup_id, "pid": pid,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "staging_dirs": sorted(set(plan.staging_dirs()) | set(_str_list(journal, "staging_dirs"))
+            "staging_dirs": sorted(set(plan.staging_dirs()) | set(str_list(journal, "staging_dirs"))
                                    | {os.path.dirname(d) for d in plan.remove_dirs}),
             "removals": list(plan.removals),
             "writes": [w.path for w in plan.writes],
@@ -634,7 +528,7 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
         _crash_point("journal")
         created: list[str] = []
         try:
-            _clean_temps(target, _str_list(journal, "staging_dirs") + plan.staging_dirs(), paths, keep_pid=pid)
+            clean_temps(target, str_list(journal, "staging_dirs") + plan.staging_dirs(), paths, keep_pid=pid)
             staged = _stage_all(vault, plan, paths, pid, progress, created)
         except BaseException:
             # Nothing was renamed into place: leave the environment as this run found it (a full disk must
@@ -652,7 +546,7 @@ def _restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup
         clock.lap("commit")
         after = current_document(vault, target, facts=False)
         remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
-        _remove_journal(target)
+        remove_journal(target)
         _crash_point("verified")
         clock.lap("verify")
     warnings = list(plan.warnings)
@@ -696,25 +590,6 @@ class _Layout:
         return cls(at("purelib", "lib"), at("platlib", python.get("purelib") or "lib"), at("scripts", "bin"))
 
 
-def _recover(target: Path, journal: dict) -> None:
-    """Undo what a killed restore left half-made, before the environment is scanned: staged temp files,
-    dist-info folders it had begun to create (no METADATA or RECORD yet) and the folders made for them.
-    Everything else it did is complete and is judged again by the new plan."""
-    paths = _Paths(target)
-    dirs = _str_list(journal, "staging_dirs")
-    _clean_temps(target, dirs + [""], paths)
-    for rel in _str_list(journal, "dist_infos"):
-        if paths.check(rel) is not None:
-            continue
-        full = paths.abs(rel)
-        if os.path.isdir(full) and not os.path.islink(full) and not (
-                os.path.exists(os.path.join(full, "METADATA")) and os.path.exists(os.path.join(full, "RECORD"))):
-            shutil.rmtree(full, ignore_errors=True)
-    protected = {str(target)} | {os.path.normpath(paths.abs(d)) for d in _str_list(journal, "protected")
-                                 if d == "." or paths.check(d) is None}
-    _prune_empty({paths.abs(d) for d in dirs if d and paths.check(d) is None}, protected)
-
-
 def _undo_staging(target: Path, created: list[str], *, keep_journal: bool) -> None:
     """After a failure before any rename: remove the folders this run made (only while empty) and the
     journal, unless it was an earlier run's (its renames are still to be finished)."""
@@ -725,40 +600,14 @@ def _undo_staging(target: Path, created: list[str], *, keep_journal: bool) -> No
             pass
     if not keep_journal:
         try:
-            _remove_journal(target)
+            remove_journal(target)
         except OSError:
             pass
-
-
-def settle_interrupted(vault: Vault, target: Path) -> str | None:
-    """When a restore of ``target`` was killed (its journal is there) and none is running now, clean what
-    it half-made (staged files, unfinished dist-info folders, empty folders made for them) so that no empty
-    package imports meanwhile. The journal stays: ``status`` reports the restore as unfinished and the next
-    restore completes it. Returns the interrupted restore's snapshot id, or None. Never fails the caller."""
-    target = Path(target)
-    if not os.path.lexists(target / JOURNAL_NAME):
-        return None
-    journal = None
-    try:
-        journal = _read_journal(target)
-        if journal is None:
-            return None
-        with flocked(vault.root / "locks" / f"restore-{env_key(target)}.lock", exclusive=True, wait=False) as held:
-            if held:  # else a restore is running right now: its staged files are its own
-                _recover(target, journal)
-    except (EnvvaultError, OSError):
-        pass
-    sid = journal.get("snapshot") if isinstance(journal, dict) else None
-    return sid if isinstance(sid, str) else "unknown"
 
 
 def interp_scripts_rel(doc: dict) -> str:
     scripts = (doc.get("python") or {}).get("scripts") or "bin"
     return scripts.rstrip("/") + "/"
-
-
-def _str_list(journal: dict | None, key: str) -> list[str]:
-    return [x for x in (journal or {}).get(key, ()) if isinstance(x, str)]
 
 
 def _protected_dirs(target: Path, interp) -> set[str]:

@@ -1,0 +1,175 @@
+"""The restore journal and what a killed restore leaves behind (docs/format.md, "Restoring an environment",
+steps 3 and 6): reading, writing and removing ``<venv>/.envvault-restore.json``, the staged temp names
+(``.<name>.envvault-<pid>.tmp``), and tidying what a killed restore half-made. Below ``execute`` (which
+restores) and ``snap`` (whose scans tidy first), so neither imports the other for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import blake3
+
+from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError
+from envvault.model.encoding import parse_json
+from envvault.restore.baseline import JOURNAL_NAME
+from envvault.safepaths import FinalTree, env_key
+from envvault.vault.fsutil import flocked, fsync_dir, storage_error
+from envvault.vault.store import Vault
+
+__all__ = ["JOURNAL_NAME", "Paths", "TMP_RE", "read_journal", "write_journal", "remove_journal", "tmp_for",
+           "clean_temps", "prune_empty", "recover", "str_list", "settle_interrupted"]
+
+TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
+
+
+def read_journal(target: Path) -> dict | None:
+    path = target / JOURNAL_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
+    try:
+        doc = parse_json(data, str(path))
+    except CorruptError:
+        return {"snapshot": None, "removals": [], "staging_dirs": []}
+    if not isinstance(doc, dict):
+        return {"snapshot": None, "removals": [], "staging_dirs": []}
+    for key in ("removals", "staging_dirs"):
+        if not isinstance(doc.get(key), list):
+            doc[key] = []
+    return doc
+
+
+def write_journal(target: Path, doc: dict) -> None:
+    """Temp name that a rerun's cleanup recognises, fsync, rename, fsync the folder."""
+    final = str(target / JOURNAL_NAME)
+    tmp = tmp_for(final, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(json.dumps(doc, separators=(",", ":")).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(target)
+    except OSError as err:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise storage_error(err, final) from None
+
+
+def remove_journal(target: Path) -> None:
+    try:
+        os.unlink(target / JOURNAL_NAME)
+    except FileNotFoundError:
+        pass
+
+
+class Paths:
+    """Maps manifest paths to absolute ones, refusing any whose folders resolve outside the target as it is
+    on disk now (the rule is ``envvault.safepaths.FinalTree``; a restore's own entries are checked against
+    the final tree in ``_restore_in_place``)."""
+
+    def __init__(self, target: Path):
+        self.target = target
+        self.tree = FinalTree(target)
+
+    def check(self, rel: str) -> str | None:
+        return self.tree.write_problem(rel)
+
+    def abs(self, rel: str) -> str:
+        return os.path.join(self.target, rel)
+
+
+def tmp_for(abs_path: str, pid: int) -> str:
+    d, name = os.path.split(abs_path)
+    if len(name) > 200:
+        name = name[:150] + "~" + blake3.blake3(name.encode()).hexdigest()[:12]
+    return os.path.join(d, f".{name}.envvault-{pid}.tmp")
+
+
+def clean_temps(target: Path, rel_dirs, paths: Paths, *, keep_pid: int | None = None) -> int:
+    n = 0
+    for rel in set(rel_dirs):
+        if not isinstance(rel, str) or (rel and paths.check(rel + "/x") is not None):
+            continue
+        try:
+            entries = os.listdir(paths.abs(rel) if rel else target)
+        except OSError:
+            continue
+        for name in entries:
+            m = TMP_RE.match(name)
+            if m and (keep_pid is None or int(m.group(1)) != keep_pid):
+                full = os.path.join(paths.abs(rel) if rel else target, name)
+                try:
+                    if os.path.isdir(full) and not os.path.islink(full):
+                        shutil.rmtree(full)  # a dist-info folder renamed away for deletion
+                    else:
+                        os.unlink(full)
+                    n += 1
+                except OSError:
+                    pass
+    return n
+
+
+def prune_empty(dirs: set[str], protected: set[str]) -> None:
+    """Remove directories left empty by deletions, bottom-up, never a protected one (prefix, site-packages, bin)."""
+    for d in sorted(dirs, key=len, reverse=True):
+        while d not in protected and len(d) > 1:
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+            d = os.path.dirname(d)
+
+
+def recover(target: Path, journal: dict) -> None:
+    """Undo what a killed restore left half-made, before the environment is scanned: staged temp files,
+    dist-info folders it had begun to create (no METADATA or RECORD yet) and the folders made for them.
+    Everything else it did is complete and is judged again by the new plan."""
+    paths = Paths(target)
+    dirs = str_list(journal, "staging_dirs")
+    clean_temps(target, dirs + [""], paths)
+    for rel in str_list(journal, "dist_infos"):
+        if paths.check(rel) is not None:
+            continue
+        full = paths.abs(rel)
+        if os.path.isdir(full) and not os.path.islink(full) and not (
+                os.path.exists(os.path.join(full, "METADATA")) and os.path.exists(os.path.join(full, "RECORD"))):
+            shutil.rmtree(full, ignore_errors=True)
+    protected = {str(target)} | {os.path.normpath(paths.abs(d)) for d in str_list(journal, "protected")
+                                 if d == "." or paths.check(d) is None}
+    prune_empty({paths.abs(d) for d in dirs if d and paths.check(d) is None}, protected)
+
+
+def str_list(journal: dict | None, key: str) -> list[str]:
+    return [x for x in (journal or {}).get(key, ()) if isinstance(x, str)]
+
+
+def settle_interrupted(vault: Vault, target: Path) -> str | None:
+    """When a restore of ``target`` was killed (its journal is there) and none is running now, clean what
+    it half-made (staged files, unfinished dist-info folders, empty folders made for them) so that no empty
+    package imports meanwhile. The journal stays: ``status`` reports the restore as unfinished and the next
+    restore completes it. Returns the interrupted restore's snapshot id, or None. Never fails the caller."""
+    target = Path(target)
+    if not os.path.lexists(target / JOURNAL_NAME):
+        return None
+    journal = None
+    try:
+        journal = read_journal(target)
+        if journal is None:
+            return None
+        with flocked(vault.root / "locks" / f"restore-{env_key(target)}.lock", exclusive=True, wait=False) as held:
+            if held:  # else a restore is running right now: its staged files are its own
+                recover(target, journal)
+    except (EnvvaultError, OSError):
+        pass
+    sid = journal.get("snapshot") if isinstance(journal, dict) else None
+    return sid if isinstance(sid, str) else "unknown"
