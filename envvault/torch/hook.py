@@ -103,7 +103,10 @@ def _clean_env(**extra: str) -> dict:
 def _missing_in(python: Path, extra: dict | None = None) -> list[str]:
     """Which of :data:`RUNTIME_MODULES` ``python`` cannot find (with ``extra`` environment variables);
     ``envvault.torch._autostamp`` is listed too when ``ENVVAULT_STAMP=1`` is set and the hook did not run."""
-    script = ("import importlib.util as u, json, os, sys\n"
+    # -c puts the current folder first on sys.path: drop it before importing anything (a json.py there).
+    script = ("import sys\n"
+              "sys.path[:] = [p for p in sys.path if p]\n"
+              "import importlib.util as u, json, os\n"
               f"names = {list(RUNTIME_MODULES)!r}\n"
               "missing = [n for n in names if u.find_spec(n) is None]\n"
               "if os.environ.get('ENVVAULT_STAMP') == '1' and 'envvault.torch._autostamp' not in sys.modules:\n"

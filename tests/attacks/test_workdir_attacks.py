@@ -91,13 +91,15 @@ def test_background_snap_of_stamping_ignores_code_in_the_working_directory(tmp_p
     assert proc.returncode == 0 and "envvault" in proc.stdout, proc.stderr
 
 
-def test_pth_stamping_hook_ignores_code_in_the_working_directory(tmp_path, make_venv):
+def test_pth_stamping_hook_ignores_code_in_the_working_directory(tmp_path, make_venv, monkeypatch):
     from envvault.torch.hook import install_hook
 
     venv = make_venv("uv", name="train")
-    install_hook(venv)
     marker = tmp_path / "marker"
     checkout = _hostile_checkout(tmp_path / "checkout", marker)
+    monkeypatch.chdir(checkout)  # install-hook run from there checks the venv's python from there too
+    install_hook(venv)
+    assert not marker.exists()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["ENVVAULT_STAMP"] = "1"
     python = str(venv / "bin" / "python")
