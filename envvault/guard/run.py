@@ -21,6 +21,7 @@ from envvault.env.probe import find_target
 from envvault.errors import EnvvaultError, UsageError
 from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
+from envvault.vault.fsutil import read_regular
 
 if TYPE_CHECKING:
     from envvault.diff import DiffResult
@@ -158,7 +159,7 @@ def _previous_provenance(vault: Vault, target: Path) -> dict:
     """The provenance of the last guard snapshot of ``target`` (named by a pointer under ``state/``, so no
     other snapshot is read); without the pointer, of the newest snapshot of ``target`` that has one."""
     try:
-        sid = json.loads(_pointer(vault, target).read_bytes())["last"]
+        sid = json.loads(read_regular(_pointer(vault, target), 1 << 20, "guard pointer"))["last"]
         prov = vault.load_snapshot(sid).doc.get("provenance")
         return prov if isinstance(prov, dict) else {}
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):

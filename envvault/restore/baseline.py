@@ -12,12 +12,13 @@ from pathlib import Path
 
 from envvault.errors import EnvvaultError, NotFoundError
 from envvault.safepaths import env_key
-from envvault.vault.fsutil import atomic_write
+from envvault.vault.fsutil import atomic_write, read_regular
 from envvault.vault.store import Vault, _now
 
 __all__ = ["baseline_snapshot", "record_restored", "interrupted_restore", "contents_note", "JOURNAL_NAME"]
 
 JOURNAL_NAME = ".envvault-restore.json"  # in the environment while a restore is under way (docs/format.md)
+JOURNAL_LIMIT = 256 << 20  # a journal lists every file a restore writes or deletes; read no more than this
 
 
 def _marker(vault: Vault, target: Path) -> Path:
@@ -40,11 +41,11 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     own = [s for s in snaps if s.doc.get("trigger") != "restore-backup"] or snaps
     best = (own[0].created, own[0].id) if own else None
     try:
-        marker = json.loads(_marker(vault, target).read_bytes())
+        marker = json.loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))
         sid, at = marker["snapshot"], marker["at"]
         if isinstance(sid, str) and (vault.root / "snapshots" / f"{sid}.json").exists() and (best is None or at > best[0]):
             best = (at, sid)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
         pass
     if best is None:
         raise NotFoundError(f"no snapshot of {target} in {vault.root}; run `envvault snap` first")
@@ -63,10 +64,10 @@ def contents_note(sid: str, doc: dict, *, changed: bool) -> str | None:
 def interrupted_restore(target: Path) -> str | None:
     """The snapshot id of a restore of ``target`` that was killed before it finished, if any."""
     try:
-        doc = json.loads((Path(target) / JOURNAL_NAME).read_bytes())
+        doc = json.loads(read_regular(Path(target) / JOURNAL_NAME, JOURNAL_LIMIT, "the restore journal"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, EnvvaultError):
         return "unknown"
     sid = doc.get("snapshot") if isinstance(doc, dict) else None
     return sid if isinstance(sid, str) else "unknown"

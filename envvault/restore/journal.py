@@ -15,9 +15,9 @@ import blake3
 
 from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError
 from envvault.model.encoding import parse_json
-from envvault.restore.baseline import JOURNAL_NAME
+from envvault.restore.baseline import JOURNAL_LIMIT, JOURNAL_NAME
 from envvault.safepaths import FinalTree, env_key
-from envvault.vault.fsutil import flocked, fsync_dir, storage_error
+from envvault.vault.fsutil import flocked, fsync_dir, read_regular, storage_error
 from envvault.vault.store import Vault
 
 __all__ = ["JOURNAL_NAME", "Paths", "TMP_RE", "read_journal", "write_journal", "remove_journal", "tmp_for",
@@ -29,9 +29,11 @@ TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
 def read_journal(target: Path) -> dict | None:
     path = target / JOURNAL_NAME
     try:
-        data = path.read_bytes()
+        data = read_regular(path, JOURNAL_LIMIT, str(path))
     except FileNotFoundError:
         return None
+    except CorruptError as err:  # a link, a FIFO, a device or a huge file where the journal should be
+        raise EnvironmentProblem(f"{err}; move it away and run again") from None
     except OSError as err:
         raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
     try:

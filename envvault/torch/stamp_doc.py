@@ -39,6 +39,7 @@ from typing import Any, Iterator
 
 from envvault import __version__
 from envvault.errors import EnvvaultError, NotFoundError, UsageError
+from envvault.vault.fsutil import read_regular
 
 __all__ = [
     "STAMP_FORMAT",
@@ -223,8 +224,8 @@ def drift_between(start: EnvState | None, start_signature: Signature, now: EnvSt
 
 def _load_index(vault) -> dict:
     try:
-        doc = json.loads(vault.state_path(_INDEX_NAME).read_bytes())
-    except (OSError, ValueError):
+        doc = json.loads(read_regular(vault.state_path(_INDEX_NAME), 64 << 20, "stamp index"))
+    except (OSError, ValueError, EnvvaultError):
         doc = None
     if not isinstance(doc, dict) or doc.get("tool") != __version__ or doc.get("version") != _INDEX_VERSION:
         doc = {}
