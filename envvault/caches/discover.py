@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
+from envvault.env.untrusted import without_cwd
+
 from ..errors import EnvironmentProblem
 
 __all__ = [
@@ -249,7 +251,7 @@ def _ask_torch(python: Path, env: Mapping[str, str]) -> Path:
 
     try:
         done = subprocess.run(
-            [str(python), "-c", _ASK], env=dict(env), capture_output=True, text=True, timeout=120
+            [str(python), "-c", without_cwd(_ASK)], env=dict(env), capture_output=True, text=True, timeout=120
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EnvironmentProblem(f"could not run {python} to ask for Inductor's cache dir: {exc}") from exc

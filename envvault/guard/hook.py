@@ -24,6 +24,8 @@ from __future__ import annotations
 import shlex
 import sys
 
+from envvault.env.untrusted import without_cwd
+
 __all__ = ["SHELLS", "hook_code", "boot_code"]
 
 SHELLS = ("bash", "zsh", "fish")
@@ -147,9 +149,7 @@ def boot_code(prepend: list[str] | tuple[str, ...] = ()) -> str:
     runs in (``envvault/``, ``typing.py``, ``json.py``) would shadow envvault or the standard library.
     Only absolute entries stay; ``prepend`` goes first. The one way envvault starts itself in a folder it
     does not trust (the shell hook; the background snap of checkpoint stamping)."""
-    return ("import os, sys; sys.path[:] = " + repr(list(prepend))
-            + " + [p for p in sys.path if p and os.path.isabs(p)]; "
-            "sys.argv[0] = 'envvault'; from envvault.cli import main; main()")
+    return without_cwd("sys.argv[0] = 'envvault'\nfrom envvault.cli import main\nmain()\n", prepend)
 
 
 def _wrappers(shell: str) -> tuple[str, str]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envvault.errors import EnvironmentProblem, RefusedError
+from envvault.env.untrusted import without_cwd
 
 __all__ = ["PTH_NAME", "LIBS_NAME", "RUNTIME_MODULES", "HookResult", "install_hook", "uninstall_hook",
            "runtime_path", "pth_line", "link_runtime"]
@@ -103,15 +104,13 @@ def _clean_env(**extra: str) -> dict:
 def _missing_in(python: Path, extra: dict | None = None) -> list[str]:
     """Which of :data:`RUNTIME_MODULES` ``python`` cannot find (with ``extra`` environment variables);
     ``envvault.torch._autostamp`` is listed too when ``ENVVAULT_STAMP=1`` is set and the hook did not run."""
-    # -c puts the current folder first on sys.path: drop it before importing anything (a json.py there).
-    script = ("import sys\n"
-              "sys.path[:] = [p for p in sys.path if p]\n"
+    script = without_cwd(
               "import importlib.util as u, json, os\n"
               f"names = {list(RUNTIME_MODULES)!r}\n"
               "missing = [n for n in names if u.find_spec(n) is None]\n"
               "if os.environ.get('ENVVAULT_STAMP') == '1' and 'envvault.torch._autostamp' not in sys.modules:\n"
               "    missing.append('envvault.torch._autostamp')\n"
-              "print(json.dumps(missing))\n")
+              "print(json.dumps(missing))\n")  # fmt: skip
     proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120,
                           env=_clean_env(**(extra or {})))
     if proc.returncode != 0:

@@ -171,3 +171,20 @@ def test_stamping_reads_no_fifo_in_the_repository(repo):
     os.mkfifo(head)  # reading it would block the training process forever
     git = _stamp_git(repo)
     assert git == {"root": str(repo), "commit": None, "branch": None, "dirty": None}
+
+
+def test_cache_snap_ask_torch_ignores_code_in_the_working_directory(tmp_path):
+    """`cache snap --ask-torch` runs the venv's Python in the user's folder: an `importlib/` there must not run."""
+    marker = tmp_path / "PWNED"
+    cwd = tmp_path / "checkout"
+    (cwd / "importlib").mkdir(parents=True)
+    (cwd / "importlib" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["ENVVAULT_HOME"] = str(tmp_path / "vault")
+    envvault = Path(sys.executable).parent / "envvault"
+    proc = subprocess.run([str(envvault), "cache", "snap", "--venv", str(venv), "--ask-torch"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 7 and "Traceback" not in proc.stderr, proc  # no torch in that venv: it says so
+    assert not marker.exists(), "code from the working directory ran"

@@ -1,0 +1,17 @@
+"""Python code that envvault runs with ``python -c`` in a folder it does not trust (the user's working
+directory: an unpacked archive, a checkout). ``-c`` puts ``''`` (the current folder) first on ``sys.path``, so
+an ``envvault/``, ``json.py``, ``importlib/`` or ``typing.py`` there would run instead of the real module.
+The one rule: drop every relative entry before anything else is imported."""
+
+from __future__ import annotations
+
+__all__ = ["without_cwd"]
+
+# Only `sys` (built in, always loaded) before the filter; absolute paths start with "/" on the systems we run on.
+_PRELUDE = "import sys\nsys.path[:] = [p for p in sys.path if p.startswith('/')]\n"
+
+
+def without_cwd(code: str, prepend: list[str] | tuple[str, ...] = ()) -> str:
+    """``code`` preceded by the filter; ``prepend`` (absolute folders) goes first on ``sys.path``."""
+    first = f"sys.path[:0] = {list(prepend)!r}\n" if prepend else ""
+    return _PRELUDE + first + code
