@@ -133,8 +133,9 @@ def diff_snapshots(old: dict, new: dict, *, vault=None, old_label: str = "old", 
     variables (facts of the shell, not of the environment: what ``status`` and restore checks use)."""
     old_pk, new_pk = old.get("packages") or [], new.get("packages") or []
     if old.get("lock_only") or new.get("lock_only"):
-        # A lock-only snapshot recorded no file contents: against one, packages compare by version and build.
-        old_pk, new_pk = _builds_only(old_pk), _builds_only(new_pk)
+        # A lock-only snapshot recorded no file contents: each of its packages takes the contents a full
+        # snapshot of the same build recorded (``content_states``); the others compare by version and build.
+        old_pk, new_pk = _comparable(old_pk, old, new_pk, new, vault)
     added, removed, changed = _diff_packages(old_pk, new_pk, vault)
     python = _diff_keys(old.get("python"), new.get("python"), _PY_KEYS)
     host: dict = {}
@@ -145,9 +146,60 @@ def diff_snapshots(old: dict, new: dict, *, vault=None, old_label: str = "old", 
     return DiffResult(old_label, new_label, tuple(added), tuple(removed), tuple(changed), python, host, env)
 
 
+_CONTENT_KEYS = ("state_id", "modified", "missing", "exec")
+
+
 def _builds_only(packages: list[dict]) -> list[dict]:
-    """Package summaries without what only a full scan knows (state id, edited and missing files)."""
-    return [{k: v for k, v in p.items() if k not in ("state_id", "modified", "missing")} for p in packages]
+    """Package summaries without what only a full scan knows (state id, edited and missing files, modes)."""
+    return [{k: v for k, v in p.items() if k not in _CONTENT_KEYS} for p in packages]
+
+
+def content_states(vault, doc: dict) -> dict[tuple[str, str], dict]:
+    """For a lock-only snapshot ``doc``: ``{(name, build_id): content fields}`` of its packages, taken from the
+    newest full snapshot holding the same build (one of the same environment first, then any; a snapshot
+    taken no later than ``doc`` first). Packages of no stored full copy are absent."""
+    if vault is None:
+        return {}
+    wanted = {(p.get("name"), p.get("build_id")) for p in doc.get("packages") or []}
+    created = str(doc.get("created") or "")
+    refs = [r for r in vault.snapshots() if not r.doc.get("lock_only") and r.doc.get("kind", "snapshot") == "snapshot"]
+    refs.sort(key=lambda r: (r.doc.get("venv") == doc.get("venv"), str(r.doc.get("created") or "") <= created,
+                             str(r.doc.get("created") or "")), reverse=True)
+    out: dict[tuple[str, str], dict] = {}
+    for ref in refs:
+        for p in ref.doc.get("packages") or []:
+            key = (p.get("name"), p.get("build_id"))
+            if key in wanted and key not in out and "state_id" in p:
+                out[key] = {k: p[k] for k in _CONTENT_KEYS if k in p}
+        if len(out) == len(wanted):
+            break
+    return out
+
+
+def _comparable(old_pk: list[dict], old: dict, new_pk: list[dict], new: dict, vault) -> tuple[list[dict], list[dict]]:
+    """Both package lists with what a lock-only side cannot know left out, name by name: a lock-only side's
+    package with a stored full copy of its build takes that copy's contents; one without loses its content
+    fields on both sides."""
+    def fill(packages: list[dict], doc: dict) -> tuple[list[dict], set[str]]:
+        if not doc.get("lock_only"):
+            return packages, set()
+        states = content_states(vault, doc)
+        out, unknown = [], set()
+        for p in packages:
+            known = states.get((p.get("name"), p.get("build_id")))
+            if known is None:
+                unknown.add(p.get("name"))
+                out.append(p)
+            else:
+                out.append({**{k: v for k, v in p.items() if k not in _CONTENT_KEYS}, **known})
+        return out, unknown
+
+    old_pk, unknown_old = fill(old_pk, old)
+    new_pk, unknown_new = fill(new_pk, new)
+    unknown = unknown_old | unknown_new
+    strip = lambda pk: [{k: v for k, v in p.items() if k not in _CONTENT_KEYS} if p.get("name") in unknown else p
+                        for p in pk]  # noqa: E731
+    return strip(old_pk), strip(new_pk)
 
 
 def _by_name(packages: list[dict]) -> dict[str, list[dict]]:

@@ -135,25 +135,38 @@ def test_lock_only_without_a_source_fails_fast_and_dry_run_says_so(tmp_path):
     assert Vault.open(vault).snapshot_ids() == [lock]  # not even a backup was taken
 
 
-def test_status_after_lock_only_compares_what_the_baseline_recorded(tmp_path):
+@pytest.mark.parametrize("full_first", [True, False], ids=["with-full-copy", "lock-only-alone"])
+def test_status_after_lock_only_compares_what_the_baseline_recorded(tmp_path, full_first):
+    """An edit made before any snap is never reported as new. With a full snapshot of the same builds in the
+    vault, the lock-only baseline's contents are that snapshot's (so a file deleted since is seen); without
+    one, packages compare by version and build only, and status says so."""
     venv = make_venv(tmp_path / "venv", "uv")
-    uv_install(venv, build_wheel(tmp_path / "w", "bundle", "1.0", {"bundle/ca.pem": b"CA\n"}),
+    uv_install(venv, build_wheel(tmp_path / "w", "bundle", "1.0", {"bundle/ca.pem": b"CA\n", "bundle/x.py": b""}),
                build_wheel(tmp_path / "w", "other", "2.0", {"other/__init__.py": b""}))
     with open(site_packages(venv) / "bundle" / "ca.pem", "a") as f:
         f.write("edited before any snap\n")
     vault = tmp_path / "vault"
-    _snap(vault, venv)
+    if full_first:
+        _snap(vault, venv)
     lock = _snap(vault, venv, "--lock-only")
     out = ev(vault, "status", "--venv", venv, "--exit-code")
     assert f"unchanged since snapshot {lock[:12]}" in out.stdout, out.stdout
-    assert "file contents were not recorded; versions and builds unchanged" in out.stdout, out.stdout
+    note = ("file contents compared with full snapshots of the same builds" if full_first
+            else "file contents were not recorded; versions and builds unchanged")
+    assert note in out.stdout, out.stdout
     doc = ev_json(vault, "status", "--venv", venv)
     assert doc["snapshot"] == lock and doc["empty"] is True and doc["contents_recorded"] is False, doc
-    # What the baseline does know is still compared.
+    # A file deleted since: seen exactly when a full copy of the build says what the contents were.
+    (site_packages(venv) / "bundle" / "x.py").unlink()
+    deleted = ev(vault, "status", "--venv", venv, "--exit-code", check=False)
+    assert deleted.returncode == (1 if full_first else 0), deleted.stdout
+    assert ("bundle/x.py" in deleted.stdout) == full_first and "ca.pem" not in deleted.stdout, deleted.stdout
+    # What the baseline does know is always compared.
     _run([find_uv(), "pip", "uninstall", "-q", "--python", venv / "bin" / "python", "other"], env=isolated_env())
     changed = ev(vault, "status", "--venv", venv, "--exit-code", check=False)
     assert changed.returncode == 1 and "removed" in changed.stdout and "other 2.0" in changed.stdout, changed.stdout
-    assert "only versions and builds were compared" in changed.stdout and "bundle" not in changed.stdout
+    if not full_first:
+        assert "only versions and builds were compared" in changed.stdout and "bundle" not in changed.stdout
 
 
 # --- checkpoint stamps -------------------------------------------------------------------------------------

@@ -152,7 +152,7 @@ def status(ctx, venv, against, as_json, exit_code):
                    f"`envvault restore {broken[:12]} --venv {target}` to finish it", err=True)
     now = current_document(vault, target, facts=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
-    note = contents_note(sid, snap, changed=not result.empty)
+    note = contents_note(vault, sid, snap, changed=not result.empty)
     if as_json:
         emit_json({"venv": str(target), "snapshot": sid, "interrupted_restore": broken,
                    "contents_recorded": not snap.get("lock_only"), **result.to_json()})

@@ -52,12 +52,22 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     return best[1]
 
 
-def contents_note(sid: str, doc: dict, *, changed: bool) -> str | None:
-    """What a comparison with snapshot ``doc`` cannot know: a lock-only snapshot recorded no file contents,
-    so only versions and builds were compared (``diff_snapshots`` does so). None for a full snapshot."""
+def contents_note(vault: Vault, sid: str, doc: dict, *, changed: bool) -> str | None:
+    """What a comparison with snapshot ``doc`` could not know: a lock-only snapshot recorded no file contents,
+    so its packages were compared with full snapshots of the same builds (``diff.content_states``) where the
+    vault holds one, by version and build only where not. None for a full snapshot."""
     if not doc.get("lock_only"):
         return None
+    from envvault.diff import content_states
+
+    total = len(doc.get("packages") or [])
+    known = len(content_states(vault, doc))
+    if known == total:
+        return f"baseline {sid[:12]} is lock-only: file contents compared with full snapshots of the same builds"
     tail = "only versions and builds were compared" if changed else "versions and builds unchanged"
+    if known:
+        return (f"baseline {sid[:12]} is lock-only: file contents of {known} of {total} packages compared with "
+                f"full snapshots of the same builds; for the others, {tail}")
     return f"baseline {sid[:12]} is lock-only: file contents were not recorded; {tail}"
 
 

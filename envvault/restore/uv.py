@@ -195,8 +195,9 @@ def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool,
     """Restore a lock-only snapshot in place through uv. The sources of its packages are decided first
     (fast, from snapshot documents): a restore that cannot succeed fails before any slow work, and
     ``dry_run`` runs the same decision. Same-version build changes are forced with ``--reinstall-package``
-    (uv judges by version alone). A lock-only snapshot recorded no file contents, so edits in place are
-    neither planned nor verified (``diff_snapshots`` compares it at build level)."""
+    (uv judges by version alone). A lock-only snapshot recorded no file contents: a package is compared with
+    the contents a full snapshot of its build recorded (``diff.content_states``; deleted or edited files then
+    get it reinstalled), else at build level only."""
     from envvault.diff import current_document, diff_snapshots
     from envvault.lock.sources import describe
     from envvault.restore.execute import RestoreResult
@@ -208,7 +209,7 @@ def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool,
     with vault.lock():
         now = current_document(vault, target, facts=False)
         check_python(doc["python"], now["python"])
-        plan = diff_snapshots(now, doc, old_label="current", new_label=sid[:12], scope="environment")
+        plan = diff_snapshots(now, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         reinstall = sorted({c.name for c in plan.changed if c.old_version == c.new_version})
         touched = {p.name for p in plan.added} | {c.name for c in plan.changed}
         warnings = tuple(w for s in sources if s.package["name"] in touched for w in [describe(s)] if w)
@@ -228,7 +229,7 @@ def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool,
             info = sync_from_lock(sid, doc, entries, target / "bin" / "python", reinstall=reinstall, work=work,
                                   installed=touched)
         after = current_document(vault, target, facts=False)
-        remaining = diff_snapshots(after, doc, old_label="current", new_label=sid[:12], scope="environment")
+        remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
     written = [p for p in after["packages"] if p["name"] in touched]
     return RestoreResult(
         sid, str(target), "lock", backup_id, len(plan.changed) + len(plan.added) + len(plan.removed),
