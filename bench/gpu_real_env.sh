@@ -6,7 +6,7 @@
 #
 # Steps: snap, second snap, status, --lock-only snap; delete site-packages/torch and edit a triton file;
 # status and diff (without --venv: `current` is the snapshot's own venv); restore latest (the lock-only one,
-# from the vault's stored copies); restore of the full snapshot; import torch and run a CUDA matmul;
+# from the vault's stored copies); restore of the full snapshot (nothing left to do); import torch and run a CUDA matmul;
 # restore --into a new venv (verified; torch imports there and sees the GPU); export + `uv pip install
 # --offline --no-deps` of the wheels into a fresh venv; a stamped torch.save of a training step, a torch file
 # edited, `envvault restore step.pt`, status.
@@ -75,11 +75,8 @@ echo "# edited by gpu_real_env.sh" >>"$SP/triton/__init__.py"
 step status_broken 1 $EV status --venv "$VENV" --exit-code
 step diff_no_venv 1 $EV diff latest current --exit-code
 step restore_latest_lock_only 0 $EV restore latest --venv "$VENV"
-step status_after_lock_restore any $EV status --venv "$VENV"
+step status_after_lock_restore 0 $EV status --venv "$VENV" --exit-code
 step import_torch_1 0 python3 -c "import torch; print(torch.__version__, torch.cuda.is_available())"
-
-rm -rf "$SP/torch"
-echo "# edited again" >>"$SP/triton/__init__.py"
 step restore_full 0 $EV restore "$FULL" --venv "$VENV"
 step status_after_full_restore 0 $EV status --venv "$VENV" --exit-code
 step cuda_matmul 0 python3 -c "
