@@ -109,6 +109,9 @@ step inspect_ckpt 0 $EV inspect "$W/step.pt"
 echo "# edited after the checkpoint" >>"$SP/torch/__init__.py"
 step restore_from_ckpt 0 $EV restore "$W/step.pt"
 step status_after_ckpt_restore 0 $EV status --venv "$VENV" --exit-code
+step cuda_after_ckpt_restore 0 python3 -c "
+import torch
+a = torch.randn(2048, 2048, device='cuda'); torch.cuda.synchronize(); print(torch.__version__, float((a @ a).abs().mean()))"
 step verify_vault 0 $EV verify
 du -sh "$W/vault" "$W/anchor.tar.zst" >>"$LOG" 2>&1
 

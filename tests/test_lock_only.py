@@ -243,3 +243,23 @@ def test_restore_checkpoint_uses_the_full_snapshot_of_its_lock_only_stamp(light_
     assert res["restored"] == full and res["mode"] != "lock" and res["verified"] is True, res
     assert (site_packages(venv) / "bundle" / "ca.pem").read_text() == "CA\nappended CA\n"
     assert ev_json(vault, "diff", step, full)["empty"] is True
+
+
+def test_stamps_never_name_the_backup_of_a_damaged_environment(tmp_path):
+    """The lock-level fingerprint reads dist-info only: the backup a restore takes of an environment whose
+    files were deleted shares it with the good snapshot. A stamp (and `restore CKPT`) must name the good one,
+    even though the backup is newer (seen on the GPU host: `restore step.pt` put the deleted files' state back)."""
+    from envvault.torch.stamp_doc import find_snapshot, lock_fingerprint
+
+    venv = make_venv(tmp_path / "venv", "uv")
+    uv_install(venv, build_wheel(tmp_path / "w", "pkg", "1.0", {"pkg/__init__.py": b"X = 1\n", "pkg/core.py": b"Y = 2\n"}))
+    vault = tmp_path / "vault"
+    good = _snap(vault, venv)
+    (site_packages(venv) / "pkg" / "core.py").unlink()
+    ev(vault, "restore", good, "--venv", venv)  # takes a backup of the damaged state first, then repairs
+    v = Vault.open(vault)
+    backups = [r for r in v.snapshots() if r.doc.get("trigger") == "restore-backup"]
+    assert len(backups) == 1 and backups[0].doc["created"] > v.load_snapshot(good).doc["created"]
+    fp = lock_fingerprint(v.load_snapshot(good).doc)
+    assert lock_fingerprint(backups[0].doc) == fp  # what makes the choice matter
+    assert find_snapshot(v, fp, str(venv)) == (good, False)

@@ -62,7 +62,8 @@ STAMP_FORMAT = 1
 #   {"tool": ..., "version": 3, "snapshots": {id: [fingerprint, lock_only, created, venv]},
 #    "states": {key of (prefix, python, signature): [fingerprint, [[name, version, build id], ...]]}}
 _INDEX_NAME = "stamp-index.json"
-_INDEX_VERSION = 3  # 3: identity version 2 (build ids leave scripts out)
+_ENTRY_LEN = 7  # see find_snapshot
+_INDEX_VERSION = 4  # 3: identity version 2 (build ids leave scripts out); 4: missing files and trigger kept
 _MAX_STATES = 64
 _GIT_TIMEOUT = 2.0
 
@@ -264,11 +265,14 @@ def lock_fingerprint(doc: dict) -> str | None:
 def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str, bool] | None:
     """``(id, lock_only)`` of a snapshot with this lock-level fingerprint (see ``lock_fingerprint``; of the
     environment at ``venv`` when given: an identical copy elsewhere would make ``restore`` target that
-    copy), a full one before a lock-only one, then the newest.
+    copy). The lock-level fingerprint reads dist-info only, so a snapshot of a damaged environment (files
+    deleted, as in the backup a restore takes before repairing it) can share it: the order is a full one
+    before a lock-only one, one without missing files before one with, one not taken as a restore's backup
+    before a backup, then the newest.
 
-    The index under ``state/`` remembers each snapshot's fingerprints (snapshot files never change; entries
-    ``[fingerprint, lock_only, created, venv, lock fingerprint]``, shorter ones are read again), so
-    each snapshot document is read once per vault, not once per process.
+    The index under ``state/`` remembers each snapshot's facts (snapshot files never change; entries
+    ``[fingerprint, lock_only, created, venv, lock fingerprint, missing files, trigger]``, others are read
+    again), so each snapshot document is read once per vault, not once per process.
     """
     index = _load_index(vault)
     known = index["snapshots"]
@@ -276,24 +280,26 @@ def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str
     changed = not known.keys() <= ids
     for sid in ids:
         entry = known.get(sid)
-        if isinstance(entry, list) and len(entry) == 5:
+        if isinstance(entry, list) and len(entry) == _ENTRY_LEN:
             continue
         try:
             doc = vault.load_snapshot(sid).doc
         except EnvvaultError:
             continue
+        missing = sum(len(p.get("missing") or ()) for p in doc.get("packages") or () if isinstance(p, dict))
         known[sid] = [doc.get("fingerprint"), bool(doc.get("lock_only")), str(doc.get("created", "")),
-                      str(doc.get("venv", "")), lock_fingerprint(doc)]
+                      str(doc.get("venv", "")), lock_fingerprint(doc), missing, str(doc.get("trigger", ""))]
         changed = True
     if changed:
         index["snapshots"] = {sid: v for sid, v in known.items() if sid in ids}
         _save_index(vault, index)
-    matches = [(not entry[1], entry[2], sid) for sid, entry in known.items()
-               if sid in ids and len(entry) == 5 and entry[4] == fingerprint and (venv is None or entry[3] == venv)]
+    matches = [(not entry[1], entry[5] == 0, entry[6] != "restore-backup", entry[2], sid)
+               for sid, entry in known.items()
+               if sid in ids and len(entry) == _ENTRY_LEN and entry[4] == fingerprint and (venv is None or entry[3] == venv)]
     if not matches:
         return None
     best = max(matches)
-    return best[2], not best[0]
+    return best[-1], not best[0]
 
 
 @contextmanager
