@@ -30,7 +30,7 @@ from typing import Literal, Mapping, Sequence
 
 from ..errors import CorruptError, EnvvaultError, NotFoundError, RefusedError, StorageError, UsageError
 from ..safepaths import FinalTree
-from ..vault.fsutil import storage_error
+from ..vault.fsutil import makedirs_recording, storage_error
 from ..vault.ingest import b64_sha256
 from ..vault.store import ObjectReader
 from .discover import inductor_cache_dir, triton_cache_dir
@@ -512,22 +512,7 @@ def _tmp_path(final: str, pid: int) -> str:
 
 
 def _makedirs(path: str, created: list[str]) -> None:
-    """``mkdir -p`` that records the folders it made (for rollback)."""
-    missing = []
-    p = path
-    while not os.path.isdir(p):
-        if os.path.lexists(p):
-            raise StorageError(f"cannot create folder {path}: {p} is in the way")
-        missing.append(p)
-        p = os.path.dirname(p)
-    for d in reversed(missing):
-        try:
-            os.mkdir(d)
-            created.append(d)
-        except FileExistsError:
-            pass
-        except OSError as err:
-            raise storage_error(err, d) from None
+    makedirs_recording(path, created, lambda p: StorageError(f"cannot create folder {path}: {p} is in the way"))
 
 
 def _unlink(path: str) -> None:

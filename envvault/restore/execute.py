@@ -35,7 +35,7 @@ from envvault.restore.journal import (
 )
 from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, is_pyc, make_plan
 from envvault.safepaths import FinalTree, env_key
-from envvault.vault.fsutil import flocked, storage_error
+from envvault.vault.fsutil import flocked, makedirs_recording, storage_error
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.store import ObjectReader, Vault
 
@@ -215,22 +215,8 @@ def _batches(writes: list[FileWrite]) -> Iterator[list[FileWrite]]:
 
 
 def _makedirs(path: str, created: list[str]) -> None:
-    """``mkdir -p`` that records the folders it made, outermost first (a failed restore removes them)."""
-    missing = []
-    p = path
-    while not os.path.isdir(p):
-        if os.path.lexists(p):
-            raise EnvironmentProblem(f"{p} is in the way: the snapshot needs a directory there; move it and run again")
-        missing.append(p)
-        p = os.path.dirname(p)
-    for d in reversed(missing):
-        try:
-            os.mkdir(d)
-        except FileExistsError:
-            continue
-        except OSError as err:
-            raise storage_error(err, d) from None
-        created.append(d)
+    makedirs_recording(path, created, lambda p: EnvironmentProblem(
+        f"{p} is in the way: the snapshot needs a directory there; move it and run again"))
 
 
 def _stage_all(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progress | None,

@@ -161,3 +161,24 @@ def flocked(path: Path, *, exclusive: bool, wait: bool = True, where: Path | Non
         yield True
     finally:
         os.close(fd)
+
+
+def makedirs_recording(path: str, created: list[str], in_the_way) -> None:
+    """``mkdir -p path`` that appends each folder it made to ``created``, outermost first (so a failed
+    restore can remove them again). A non-folder on the way raises ``in_the_way(blocking_path)``; another
+    failure is a storage error naming the folder."""
+    missing = []
+    p = path
+    while not os.path.isdir(p):
+        if os.path.lexists(p):
+            raise in_the_way(p)
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise storage_error(err, d) from None
+        created.append(d)
