@@ -508,3 +508,20 @@ def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
     for k, (o, n) in (env.get("changed") or {}).items():
         lines.append(f"{head('env', 'cyan')}{k}: {o} -> {n}")
     return "\n".join(lines)
+
+
+def contents_note(vault, sid: str, doc: dict, *, changed: bool) -> str | None:
+    """What a comparison with snapshot ``doc`` could not know: a lock-only snapshot recorded no file contents,
+    so its packages were compared with full snapshots of the same builds (``diff.content_states``) where the
+    vault holds one, by version and build only where not. None for a full snapshot."""
+    if not doc.get("lock_only"):
+        return None
+    total = len(doc.get("packages") or [])
+    known = len(content_states(vault, doc))
+    if known == total:
+        return f"baseline {sid[:12]} is lock-only: file contents compared with full snapshots of the same builds"
+    tail = "only versions and builds were compared" if changed else "versions and builds unchanged"
+    if known:
+        return (f"baseline {sid[:12]} is lock-only: file contents of {known} of {total} packages compared with "
+                f"full snapshots of the same builds; for the others, {tail}")
+    return f"baseline {sid[:12]} is lock-only: file contents were not recorded; {tail}"

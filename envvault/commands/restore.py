@@ -134,9 +134,10 @@ def status(ctx, venv, against, as_json, exit_code):
       envvault status
       envvault status --venv ~/venvs/train --json
     """
-    from envvault.diff import current_document, diff_snapshots
+    from envvault.diff import contents_note, current_document, diff_snapshots
     from envvault.env.probe import find_target
-    from envvault.restore.baseline import baseline_snapshot, contents_note, interrupted_restore
+    from envvault.restore.baseline import baseline_snapshot
+    from envvault.restore.journal import interrupted_restore
 
     vault = open_vault(ctx)
     if against:  # without --venv and an active venv: the environment the snapshot names

@@ -15,10 +15,8 @@ from envvault.safepaths import env_key
 from envvault.vault.fsutil import atomic_write, read_regular
 from envvault.vault.store import Vault, _now
 
-__all__ = ["baseline_snapshot", "record_restored", "interrupted_restore", "contents_note", "JOURNAL_NAME"]
+__all__ = ["baseline_snapshot", "record_restored"]
 
-JOURNAL_NAME = ".envvault-restore.json"  # in the environment while a restore is under way (docs/format.md)
-JOURNAL_LIMIT = 256 << 20  # a journal lists every file a restore writes or deletes; read no more than this
 
 
 def _marker(vault: Vault, target: Path) -> Path:
@@ -52,32 +50,3 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     return best[1]
 
 
-def contents_note(vault: Vault, sid: str, doc: dict, *, changed: bool) -> str | None:
-    """What a comparison with snapshot ``doc`` could not know: a lock-only snapshot recorded no file contents,
-    so its packages were compared with full snapshots of the same builds (``diff.content_states``) where the
-    vault holds one, by version and build only where not. None for a full snapshot."""
-    if not doc.get("lock_only"):
-        return None
-    from envvault.diff import content_states
-
-    total = len(doc.get("packages") or [])
-    known = len(content_states(vault, doc))
-    if known == total:
-        return f"baseline {sid[:12]} is lock-only: file contents compared with full snapshots of the same builds"
-    tail = "only versions and builds were compared" if changed else "versions and builds unchanged"
-    if known:
-        return (f"baseline {sid[:12]} is lock-only: file contents of {known} of {total} packages compared with "
-                f"full snapshots of the same builds; for the others, {tail}")
-    return f"baseline {sid[:12]} is lock-only: file contents were not recorded; {tail}"
-
-
-def interrupted_restore(target: Path) -> str | None:
-    """The snapshot id of a restore of ``target`` that was killed before it finished, if any."""
-    try:
-        doc = json.loads(read_regular(Path(target) / JOURNAL_NAME, JOURNAL_LIMIT, "the restore journal"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, EnvvaultError):
-        return "unknown"
-    sid = doc.get("snapshot") if isinstance(doc, dict) else None
-    return sid if isinstance(sid, str) else "unknown"

@@ -28,9 +28,9 @@ from typing import Callable, Iterator
 from envvault.crashpoints import crash_point as _crash_point
 from envvault.diff import current_document, diff_snapshots
 from envvault.errors import CorruptError, EnvironmentProblem, RefusedError, UsageError
-from envvault.restore.baseline import JOURNAL_NAME, record_restored
+from envvault.restore.baseline import record_restored
 from envvault.restore.journal import (
-    Paths, clean_temps, prune_empty, read_journal, recover, remove_journal, settle_interrupted, str_list,
+    JOURNAL_NAME, Paths, clean_temps, prune_empty, read_journal, recover, remove_journal, settle_interrupted, str_list,
     tmp_for, write_journal,
 )
 from envvault.restore.plan import CurrentDist, FileWrite, Plan, check_python, is_pyc, make_plan

@@ -15,14 +15,29 @@ import blake3
 
 from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError
 from envvault.model.encoding import parse_json
-from envvault.restore.baseline import JOURNAL_LIMIT, JOURNAL_NAME
 from envvault.safepaths import FinalTree, env_key
 from envvault.vault.fsutil import flocked, fsync_dir, read_regular, storage_error
 from envvault.vault.store import Vault
 
-__all__ = ["JOURNAL_NAME", "Paths", "TMP_RE", "read_journal", "write_journal", "remove_journal", "tmp_for",
-           "clean_temps", "prune_empty", "recover", "str_list", "settle_interrupted"]
+__all__ = [
+    "JOURNAL_NAME",
+    "JOURNAL_LIMIT",
+    "interrupted_restore",
+    "Paths",
+    "TMP_RE",
+    "read_journal",
+    "write_journal",
+    "remove_journal",
+    "tmp_for",
+    "clean_temps",
+    "prune_empty",
+    "recover",
+    "str_list",
+    "settle_interrupted",
+]
 
+JOURNAL_NAME = ".envvault-restore.json"  # in the environment while a restore is under way (docs/format.md)
+JOURNAL_LIMIT = 256 << 20  # a journal lists every file a restore writes or deletes; read no more than this
 TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
 
 
@@ -174,4 +189,16 @@ def settle_interrupted(vault: Vault, target: Path) -> str | None:
     except (EnvvaultError, OSError):
         pass
     sid = journal.get("snapshot") if isinstance(journal, dict) else None
+    return sid if isinstance(sid, str) else "unknown"
+
+
+def interrupted_restore(target: Path) -> str | None:
+    """The snapshot id of a restore of ``target`` that was killed before it finished, if any."""
+    try:
+        doc = json.loads(read_regular(Path(target) / JOURNAL_NAME, JOURNAL_LIMIT, "the restore journal"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, EnvvaultError):
+        return "unknown"
+    sid = doc.get("snapshot") if isinstance(doc, dict) else None
     return sid if isinstance(sid, str) else "unknown"
