@@ -52,7 +52,7 @@ def _named(vault, arg: str) -> Ref:
 
 
 def _checkpoint_file(vault, path: Path) -> Ref:
-    from envvault.torch.checkpoint import read_checkpoint
+    from envvault.torch.directories import read_checkpoint
     from envvault.torch.stamp_doc import snapshot_of
 
     sid = snapshot_of(vault, path)
@@ -96,7 +96,8 @@ def _stamped_parts(d: Path) -> list[tuple[str, Path, dict]]:
     """``(name shown, path to resolve, stamp)`` for every stamped part of folder ``d``: its sidecar or each
     stamped checkpoint file in it, then the same for each checkpoint sub-folder. Read with the folder
     readers of :mod:`envvault.torch.directories` (through ``read_checkpoint``)."""
-    from envvault.torch.checkpoint import SIDECAR_NAME, read_checkpoint
+    from envvault.torch.checkpoint import SIDECAR_NAME
+    from envvault.torch.directories import read_checkpoint
 
     parts: list[tuple[str, Path, dict]] = []
     for folder, prefix in [(d, "")] + [(s, s.name + "/") for s in _sub_checkpoints(d)]:

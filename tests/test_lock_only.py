@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from envvault.torch.checkpoint import read_checkpoint
+from envvault.torch.directories import read_checkpoint
 from envvault.torch.hook import link_runtime
 from envvault.vault.store import Vault
 from fixtures.venvs import find_uv, isolated_env, make_venv, site_packages, uv_install

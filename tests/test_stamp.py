@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from envvault.torch import plugin, stamp_doc  # noqa: E402
-from envvault.torch.checkpoint import read_checkpoint  # noqa: E402
+from envvault.torch.directories import read_checkpoint  # noqa: E402
 from envvault.torch.hook import link_runtime  # noqa: E402
 from envvault.vault.store import Vault  # noqa: E402
 from fixtures import build_wheel, make_venv, site_packages, uv_install  # noqa: E402

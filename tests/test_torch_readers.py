@@ -28,7 +28,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from envvault.errors import CorruptError, NotFoundError, RefusedError, StorageError, UsageError  # noqa: E402
-from envvault.torch.checkpoint import read_checkpoint, to_jsonable  # noqa: E402
+from envvault.torch.checkpoint import to_jsonable
+from envvault.torch.directories import read_checkpoint  # noqa: E402
 from envvault.torch.stamp_io import add_zip_record, set_safetensors_metadata, write_sidecar  # noqa: E402
 from fixtures.checkpoints import (  # noqa: E402
     EXPECTED_CALLS,
@@ -404,7 +405,7 @@ def test_reader_runs_without_torch(tmp_path, real_zip):
 
     script = textwrap.dedent("""
         import json, sys
-        from envvault.torch.checkpoint import read_checkpoint
+        from envvault.torch.directories import read_checkpoint
         out = {p: read_checkpoint(p).to_dict() for p in sys.argv[1:]}
         third_party = sorted(m for m in sys.modules if m.split(".")[0] not in sys.stdlib_module_names
                              and m.split(".")[0] not in ("envvault", "__main__"))
@@ -446,7 +447,7 @@ def test_one_gigabyte_checkpoints_read_small(tmp_path):
     assert all(p.stat().st_size > 1_000_000_000 for p in paths)
     script = textwrap.dedent("""
         import json, sys
-        from envvault.torch.checkpoint import read_checkpoint
+        from envvault.torch.directories import read_checkpoint
         doc = read_checkpoint(sys.argv[1]).to_dict()
         json.dumps(doc)
         # VmHWM is this process image's peak RSS; ru_maxrss would include the forking pytest's.

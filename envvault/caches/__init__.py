@@ -33,7 +33,7 @@ _HOME = {
     "GpuInfo": "fingerprint",
     "Mismatch": "fingerprint",
     "fingerprint_venv": "fingerprint",
-    "fingerprint_from_tree": "fingerprint",
+    "fingerprint_from_tree": "_tree",
     "compare": "fingerprint",
 }
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .fingerprint import Fingerprint, GpuInfo, compile_env
 
-__all__ = ["infer"]
+__all__ = ["infer", "fingerprint_from_tree"]
 
 _TORCH_VERSION = re.compile(rb"# torch version: ([^\s\\]+)")
 _TORCH_CUDA = re.compile(rb"# torch cuda version: ([^\s\\]+)")
@@ -171,3 +171,8 @@ def _gpus(facts: dict[str, str | None], arch: str | None) -> tuple[GpuInfo, ...]
 
 def _none(text: str) -> str | None:
     return None if text == "None" else text
+
+
+def fingerprint_from_tree(root: Path) -> Fingerprint:
+    """What a cache tree says about the environment that wrote it (the sources are listed above)."""
+    return infer(Path(root))

@@ -4,7 +4,7 @@ Inductor keys each entry by torch's version and a hash of torch's source files (
 Triton build, ``torch.version.cuda``, the GPU name and its config; Triton keys kernels by its own build,
 the target arch and a set of environment variables. When any of them differ, torch silently ignores
 a restored cache. ``fingerprint_venv`` reads those facts from a venv's files (torch is never imported),
-``fingerprint_from_tree`` reads what a cache tree says about the environment that wrote it, and
+``_tree.fingerprint_from_tree`` reads what a cache tree says about the environment that wrote it, and
 ``compare`` names each difference in one line a person can act on.
 """
 
@@ -26,7 +26,6 @@ __all__ = [
     "Fingerprint",
     "Mismatch",
     "fingerprint_venv",
-    "fingerprint_from_tree",
     "compare",
     "compile_env",
     "probe_gpus",
@@ -255,13 +254,6 @@ def fingerprint_venv(
         env_scope="process",
         **values,
     )
-
-
-def fingerprint_from_tree(root: Path) -> Fingerprint:
-    """What a cache tree says about the environment that wrote it (see ``_tree`` for the sources)."""
-    from ._tree import infer
-
-    return infer(Path(root))
 
 
 def compare(cache_fp: Fingerprint, env_fp: Fingerprint) -> list[Mismatch]:

@@ -238,7 +238,8 @@ def archive_cache(
         return dict(group["entry"], seconds=round(time.monotonic() - started, 3), reused=True)
     from concurrent.futures import ThreadPoolExecutor
 
-    from .fingerprint import Fingerprint, fingerprint_from_tree
+    from ._tree import fingerprint_from_tree
+    from .fingerprint import Fingerprint
     from .manifest import CacheManifest
 
     dirs = _dir_stats(root)

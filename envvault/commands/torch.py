@@ -34,7 +34,7 @@ def inspect(path: Path, as_json: bool) -> None:
       envvault inspect step_690.pt
       envvault inspect ckpt_dir/ --json | jq .stamp.snapshot
     """
-    from envvault.torch.checkpoint import read_checkpoint
+    from envvault.torch.directories import read_checkpoint
 
     info = read_checkpoint(path)
     if as_json:

@@ -16,14 +16,15 @@ import base64
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path, PurePosixPath
 
 from envvault.diff import current_document, diff_snapshots
 from envvault.errors import RefusedError
-from envvault.model.record import format_record, parse_record
+from envvault.model.record import format_record
+from envvault.restore.installed import find_dist_info, read_record, reapply_state, replace_file
 from envvault.restore.plan import check_rel_path
+from envvault.restore.result import RestoreResult
 from envvault.restore.uv import (
     make_venv,
     refuse_nonempty,
@@ -38,8 +39,6 @@ __all__ = ["restore_into"]
 
 
 def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progress=None):
-    from envvault.restore.execute import RestoreResult
-
     if (dest / "pyvenv.cfg").exists() or (dest / "bin" / "python").exists():
         raise RefusedError(f"{dest} is already an environment; --into builds a new one (restore in place with --venv)")
     refuse_nonempty(dest)
@@ -77,7 +76,7 @@ def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progr
             for p in packages:
                 man = manifests.get(p["manifest"])
                 if man is not None and (p.get("modified") or p.get("missing")):
-                    _reapply_state(vault, dest, doc["python"], man)
+                    reapply_state(vault, dest, doc["python"], man)
             provenance = _provenance_of(vault, packages, manifests)
             for di, wanted in provenance:
                 _apply_provenance(dest, doc["python"], di, wanted)
@@ -140,70 +139,6 @@ def _check_paths(p: dict, man: dict) -> None:
         raise RefusedError(f"refusing to restore {p['name']} {p['version']}: " + "; ".join(bad[:10]))
 
 
-def _read_record(text: str) -> list[list[str]]:
-    return [e.to_row() for e in parse_record(text)[0]]
-
-
-def _reapply_state(vault, dest: Path, python: dict, man: dict) -> None:
-    """Make edited / deleted files as they were at snapshot time, with the RECORD rows the snapshot had."""
-    di = man["dist_info"]
-    record_rel = f"{PurePosixPath(di).name}/RECORD"
-    original = next((f for f in man["files"] if f["record"] == record_rel and f.get("chunks") is not None), None)
-    if original is None:
-        return
-    old_rows = {row[0]: row for row in _read_record(b"".join(vault.get(c) for c in original["chunks"]).decode("utf-8"))}
-    new_dist_info = _find_dist_info(dest, python, PurePosixPath(di).name)
-    if new_dist_info is None:
-        return
-    site = new_dist_info.parent
-    record_path = new_dist_info / "RECORD"
-    rows = _read_record(record_path.read_text(encoding="utf-8"))
-    by_path = {row[0]: i for i, row in enumerate(rows)}
-    for f in man["files"]:
-        if f.get("state") not in ("modified", "missing"):
-            continue
-        rec = f["record"]
-        old = old_rows.get(rec)
-        if old is None:
-            continue
-        if f["state"] == "missing":
-            try:
-                os.unlink(os.path.normpath(site / rec))
-            except FileNotFoundError:
-                pass
-        if rec in by_path:
-            rows[by_path[rec]] = old
-        else:
-            rows.insert(len(rows) - 1, old)
-    _replace(record_path, format_record(rows).encode("utf-8"))
-
-
-def _replace(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.envvault-tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _dist_key(dist_info_name: str) -> str:
-    """``Foo.Bar-1.0.dist-info`` and ``foo_bar-1.0.dist-info`` name one distribution."""
-    name, _, version = dist_info_name[: -len(".dist-info")].partition("-")
-    return f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}"
-
-
-def _find_dist_info(dest: Path, python: dict, name: str) -> Path | None:
-    """The dist-info folder the installer wrote for the snapshot's ``name`` (purelib or platlib; a wheel from
-    an index may spell the name another way)."""
-    for key in ("purelib", "platlib"):
-        candidate = dest / python.get(key, "lib") / name
-        if candidate.is_dir():
-            return candidate
-    found = list(dest.glob(f"lib*/python*/site-packages/{name}"))
-    if found:
-        return found[0]
-    key = _dist_key(name)
-    return next((p for p in dest.glob("lib*/python*/site-packages/*.dist-info") if _dist_key(p.name) == key), None)
-
-
 # -- provenance and pyvenv.cfg: as the snapshot recorded them ------------------------------------------------
 
 # The dist-info files an installer writes about the install itself (docs/format.md, "generated row").
@@ -256,11 +191,11 @@ def _record_row(rel: str, data: bytes) -> list[str]:
 
 def _apply_provenance(dest: Path, python: dict, di: str, wanted: dict) -> None:
     """Write (or remove) the provenance files and put their RECORD rows as the snapshot had them."""
-    folder = _find_dist_info(dest, python, di)
+    folder = find_dist_info(dest, python, di)
     if folder is None:
         return
     record_path = folder / "RECORD"
-    rows = _read_record(record_path.read_text(encoding="utf-8"))
+    rows = read_record(record_path.read_text(encoding="utf-8"))
     for name, (data, listed) in wanted.items():
         target = folder / name
         if data is None:
@@ -269,19 +204,19 @@ def _apply_provenance(dest: Path, python: dict, di: str, wanted: dict) -> None:
             except FileNotFoundError:
                 pass
         else:
-            _replace(target, data)
+            replace_file(target, data)
         rel = f"{folder.name}/{name}"
         rows = [r for r in rows if r[0] != rel]
         if data is not None and listed:
             at = next((i for i, r in enumerate(rows) if r[0] == f"{folder.name}/RECORD"), len(rows))
             rows.insert(at, _record_row(rel, data))
-    _replace(record_path, format_record(rows).encode("utf-8"))
+    replace_file(record_path, format_record(rows).encode("utf-8"))
 
 
 def _provenance_differences(dest: Path, python: dict, provenance: list[tuple[str, dict]]) -> list[str]:
     out = []
     for di, wanted in provenance:
-        folder = _find_dist_info(dest, python, di)
+        folder = find_dist_info(dest, python, di)
         if folder is None:
             out.append(f"{di}: not installed")
             continue
@@ -317,7 +252,7 @@ def _apply_pyvenv(dest: Path, wanted: dict) -> None:
     lines, _ = _read_pyvenv(dest)
     kept = [ln for ln in lines if ln.partition("=")[0].strip() not in wanted]
     kept += [f"{k} = {v}" for k, v in wanted.items() if v is not None]
-    _replace(dest / "pyvenv.cfg", ("\n".join(kept) + "\n").encode("utf-8"))
+    replace_file(dest / "pyvenv.cfg", ("\n".join(kept) + "\n").encode("utf-8"))
 
 
 def _pyvenv_differences(dest: Path, wanted: dict) -> list[str]:

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Iterator
 
 from envvault.errors import EnvironmentProblem, NotFoundError, RefusedError, UsageError
+from envvault.restore.installed import reapply_state
+from envvault.restore.result import RestoreResult
 
 __all__ = ["find_uv", "run_uv", "find_python", "make_venv", "restore_lock_only",
            "check_lock_sources", "resolve_lock_sources", "sync_from_lock", "scratch_dir", "refuse_nonempty"]
@@ -156,7 +158,6 @@ def resolve_lock_sources(vault, sid: str, doc: dict, work: Path, sources=None) -
     entry from an edited copy carries ``reapply(prefix)``, which ``sync_from_lock`` calls). ``sources``:
     from ``check_lock_sources``, which runs first when not given (and fails before anything is rebuilt)."""
     from envvault.lock.sources import pylock_entries
-    from envvault.restore.into import _reapply_state
 
     if sources is None:
         sources = check_lock_sources(vault, sid, doc)
@@ -164,7 +165,7 @@ def resolve_lock_sources(vault, sid: str, doc: dict, work: Path, sources=None) -
     for e in entries:  # an edited stored copy: after install, its RECORD rows go back to the build's
         copy = e["copy"]
         if copy is not None and copy.edited:
-            e["reapply"] = partial(_reapply_state, vault, python=doc["python"], man=vault.get_json(copy.manifest))
+            e["reapply"] = partial(reapply_state, vault, python=doc["python"], man=vault.get_json(copy.manifest))
     return entries
 
 
@@ -200,7 +201,6 @@ def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool,
     get it reinstalled), else at build level only."""
     from envvault.diff import current_document, diff_snapshots
     from envvault.lock.sources import describe
-    from envvault.restore.execute import RestoreResult
     from envvault.restore.plan import check_python
 
     if not (target / "bin" / "python").exists():

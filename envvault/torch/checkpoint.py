@@ -1,8 +1,8 @@
 """Read what a checkpoint says about itself — content, tensors, stamp, hostile calls — without torch.
 
-:func:`read_checkpoint` understands torch zip files (``torch.save``), legacy torch files
-(``_use_new_zipfile_serialization=False``), bare pickles, safetensors files, distributed-checkpoint (DCP)
-directories and Hugging Face style directories. It reads only pickles, JSON headers and zip directories:
+:func:`read_file` understands torch zip files (``torch.save``), legacy torch files
+(``_use_new_zipfile_serialization=False``), bare pickles and safetensors files; ``directories`` adds
+distributed-checkpoint (DCP) and Hugging Face style directories and ``read_checkpoint``, the entry for any path. It reads only pickles, JSON headers and zip directories:
 tensor bytes are never read, so a checkpoint of any size takes milliseconds and little memory. Pickles go
 through :mod:`envvault.torch.pickle_reader`, which imports and runs nothing the file names.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from envvault.errors import CorruptError, NotFoundError, UsageError
+from envvault.errors import CorruptError, UsageError
 from envvault.torch import pickle_reader as pr
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
 from envvault.torch.records import valid_shape
@@ -29,7 +29,9 @@ __all__ = [
     "CheckpointInfo",
     "FileInfo",
     "TensorSummary",
-    "read_checkpoint",
+    "read_file",
+    "parse_stamp",
+    "zip_pickle",
     "read_safetensors_header",
     "open_regular",
     "read_small",
@@ -83,7 +85,7 @@ class FileInfo:
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What :func:`read_checkpoint` found.
+    """What ``directories.read_checkpoint`` found.
 
     ``format``: torch-zip, torchscript, torch-legacy, pickle, safetensors, dcp, hf-dir or directory.
     ``stamp``: the envvault stamp (a dict) or None; ``stamp_source`` says where it was found.
@@ -110,26 +112,6 @@ class CheckpointInfo:
                 "tensors": self.tensors.to_dict(), "findings": [str(f) for f in self.findings],
                 "globals": list(self.globals), "files": [f.to_dict() for f in self.files],
                 "notes": list(self.notes), "content": self.content}
-
-
-def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
-    """Describe the checkpoint at ``path`` (a file or a checkpoint directory) without torch.
-
-    Never executes code from the file and never reads tensor bytes. Raises :class:`NotFoundError` for a
-    missing path, :class:`CorruptError` (one line) for a damaged or unrecognised file, :class:`UsageError`
-    for a directory that holds no checkpoint.
-    """
-    p = Path(path)
-    try:
-        if p.is_dir():
-            from envvault.torch.directories import read_directory  # directories build on the file readers
-
-            return read_directory(p)
-        if not p.exists():
-            raise NotFoundError(f"{p}: no such file or directory")
-        return _read_file(p)
-    except OSError as err:
-        raise UsageError(f"{p}: cannot read: {err.strerror or err}") from None
 
 
 def open_regular(p: Path) -> BinaryIO:
@@ -184,7 +166,7 @@ def load_json(raw: bytes | str) -> Any:
     raise BadJSON(f"it nests deeper than {MAX_JSON_DEPTH}")
 
 
-def _read_file(p: Path) -> CheckpointInfo:
+def read_file(p: Path) -> CheckpointInfo:
     with open_regular(p) as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(512)
@@ -239,7 +221,7 @@ def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
             raise CorruptError(f"{p}: a zip file without data.pkl, not a torch checkpoint")
         prefix = data_name[: -len("data.pkl")]
         fmt = "torchscript" if any(n.startswith(prefix + "code/") for n in names) else "torch-zip"
-        result = _zip_pickle(zf, data_name, f"{p}: {data_name}")
+        result = zip_pickle(zf, data_name, f"{p}: {data_name}")
         record = zf.read(prefix + STAMP_RECORD) if _small_member(zf, prefix + STAMP_RECORD) else None
         stored = sum(zf.getinfo(n).file_size for n in names if n.startswith(prefix + "data/"))
     except _ZIP_ERRORS as err:
@@ -247,7 +229,7 @@ def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
     notes = _more_findings(result)
     stamp, source = _stamp_from_content(result.obj, notes)
     if record is not None:
-        rec_stamp = _parse_stamp(record, f"{prefix}{STAMP_RECORD}", notes)
+        rec_stamp = parse_stamp(record, f"{prefix}{STAMP_RECORD}", notes)
         if stamp is None:
             stamp, source = rec_stamp, "zip-record"
         elif rec_stamp is not None and rec_stamp != stamp:
@@ -281,7 +263,7 @@ def _small_member(zf: zipfile.ZipFile, name: str) -> bool:
         return False
 
 
-def _zip_pickle(zf: zipfile.ZipFile, name: str, what: str) -> pr.PickleResult:
+def zip_pickle(zf: zipfile.ZipFile, name: str, what: str) -> pr.PickleResult:
     if zf.getinfo(name).file_size > MAX_PICKLE_BYTES:
         raise UsageError(f"{what}: pickle larger than {MAX_PICKLE_BYTES >> 20} MiB; refusing to read it")
     with zf.open(name) as stream:
@@ -376,7 +358,7 @@ def _from_safetensors(p: Path, header: dict[str, Any]) -> CheckpointInfo:
     tensors, total = safetensors_tensors(header)
     metadata = header.get("__metadata__") or {}
     notes: list[str] = []
-    stamp = _parse_stamp(metadata[STAMP_KEY].encode(), f"__metadata__[{STAMP_KEY!r}]", notes) \
+    stamp = parse_stamp(metadata[STAMP_KEY].encode(), f"__metadata__[{STAMP_KEY!r}]", notes) \
         if STAMP_KEY in metadata else None
     content = {"__metadata__": metadata, **to_jsonable(tensors)} if metadata else to_jsonable(tensors)
     return CheckpointInfo(str(p), "safetensors", stamp, "safetensors-metadata" if stamp else None, content,
@@ -391,7 +373,7 @@ def _stamp_from_content(obj: Any, notes: list[str]) -> tuple[dict | None, str | 
         return None, None
     value = obj[STAMP_KEY]
     if isinstance(value, str):
-        return _parse_stamp(value.encode(), f"the '{STAMP_KEY}' key", notes), "key"
+        return parse_stamp(value.encode(), f"the '{STAMP_KEY}' key", notes), "key"
     plain = to_jsonable(value)
     if not isinstance(plain, dict):
         notes.append(f"the '{STAMP_KEY}' key holds {type(plain).__name__}, not a stamp record")
@@ -399,7 +381,7 @@ def _stamp_from_content(obj: Any, notes: list[str]) -> tuple[dict | None, str | 
     return plain, "key"
 
 
-def _parse_stamp(raw: bytes, where: str, notes: list[str]) -> dict | None:
+def parse_stamp(raw: bytes, where: str, notes: list[str]) -> dict | None:
     try:
         value = load_json(raw)
     except BadJSON as err:

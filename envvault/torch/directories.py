@@ -4,16 +4,18 @@ A DCP directory holds a pickled ``.metadata`` (tensor names, shapes, dtypes and 
 and ``__<rank>_<n>.distcp`` data files; envvault stamps it with an ``envvault.json`` sidecar. A Hugging
 Face folder holds ``config.json``, ``*.safetensors`` / ``pytorch_model*.bin`` shards and maybe an
 ``*.index.json``; each checkpoint file is read with the single-file readers and reported on its own.
+``read_checkpoint`` is the entry for any path: a folder here, a file through ``checkpoint.read_file``.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
 
-from envvault.errors import CorruptError, EnvvaultError, UsageError
+from envvault.errors import CorruptError, EnvvaultError, NotFoundError, UsageError
 from envvault.torch import pickle_reader as pr
 from envvault.torch.checkpoint import (
     CHECKPOINT_SUFFIXES,
@@ -23,9 +25,9 @@ from envvault.torch.checkpoint import (
     BadJSON,
     CheckpointInfo,
     FileInfo,
-    _parse_stamp,
-    _read_file,
-    _zip_pickle,
+    parse_stamp,
+    read_file,
+    zip_pickle,
     load_json,
     open_regular,
     read_small,
@@ -33,7 +35,25 @@ from envvault.torch.checkpoint import (
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
 from envvault.torch.records import valid_shape
 
-__all__ = ["read_directory"]
+__all__ = ["read_checkpoint", "read_directory"]
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
+    """Describe the checkpoint at ``path`` (a file or a checkpoint directory) without torch.
+
+    Never executes code from the file and never reads tensor bytes. Raises :class:`NotFoundError` for a
+    missing path, :class:`CorruptError` (one line) for a damaged or unrecognised file, :class:`UsageError`
+    for a directory that holds no checkpoint.
+    """
+    p = Path(path)
+    try:
+        if p.is_dir():
+            return read_directory(p)
+        if not p.exists():
+            raise NotFoundError(f"{p}: no such file or directory")
+        return read_file(p)
+    except OSError as err:
+        raise UsageError(f"{p}: cannot read: {err.strerror or err}") from None
 
 
 def read_directory(d: Path) -> CheckpointInfo:
@@ -61,7 +81,7 @@ def _small_json_file(p: Path, notes: list[str], limit: int = MAX_SIDE_BYTES) -> 
 
 def _sidecar(d: Path, notes: list[str]) -> dict | None:
     raw = _small_json_file(d / SIDECAR_NAME, notes)
-    return None if raw is None else _parse_stamp(raw, SIDECAR_NAME, notes)
+    return None if raw is None else parse_stamp(raw, SIDECAR_NAME, notes)
 
 
 def _read_dcp(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
@@ -129,7 +149,7 @@ def _dcp_bytes(d: Path, info: dict | None, notes: list[str]) -> Any:
     try:
         zf = zipfile.ZipFile(io.BytesIO(blob))
         name = next(n for n in zf.namelist() if n.endswith("data.pkl"))
-        result = _zip_pickle(zf, name, f"{target.name}@{offset}")
+        result = zip_pickle(zf, name, f"{target.name}@{offset}")
     except (zipfile.BadZipFile, StopIteration, CorruptError, ValueError):
         notes.append(f"{target.name}: entry at offset {offset} is not a readable torch.save blob")
         return {"bytes": length}
@@ -164,7 +184,7 @@ def _read_model_dir(d: Path, stamp: dict | None, notes: list[str]) -> Checkpoint
     files, findings, names, summary = [], [], {}, TensorSummary()
     for p in paths:
         try:
-            info = _read_file(p)
+            info = read_file(p)
         except EnvvaultError as err:
             notes.append(str(err))
             continue

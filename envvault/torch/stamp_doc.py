@@ -571,7 +571,7 @@ def snapshot_of(vault, path: Path) -> str:
     a snapshot (the vault could not be written at save time) resolves through its fingerprint. Raises
     :class:`NotFoundError` with one line naming the id and the vault searched.
     """
-    from envvault.torch.checkpoint import read_checkpoint
+    from envvault.torch.directories import read_checkpoint
 
     info = read_checkpoint(path)
     stamp = info.stamp

@@ -1,0 +1,49 @@
+"""What a restore reports (in place, ``--into`` or lock-only): one record, below the three ways to restore."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RestoreResult"]
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    restored: str
+    target: str
+    mode: str  # "in-place", "into", "lock"
+    backup: str | None = None
+    changed: int = 0
+    verified: bool = False
+    dry_run: bool = False
+    written_files: int = 0
+    written_bytes: int = 0
+    removed_files: int = 0
+    seconds: float = 0.0
+    plan: dict | None = None
+    remaining: dict | None = None  # what still differs after the restore (diff JSON), when not verified
+    warnings: tuple[str, ...] = ()
+    caches: object = None
+    timings: dict | None = None  # seconds per phase (scan, plan, stage, commit, verify)
+    modes_set: int = 0  # kept files whose permission bits were put back
+
+    def to_json(self) -> dict:
+        return {
+            "restored": self.restored,
+            "target": self.target,
+            "mode": self.mode,
+            "backup": self.backup,
+            "changed": self.changed,
+            "verified": self.verified,
+            "dry_run": self.dry_run,
+            "written_files": self.written_files,
+            "written_bytes": self.written_bytes,
+            "removed_files": self.removed_files,
+            "modes_set": self.modes_set,
+            "seconds": self.seconds,
+            "plan": self.plan,
+            "remaining": self.remaining,
+            "warnings": list(self.warnings),
+            "caches": self.caches,
+            "timings": self.timings,
+        }
