@@ -42,7 +42,8 @@ def _run(vault: Path, *args, **extra: str) -> subprocess.CompletedProcess:
 def _stamp(venv: Path, vault: Path, *paths: Path) -> None:
     """Stamp saved checkpoints with ``venv``'s own Python, as a training script there would (the hook)."""
     code = "import sys\nfrom envvault.torch import plugin\nfor p in sys.argv[1:]:\n    plugin.stamp(p)\n"
-    env = _env(vault, ENVVAULT_STAMP="1")
+    # No detached full snap: one committing later would change which snapshot a stamp resolves to mid-test.
+    env = _env(vault, ENVVAULT_STAMP="1", ENVVAULT_STAMP_FULL_SNAPSHOT="0")
     env.pop("PYTHONPATH", None)  # envvault comes through the venv's hook, as for users
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code, *map(str, paths)], env=env,
                           capture_output=True, text=True, timeout=120)
