@@ -33,8 +33,9 @@ import zstandard  # noqa: E402
 from bench.common import (  # noqa: E402
     Figure, drop_dirty, envvault_cmd, ev_env, machine, median, report, run, save, timed,
 )
+from fixtures.machine import H200_CACHE_TAR  # noqa: E402
 
-H200_TAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "inductor-cache-h200-torch2.11.tar.zst"
+H200_TAR = H200_CACHE_TAR
 
 
 def envvault_json(vault: Path, *args, env: dict | None = None) -> tuple[float, dict]:

@@ -32,8 +32,9 @@ from envvault.caches import (
 from envvault.caches.discover import inductor_cache_dir, torch_extensions_dir, triton_cache_dir
 from envvault.caches.fingerprint import compile_env
 from envvault.errors import CorruptError, NotFoundError
+from fixtures.machine import H200_CACHE_TAR
 
-H200_TAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "inductor-cache-h200-torch2.11.tar.zst"
+H200_TAR = H200_CACHE_TAR
 VENV = Path(sys.prefix)
 
 

@@ -25,8 +25,9 @@ from envvault.model.encoding import canonical_json, object_id
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.store import Vault
 from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+from fixtures.machine import H200_CACHE_TAR
 
-H200_TAR = Path(__file__).resolve().parents[2] / "shared" / "data" / "inductor-cache-h200-torch2.11.tar.zst"
+H200_TAR = H200_CACHE_TAR
 
 
 def _extract_h200(dest: Path) -> Path:

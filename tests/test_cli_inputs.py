@@ -25,8 +25,9 @@ import pytest
 
 from fixtures import build_wheel, uv_install
 from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+from fixtures.machine import base_python
 
-BASE_PYTHON = Path("/root/.pyenv/versions/3.11.7/bin/python3")
+BASE_PYTHON = base_python()
 
 
 def _env(vault: Path, **extra: str) -> dict:

@@ -35,10 +35,11 @@ from fixtures.checkpoints import (  # noqa: E402
     legacy_with_pickle,
     torch_zip_with_pickle,
 )
+from fixtures.machine import cpython  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
-OTHER_PYTHON = os.environ.get("ENVVAULT_NOTORCH_PYTHON", "/root/.pyenv/versions/3.12.1/bin/python3")
+OTHER_PYTHON = os.environ.get("ENVVAULT_NOTORCH_PYTHON") or str(cpython("3.12"))
 
 
 @pytest.fixture(scope="module")

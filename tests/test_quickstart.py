@@ -8,9 +8,10 @@ import subprocess
 from pathlib import Path
 
 from fixtures.venvs import isolated_env
+from fixtures.machine import DEBIAN_PYTHON as DEBIAN_PYTHON_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
-DEBIAN_PYTHON = "/usr/bin/python3"
+DEBIAN_PYTHON = str(DEBIAN_PYTHON_PATH)
 
 
 def _quick_start_line() -> str:

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.machine import cpython
 from fixtures.venvs import find_uv, isolated_env, site_packages
 from fixtures.wheels import build_wheel
 from tests.evtools import ev, ev_env
 
 PYPI = "https://pypi.org/simple"
-PYENV = Path("/root/.pyenv/versions")
 # Real, small registry packages. jmespath ships `jmespath-1.0.1.data/scripts/jp.py` starting `#!python`,
 # which the installer rewrites (issue 9 item 1); certifi's cacert.pem is what images edit.
 BASE = ["six==1.17.0", "idna==3.10", "jmespath==1.0.1", "certifi==2024.8.30"]
@@ -37,9 +37,7 @@ UNINSTALL = "idna"
 
 
 def _pyenv(minor: str) -> Path:
-    found = sorted(PYENV.glob(f"{minor}.*/bin/python{minor}"))
-    assert found, f"no pyenv CPython {minor} under {PYENV}: the corpus needs every CPython 3.8-3.13"
-    return found[-1]
+    return cpython(minor)
 
 
 @pytest.fixture(scope="session")

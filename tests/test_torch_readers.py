@@ -38,11 +38,12 @@ from fixtures.checkpoints import (  # noqa: E402
     legacy_with_pickle,
     torch_zip_with_pickle,
 )
+from fixtures.machine import cpython  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 STAMP = {"snapshot": "8f3a1c2d", "torch": str(torch.__version__), "host": "test"}
-NO_TORCH_PYTHON = os.environ.get("ENVVAULT_NOTORCH_PYTHON", "/root/.pyenv/versions/3.12.1/bin/python3")
+NO_TORCH_PYTHON = os.environ.get("ENVVAULT_NOTORCH_PYTHON") or str(cpython("3.12"))
 
 
 def _model() -> torch.nn.Module:
