@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Callable
 from envvault import __version__
 from envvault.crashpoints import crash_point
 from envvault.env.host import host_facts, relevant_env
-from envvault.env.probe import Interpreter, probe
+from envvault.env.probe import Interpreter
+from envvault.env.reader import reader_for
 from envvault.errors import EnvironmentProblem
 from envvault.model.encoding import canonical_json, object_id
 from envvault.model.identity import (
@@ -67,18 +68,6 @@ def statcache_for(vault: Vault, target: Path) -> StatCache:
     from envvault.safepaths import env_key
 
     return StatCache(vault.state_path(f"stat-{env_key(target)}"))
-
-
-class _LazyDists:
-    """``envvault.env.dists`` (email, packaging) imported on first use: the fast path never needs it."""
-
-    def __getattr__(self, name):
-        from envvault.env import dists
-
-        return getattr(dists, name)
-
-
-_dists = _LazyDists()
 
 
 # A python script bigger than this is hashed as it is (its shebang left in): none such is known.
@@ -183,6 +172,8 @@ class _Builder:
                 unhashed.append(rec.path)
         self._report_rows(dist, folders, unhashed, [f["record"] for f in files if f["state"] == "missing"])
         build = dist.build_id(self.interp.scripts)
+        from envvault.env.dists import build_info  # email, packaging: the fast path never needs them
+
         return {
             "kind": "dist",
             "format": FORMAT,
@@ -197,7 +188,7 @@ class _Builder:
             "build_id": build,
             "state_id": state_id(build, modified),
             "scripts": scripts_id(scripts) if scripts_known else None,
-            "build_info": _dists.build_info(dist),
+            "build_info": build_info(dist),
             "files": files,
         }
 
@@ -261,19 +252,6 @@ def _exec_files(files: list[dict]) -> list[str] | None:
                   if "link" not in f and not f.get("generated") and (f.get("mode") or 0) & 0o111)
 
 
-def _dist_dirs(sites: list[Path]) -> list[tuple[Path, Path]]:
-    out, seen = [], set()
-    for site in sites:
-        if site in seen or not site.is_dir():
-            continue
-        seen.add(site)
-        for entry in os.scandir(site):
-            if entry.name.endswith((".dist-info", ".egg-info", ".egg-link")):
-                out.append((Path(entry.path), site))
-    out.sort(key=lambda t: t[0].name)
-    return out
-
-
 def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
     """True when RECORD and every stored file still have the stats recorded at the last snap."""
     base = f"{prefix}/"
@@ -312,14 +290,15 @@ def scan_environment(
 
         settle_interrupted(vault, prefix)
     cache = statcache_for(vault, prefix)
-    interp = cached_probe(prefix, cache)
+    reader = reader_for(prefix, cache)
+    interp = reader.interpreter()
     ing = Ingester(writer, vault.has, store=mode == "full")
     builder = _Builder(vault, interp, ing, cache, mode)
     mkey = "manifest_" + mode
     packages: list[dict] = []
     slow: list[InstalledDist] = []
     warnings: list[str] = []
-    for dist_info, site in _dist_dirs([interp.purelib, interp.platlib]):
+    for dist_info, site in reader.dist_entries():
         key = dist_info.relative_to(prefix).as_posix()
         group = cache.groups.get(key)
         # Ids in the stat cache are trusted without consulting the index: the cache is saved only after
@@ -332,7 +311,7 @@ def scan_environment(
         if mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
             packages.append(dict(group["lock"]["summary"]))
             continue
-        dist = _dists.read_any(dist_info, site)
+        dist = reader.read(dist_info, site)
         if dist is not None:
             slow.append(dist)
     if progress is not None and hasattr(progress, "set_total"):
@@ -408,31 +387,6 @@ def _remember_group(cache: StatCache, dist, prefix: Path, man: dict, summary: di
     if "lock" in old:
         group["lock"] = old["lock"]
     cache.set_group(key, group)
-
-
-def cached_probe(prefix: Path, cache: StatCache) -> Interpreter:
-    """``probe`` costs a subprocess; reuse its answer while pyvenv.cfg and the interpreter are unchanged."""
-    try:
-        exe = prefix / "bin" / "python"
-        if not exe.exists():
-            exe = prefix / "bin" / "python3"
-        # The prefix as given is part of the key: the cache is shared by every path of one environment
-        # (its <key> is the real path), and the probe answers with paths under the prefix it was given.
-        key = [str(prefix), str(exe.resolve())] + stat_key(exe.stat())
-        cfg = prefix / "pyvenv.cfg"
-        key += stat_key(cfg.stat()) if cfg.exists() else []
-    except OSError:
-        return probe(prefix)
-    hit = cache.extra.get("probe")
-    if hit and hit.get("key") == key:
-        try:
-            return Interpreter.from_cache(prefix, hit["value"])
-        except (KeyError, TypeError):
-            pass
-    interp = probe(prefix)
-    cache.extra["probe"] = {"key": key, "value": interp.to_cache()}
-    cache.mark_dirty()
-    return interp
 
 
 def take_snapshot(

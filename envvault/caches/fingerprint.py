@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from ..errors import CorruptError
-from . import _torchkey, _venv
+from ..env.static import find_dist_info, module_constants, record_digest
+from ..env.reader import reader_for
+from . import _torchkey
 
 __all__ = [
     "FORMAT",
@@ -221,21 +223,21 @@ def fingerprint_venv(
     ``exact``, also hashes torch's module files as Inductor's ``torch_key`` does (about a second), which
     catches files edited in place. Raises ``UsageError`` when ``venv`` is not a venv.
     """
-    venv = Path(venv)
-    site = _venv.site_packages(venv)
-    python = _venv.python_version(venv)
+    reader = reader_for(Path(venv))
+    site = reader.site_packages()
+    python = reader.python_version()
     values: dict[str, Any] = {}
     torch_dir = site / "torch"
     if (torch_dir / "version.py").is_file():
-        v = _venv.module_constants(torch_dir / "version.py", {"__version__", "git_version", "cuda", "hip"})
+        v = module_constants(torch_dir / "version.py", {"__version__", "git_version", "cuda", "hip"})
         values.update(
             torch_version=_str(v.get("__version__")),
             torch_git_version=_str(v.get("git_version")),
             torch_cuda=_str(v.get("cuda")),
             torch_hip=_str(v.get("hip")),
         )
-        info = _venv.find_dist_info(site, "torch")
-        values["torch_record"] = _venv.record_digest(info) if info else None
+        info = find_dist_info(site, "torch")
+        values["torch_record"] = record_digest(info) if info else None
         if exact and values["torch_version"]:
             key = _torchkey.torch_source_key(
                 torch_dir, values["torch_version"], _torchkey.extension_suffixes(torch_dir, python)
@@ -243,9 +245,9 @@ def fingerprint_venv(
             values.update(torch_source_key=key.hex(), torch_key_hash=_torchkey.fx_hash_of(key))
     triton_init = site / "triton" / "__init__.py"
     if triton_init.is_file():
-        values["triton_version"] = _str(_venv.module_constants(triton_init, {"__version__"}).get("__version__"))
-        info = _venv.find_dist_info(site, "triton")
-        values["triton_record"] = _venv.record_digest(info) if info else None
+        values["triton_version"] = _str(module_constants(triton_init, {"__version__"}).get("__version__"))
+        info = find_dist_info(site, "triton")
+        values["triton_record"] = record_digest(info) if info else None
     return Fingerprint(
         origin="venv",
         gpus=probe_gpus(env) if probe_gpu else None,

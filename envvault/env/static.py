@@ -1,51 +1,17 @@
-"""Reading the few facts a cache fingerprint needs from a venv's files, without running or importing it."""
+"""What an environment's files say, read without running or importing any of its code: which dist-info
+installs a package, that distribution's build id from its RECORD alone, and the literal constants of a
+module (``torch/version.py``, ``triton/__init__.py``). Cache fingerprints are made of these."""
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
-from ..errors import EnvironmentProblem, UsageError
+from ..errors import EnvironmentProblem
 from ..model.identity import DistLayout, build_id
 from ..model.record import parse_record
 
-__all__ = ["site_packages", "python_version", "find_dist_info", "record_digest", "module_constants"]
-
-
-def python_version(venv: Path) -> str | None:
-    """The venv's Python version from ``pyvenv.cfg`` (``version_info`` or ``version``), else from the
-    ``lib/pythonX.Y`` folder name (then only ``X.Y``); None when neither says."""
-    cfg = venv / "pyvenv.cfg"
-    if cfg.is_file():
-        values = {}
-        for line in cfg.read_text(encoding="utf-8", errors="replace").splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                values[key.strip()] = value.strip()
-        for key in ("version_info", "version"):
-            m = re.match(r"(\d+\.\d+(?:\.\d+)?)", values.get(key, ""))
-            if m:
-                return m.group(1)
-    libs = sorted(p.name for p in (venv / "lib").glob("python3*") if p.is_dir())
-    for name in libs:
-        m = re.fullmatch(r"python(\d+\.\d+)t?", name)
-        if m:
-            return m.group(1)
-    return None
-
-
-def site_packages(venv: Path) -> Path:
-    """The venv's ``site-packages``; raises ``UsageError`` when ``venv`` has none."""
-    version = python_version(venv)
-    candidates = sorted((venv / "lib").glob("python3*/site-packages")) + [venv / "Lib" / "site-packages"]
-    if version:
-        mm = ".".join(version.split(".")[:2])
-        candidates.sort(key=lambda p: p.parent.name not in (f"python{mm}", f"python{mm}t"))
-    for path in candidates:
-        if path.is_dir():
-            return path
-    raise UsageError(f"{venv} is not a virtual environment: no site-packages under it")
+__all__ = ["find_dist_info", "record_digest", "module_constants"]
 
 
 def find_dist_info(site: Path, package: str) -> Path | None:

@@ -1,0 +1,131 @@
+"""A virtual environment (``python -m venv``, virtualenv, ``uv venv``), read: the one
+``EnvironmentReader`` (``reader.py``) today.
+
+The interpreter's answers come from ``probe`` (a subprocess), memoised while ``bin/python`` and
+``pyvenv.cfg`` keep their stats; the file facts come from ``pyvenv.cfg`` and the ``lib/pythonX.Y`` layout.
+``envvault.env.dists`` (email, packaging) is imported only when a distribution is actually read: an
+unchanged environment's snap never needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envvault.env.probe import Interpreter, probe, read_pyvenv_cfg
+from envvault.errors import UsageError
+
+if TYPE_CHECKING:
+    from envvault.env.dists import InstalledDist
+    from envvault.env.reader import Memo
+
+__all__ = ["VenvReader"]
+
+_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+
+
+class VenvReader:
+    """``EnvironmentReader`` for a virtual environment at ``prefix``."""
+
+    kind = "venv"
+
+    def __init__(self, prefix: Path, memo: Memo | None = None) -> None:
+        self.prefix = Path(prefix)
+        self._memo = memo
+        self._interp: Interpreter | None = None
+
+    # -- the interpreter's facts ------------------------------------------------------------------
+
+    def interpreter(self) -> Interpreter:
+        """``probe`` costs a subprocess; reuse its answer while pyvenv.cfg and the interpreter are
+        unchanged (kept in the memo under ``probe``)."""
+        if self._interp is None:
+            self._interp = self._cached_probe()
+        return self._interp
+
+    def _cached_probe(self) -> Interpreter:
+        from envvault.vault.ingest import stat_key
+
+        prefix, memo = self.prefix, self._memo
+        if memo is None:
+            return probe(prefix)
+        try:
+            exe = prefix / "bin" / "python"
+            if not exe.exists():
+                exe = prefix / "bin" / "python3"
+            # The prefix as given is part of the key: the memo is shared by every path of one environment
+            # (its <key> is the real path), and the probe answers with paths under the prefix it was given.
+            key = [str(prefix), str(exe.resolve())] + stat_key(exe.stat())
+            cfg = prefix / "pyvenv.cfg"
+            key += stat_key(cfg.stat()) if cfg.exists() else []
+        except OSError:
+            return probe(prefix)
+        hit = memo.extra.get("probe")
+        if hit and hit.get("key") == key:
+            try:
+                return Interpreter.from_cache(prefix, hit["value"])
+            except (KeyError, TypeError):
+                pass
+        interp = probe(prefix)
+        memo.extra["probe"] = {"key": key, "value": interp.to_cache()}
+        memo.mark_dirty()
+        return interp
+
+    def site_dirs(self) -> list[Path]:
+        interp = self.interpreter()
+        return [interp.purelib, interp.platlib]
+
+    # -- distributions ----------------------------------------------------------------------------
+
+    def dist_entries(self) -> list[tuple[Path, Path]]:
+        out, seen = [], set()
+        for site in self.site_dirs():
+            if site in seen or not site.is_dir():
+                continue
+            seen.add(site)
+            for entry in os.scandir(site):
+                if entry.name.endswith(_SUFFIXES):
+                    out.append((Path(entry.path), site))
+        out.sort(key=lambda t: t[0].name)
+        return out
+
+    def read(self, entry: Path, site: Path) -> InstalledDist | None:
+        from envvault.env.dists import read_any
+
+        return read_any(entry, site)
+
+    def distributions(self) -> list[InstalledDist]:
+        found = (self.read(entry, site) for entry, site in self.dist_entries())
+        return [d for d in found if d is not None]
+
+    # -- the files' facts (nothing runs) ----------------------------------------------------------
+
+    def python_version(self) -> str | None:
+        """From ``pyvenv.cfg`` (``version_info`` or ``version``), else from the ``lib/pythonX.Y`` folder
+        name (then only ``X.Y``); None when neither says."""
+        values = read_pyvenv_cfg(self.prefix)
+        for key in ("version_info", "version"):
+            m = re.match(r"(\d+\.\d+(?:\.\d+)?)", values.get(key, ""))
+            if m:
+                return m.group(1)
+        libs = sorted(p.name for p in (self.prefix / "lib").glob("python3*") if p.is_dir())
+        for name in libs:
+            m = re.fullmatch(r"python(\d+\.\d+)t?", name)
+            if m:
+                return m.group(1)
+        return None
+
+    def site_packages(self) -> Path:
+        """``lib/pythonX.Y/site-packages`` (the version's own first), else ``Lib/site-packages``."""
+        venv = self.prefix
+        version = self.python_version()
+        candidates = sorted((venv / "lib").glob("python3*/site-packages")) + [venv / "Lib" / "site-packages"]
+        if version:
+            mm = ".".join(version.split(".")[:2])
+            candidates.sort(key=lambda p: p.parent.name not in (f"python{mm}", f"python{mm}t"))
+        for path in candidates:
+            if path.is_dir():
+                return path
+        raise UsageError(f"{venv} is not a virtual environment: no site-packages under it")
