@@ -14,7 +14,7 @@ unless all of these hold, in which case it runs ``envvault guard -- <the same wo
 
 The functions call the interpreter envvault was installed with, so the hook works in any venv, including
 ones without envvault. If that interpreter disappears, the hook warns and runs the command unguarded. They
-run envvault through :func:`boot_code`, never ``python -m envvault``: ``-m`` (and ``-c``) put the current
+run envvault through :func:`envvault.env.untrusted.boot_code`, never ``python -m envvault``: ``-m`` (and ``-c``) put the current
 folder first on ``sys.path``, so an ``envvault/`` folder (or a ``typing.py``) in the checkout the user
 stands in would run instead.
 """
@@ -24,9 +24,9 @@ from __future__ import annotations
 import shlex
 import sys
 
-from envvault.env.untrusted import without_cwd
+from envvault.env.untrusted import boot_code
 
-__all__ = ["SHELLS", "hook_code", "boot_code"]
+__all__ = ["SHELLS", "hook_code"]
 
 SHELLS = ("bash", "zsh", "fish")
 # python3.N / pip3.N commands the hook wraps besides python, python3, pip, pip3.
@@ -141,15 +141,6 @@ end
 
 def _fish_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def boot_code(prepend: list[str] | tuple[str, ...] = ()) -> str:
-    """Python source for ``python -c`` that runs envvault's command line (arguments after the code) with
-    the current folder off ``sys.path``: ``-c`` puts ``''`` first, so a module of the folder the command
-    runs in (``envvault/``, ``typing.py``, ``json.py``) would shadow envvault or the standard library.
-    Only absolute entries stay; ``prepend`` goes first. The one way envvault starts itself in a folder it
-    does not trust (the shell hook; the background snap of checkpoint stamping)."""
-    return without_cwd("sys.argv[0] = 'envvault'\nfrom envvault.cli import main\nmain()\n", prepend)
 
 
 def _wrappers(shell: str) -> tuple[str, str]:

@@ -356,7 +356,7 @@ def spawn_full_snapshot(vault, prefix: Path, fingerprint: str, runtime_path: lis
     # The environment stays the training process's (the snapshot records it); envvault's own import path
     # goes on the command line instead of PYTHONPATH.
     env = {k: v for k, v in os.environ.items() if k != "ENVVAULT_STAMP"}
-    from envvault.guard.hook import boot_code  # the current folder off sys.path: it may hold a json.py
+    from envvault.env.untrusted import boot_code  # the current folder off sys.path: it may hold a json.py
 
     boot = boot_code(runtime_path)
     cmd = [sys.executable, "-c", boot, "--vault", str(vault.root), "snap", "--venv", str(prefix),
