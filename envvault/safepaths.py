@@ -19,6 +19,8 @@ import posixpath
 import stat as statmod
 from typing import Iterable, Mapping
 
+from envvault.model.paths import link_target_problem, path_problem  # the text rule lives in model/
+
 __all__ = ["path_problem", "link_target_problem", "FinalTree", "env_key"]
 
 _MAX_HOPS = 40  # like the kernel's limit on symlinks followed in one lookup
@@ -32,35 +34,6 @@ def env_key(path: str | os.PathLike) -> str:
 
     real = os.path.realpath(os.path.abspath(os.fspath(path)))
     return blake3.blake3(real.encode()).hexdigest()[:20]
-
-
-def path_problem(path: object) -> str | None:
-    """Why ``path`` (a manifest's, relative to the target) cannot name an entry inside it, or None."""
-    if not isinstance(path, str) or not path:
-        return "not a path"
-    if "\x00" in path:
-        return "contains NUL"
-    if path.startswith("/"):
-        return "is absolute"
-    parts = path.split("/")
-    if ".." in parts:
-        return "contains '..'"
-    if any(p in ("", ".") for p in parts):
-        return "is not a normalised path"
-    return None
-
-
-def link_target_problem(path: str, target: object, where: str = "the environment") -> str | None:
-    """What the text alone shows wrong with a symlink at ``path`` pointing at ``target``, or None. Exact only
-    when no symlink lies on the way: ``FinalTree.link_problem`` makes the decision."""
-    if not isinstance(target, str) or not target or "\x00" in target:
-        return "has a bad symlink target"
-    if target.startswith("/"):
-        return f"is a symlink to an absolute path ({target})"
-    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-    if joined == ".." or joined.startswith("../"):
-        return f"is a symlink that leads out of {where} ({target})"
-    return None
 
 
 class _Out(Exception):

@@ -1,0 +1,201 @@
+"""The small engine behind the records of model/: one table of keys per record, one parser, one writer.
+
+A record is a frozen dataclass whose fields are the document keys readers use. Its table (``Key`` per
+field) says the key's checker, whether it is required, and how a value converts between the document
+(JSON: lists, objects) and the record (tuples, nested records). Parsing collects every problem with its
+place instead of stopping at the first; writing gives the canonical dict back, exactly the keys the
+document had: a known key the document lacked is left out again (``absent``), unknown keys come back from
+``extra``. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from envvault.errors import CorruptError
+
+__all__ = ["Key", "Rule", "load_fields", "dump_fields", "plain", "raise_problems", "is_id",
+           "check_str", "check_opt_str", "check_int", "check_opt_int", "check_num", "check_bool", "check_hex_id",
+           "check_opt_hex_id", "check_dict", "check_opt_dict", "check_str_list", "check_opt_str_list",
+           "check_str_map", "check_list", "check_opt_list", "check_any"]
+
+_ID = re.compile(r"[0-9a-f]{64}")
+
+Rule = Callable[[Any], "str | None"]
+
+
+def is_id(value: Any) -> bool:
+    """A full object or snapshot id: 64 lowercase hex digits."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
+
+
+# -- checkers: each returns None when the value fits, else what was expected ---------------------------------
+
+def check_any(v: Any) -> str | None:
+    return None
+
+
+def check_str(v: Any) -> str | None:
+    return None if isinstance(v, str) else "expected a string"
+
+
+def check_opt_str(v: Any) -> str | None:
+    return None if v is None or isinstance(v, str) else "expected a string or null"
+
+
+def check_int(v: Any) -> str | None:
+    return None if isinstance(v, int) and not isinstance(v, bool) else "expected an integer"
+
+
+def check_opt_int(v: Any) -> str | None:
+    return None if v is None or isinstance(v, int) and not isinstance(v, bool) else "expected an integer or null"
+
+
+def check_num(v: Any) -> str | None:
+    return None if isinstance(v, (int, float)) and not isinstance(v, bool) else "expected a number"
+
+
+def check_bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "expected true or false"
+
+
+def check_hex_id(v: Any) -> str | None:
+    return None if is_id(v) else "expected a 64-hex string"
+
+
+def check_opt_hex_id(v: Any) -> str | None:
+    return None if v is None or is_id(v) else "expected a 64-hex string or null"
+
+
+def check_dict(v: Any) -> str | None:
+    return None if isinstance(v, dict) else "expected an object"
+
+
+def check_opt_dict(v: Any) -> str | None:
+    return None if v is None or isinstance(v, dict) else "expected an object or null"
+
+
+def check_list(v: Any) -> str | None:
+    return None if isinstance(v, list) else "expected a list"
+
+
+def check_opt_list(v: Any) -> str | None:
+    return None if v is None or isinstance(v, list) else "expected a list or null"
+
+
+def check_str_list(v: Any) -> str | None:
+    return None if isinstance(v, list) and all(isinstance(x, str) for x in v) else "expected a list of strings"
+
+
+def check_opt_str_list(v: Any) -> str | None:
+    return None if v is None else check_str_list(v)
+
+
+def check_str_map(v: Any) -> str | None:
+    ok = isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+    return None if ok else "expected an object of strings"
+
+
+# -- converting values -----------------------------------------------------------------------------------
+
+def plain(value: Any) -> Any:
+    """A JSON value as plain dicts and lists (records written with ``to_dict``, tuples as lists), copied so
+    that a caller editing the result never edits a record."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    to_dict = getattr(value, "to_dict", None)
+    if to_dict is not None:
+        return to_dict()
+    return value
+
+
+def strs(v: Any) -> tuple[str, ...]:
+    return tuple(v)
+
+
+def opt_strs(v: Any) -> tuple[str, ...] | None:
+    return None if v is None else tuple(v)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One document key of a record: ``name`` in the document, ``attr`` on the record (same unless given),
+    ``check`` its checker, ``required``, ``default`` (the field's value when the key is absent or wrong),
+    ``load`` turning a checked value into the field's (``(value, where, problems) -> field``; a nested
+    record's parser), ``dump`` the reverse (default: ``plain``)."""
+
+    name: str
+    check: Rule = check_any
+    required: bool = False
+    default: Any = None
+    load: Callable[[Any, str, list[str]], Any] | None = None
+    dump: Callable[[Any], Any] | None = None
+    attr: str = ""
+
+    @property
+    def field(self) -> str:
+        return self.attr or self.name
+
+
+def seq(fn: Callable[[Any], Any]) -> Callable[[Any, str, list[str]], Any]:
+    """A ``load`` from a one-argument converter."""
+    return lambda v, where, problems: fn(v)
+
+
+STRS = seq(strs)
+OPT_STRS = seq(opt_strs)
+
+
+def load_fields(obj: Mapping[str, Any], keys: tuple[Key, ...], where: str,
+                problems: list[str]) -> tuple[dict[str, Any], frozenset[str], dict[str, Any]]:
+    """The record's keyword arguments from ``obj`` (every problem appended to ``problems`` with its place,
+    ``where`` ending in ``.`` or empty), the known keys the document lacks, and its unknown keys."""
+    kwargs: dict[str, Any] = {}
+    absent = []
+    for key in keys:
+        if key.name not in obj:
+            if key.required:
+                problems.append(f"{where}{key.name}: missing")
+            absent.append(key.name)
+            kwargs[key.field] = key.default
+            continue
+        value = obj[key.name]
+        why = key.check(value)
+        if why:
+            problems.append(f"{where}{key.name}: {why}")
+            kwargs[key.field] = key.default
+            continue
+        kwargs[key.field] = key.load(value, f"{where}{key.name}", problems) if key.load else value
+    known = {k.name for k in keys}
+    extra = {k: v for k, v in obj.items() if k not in known}
+    return kwargs, frozenset(absent), extra
+
+
+def dump_fields(record: Any, keys: tuple[Key, ...]) -> dict[str, Any]:
+    """The canonical dict of ``record``: its known keys (but those the parsed document lacked, while they
+    still hold their default), then its unknown ones."""
+    out: dict[str, Any] = {}
+    absent = record.absent
+    for key in keys:
+        value = getattr(record, key.field)
+        if key.name in absent and value == key.default:
+            continue
+        out[key.name] = key.dump(value) if key.dump else plain(value)
+    for k, v in record.extra.items():
+        out.setdefault(k, plain(v))
+    return out
+
+
+def raise_problems(what: str, problems: list[str], shown: int = 5) -> None:
+    """A CorruptError ``<what> is malformed (p1; p2; ...)`` naming the first ``shown`` problems, with every
+    problem in its ``problems`` attribute; nothing when there are none."""
+    if not problems:
+        return
+    more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
+    err = CorruptError(f"{what} is malformed ({'; '.join(problems[:shown])}{more})")
+    err.problems = list(problems)  # type: ignore[attr-defined]
+    raise err

@@ -1,0 +1,208 @@
+"""The distribution manifest (docs/format.md, "Distribution manifest", object kind ``m``) as typed, frozen
+records.
+
+``parse_dist_manifest(doc, where)`` is the one validating parser, run on every manifest loaded by id
+(``Vault.load_manifest``), so in-place restore, ``restore --into``, export and diff all get the same check:
+a path that is absolute, holds ``..`` or NUL (``path``, ``dist_info``), or a RECORD path that is absolute,
+holds NUL, a backslash or a ``..`` after its leading ones (``record``) is a RefusedError (exit 3) naming
+every such file with its place; any other problem (wrong types) a CorruptError (exit 5) naming each. Where
+a symlink leads is decided against the final tree (``envvault.safepaths.FinalTree``), not here.
+``DistManifest.to_dict()`` writes the canonical form back exactly (unknown keys kept). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from envvault.errors import RefusedError, UsageError
+from envvault.model._fields import (
+    OPT_STRS, Key, check_bool, check_dict, check_hex_id, check_int, check_list, check_opt_dict, check_opt_str,
+    check_str, dump_fields, is_id, load_fields, raise_problems,
+)
+from envvault.model.paths import path_problem, record_path_problem
+
+__all__ = ["FORMAT", "DistManifest", "FileEntry", "parse_dist_manifest", "parse_file_entry", "STATES"]
+
+FORMAT = 1
+STATES = frozenset({"ok", "modified", "unhashed", "missing", "unchecked"})
+_EMPTY: frozenset[str] = frozenset()
+_MAX_SHOWN = 10
+
+
+def _check_state(v: Any) -> str | None:
+    return None if v in STATES else "expected one of " + ", ".join(sorted(STATES))
+
+
+def _check_mode(v: Any) -> str | None:
+    ok = v is None or isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 0o177777
+    return None if ok else "expected permission bits"
+
+
+def _check_chunks(v: Any) -> str | None:
+    ok = v is None or isinstance(v, list) and all(is_id(c) for c in v)
+    return None if ok else "expected a list of object ids"
+
+
+def _check_opt_size(v: Any) -> str | None:
+    ok = v is None or isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return None if ok else "expected a size in bytes"
+
+
+def _check_link(v: Any) -> str | None:
+    return None if isinstance(v, str) and v and "\x00" not in v else "has a bad symlink target"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileEntry:
+    """One RECORD row of a distribution. ``path``: relative to the environment's prefix; ``record``: as
+    RECORD writes it; ``state``: ``ok``, ``modified``, ``unhashed``, ``missing`` or ``unchecked``;
+    ``sha256``: RECORD-style (the actual bytes' when modified or unhashed); ``chunks``: blob ids (None when
+    no content is stored: lock-only, missing, bytecode); ``link``: a symlink's target; ``generated``: a
+    launcher the installer wrote. A RECORD digest of another algorithm stays in ``extra``
+    (``record_<algo>``)."""
+
+    path: str
+    record: str
+    state: str = "ok"
+    sha256: str | None = None
+    size: int | None = None
+    mode: int | None = None
+    chunks: tuple[str, ...] | None = None
+    link: str | None = None
+    generated: bool = False
+    record_sha256: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = (Key("path", required=True, default=""), Key("record", required=True, default=""),
+            Key("state", _check_state, default="ok"), Key("sha256", check_opt_str), Key("size", _check_opt_size),
+            Key("mode", _check_mode), Key("chunks", _check_chunks, load=lambda v, w, p: OPT_STRS(v, w, p)),
+            Key("link", _check_link), Key("generated", check_bool, default=False),
+            Key("record_sha256", check_opt_str))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dump_fields(self, FileEntry.KEYS)
+
+    @property
+    def is_link(self) -> bool:
+        return self.link is not None
+
+    @property
+    def stored(self) -> bool:
+        """Its bytes are in the vault (a regular file of a full snapshot)."""
+        return self.chunks is not None
+
+
+def parse_file_entry(obj: Any, where: str, problems: list[str], unsafe: list[str]) -> FileEntry | None:
+    """One file of a manifest; wrong types go to ``problems``, unsafe paths to ``unsafe`` (``where`` is its
+    place, ``files[3]``)."""
+    if not isinstance(obj, dict):
+        problems.append(f"{where}: expected an object")
+        return None
+    path, record = obj.get("path"), obj.get("record")
+    bad = False
+    why = path_problem(path)
+    if why is not None:
+        unsafe.append(f"{where}.path {path!r} {why}" if isinstance(path, str) else f"{where}.path: {why}")
+        bad = True
+    why = record_path_problem(record)
+    if why is not None:
+        unsafe.append(f"{where}.record {record!r} {why}" if isinstance(record, str) else f"{where}.record: {why}")
+        bad = True
+    kw, absent, extra = load_fields(obj, FileEntry.KEYS, where + ".", problems)
+    if bad:
+        return None
+    return FileEntry(**kw, extra=extra, absent=absent)
+
+
+def _check_kind(v: Any) -> str | None:
+    return None if v == "dist" else "expected \"dist\""
+
+
+def _check_dist_info(v: Any) -> str | None:
+    return None if v is None else None if isinstance(v, str) else "expected a string or null"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DistManifest:
+    """One distribution as stored (docs/format.md, "Distribution manifest"). ``wheel``: the WHEEL file's
+    fields (``build``, ``generator``, ``root_is_purelib``, ``tags``) or None; ``direct_url``: the
+    installer's PEP 610 ``direct_url.json`` or None; ``record``: ``ok`` or ``missing`` (no RECORD)."""
+
+    name: str
+    version: str
+    build_id: str
+    state_id: str
+    files: tuple[FileEntry, ...] = ()
+    kind: str = "dist"
+    format: int = FORMAT
+    dist_info: str | None = None
+    installer: str | None = None
+    requested: bool = False
+    wheel: Mapping[str, Any] | None = None
+    direct_url: Mapping[str, Any] | None = None
+    record: str = "ok"
+    scripts: str | None = None
+    build_info: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = (Key("kind", _check_kind, default="dist"), Key("format", check_int, default=FORMAT),
+            Key("name", check_str, True, ""), Key("version", check_str, True, ""),
+            Key("build_id", check_hex_id, True, ""), Key("state_id", check_hex_id, True, ""),
+            Key("dist_info", _check_dist_info), Key("installer", check_opt_str),
+            Key("requested", check_bool, default=False), Key("wheel", check_opt_dict),
+            Key("direct_url", check_opt_dict), Key("record", check_str, default="ok"),
+            Key("scripts", check_opt_str), Key("build_info", check_opt_dict),
+            Key("files", check_list, True, ())) 
+
+    def to_dict(self) -> dict[str, Any]:
+        return dump_fields(self, DistManifest.KEYS)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+    @property
+    def dist_info_name(self) -> str | None:
+        """The dist-info folder's (or ``.egg-link`` file's) own name."""
+        return self.dist_info.rsplit("/", 1)[-1] if self.dist_info else None
+
+    @property
+    def wheel_tags(self) -> tuple[str, ...]:
+        tags = (self.wheel or {}).get("tags")
+        return tuple(tags) if isinstance(tags, list) else ()
+
+    def blob_ids(self) -> list[str]:
+        """Every blob id its files name, in order (duplicates kept)."""
+        return [c for f in self.files if f.chunks for c in f.chunks]
+
+
+def parse_dist_manifest(doc: Any, where: str = "manifest") -> DistManifest:
+    """The distribution manifest in ``doc`` (parsed JSON). RefusedError ``refusing <where>: ...`` naming every
+    unsafe path (up to 10, then how many more), CorruptError ``<where> is malformed (...)`` naming every
+    other problem, UsageError for a newer format."""
+    if not isinstance(doc, dict):
+        raise_problems(where, ["expected a JSON object"])
+    if isinstance(doc.get("format"), int) and doc["format"] > FORMAT:
+        raise UsageError(f"{where} has a newer format; upgrade envvault")
+    problems: list[str] = []
+    unsafe: list[str] = []
+    kw, absent, extra = load_fields(doc, DistManifest.KEYS, "", problems)
+    di = kw.get("dist_info")
+    if di is not None and (why := path_problem(di)) is not None:
+        unsafe.append(f"dist_info {di!r} {why}")
+    files = []
+    for i, entry in enumerate(doc.get("files") if isinstance(doc.get("files"), list) else ()):
+        f = parse_file_entry(entry, f"files[{i}]", problems, unsafe)
+        if f is not None:
+            files.append(f)
+    if unsafe:
+        more = f"; and {len(unsafe) - _MAX_SHOWN} more" if len(unsafe) > _MAX_SHOWN else ""
+        err = RefusedError(f"refusing {where}: " + "; ".join(unsafe[:_MAX_SHOWN]) + more)
+        err.problems = unsafe + problems  # type: ignore[attr-defined]
+        raise err
+    raise_problems(where, problems)
+    kw["files"] = tuple(files)
+    return DistManifest(**kw, extra=extra, absent=absent)

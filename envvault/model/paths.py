@@ -1,0 +1,62 @@
+"""What the text of a path a vault names may be (docs/format.md, "Threat model"): the one rule, read by the
+manifest parsers (model/manifest.py, the cache manifest), restore's final-tree check (envvault/safepaths.py)
+and export. Text only: whether a path leads out through symlinks on disk is ``safepaths.FinalTree``'s call.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+__all__ = ["path_problem", "link_target_problem", "record_path_problem"]
+
+
+def path_problem(path: object) -> str | None:
+    """Why ``path`` (a manifest's, relative to the target) cannot name an entry inside it, or None."""
+    if not isinstance(path, str) or not path:
+        return "not a path"
+    if "\x00" in path:
+        return "contains NUL"
+    if path.startswith("/"):
+        return "is absolute"
+    parts = path.split("/")
+    if ".." in parts:
+        return "contains '..'"
+    if any(p in ("", ".") for p in parts):
+        return "is not a normalised path"
+    return None
+
+
+def link_target_problem(path: str, target: object, where: str = "the environment") -> str | None:
+    """What the text alone shows wrong with a symlink at ``path`` pointing at ``target``, or None. Exact only
+    when no symlink lies on the way: ``FinalTree.link_problem`` makes the decision."""
+    if not isinstance(target, str) or not target or "\x00" in target:
+        return "has a bad symlink target"
+    if target.startswith("/"):
+        return f"is a symlink to an absolute path ({target})"
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    if joined == ".." or joined.startswith("../"):
+        return f"is a symlink that leads out of {where} ({target})"
+    return None
+
+
+def record_path_problem(path: object) -> str | None:
+    """Why ``path`` cannot be a RECORD path (relative to site-packages; ``../`` only as leading parts, for
+    files installed beside it: scripts, headers, data), or None. Such a path becomes a wheel member on
+    export and ``restore --into``, so it may hold no NUL, no backslash, and is neither absolute nor holds a
+    ``..`` part after the leading ones. (Empty and ``.`` parts are export's to refuse: a folder row ``x/``
+    of a RECORD is harmless in a restore.)"""
+    if not isinstance(path, str) or not path:
+        return "not a path"
+    if "\x00" in path:
+        return "contains NUL"
+    if "\\" in path:
+        return "contains a backslash"
+    if path.startswith("/"):
+        return "is absolute"
+    parts = path.split("/")
+    n = 0
+    while n < len(parts) and parts[n] == "..":
+        n += 1
+    if ".." in parts[n:]:
+        return "contains '..'"
+    return None

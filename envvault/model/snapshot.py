@@ -1,0 +1,414 @@
+"""The snapshot document (docs/format.md, "Snapshots") as typed, frozen records.
+
+``parse_snapshot(doc, where)`` is the one validating parser: it raises a CorruptError listing every problem
+with its place (``packages[3].build_id: expected a 64-hex string``; the list is the error's ``problems``),
+a UsageError for a newer format. ``Snapshot.to_dict()`` writes the canonical form back: exactly the
+document parsed (known keys it lacked stay absent, unknown keys come back from ``extra``), so ids never
+change. ``build_snapshot`` is the one constructor of a new document (snap, cache snap, guard, restore
+backups). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from envvault.errors import UsageError
+from envvault.model._fields import (
+    OPT_STRS, STRS, Key, check_bool, check_dict, check_hex_id, check_int, check_list, check_num, check_opt_dict,
+    check_opt_hex_id, check_opt_int, check_opt_list, check_opt_str, check_opt_str_list, check_str, check_str_list,
+    check_str_map, dump_fields, is_id, load_fields, raise_problems,
+)
+from envvault.model.encoding import canonical_json
+
+__all__ = ["FORMAT", "Snapshot", "PackageSummary", "PythonInfo", "Host", "Gpu", "Stats", "CacheEntry", "GuardInfo",
+           "parse_snapshot", "parse_package_summary", "snapshot_problems", "build_snapshot", "is_id",
+           "tag_name_problem"]
+
+FORMAT = 1
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_HEXISH = re.compile(r"[0-9a-fA-F]+")
+_EMPTY: frozenset[str] = frozenset()
+
+
+def tag_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a tag name (docs/format.md, "Ids on the command line"), or None when it is one."""
+    if not isinstance(name, str) or _TAG.fullmatch(name) is None:
+        return "use 1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+    if name == "latest":
+        return "'latest' names the newest snapshot"
+    if _HEXISH.fullmatch(name):
+        return "a name of hex digits only would read as an id prefix"
+    return None
+
+
+def _record(cls):
+    """``to_dict`` from the class's key table."""
+    def to_dict(self) -> dict[str, Any]:
+        return dump_fields(self, cls.KEYS)
+
+    cls.to_dict = to_dict
+    return cls
+
+
+def _nested(parse):
+    """A ``Key.load`` parsing a nested object with ``parse(obj, where, problems)``."""
+    return lambda v, where, problems: parse(v, where + ".", problems)
+
+
+def _nested_list(parse):
+    def load(v, where, problems):
+        out = []
+        for i, item in enumerate(v):
+            at = f"{where}[{i}]"
+            if not isinstance(item, dict):
+                problems.append(f"{at}: expected an object")
+                continue
+            out.append(parse(item, at + ".", problems))
+        return tuple(out)
+    return load
+
+
+# -- python -------------------------------------------------------------------------------------------------
+
+_PY_PATHS = ("implementation", "version", "abi", "soabi", "platform", "executable", "platlib", "purelib",
+             "scripts", "base_prefix")
+
+
+@_record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PythonInfo:
+    """The interpreter a snapshot was taken with. Paths are relative to the venv when inside it. Every field
+    is None in a cache-only snapshot (no interpreter recorded)."""
+
+    implementation: str | None = None
+    version: str | None = None
+    abi: str | None = None
+    soabi: str | None = None
+    platform: str | None = None
+    executable: str | None = None
+    platlib: str | None = None
+    purelib: str | None = None
+    scripts: str | None = None
+    base_prefix: str | None = None
+    pyvenv_cfg: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = tuple(Key(k, check_opt_str) for k in _PY_PATHS) + (Key("pyvenv_cfg", check_opt_dict),)
+
+    @classmethod
+    def unknown(cls) -> PythonInfo:
+        """A cache-only snapshot's: the five interpreter fields, all null, and nothing else."""
+        return cls(absent=frozenset(_PY_PATHS[5:]) | {"pyvenv_cfg"})
+
+    @property
+    def minor(self) -> str | None:
+        """``3.11`` of ``3.11.7``."""
+        return ".".join(self.version.split(".")[:2]) if self.version else None
+
+
+def _parse_python(obj, where, problems) -> PythonInfo:
+    kw, absent, extra = load_fields(obj, PythonInfo.KEYS, where, problems)
+    return PythonInfo(**kw, extra=extra, absent=absent)
+
+
+# -- host ---------------------------------------------------------------------------------------------------
+
+@_record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gpu:
+    name: str = ""
+    compute_cap: str | None = None
+    memory: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = (Key("name", check_str, True, ""), Key("compute_cap", check_opt_str), Key("memory", check_opt_str))
+
+
+def _parse_gpu(obj, where, problems) -> Gpu:
+    kw, absent, extra = load_fields(obj, Gpu.KEYS, where, problems)
+    return Gpu(**kw, extra=extra, absent=absent)
+
+
+@_record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Host:
+    """Host facts (``envvault/env/host.py``); ``nvidia_smi`` is ``"failed"`` when nvidia-smi failed."""
+
+    hostname: str | None = None
+    os: str | None = None
+    arch: str | None = None
+    glibc: str | None = None
+    cpus: int | None = None
+    gpus: tuple[Gpu, ...] | None = None
+    driver: str | None = None
+    nvidia_smi: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = (Key("hostname", check_opt_str), Key("os", check_opt_str), Key("arch", check_opt_str),
+            Key("glibc", check_opt_str), Key("cpus", check_opt_int),
+            Key("gpus", check_opt_list, load=lambda v, w, p: None if v is None else _nested_list(_parse_gpu)(v, w, p)),
+            Key("driver", check_opt_str), Key("nvidia_smi", check_opt_str))
+
+
+def _parse_host(obj, where, problems) -> Host:
+    kw, absent, extra = load_fields(obj, Host.KEYS, where, problems)
+    return Host(**kw, extra=extra, absent=absent)
+
+
+# -- stats --------------------------------------------------------------------------------------------------
+
+@_record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stats:
+    files: int | float = 0
+    bytes: int | float = 0
+    new_bytes: int | float = 0
+    new_objects: int | float = 0
+    seconds: int | float = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = tuple(Key(k, check_num, default=0) for k in ("files", "bytes", "new_bytes", "new_objects", "seconds"))
+
+
+def _parse_stats(obj, where, problems) -> Stats:
+    kw, absent, extra = load_fields(obj, Stats.KEYS, where, problems)
+    return Stats(**kw, extra=extra, absent=absent)
+
+
+# -- caches -------------------------------------------------------------------------------------------------
+
+@_record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheEntry:
+    """One archived cache root in a snapshot (docs/format.md, "Caches in a snapshot"). ``manifest`` is None
+    when the cache could not be read; ``fingerprint`` is the cache fingerprint as stored (a dict)."""
+
+    kind: str = ""
+    root: str = ""
+    reason: str | None = None
+    manifest: str | None = None
+    files: int = 0
+    bytes: int = 0
+    entries: Mapping[str, Any] | None = None
+    fingerprint: Mapping[str, Any] | None = None
+    warnings: tuple[str, ...] = ()
+    seconds: int | float | None = None
+    reused: bool | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = (Key("kind", check_str, default=""), Key("root", check_str, default=""), Key("reason", check_opt_str),
+            Key("manifest", check_opt_hex_id), Key("files", check_int, default=0), Key("bytes", check_int, default=0),
+            Key("entries", check_opt_dict), Key("fingerprint", check_opt_dict),
+            Key("warnings", check_str_list, default=(), load=STRS),
+            Key("seconds", lambda v: None if v is None else check_num(v)),
+            Key("reused", lambda v: None if v is None else check_bool(v)))
+
+
+def _parse_cache(obj, where, problems) -> CacheEntry:
+    kw, absent, extra = load_fields(obj, CacheEntry.KEYS, where, problems)
+    return CacheEntry(**kw, extra=extra, absent=absent)
+
+
+# -- guard --------------------------------------------------------------------------------------------------
+
+@_record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardInfo:
+    """What guard adds: ``phase`` ``before`` or ``after``, the guarded ``command``; after: its ``exit_code``
+    and the id of the ``before`` snapshot."""
+
+    phase: str = ""
+    command: tuple[str, ...] = ()
+    exit_code: int | None = None
+    before: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = (Key("phase", check_str, True, ""), Key("command", check_str_list, default=(), load=STRS),
+            Key("exit_code", check_opt_int), Key("before", check_opt_hex_id))
+
+
+def _parse_guard(obj, where, problems) -> GuardInfo:
+    kw, absent, extra = load_fields(obj, GuardInfo.KEYS, where, problems)
+    return GuardInfo(**kw, extra=extra, absent=absent)
+
+
+# -- packages -----------------------------------------------------------------------------------------------
+
+@_record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PackageSummary:
+    """One distribution of a snapshot (docs/format.md, "Snapshots" and the glossary). ``identity``: the
+    identity version of its ids (1 when absent); ``scripts``: its scripts id; ``exec``: paths of its files
+    with an execute bit, or None when no mode was recorded (lock-only, or older snapshots)."""
+
+    name: str
+    version: str
+    build_id: str
+    state_id: str
+    manifest: str
+    identity: int = 1
+    scripts: str | None = None
+    build_info: Mapping[str, Any] | None = None
+    files: int = 0
+    size: int = 0
+    modified: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    exec: tuple[str, ...] | None = None
+    installer: str | None = None
+    record: str = "ok"
+    requested: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = (Key("name", check_str, True, ""), Key("version", check_str, True, ""),
+            Key("build_id", check_hex_id, True, ""), Key("state_id", check_hex_id, True, ""),
+            Key("manifest", check_hex_id, True, ""), Key("identity", check_int, default=1),
+            Key("scripts", check_opt_str), Key("build_info", check_opt_dict),
+            Key("files", check_int, default=0), Key("size", check_int, default=0),
+            Key("modified", check_str_list, default=(), load=STRS), Key("missing", check_str_list, default=(), load=STRS),
+            Key("exec", check_opt_str_list, load=OPT_STRS), Key("installer", check_opt_str),
+            Key("record", check_str, default="ok"), Key("requested", check_bool, default=False))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.name, self.version)
+
+
+def parse_package_summary(obj: Any, where: str, problems: list[str]) -> PackageSummary | None:
+    """One package summary; problems (placed under ``where``, e.g. ``packages[3].``) are appended."""
+    if not isinstance(obj, dict):
+        problems.append(f"{where.rstrip('.')}: expected an object")
+        return None
+    kw, absent, extra = load_fields(obj, PackageSummary.KEYS, where, problems)
+    return PackageSummary(**kw, extra=extra, absent=absent)
+
+
+def _packages(v, where, problems):
+    out = []
+    for i, item in enumerate(v):
+        p = parse_package_summary(item, f"{where}[{i}].", problems)
+        if p is not None:
+            out.append(p)
+    return tuple(out)
+
+
+# -- the snapshot -------------------------------------------------------------------------------------------
+
+@_record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """A snapshot document. ``kind`` is ``snapshot`` or ``cache-snapshot``; ``caches`` is None when the
+    document holds null; ``host`` and ``stats`` None when absent. Unknown keys are in ``extra``."""
+
+    format: int = FORMAT
+    kind: str = "snapshot"
+    created: str = ""
+    message: str = ""
+    trigger: str | None = None
+    argv: tuple[str, ...] = ()
+    venv: str | None = None
+    lock_only: bool = False
+    python: PythonInfo = field(default_factory=PythonInfo)
+    host: Host | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    packages: tuple[PackageSummary, ...] = ()
+    caches: tuple[CacheEntry, ...] | None = ()
+    fingerprint: str | None = None
+    warnings: tuple[str, ...] = ()
+    stats: Stats | None = None
+    tool: Mapping[str, Any] | None = None
+    guard: GuardInfo | None = None
+    provenance: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = _EMPTY
+
+    KEYS = (
+        Key("format", check_int, True, FORMAT), Key("kind", check_str, default="snapshot"),
+        Key("created", check_str, True, ""), Key("message", check_str, default=""),
+        Key("trigger", check_opt_str), Key("argv", check_str_list, default=(), load=STRS),
+        Key("venv", check_opt_str, True), Key("lock_only", check_bool, default=False),
+        Key("python", check_dict, True, PythonInfo(), load=_nested(_parse_python)),
+        Key("host", check_dict, load=_nested(_parse_host)),
+        Key("env", check_str_map, default={}),
+        Key("packages", check_list, True, (), load=_packages),
+        Key("caches", check_opt_list, default=(),
+            load=lambda v, w, p: None if v is None else _nested_list(_parse_cache)(v, w, p)),
+        Key("fingerprint", check_opt_str), Key("warnings", check_str_list, default=(), load=STRS),
+        Key("stats", check_dict, load=_nested(_parse_stats)), Key("tool", check_opt_dict),
+        Key("guard", check_dict, load=_nested(_parse_guard)), Key("provenance", check_opt_dict),
+    )
+
+    # -- questions readers ask -------------------------------------------------------------------------
+    @property
+    def is_cache_only(self) -> bool:
+        return self.kind == "cache-snapshot"
+
+    def package(self, name: str) -> PackageSummary | None:
+        """The first package of that (normalised, as stored) name, or None."""
+        return next((p for p in self.packages if p.name == name), None)
+
+    def manifest_ids(self) -> list[str]:
+        """Every object id of a manifest the snapshot references: package manifests, then cache trees."""
+        return [p.manifest for p in self.packages] + [c.manifest for c in self.caches or () if c.manifest]
+
+    def to_json(self) -> bytes:
+        """The canonical bytes whose BLAKE3 is the snapshot's id."""
+        return canonical_json(self.to_dict())
+
+
+def snapshot_problems(doc: Any) -> list[str]:
+    """Every way ``doc`` differs from the snapshot shape, each with its place; empty when it fits."""
+    problems: list[str] = []
+    _parse(doc, problems)
+    return problems
+
+
+def _parse(doc: Any, problems: list[str]) -> Snapshot | None:
+    if not isinstance(doc, dict):
+        problems.append("expected a JSON object")
+        return None
+    kw, absent, extra = load_fields(doc, Snapshot.KEYS, "", problems)
+    return Snapshot(**kw, extra=extra, absent=absent)
+
+
+def parse_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
+    """The snapshot in ``doc`` (a parsed JSON document). A CorruptError ``<where> is malformed (...)`` names
+    every problem with its place; a UsageError says a newer envvault wrote it."""
+    if isinstance(doc, dict) and isinstance(doc.get("format"), int) and doc["format"] > FORMAT:
+        raise UsageError(f"{where} was written by a newer envvault; upgrade envvault")
+    problems: list[str] = []
+    snap = _parse(doc, problems)
+    raise_problems(where, problems)
+    assert snap is not None
+    return snap
+
+
+def build_snapshot(*, kind: str = "snapshot", created: str, message: str, trigger: str | None,
+                   argv: list[str], venv: str | None, lock_only: bool, python: Mapping[str, Any] | PythonInfo,
+                   host: Mapping[str, Any] | Host, env: Mapping[str, str], packages: list, caches: list,
+                   fingerprint: str | None, warnings: list[str], stats: Mapping[str, Any],
+                   tool: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Snapshot:
+    """A new snapshot document, checked like a loaded one (a writer's bug is a CorruptError here, never a
+    snapshot no reader loads). Parts may be records or the dicts they write; ``extra`` adds keys (guard's
+    ``guard`` and ``provenance``). ``stats.new_bytes`` gets the document's own size added, as the format
+    says ("the snapshot file itself")."""
+    from envvault.model._fields import plain
+
+    doc: dict[str, Any] = {
+        "format": FORMAT, "kind": kind, "created": created, "message": message, "trigger": trigger,
+        "argv": list(argv), "venv": venv, "lock_only": lock_only, "python": plain(python), "host": plain(host),
+        "env": dict(env), "packages": plain(packages), "caches": plain(caches), "fingerprint": fingerprint,
+        "warnings": list(warnings), "stats": plain(stats), "tool": plain(tool),
+    }
+    if extra:
+        doc.update(plain(extra))
+    doc["stats"]["new_bytes"] += len(canonical_json(doc))
+    return parse_snapshot(doc, f"new {kind}")
