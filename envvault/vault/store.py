@@ -18,6 +18,7 @@ from envvault.errors import AmbiguousError, CorruptError, NotFoundError, Storage
 from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json
 from envvault.vault.fsutil import atomic_write, flocked, link_refused, read_regular, storage_error
 from envvault.vault.packs import PackWriter, read_frame
+from envvault.vault.s3 import vault_url
 from envvault.vault.schema import is_id, snapshot_problems, tag_name_problem
 
 __all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef", "check_tag_name",
@@ -42,6 +43,9 @@ def check_tag_name(name: str) -> str:
 
 
 def default_vault_path(explicit: str | os.PathLike | None = None) -> Path:
+    url = vault_url(explicit or os.environ.get("ENVVAULT_HOME") or None)  # H6: a URL is never a local folder
+    if url:
+        raise UsageError(f"{url} is not a local folder")
     if explicit:
         return Path(explicit).expanduser().absolute()
     if os.environ.get("ENVVAULT_HOME"):
@@ -81,6 +85,11 @@ class Vault:
     # -- opening -------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike | None = None, *, create: bool = False) -> "Vault":
+        url = vault_url(path or os.environ.get("ENVVAULT_HOME") or None)
+        if url:  # H6: s3://BUCKET/PREFIX (envvault/vault/s3.py)
+            from envvault.vault.s3 import open_vault
+
+            return open_vault(cls, url, create=create)
         root = default_vault_path(path)
         cfg_path = root / "config.json"
         if not os.path.lexists(cfg_path):
