@@ -7,9 +7,10 @@ mid-work on every run, however fast or slow the machine.
 
 The points, in the order a run passes them:
 
-restore in place (``envvault/restore/execute.py``)
+restore in place (``envvault/restore/inplace.py``, ``apply.py``; ``envvault/materialize.py``)
     ``journal``      journal written, nothing staged yet
-    ``stage``        after each file is staged under its temp name (none renamed yet)
+    ``stage``        after each file is staged under its temp name, none renamed yet (the materializer's:
+                     cache restores pass it too)
     ``staged``       every file staged, none renamed into place
     ``commit``       after each rename into place, each removal, each dist-info folder removed
     ``remove_dir``   a dist-info folder renamed away, not yet deleted

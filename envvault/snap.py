@@ -283,10 +283,10 @@ def scan_environment(
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
     queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
-    from envvault.restore.journal import JOURNAL_NAME
+    from envvault.journal import JOURNAL_NAME
 
     if os.path.lexists(os.path.join(prefix, JOURNAL_NAME)):  # a killed restore: clean what it half-made first
-        from envvault.restore.journal import settle_interrupted
+        from envvault.journal import settle_interrupted
 
         settle_interrupted(vault, prefix)
     cache = statcache_for(vault, prefix)

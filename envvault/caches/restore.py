@@ -17,20 +17,19 @@ leaves only complete files under final names, a power cut may lose some (torch t
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat as statmod
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
-from ..errors import CorruptError, EnvvaultError, NotFoundError, RefusedError, StorageError, UsageError
+from ..errors import NotFoundError, StorageError, UsageError
+from .. import materialize
+from ..materialize import FileSpec, refuse_escapes
 from ..safepaths import FinalTree
-from ..vault.fsutil import makedirs_recording, storage_error
+from ..vault.fsutil import makedirs_recording
 from ..vault.ingest import b64_sha256
 from ..vault.store import ObjectReader
 from .discover import inductor_cache_dir, triton_cache_dir
@@ -305,11 +304,8 @@ def _plan(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> _Plan:
         else:
             (plan.writes if f.kind == "file" else plan.links).append(f)
     # Every entry written, decided against the cache root as the restore leaves it (its symlinks included).
-    escapes = FinalTree(dest, links={f.path: f.target for f in plan.links}, entries=[f.path for f in plan.writes],
-                        dirs=[f.path for f in plan.dirs], where="the cache root").problems()
-    if escapes:
-        more = f"; and {len(escapes) - 10} more" if len(escapes) > 10 else ""
-        raise RefusedError(f"refusing to restore into {dest}: " + "; ".join(escapes[:10]) + more)
+    refuse_escapes(dest, f"refusing to restore into {dest}", links={f.path: f.target for f in plan.links},
+                   entries=[f.path for f in plan.writes], dirs=[f.path for f in plan.dirs], where="the cache root")
     if mode == "replace" and os.path.isdir(dest):
         implied = {p.rsplit("/", n)[0] for p in wanted for n in range(1, p.count("/") + 1)}
         plan.keep_dirs = implied | wanted
@@ -348,15 +344,13 @@ def _execute(plan: _Plan, reader: ObjectReader) -> None:
     dest = plan.dest
     pid = os.getpid()
     created: list[str] = []
-    staged: list[tuple[ManifestFile, str]] = []
     try:
         _makedirs(str(dest), created)
         for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""}):
             _makedirs(os.path.join(dest, rel), created)
-        staged = _stage_all(plan, reader, pid)
+        specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
+        staged = materialize.stage(reader, dest, specs, lambda final: _tmp_path(final, pid), workers=_WORKERS)
     except BaseException:
-        for _, tmp in staged:
-            _unlink(tmp)
         for d in reversed(created):
             try:
                 os.rmdir(d)
@@ -364,13 +358,14 @@ def _execute(plan: _Plan, reader: ObjectReader) -> None:
                 pass
         raise
     # Every file is staged and verified: from here on only renames, kernels first, graph entries last.
-    staged.sort(key=lambda s: (s[0].path.startswith(_LAST), s[0].path))
-    for f, tmp in staged:
-        final = os.path.join(dest, f.path)
-        if not _put(tmp, final, plan.mode):
+    merge = plan.mode == "merge"
+    staged.sort(key=lambda s: (s.spec.path.startswith(_LAST), s.spec.path))
+    for s in staged:
+        if not materialize.place(s, keep_existing=merge):
             plan.raced += 1
     for f in plan.links:
-        if not _put_link(f.target, os.path.join(dest, f.path), plan.mode, pid):
+        final = os.path.join(dest, f.path)
+        if not materialize.place_link(f.target, final, lambda p: _tmp_path(p, pid), keep_existing=merge):
             plan.raced += 1
     for f in plan.dirs:
         path = os.path.join(dest, f.path)
@@ -397,113 +392,8 @@ def _execute(plan: _Plan, reader: ObjectReader) -> None:
             pass
 
 
-def _stage_all(plan: _Plan, reader: ObjectReader, pid: int) -> list[tuple[ManifestFile, str]]:
-    if not plan.writes:
-        return []
-    # In the order their bytes lie in the packs, cut into contiguous slices: each worker then decompresses
-    # each frame it needs once (small files share frames).
-    index = reader.index
-
-    def where(f: ManifestFile) -> tuple:
-        loc = index.get(f.chunks[0]) if f.chunks else None
-        return ("", 0, 0) if loc is None else (loc[0], loc[1], loc[3])
-
-    files = sorted(plan.writes, key=where)
-    workers = max(1, min(len(files) // 16, os.cpu_count() or 1, 8))
-    size = -(-len(files) // workers)
-    slices = [files[i : i + size] for i in range(0, len(files), size)]
-    staged: list[tuple[ManifestFile, str]] = []
-    lock = threading.Lock()
-    failed: list[BaseException] = []
-
-    def run(part: list[ManifestFile]) -> None:
-        for f in part:
-            if failed:
-                return
-            tmp = _tmp_path(os.path.join(plan.dest, f.path), pid)
-            try:
-                _stage_one(f, tmp, reader)
-            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-                _unlink(tmp)
-                failed.append(err)
-                return
-            with lock:
-                staged.append((f, tmp))
-
-    if workers == 1:
-        run(files)
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(run, slices))
-    if failed:
-        for _, tmp in staged:
-            _unlink(tmp)
-        err = failed[0]
-        if isinstance(err, EnvvaultError):
-            raise err
-        if isinstance(err, OSError):
-            raise storage_error(err, plan.dest) from None
-        raise err
-    return staged
-
-
-def _stage_one(f: ManifestFile, tmp: str, reader: ObjectReader) -> None:
-    h = hashlib.sha256()
-    written = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        for oid in f.chunks:
-            data = reader.get(oid)
-            h.update(data)
-            view = data
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            written += len(data)
-        os.fchmod(fd, f.mode & 0o777)
-    finally:
-        os.close(fd)
-    if written != f.size or b64_sha256(h.digest()) != f.sha256:
-        raise CorruptError(f"{f.path}: the vault's objects do not make the archived file (size or sha256 differ); "
-                           "run `envvault verify`")
-
-
-def _put(tmp: str, final: str, mode: Mode) -> bool:
-    """Move a staged file to ``final``; in merge mode never over an existing entry. False: left as found."""
-    if mode == "replace":
-        os.replace(tmp, final)
-        return True
-    try:
-        os.link(tmp, final)
-    except FileExistsError:
-        _unlink(tmp)
-        return False
-    except OSError as err:
-        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV, errno.ENOSYS):
-            raise
-        if os.path.lexists(final):  # no hard links here: check, then rename (a small window)
-            _unlink(tmp)
-            return False
-        os.rename(tmp, final)
-        return True
-    _unlink(tmp)
-    return True
-
-
-def _put_link(target: str, final: str, mode: Mode, pid: int) -> bool:
-    if mode == "merge":
-        try:
-            os.symlink(target, final)
-            return True
-        except FileExistsError:
-            return False
-    tmp = _tmp_path(final, pid)
-    os.symlink(target, tmp)
-    os.replace(tmp, final)
-    return True
-
-
 _RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a stale temp file) apart
+_WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
 def _tmp_path(final: str, pid: int) -> str:
@@ -513,10 +403,3 @@ def _tmp_path(final: str, pid: int) -> str:
 
 def _makedirs(path: str, created: list[str]) -> None:
     makedirs_recording(path, created, lambda p: StorageError(f"cannot create folder {path}: {p} is in the way"))
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

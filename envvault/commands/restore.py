@@ -137,7 +137,7 @@ def status(ctx, venv, against, as_json, exit_code):
     from envvault.diff import contents_note, current_document, diff_snapshots
     from envvault.env.probe import find_target
     from envvault.restore.baseline import baseline_snapshot
-    from envvault.restore.journal import interrupted_restore
+    from envvault.journal import interrupted_restore
 
     vault = open_vault(ctx)
     if against:  # without --venv and an active venv: the environment the snapshot names
@@ -205,7 +205,7 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, as_json
       envvault restore before-sglang
       envvault restore 3fa9c2 --into ~/venvs/train-copy
     """
-    from envvault.restore.execute import restore_snapshot
+    from envvault.restore.dispatch import restore_snapshot
 
     vault = open_vault(ctx)
     ref = resolve_snapshot(vault, snapshot_id)

@@ -339,7 +339,7 @@ def guard(
     if undo and options.restore:
         t = time.monotonic()
         try:
-            from envvault.restore.execute import restore_snapshot
+            from envvault.restore.dispatch import restore_snapshot
 
             restored = restore_snapshot(vault, before.id, target, backup=False, caches=False)
             _write_project_files(project_files)

@@ -38,7 +38,9 @@ from envvault.restore.uv import (
 __all__ = ["restore_into"]
 
 
-def restore_into(vault, sid: str, doc: dict, dest: Path, *, dry_run: bool, progress=None):
+def restore_into(vault, sid: str, doc: dict, dest: Path, *, backup: bool = False, dry_run: bool, progress=None):
+    """Build a new venv at ``dest`` holding snapshot ``sid`` (a ``result.Strategy``; ``backup`` has nothing
+    to back up: the folder is new or empty)."""
     if (dest / "pyvenv.cfg").exists() or (dest / "bin" / "python").exists():
         raise RefusedError(f"{dest} is already an environment; --into builds a new one (restore in place with --venv)")
     refuse_nonempty(dest)

@@ -2,7 +2,7 @@
 
 The plan is computed from the snapshot document, the snapshot's manifests (read through a callable, so a
 plan never touches the environment) and the environment's current state (``CurrentDist`` records, built by
-``envvault.restore.execute.read_current``). ``--dry-run`` prints exactly this plan.
+``envvault.restore.current.read_current``). ``--dry-run`` prints exactly this plan.
 """
 
 from __future__ import annotations

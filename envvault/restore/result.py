@@ -1,10 +1,24 @@
-"""What a restore reports (in place, ``--into`` or lock-only): one record, below the three ways to restore."""
+"""The one interface of the three ways to restore (in place: ``inplace.py``; ``--into`` a new venv:
+``into.py``; lock-only through uv: ``uv.py``) and the one record each returns. Below all three;
+``dispatch.py`` picks one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
 
-__all__ = ["RestoreResult"]
+__all__ = ["RestoreResult", "Strategy"]
+
+
+class Strategy(Protocol):
+    """Restore snapshot ``sid`` (its document ``doc``) at ``target``: the environment to change, or the new
+    folder for ``--into``. ``backup``: snapshot an environment before changing it (ignored where there is
+    none); ``dry_run``: plan only, change nothing; ``progress(bytes_done)`` where the strategy writes bytes
+    itself. Raises ``EnvvaultError``s; returns what it did."""
+
+    def __call__(self, vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool,
+                 progress: Callable[[int], None] | None = None) -> "RestoreResult": ...
 
 
 @dataclass(frozen=True)

@@ -192,13 +192,13 @@ def sync_from_lock(sid: str, doc: dict, entries: list[dict], python_exe: Path, *
             "offline": offline}
 
 
-def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool):
+def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool, progress=None):
     """Restore a lock-only snapshot in place through uv. The sources of its packages are decided first
     (fast, from snapshot documents): a restore that cannot succeed fails before any slow work, and
     ``dry_run`` runs the same decision. Same-version build changes are forced with ``--reinstall-package``
     (uv judges by version alone). A lock-only snapshot recorded no file contents: a package is compared with
     the contents a full snapshot of its build recorded (``diff.content_states``; deleted or edited files then
-    get it reinstalled), else at build level only."""
+    get it reinstalled), else at build level only. A ``result.Strategy`` (uv reports no progress)."""
     from envvault.diff import current_document, diff_snapshots
     from envvault.lock.sources import describe
     from envvault.restore.plan import check_python
@@ -222,10 +222,9 @@ def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool,
         with scratch_dir(vault) as work:
             entries = resolve_lock_sources(vault, sid, doc, work, sources)
             if backup:
-                from envvault.snap import take_snapshot
+                from envvault.restore.backup import take_backup
 
-                backup_id = take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}",
-                                          trigger="restore-backup", argv=["envvault", "restore", sid]).id
+                backup_id = take_backup(vault, target, sid).id
             info = sync_from_lock(sid, doc, entries, target / "bin" / "python", reinstall=reinstall, work=work,
                                   installed=touched)
         after = current_document(vault, target, facts=False)

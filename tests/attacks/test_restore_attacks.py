@@ -217,14 +217,14 @@ def test_cache_link_chain_inside_the_root_is_restored(tmp_path):
 
 def test_restore_lock_is_keyed_on_the_real_path(box, tmp_path):
     """A restore through a symlink to the venv waits for (is refused by) one running on the venv itself."""
-    from envvault.restore.execute import _target_lock
+    from envvault.restore.inplace import exclusive_target
     from envvault.vault.store import Vault
 
     vault, venv, decoy, sid = box
     alias = tmp_path / "alias"
     alias.symlink_to(venv)
     before = tree_state(venv)
-    with _target_lock(Vault.open(vault), venv):  # a restore of the venv, by its own path, holds the lock
+    with exclusive_target(Vault.open(vault), venv):  # a restore of the venv, by its own path, holds the lock
         proc = ev(vault, "restore", sid, "--venv", alias, "--no-backup", check=False)
     assert_one_line_error(proc, "another envvault restore")
     assert proc.returncode == 3

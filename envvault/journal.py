@@ -1,7 +1,8 @@
-"""The restore journal and what a killed restore leaves behind (docs/format.md, "Restoring an environment",
-steps 3 and 6): reading, writing and removing ``<venv>/.envvault-restore.json``, the staged temp names
-(``.<name>.envvault-<pid>.tmp``), and tidying what a killed restore half-made. Below ``execute`` (which
-restores) and ``snap`` (whose scans tidy first), so neither imports the other for it."""
+"""The restore journal on disk and what a killed restore leaves behind (docs/format.md, "Restoring an
+environment", steps 3 and 6): reading, writing and removing ``<venv>/.envvault-restore.json`` (the record is
+``model.journal.Journal``), the staged temp names (``.<name>.envvault-<pid>.tmp``), the restore lock of an
+environment, and tidying what a killed restore half-made. Below ``restore/`` (which restores) and ``snap``
+(whose scans tidy first), so neither imports the other for it."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import json
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import blake3
 
 from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError
 from envvault.model.encoding import parse_json
+from envvault.model.journal import Journal, parse_journal
 from envvault.safepaths import FinalTree, env_key
 from envvault.vault.fsutil import flocked, fsync_dir, read_regular, storage_error
 from envvault.vault.store import Vault
@@ -32,7 +36,7 @@ __all__ = [
     "clean_temps",
     "prune_empty",
     "recover",
-    "str_list",
+    "target_lock",
     "settle_interrupted",
 ]
 
@@ -41,7 +45,9 @@ JOURNAL_LIMIT = 256 << 20  # a journal lists every file a restore writes or dele
 TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
 
 
-def read_journal(target: Path) -> dict | None:
+def read_journal(target: Path) -> Journal | None:
+    """The journal of a restore of ``target`` under way, or None. One that does not parse is salvaged
+    (``Journal.salvage``): a rerun still uses what it can read of it."""
     path = target / JOURNAL_NAME
     try:
         data = read_regular(path, JOURNAL_LIMIT, str(path))
@@ -54,22 +60,20 @@ def read_journal(target: Path) -> dict | None:
     try:
         doc = parse_json(data, str(path))
     except CorruptError:
-        return {"snapshot": None, "removals": [], "staging_dirs": []}
-    if not isinstance(doc, dict):
-        return {"snapshot": None, "removals": [], "staging_dirs": []}
-    for key in ("removals", "staging_dirs"):
-        if not isinstance(doc.get(key), list):
-            doc[key] = []
-    return doc
+        return Journal.salvage(None)
+    try:
+        return parse_journal(doc, str(path))
+    except CorruptError:
+        return Journal.salvage(doc)
 
 
-def write_journal(target: Path, doc: dict) -> None:
+def write_journal(target: Path, journal: Journal) -> None:
     """Temp name that a rerun's cleanup recognises, fsync, rename, fsync the folder."""
     final = str(target / JOURNAL_NAME)
     tmp = tmp_for(final, os.getpid())
     try:
         with open(tmp, "wb") as f:
-            f.write(json.dumps(doc, separators=(",", ":")).encode())
+            f.write(json.dumps(journal.to_dict(), separators=(",", ":")).encode())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -147,27 +151,31 @@ def prune_empty(dirs: set[str], protected: set[str]) -> None:
             d = os.path.dirname(d)
 
 
-def recover(target: Path, journal: dict) -> None:
+def recover(target: Path, journal: Journal) -> None:
     """Undo what a killed restore left half-made, before the environment is scanned: staged temp files,
     dist-info folders it had begun to create (no METADATA or RECORD yet) and the folders made for them.
     Everything else it did is complete and is judged again by the new plan."""
     paths = Paths(target)
-    dirs = str_list(journal, "staging_dirs")
+    dirs = list(journal.staging_dirs)
     clean_temps(target, dirs + [""], paths)
-    for rel in str_list(journal, "dist_infos"):
+    for rel in journal.dist_infos:
         if paths.check(rel) is not None:
             continue
         full = paths.abs(rel)
         if os.path.isdir(full) and not os.path.islink(full) and not (
                 os.path.exists(os.path.join(full, "METADATA")) and os.path.exists(os.path.join(full, "RECORD"))):
             shutil.rmtree(full, ignore_errors=True)
-    protected = {str(target)} | {os.path.normpath(paths.abs(d)) for d in str_list(journal, "protected")
+    protected = {str(target)} | {os.path.normpath(paths.abs(d)) for d in journal.protected
                                  if d == "." or paths.check(d) is None}
     prune_empty({paths.abs(d) for d in dirs if d and paths.check(d) is None}, protected)
 
 
-def str_list(journal: dict | None, key: str) -> list[str]:
-    return [x for x in (journal or {}).get(key, ()) if isinstance(x, str)]
+@contextmanager
+def target_lock(vault: Vault, target: Path) -> Iterator[bool]:
+    """Hold ``locks/restore-<key>.lock`` of ``target`` without waiting: yields False when another process
+    (a restore running now) holds it."""
+    with flocked(vault.root / "locks" / f"restore-{env_key(target)}.lock", exclusive=True, wait=False) as held:
+        yield held
 
 
 def settle_interrupted(vault: Vault, target: Path) -> str | None:
@@ -183,12 +191,12 @@ def settle_interrupted(vault: Vault, target: Path) -> str | None:
         journal = read_journal(target)
         if journal is None:
             return None
-        with flocked(vault.root / "locks" / f"restore-{env_key(target)}.lock", exclusive=True, wait=False) as held:
+        with target_lock(vault, target) as held:
             if held:  # else a restore is running right now: its staged files are its own
                 recover(target, journal)
     except (EnvvaultError, OSError):
         pass
-    sid = journal.get("snapshot") if isinstance(journal, dict) else None
+    sid = journal.snapshot if journal is not None else None
     return sid if isinstance(sid, str) else "unknown"
 
 
@@ -200,5 +208,5 @@ def interrupted_restore(target: Path) -> str | None:
         return None
     except (OSError, ValueError, EnvvaultError):
         return "unknown"
-    sid = doc.get("snapshot") if isinstance(doc, dict) else None
-    return sid if isinstance(sid, str) else "unknown"
+    sid = Journal.salvage(doc).snapshot
+    return sid if sid is not None else "unknown"

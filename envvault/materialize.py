@@ -1,0 +1,269 @@
+"""Putting files from a vault into a folder tree: the one materializer of the environment restore
+(``restore/apply.py``) and the cache restore (``caches/restore.py``).
+
+A restore names what it writes as ``FileSpec`` records (a path under the root, the chunks that make the file
+or the symlink target, size, sha256, mode). Here, and nowhere else:
+
+- ``refuse_escapes``: every entry decided against the tree as the restore leaves it (the one rule of
+  ``envvault.safepaths.FinalTree``); any that lies under, or is a symlink resolving to, a place outside the
+  root refuses the whole restore before anything is written (up to 10 named in the one error line).
+- ``stage``: every file written under its temp name beside its final path (the caller's naming:
+  ``.<name>.envvault-<pid>.tmp`` in an environment, ``.<name>.envvault-<pid>-<run>.tmp`` in a cache root),
+  read from the vault in pack order (contiguous runs, one per thread at a time, so each frame is
+  decompressed about once), every object's BLAKE3 checked by the reader and each file's size and sha256
+  checked while writing. Modes lose setuid, setgid and sticky. A failure deletes every temp file of the run
+  and nothing is renamed. Crash point ``stage`` after each file.
+- ``place`` / ``place_link``: rename a staged file into place (over what is there, or, ``keep_existing``,
+  never over an entry that appeared meanwhile: ``link`` + ``unlink``).
+
+Files are not fsynced (the guarantee is against a killed process: only complete files under final names).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+from envvault.crashpoints import crash_point
+from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
+from envvault.safepaths import FinalTree
+from envvault.vault.fsutil import storage_error
+from envvault.vault.ingest import b64_sha256
+from envvault.vault.store import ObjectReader
+
+__all__ = ["FileSpec", "Staged", "TempName", "refuse_escapes", "stage", "discard", "place",
+           "place_link", "pack_position", "WORKERS"]
+
+TempName = Callable[[str], str]  # final absolute path -> the temp path beside it
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+_RUN_BYTES = 16 << 20  # a thread is handed contiguous runs of at most about this many bytes ...
+_RUN_FILES = 16  # ... and at least this many files
+
+
+@dataclass(frozen=True, slots=True)
+class FileSpec:
+    """One file to put under the root: the concatenation of ``chunks`` (or, with ``link``, a symlink)."""
+
+    path: str  # relative to the root, already checked (``FinalTree``)
+    chunks: tuple[str, ...] = ()
+    size: int = 0
+    sha256: str | None = None  # None: the record has no hash (RECORD itself); size is still checked
+    mode: int = 0o644
+    link: str | None = None
+    owner: str | None = None  # named in messages: the distribution the file belongs to
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A file written and checked under its temp name, not yet in place."""
+
+    spec: FileSpec
+    tmp: str
+    final: str
+    sha256: str | None  # as computed while writing (None for a symlink)
+
+
+# -- before anything is written --------------------------------------------------------------------
+
+
+def refuse_escapes(root: str | os.PathLike, refusing: str, *, links: Mapping[str, str] | None = None,
+                   entries: Iterable[str] = (), dirs: Iterable[str] = (), where: str = "the environment") -> None:
+    """``RefusedError`` ("<refusing>: path: why; ...") when any entry leads out of the final tree."""
+    bad = FinalTree(root, links=links, entries=entries, dirs=dirs, where=where).problems()
+    if bad:
+        more = f"; and {len(bad) - 10} more" if len(bad) > 10 else ""
+        raise RefusedError(f"{refusing}: " + "; ".join(bad[:10]) + more)
+
+
+# -- staging ---------------------------------------------------------------------------------------
+
+
+def pack_position(reader: ObjectReader, chunks: Sequence[str]) -> tuple:
+    """Where a file's first chunk lies: writing files in this order reads each frame once."""
+    loc = reader.index.get(chunks[0]) if chunks else None
+    return (loc[0], loc[1], loc[3]) if loc else ("", 0, 0)
+
+
+def _runs(ordered: list[FileSpec], workers: int) -> list[list[FileSpec]]:
+    """Contiguous runs of ``ordered``: about an equal share per worker, at most ``_RUN_BYTES`` each, at
+    least ``_RUN_FILES`` files each (small files share frames)."""
+    total = sum(s.size + 4096 for s in ordered)
+    limit = max(1, min(_RUN_BYTES, -(-total // workers)))
+    runs: list[list[FileSpec]] = []
+    run: list[FileSpec] = []
+    size = 0
+    for s in ordered:
+        run.append(s)
+        size += s.size + 4096
+        if size >= limit and len(run) >= _RUN_FILES:
+            runs.append(run)
+            run, size = [], 0
+    if run:
+        runs.append(run)
+    return runs
+
+
+def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpec], tmp_name: TempName, *,
+          progress: Callable[[int], None] | None = None, workers: int = WORKERS) -> list[Staged]:
+    """Write every spec under its temp name (see the module doc); returns them in pack order.
+    ``progress(bytes_done)`` after each run. On any failure every temp file of the run is deleted."""
+    root = os.fspath(root)
+    ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
+    runs = _runs(ordered, workers)
+    failed = threading.Event()
+
+    def run(part: list[FileSpec]) -> list[Staged]:
+        out = []
+        for spec in part:
+            if failed.is_set():
+                break
+            try:
+                out.append(_stage_one(reader, root, spec, tmp_name))
+            except BaseException:
+                failed.set()
+                raise
+        return out
+
+    staged: list[Staged] = []
+    done = 0
+    try:
+        if len(runs) <= 1 or workers <= 1:
+            results: Iterable[list[Staged]] = map(run, runs)
+            pool = None
+        else:
+            pool = ThreadPoolExecutor(max_workers=min(workers, len(runs)))
+            results = pool.map(run, runs)
+        try:
+            for result in results:
+                staged.extend(result)
+                done += sum(s.spec.size for s in result)
+                if progress:
+                    progress(done)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+    except BaseException:
+        failed.set()
+        for spec in ordered:
+            _unlink(tmp_name(os.path.join(root, spec.path)))
+        raise
+    return staged
+
+
+def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempName) -> Staged:
+    final = os.path.join(root, spec.path)
+    tmp = tmp_name(final)
+    try:
+        _unlink(tmp)  # a stale temp file of this name (a killed run with this pid): never written through
+        if spec.link is not None:
+            os.symlink(spec.link, tmp)
+            crash_point("stage")
+            return Staged(spec, tmp, final, None)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        h = hashlib.sha256()
+        size = 0
+        try:
+            for oid in spec.chunks:
+                data = reader.get(oid)
+                h.update(data)
+                size += len(data)
+                while data:
+                    n = os.write(fd, data)
+                    data = data[n:]
+            os.fchmod(fd, spec.mode & 0o777)  # never setuid/setgid/sticky from a vault
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise storage_error(err, final) from None
+    sha = b64_sha256(h.digest())
+    if size != spec.size or (spec.sha256 is not None and sha != spec.sha256):
+        why = f"{size} bytes, recorded {spec.size}" if size != spec.size else "sha256 differs"
+        owner = f" ({spec.owner})" if spec.owner else ""
+        raise CorruptError(f"{spec.path}{owner}: the vault's objects do not make the archived file ({why}); "
+                           "nothing was renamed into place; run `envvault verify`")
+    crash_point("stage")
+    return Staged(spec, tmp, final, sha)
+
+
+def discard(staged: Iterable[Staged]) -> None:
+    """Delete staged temp files (after a failure before any rename)."""
+    for s in staged:
+        _unlink(s.tmp)
+
+
+# -- into place ------------------------------------------------------------------------------------
+
+
+def place(s: Staged, *, keep_existing: bool = False) -> bool:
+    """Rename ``s`` to its final path. Over whatever entry is there (an empty folder tree included:
+    removed first; a non-empty one is an ``EnvironmentProblem``), or with ``keep_existing`` never over an entry
+    that appeared meanwhile (``link`` + ``unlink``; a check and rename where the filesystem has no hard
+    links). False: an entry was there and is left as found (the temp file is deleted)."""
+    if keep_existing:
+        return _place_new(s.tmp, s.final)
+    try:
+        os.rename(s.tmp, s.final)
+    except IsADirectoryError:
+        _rmdir_tree_if_empty(s.final)
+        os.rename(s.tmp, s.final)
+    except OSError as err:
+        if err.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.path.isdir(s.final) and not os.path.islink(s.final):
+            raise _in_the_way(s.final) from None
+        raise storage_error(err, s.final) from None
+    return True
+
+
+def _place_new(tmp: str, final: str) -> bool:
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        _unlink(tmp)
+        return False
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV, errno.ENOSYS):
+            raise
+        if os.path.lexists(final):  # no hard links here: check, then rename (a small window)
+            _unlink(tmp)
+            return False
+        os.rename(tmp, final)
+        return True
+    _unlink(tmp)
+    return True
+
+
+def place_link(target: str, final: str, tmp_name: TempName, *, keep_existing: bool = False) -> bool:
+    """Create the symlink ``final -> target``: replacing what is there (through a temp name), or with
+    ``keep_existing`` only where nothing is (False: left as found)."""
+    if keep_existing:
+        try:
+            os.symlink(target, final)
+            return True
+        except FileExistsError:
+            return False
+    tmp = tmp_name(final)
+    os.symlink(target, tmp)
+    os.replace(tmp, final)
+    return True
+
+
+def _rmdir_tree_if_empty(path: str) -> None:
+    for root, _dirs, files in os.walk(path, topdown=False):
+        if files:
+            raise _in_the_way(path)
+        os.rmdir(root)
+
+
+def _in_the_way(path: str) -> EnvironmentProblem:
+    return EnvironmentProblem(f"{path} is a non-empty directory where the snapshot has a file; move it and run again")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

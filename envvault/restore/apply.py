@@ -1,0 +1,164 @@
+"""Applying an in-place plan to the environment (docs/format.md, "Restoring an environment", steps 4 and 5):
+stage every write through the materializer (``envvault/materialize.py``), then commit: rename the staged files into
+place, give kept files back their modes, delete what the snapshot lacks (package files first, then whole
+dist-info folders renamed away), drop stale bytecode, prune emptied folders. The crash points ``stage``,
+``commit`` and ``remove_dir`` lie on this path; the journal (written before, removed after) is the caller's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Callable
+
+from envvault.crashpoints import crash_point
+from envvault.errors import EnvironmentProblem
+from envvault import materialize
+from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
+from envvault.materialize import FileSpec, Staged
+from envvault.restore.plan import FileWrite, Plan
+from envvault.vault.fsutil import makedirs_recording, storage_error
+from envvault.vault.store import ObjectReader, Vault
+
+__all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache"]
+
+Progress = Callable[[int], None]
+
+
+def _spec(w: FileWrite) -> FileSpec:
+    return FileSpec(w.path, w.chunks, w.size, w.sha256, w.mode, w.link, w.package)
+
+
+def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progress | None,
+               created: list[str]) -> list[Staged]:
+    """Create the folders the writes need (recorded in ``created``) and stage every write. On failure the
+    staged files are deleted; the caller removes ``created``."""
+    reader = ObjectReader(vault)
+    for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
+        full = paths.abs(d) if d else str(paths.target)
+        if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):
+            if os.path.islink(full) and os.path.isdir(full):
+                continue  # a symlinked directory inside the target (checked by Paths)
+            raise EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
+        makedirs_recording(full, created, lambda p: EnvironmentProblem(
+            f"{p} is in the way: the snapshot needs a directory there; move it and run again"))
+    if progress is not None and hasattr(progress, "total"):
+        progress.total = max(plan.bytes, 1)  # a Progress bar: now the real amount is known
+    return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], lambda f: tmp_for(f, pid),
+                             progress=progress)
+
+
+def _drop_bytecode(abs_py: str, seen: dict[str, list[str]]) -> None:
+    """Delete ``__pycache__/<stem>.*.pyc`` of a source file we replaced or removed (a stale .pyc with the
+    same source size and mtime second would otherwise win over the restored source)."""
+    d, name = os.path.split(abs_py)
+    stem = name[:-3]
+    cache = os.path.join(d, "__pycache__")
+    if cache not in seen:
+        try:
+            seen[cache] = os.listdir(cache)
+        except OSError:
+            seen[cache] = []
+    for entry in seen[cache]:
+        if entry.startswith(stem + ".") and entry.endswith(".pyc") and entry.count(".") == stem.count(".") + 2:
+            try:
+                os.unlink(os.path.join(cache, entry))
+            except OSError:
+                pass
+
+
+def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[str]) -> tuple[int, int]:
+    """Rename staged files into place, set the modes of kept files, delete; returns (removed, modes set)."""
+    pyc_seen: dict[str, list[str]] = {}
+    parents: set[str] = set()
+    for s in staged:
+        materialize.place(s)
+        if s.final.endswith(".py"):
+            _drop_bytecode(s.final, pyc_seen)
+        crash_point("commit")
+    modes_set = 0
+    for rel, mode in plan.keeps:  # files of changed packages whose bytes match: give them back their mode
+        full = paths.abs(rel)
+        try:
+            st = os.lstat(full)
+            if stat.S_ISREG(st.st_mode) and (st.st_mode & 0o777) != (mode & 0o777):
+                os.chmod(full, mode & 0o777)  # never setuid/setgid from a vault
+                modes_set += 1
+        except OSError:
+            pass  # gone or not ours: verification names what still differs
+    removed = 0
+    # Files inside a dist-info folder that goes away leave with the folder (renamed away whole, below), so
+    # a kill never leaves a dist-info without METADATA or RECORD. Package files go first: until then the
+    # dist-info still lists them, and after a kill the journal does.
+    doomed_dirs = tuple(d + "/" for d in plan.remove_dirs)
+    paths = Paths(paths.target)  # the tree has changed: judge removals against it as it is now
+    for rel in plan.removals:
+        if paths.check(rel) is not None or (doomed_dirs and rel.startswith(doomed_dirs)):
+            continue
+        full = paths.abs(rel)
+        try:
+            if os.path.isdir(full) and not os.path.islink(full):
+                continue
+            os.unlink(full)
+            removed += 1
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise storage_error(err, full) from None
+        if full.endswith(".py"):
+            _drop_bytecode(full, pyc_seen)
+        parents.add(os.path.dirname(full))
+        crash_point("commit")
+    for rel in plan.remove_dirs:
+        if paths.check(rel) is not None:
+            continue
+        full = paths.abs(rel)
+        if os.path.islink(full):
+            os.unlink(full)
+        elif os.path.isdir(full):
+            # Renamed away first, so a kill mid-delete never leaves a dist-info without METADATA or RECORD.
+            doomed = tmp_for(full, os.getpid())
+            removed += sum(len(files) for _root, _dirs, files in os.walk(full))
+            os.rename(full, doomed)
+            crash_point("remove_dir")
+            shutil.rmtree(doomed, ignore_errors=True)
+        parents.add(os.path.dirname(full))
+        crash_point("commit")
+    for cache_dir in pyc_seen:
+        parents.add(cache_dir)
+    prune_empty(parents, protected)
+    return removed, modes_set
+
+
+def populate_statcache(vault: Vault, target: Path, staged: list[Staged]) -> None:
+    """Record the hashes computed while writing, so verification and the next status need not re-read."""
+    from envvault.snap import statcache_for
+
+    cache = statcache_for(vault, target)
+    cache.touch(list(cache.files))
+    for s in staged:
+        if s.spec.link is not None or s.sha256 is None:
+            continue
+        try:
+            st = os.lstat(os.path.join(target, s.spec.path))
+        except OSError:
+            continue
+        cache.put(s.spec.path, st, s.sha256, list(s.spec.chunks))
+    cache.save()
+
+
+def undo_staging(target: Path, created: list[str], *, keep_journal: bool) -> None:
+    """After a failure before any rename: remove the folders this run made (only while empty) and the
+    journal, unless it was an earlier run's (its renames are still to be finished)."""
+    for d in reversed(created):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+    if not keep_journal:
+        try:
+            remove_journal(target)
+        except OSError:
+            pass

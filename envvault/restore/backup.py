@@ -1,0 +1,40 @@
+"""The backup a restore takes of the environment before changing it (docs/format.md, "Restoring an
+environment", step 1): a snap without caches, trigger ``restore-backup``; deleted again when the restore
+turns out not to need it. In place its package summaries are also the "current state" the plan starts
+from; with ``--no-backup`` that state comes from a check scan instead."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from envvault.diff import current_document
+from envvault.vault.store import Vault
+
+__all__ = ["take_backup", "scan_now", "discard_backup"]
+
+
+def take_backup(vault: Vault, target: Path, sid: str):
+    """Snapshot ``target`` before restoring ``sid`` onto it; returns the snap's result (``.id``, ``.doc``)."""
+    from envvault.snap import take_snapshot
+
+    return take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}", trigger="restore-backup",
+                         argv=["envvault", "restore", sid])
+
+
+def scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[dict, str | None]:
+    """The environment's state and the backup's id: from a backup snapshot (one read of every new file)
+    or, without ``backup``, a check scan (no id)."""
+    if backup:
+        snap = take_backup(vault, target, sid)
+        return snap.doc, snap.id
+    return current_document(vault, target, facts=False), None
+
+
+def discard_backup(vault: Vault, sid: str | None) -> None:
+    """Drop a backup this run made but did not need (its objects become garbage for gc)."""
+    if sid:
+        try:
+            os.unlink(vault.root / "snapshots" / f"{sid}.json")
+        except OSError:
+            pass

@@ -1,0 +1,75 @@
+"""``restore_snapshot``: the entry point of every restore. It picks the strategy (``result.Strategy``): in
+place (``inplace.py``), ``--into`` a new venv (``into.py``) or, for a lock-only snapshot, through uv
+(``uv.py``); validates the snapshot's cache manifests before the environment is touched and restores the
+caches after it (``caches/restore.py``); and remembers a verified restore for ``status`` (``baseline.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from envvault.restore.baseline import record_restored
+from envvault.restore.result import RestoreResult, Strategy
+from envvault.vault.store import Vault
+
+__all__ = ["restore_snapshot", "strategy_for"]
+
+
+def strategy_for(doc: dict, *, into: bool) -> Strategy:
+    """The strategy that restores ``doc``: ``--into`` first, then lock-only, else in place."""
+    if into:
+        from envvault.restore.into import restore_into
+
+        return restore_into
+    if doc.get("lock_only"):
+        from envvault.restore.uv import restore_lock_only
+
+        return restore_lock_only
+    from envvault.restore.inplace import restore_in_place
+
+    return restore_in_place
+
+
+def restore_snapshot(
+    vault: Vault,
+    sid: str,
+    target: Path,
+    *,
+    backup: bool = True,
+    dry_run: bool = False,
+    into: Path | None = None,
+    progress: Callable[[int], None] | None = None,
+    caches: bool = True,
+) -> RestoreResult:
+    """Restore snapshot ``sid`` onto the environment ``target`` (or, with ``into``, into a new venv there).
+
+    In place, untouched distributions keep every file as it is (mtimes included); changed ones are put
+    back from vault objects only; distributions the snapshot lacks are removed. ``backup`` snapshots the
+    environment first. Raises ``RefusedError`` for unsafe manifests or an interpreter mismatch.
+    """
+    started = time.monotonic()
+    ref = vault.load_snapshot(sid)
+    doc = ref.doc
+    env_target = Path(into or target).absolute()
+    if caches and doc.get("caches") and not dry_run:
+        # Validate the cache manifests (paths, roots) before the environment is touched: a hostile cache
+        # manifest must not leave a half-finished restore behind.
+        _restore_caches(vault, doc, env_target, True)
+    strategy = strategy_for(doc, into=into is not None)
+    result = strategy(vault, ref.id, doc, env_target, backup=backup, dry_run=dry_run, progress=progress)
+    if result.verified and not result.dry_run:
+        record_restored(vault, env_target, ref.id)
+    cache_result = None
+    if caches and doc.get("caches"):
+        cache_result = _restore_caches(vault, doc, env_target, dry_run)
+    return replace(result, caches=cache_result, seconds=round(time.monotonic() - started, 3))
+
+
+def _restore_caches(vault: Vault, doc: dict, target: Path, dry_run: bool) -> dict:
+    """The snapshot's compile caches, through ``envvault.caches.restore`` (staged, inside each cache root)."""
+    from envvault.caches.restore import restore_snapshot_caches
+
+    return restore_snapshot_caches(vault, doc, venv=target, dry_run=dry_run).to_json()

@@ -1,0 +1,147 @@
+"""The in-place strategy: restore a snapshot onto the environment it names (docs/format.md, "Restoring an
+environment (in place)").
+
+Back up (``backup.py``), plan (``plan.make_plan``), decide every destination against the final tree, write
+the journal (``journal.py``), stage every file beside its final path and commit (``apply.py``, through the
+materializer), verify, drop the journal. A SIGKILL at any point leaves complete files under final names;
+rerunning the restore re-plans from what is on disk, adds the journal's pending deletions, and completes.
+Crash points ``journal``, ``staged``, ``committed`` and ``verified`` mark the moments of this flow.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Callable, Iterator
+
+from envvault.crashpoints import crash_point
+from envvault.diff import current_document, diff_snapshots
+from envvault.errors import RefusedError, UsageError
+from envvault.model.journal import Journal
+from envvault.restore.apply import commit_plan, populate_statcache, stage_plan, undo_staging
+from envvault.restore.backup import discard_backup, scan_now
+from envvault.restore.current import Layout, protected_dirs, read_current
+from envvault.journal import Paths, clean_temps, read_journal, recover, remove_journal, target_lock, write_journal
+from envvault.materialize import refuse_escapes
+from envvault.restore.plan import check_python, make_plan
+from envvault.restore.result import RestoreResult
+from envvault.vault.store import Vault
+
+__all__ = ["restore_in_place", "exclusive_target"]
+
+Progress = Callable[[int], None]
+
+
+@contextmanager
+def exclusive_target(vault: Vault, target: Path) -> Iterator[None]:
+    """Hold the restore lock of ``target``; ``RefusedError`` when another restore of it runs."""
+    with target_lock(vault, target) as held:
+        if not held:
+            raise RefusedError(f"another envvault restore of {target} is running; wait for it to finish")
+        yield
+
+
+def restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool,
+                     progress: Progress | None = None) -> RestoreResult:
+    """Restore ``doc`` (snapshot ``sid``) onto the environment ``target`` (a ``restore.result.Strategy``)."""
+    if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists():
+        raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
+    with vault.lock(), (nullcontext() if dry_run else exclusive_target(vault, target)):
+        journal = read_journal(target)
+        resumed = journal is not None
+        if resumed and not dry_run:
+            recover(target, journal)
+        earlier = journal or Journal(snapshot=None)
+        take_backup = backup and not dry_run and not resumed
+        clock = _Clock()
+        now_doc, backup_id = scan_now(vault, target, sid, take_backup)
+        clock.lap("backup" if take_backup else "scan")
+        if resumed:
+            backup_id = journal.backup
+        try:
+            check_python(doc["python"], now_doc["python"])
+            interp = Layout.of(target, now_doc["python"])
+            current = read_current(target, interp, now_doc["packages"], doc.get("packages"))
+            plan = make_plan(sid, doc, now_doc, current, vault.get_json,
+                             pending_removals=list(earlier.removals) + list(earlier.writes))
+            paths = Paths(target)
+            # Every entry decided against the tree as the restore leaves it (its own symlinks included).
+            refuse_escapes(target, f"refusing to restore {sid[:12]}",
+                           links={w.path: w.link for w in plan.writes if w.link is not None},
+                           entries=[w.path for w in plan.writes if w.link is None])
+        except BaseException:
+            if take_backup:
+                discard_backup(vault, backup_id)
+            raise
+        if dry_run:
+            return RestoreResult(sid, str(target), "in-place", None, plan.changed, False, True,
+                                 len(plan.writes), plan.bytes, len(plan.removals), plan=plan.to_json(),
+                                 warnings=plan.warnings)
+        if plan.empty and not resumed:
+            discard_backup(vault, backup_id if take_backup else None)
+            return RestoreResult(sid, str(target), "in-place", None, 0, plan.diff.packages_empty, False,
+                                 plan=plan.to_json(), remaining=None if plan.diff.packages_empty else plan.diff.to_json(),
+                                 warnings=plan.warnings)
+        clock.lap("plan")
+        pid = os.getpid()
+        write_journal(target, Journal(
+            snapshot=sid, backup=backup_id, pid=pid, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            staging_dirs=tuple(sorted(set(plan.staging_dirs()) | set(earlier.staging_dirs)
+                                      | {os.path.dirname(d) for d in plan.remove_dirs})),
+            removals=tuple(plan.removals), writes=tuple(w.path for w in plan.writes),
+            dist_infos=tuple(plan.dist_infos),
+            protected=tuple(sorted(os.path.relpath(d, target) for d in protected_dirs(target, interp))),
+        ))
+        crash_point("journal")
+        created: list[str] = []
+        try:
+            clean_temps(target, list(earlier.staging_dirs) + plan.staging_dirs(), paths, keep_pid=pid)
+            staged = stage_plan(vault, plan, paths, pid, progress, created)
+        except BaseException:
+            # Nothing was renamed into place: leave the environment as this run found it (a full disk must
+            # not leave empty package folders that import as empty packages).
+            undo_staging(target, created, keep_journal=resumed)
+            if take_backup:
+                discard_backup(vault, backup_id)
+            raise
+        crash_point("staged")
+        clock.lap("stage")
+        removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp))
+        populate_statcache(vault, target, staged)
+        crash_point("committed")
+        clock.lap("commit")
+        after = current_document(vault, target, facts=False)
+        remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
+        remove_journal(target)
+        crash_point("verified")
+        clock.lap("verify")
+    warnings = list(plan.warnings)
+    if doc.get("venv") and doc["venv"] != str(target) and any(w.path.startswith(interp_scripts_rel(doc)) for w in plan.writes):
+        warnings.append(f"the snapshot was taken of {doc['venv']}: scripts restored into bin/ keep that "
+                        "environment's interpreter in their first line; use --into for a relocated copy")
+    for k, (o, n) in remaining.python.items():
+        warnings.append(f"python {k} is {o}, the snapshot had {n}")
+    return RestoreResult(
+        sid, str(target), "in-place", backup_id, plan.changed, remaining.packages_empty, False,
+        len(staged), plan.bytes, removed, plan=plan.to_json(),
+        remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
+        timings=clock.laps, modes_set=modes_set,
+    )
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
+        self._last = now
+
+
+def interp_scripts_rel(doc: dict) -> str:
+    scripts = (doc.get("python") or {}).get("scripts") or "bin"
+    return scripts.rstrip("/") + "/"
