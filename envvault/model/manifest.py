@@ -104,11 +104,11 @@ def parse_file_entry(obj: Any, where: str, problems: list[str], unsafe: list[str
     bad = False
     why = path_problem(path)
     if why is not None:
-        unsafe.append(f"{where}.path {path!r} {why}" if isinstance(path, str) else f"{where}.path: {why}")
+        unsafe.append(f"{where}.path {path!r} {why}" if isinstance(path, str) and path else f"{where}.path: {why}")
         bad = True
     why = record_path_problem(record)
     if why is not None:
-        unsafe.append(f"{where}.record {record!r} {why}" if isinstance(record, str) else f"{where}.record: {why}")
+        unsafe.append(f"{where}.record {record!r} {why}" if isinstance(record, str) and record else f"{where}.record: {why}")
         bad = True
     kw, absent, extra = load_fields(obj, FileEntry.KEYS, where + ".", problems)
     if bad:
