@@ -26,6 +26,7 @@ from envvault.guard.plan import Installed, PlannedDist, classify
 from envvault.guard.protect import DEFAULT_PROTECTED, load_protection, save_vault_protection, save_venv_protection
 from envvault.guard.provenance import carry, index_for, pip_indexes
 from envvault.guard.retention import apply_retention, plan_retention
+from envvault.model.snapshot import Snapshot
 from envvault.vault.store import SnapshotRef, Vault
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -482,7 +483,7 @@ def test_provenance_index_attribution(tmp_path):
 
 
 def _ref(sid: str, created: str, trigger: str, venv: str = "/v") -> SnapshotRef:
-    return SnapshotRef(sid, {"created": created, "trigger": trigger, "venv": venv})
+    return SnapshotRef(sid, Snapshot(created=created, trigger=trigger, venv=venv))
 
 
 def test_plan_retention():

@@ -11,6 +11,7 @@ import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,7 +20,8 @@ from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, pa
 from envvault.vault.fsutil import atomic_write, flocked, link_refused, read_regular, storage_error
 from envvault.vault.packs import PackWriter, read_frame
 from envvault.vault.s3 import vault_url
-from envvault.vault.schema import is_id, snapshot_problems, tag_name_problem
+from envvault.model.manifest import DistManifest, parse_dist_manifest
+from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_problem
 
 __all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef", "check_tag_name",
            "VAULT_ENTRIES", "MAX_TAG_BYTES", "MAX_SMALL_DOC"]
@@ -56,14 +58,19 @@ def default_vault_path(explicit: str | os.PathLike | None = None) -> Path:
 
 @dataclass(frozen=True)
 class SnapshotRef:
-    """A committed snapshot: its id and its parsed document."""
+    """A committed snapshot: its id and its parsed, validated document (``envvault.model.snapshot``)."""
 
     id: str
-    doc: dict
+    snapshot: Snapshot
 
     @property
     def created(self) -> str:
-        return self.doc.get("created", "")
+        return self.snapshot.created
+
+    @cached_property
+    def doc(self) -> dict:
+        """TRANSITIONAL: the document as a dict (``snapshot.to_dict()``), for readers not yet on the record."""
+        return self.snapshot.to_dict()
 
 
 class Vault:
@@ -238,6 +245,11 @@ class Vault:
             self._reader = ObjectReader(self)
         return bytes(self._reader.get(oid))
 
+    def load_manifest(self, oid: str) -> DistManifest:
+        """A distribution manifest by id, parsed and validated (``parse_dist_manifest``): a RefusedError naming
+        every unsafe path, a CorruptError every other problem."""
+        return parse_dist_manifest(self.get_json(oid), f"manifest {oid[:12]}")
+
     def get_json(self, oid: str) -> dict:
         doc = parse_json(self.get(oid), f"manifest {oid[:12]}")
         if not isinstance(doc, dict):
@@ -247,9 +259,9 @@ class Vault:
         return doc
 
     # -- snapshots -----------------------------------------------------------------------------
-    def commit_snapshot(self, doc: dict) -> str:
+    def commit_snapshot(self, doc: dict | Snapshot) -> str:
         """Write the snapshot file: the single commit point. Returns its id."""
-        data = canonical_json(doc)
+        data = doc.to_json() if isinstance(doc, Snapshot) else canonical_json(doc)
         sid = object_id(data)
         atomic_write(self.root / "snapshots" / f"{sid}.json", data, tmp_dir=self.root / "tmp", mode=0o600)
         return sid
@@ -263,7 +275,8 @@ class Vault:
 
     def load_snapshot(self, sid: str) -> SnapshotRef:
         """A snapshot read (a regular file, at most 512 MiB), checked against its id and validated
-        (``envvault/vault/schema.py``): a CorruptError naming every problem, or a UsageError for a newer format."""
+        (``envvault.model.snapshot.parse_snapshot``): a CorruptError naming every problem, or a UsageError for a
+        newer format."""
         what = f"snapshot {sid[:12]}"
         path = self.root / "snapshots" / f"{sid}.json"
         try:
@@ -274,14 +287,7 @@ class Vault:
             raise CorruptError(f"{what} cannot be read: {err.strerror or err}") from None
         if object_id(data) != sid:
             raise CorruptError(f"{what} does not match its id; run `envvault verify`")
-        doc = parse_json(data, what)
-        if isinstance(doc, dict) and isinstance(doc.get("format"), int) and doc["format"] > FORMAT:
-            raise UsageError(f"{what} was written by a newer envvault; upgrade envvault")
-        problems = snapshot_problems(doc)
-        if problems:
-            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            raise CorruptError(f"{what} is malformed ({shown})")
-        return SnapshotRef(sid, doc)
+        return SnapshotRef(sid, parse_snapshot(parse_json(data, what), what))
 
     def snapshots(self) -> list[SnapshotRef]:
         """All readable snapshots, newest first. Damaged or malformed ones are skipped with a warning (once per
@@ -306,9 +312,9 @@ class Vault:
         """
         ref = ref.strip()
         if ref == "latest":
-            snaps = [s for s in self.snapshots() if s.doc.get("trigger") != "restore-backup"]
+            snaps = [s for s in self.snapshots() if s.snapshot.trigger != "restore-backup"]
             if venv is not None:
-                snaps = [s for s in snaps if s.doc.get("venv") == venv]
+                snaps = [s for s in snaps if s.snapshot.venv == venv]
             if not snaps:
                 where = f" of {venv}" if venv else ""
                 raise NotFoundError(f"no snapshot{where} in {self.root}; run `envvault snap` first")
