@@ -106,5 +106,462 @@ def have_client() -> bool:
 
 
 def open_vault(vault_cls: Any, url: str, *, create: bool = False) -> Any:
-    """The Vault at ``url`` (called by ``Vault.open``)."""
-    raise UsageError(f"{_redact(url)}: S3 vaults are not wired into this build yet")
+    """The Vault at ``url`` (called by ``Vault.open``): objects in the bucket, an :class:`ObjectCache` and the
+    machine-local state in this node's cache folder for that vault (``envvault/vault/objcache.py``)."""
+    from envvault.vault.objcache import ObjectCache, vault_cache_dir
+    from envvault.vault.state import LocalState
+
+    parsed = parse_s3_url(url)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    home = vault_cache_dir(f"{endpoint}|{parsed}")
+    state = LocalState(home / "state", home / "tmp", home / "locks")
+    try:
+        for sub in ("state", "tmp", "locks", "objects"):
+            (home / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as err:
+        raise StorageError(f"cannot make the local cache {home}: {err.strerror or err}; set ENVVAULT_CACHE_DIR")
+    backend = S3Backend(str(parsed), cache=ObjectCache(home / "objects"))
+    return vault_cls.from_backend(backend, state, create=create)
+
+
+# -- the backend -----------------------------------------------------------------------------------------
+
+_T = TypeVar("_T")
+_ID = re.compile(r"^[0-9a-f]{64}$")
+_SUFFIX = {"packs": ".pack", "index": ".idx", "snapshots": ".json", "tags": "", "locks": ".json"}
+_CONFIG_NAMES = {"config": "config.json", "settings": "settings.json"}
+# Attempts of one call after obstore's own retries (5xx, dropped connections) gave up, with backoff.
+RETRIES = int(os.environ.get("ENVVAULT_S3_RETRIES", "6"))
+
+
+def _ob():
+    import obstore
+
+    return obstore
+
+
+class _Errors:
+    """obstore's exceptions, grouped (some come as the builtin OSError kinds)."""
+
+    def __init__(self) -> None:
+        import obstore.exceptions as e
+
+        self.NotFoundError = (e.NotFoundError, FileNotFoundError)
+        self.AlreadyExistsError = (e.AlreadyExistsError, FileExistsError)
+        self.PreconditionError = (e.PreconditionError,)
+        self.NotSupportedError = (e.NotSupportedError, NotImplementedError)
+        self.denied = (e.PermissionDeniedError, e.UnauthenticatedError, PermissionError)
+        self.BaseError = (e.BaseError, OSError)
+
+
+_ERRORS: _Errors | None = None
+
+
+def _exc() -> _Errors:
+    global _ERRORS
+    if _ERRORS is None:
+        _ERRORS = _Errors()
+    return _ERRORS
+
+
+def _aws_profile() -> dict[str, str]:
+    """Static keys, region and endpoint of ``AWS_PROFILE`` from ~/.aws/credentials and ~/.aws/config, for what
+    the AWS_* variables leave unset (obstore reads the variables itself)."""
+    import configparser
+
+    profile = os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE") or "default"
+    home = Path.home()
+    cred_file = Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials")
+    conf_file = Path(os.environ.get("AWS_CONFIG_FILE") or home / ".aws" / "config")
+    out: dict[str, str] = {}
+    for path, section in ((conf_file, profile if profile == "default" else f"profile {profile}"),
+                          (cred_file, profile)):
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path)
+        except (OSError, configparser.Error):
+            continue
+        if parser.has_section(section):
+            out.update({k.strip().lower(): v.strip() for k, v in parser.items(section)})
+    if os.environ.get("AWS_PROFILE") and not out:
+        raise UsageError(f"AWS profile {profile!r} is not in {cred_file} or {conf_file}")
+    return out
+
+
+def _make_store(url: S3Url):
+    from obstore.store import S3Store
+
+    config: dict[str, Any] = {}
+    if not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
+        prof = _aws_profile()
+        for ours, theirs in (("aws_access_key_id", "access_key_id"), ("aws_secret_access_key", "secret_access_key"),
+                             ("aws_session_token", "session_token")):
+            if prof.get(ours):
+                config[theirs] = prof[ours]
+        if not os.environ.get("AWS_REGION") and not os.environ.get("AWS_DEFAULT_REGION") and prof.get("region"):
+            config["region"] = prof["region"]
+        if not (os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")) and \
+                prof.get("endpoint_url"):
+            config["endpoint"] = prof["endpoint_url"]
+    endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or config.get("region")):
+        config["region"] = "us-east-1"
+    if endpoint:
+        config["endpoint"] = endpoint
+        config.setdefault("virtual_hosted_style_request", False)
+    client: dict[str, Any] = {"timeout": os.environ.get("ENVVAULT_S3_TIMEOUT", "120s"), "connect_timeout": "10s"}
+    if endpoint and endpoint.startswith("http://"):
+        client["allow_http"] = True
+    retry = {"max_retries": 4, "retry_timeout": _td(60),
+             "backoff": {"init_backoff": _td(0.1), "max_backoff": _td(5), "base": 2}}
+    return S3Store(url.bucket, prefix=url.prefix or None, config=config, client_options=client,
+                   retry_config=retry)
+
+
+def _td(seconds: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+class S3Backend:
+    """A vault's shared objects in ``s3://BUCKET/PREFIX``, under the names of the local tree (docs/format.md,
+    "Object storage"): ``config.json``, ``packs/<aa>/<id>.pack``, ``index/<id>.idx``, ``snapshots/<id>.json``,
+    ``tags/<name>``; lock objects ``locks/<name>-<holder>.json``.
+
+    ``cache``: a :class:`~envvault.vault.cache.ObjectCache` for immutable objects (packs, index files,
+    snapshots): each is read from the bucket once per node, whole, checked against its name, then read
+    locally; packs this node uploads go into it instead of being deleted."""
+
+    def __init__(self, url: str, *, store: Any = None, cache: Any = None):
+        self.url = parse_s3_url(url)
+        self.location = str(self.url)
+        self.store = store if store is not None else _make_store(self.url)
+        self.cache = cache
+        self.requests = 0  # calls made to the bucket (tests and `--debug` figures)
+        self._lost: list[str] = []  # locks whose object vanished while held (gc called them stale)
+        self._held: dict[str, dict] = {}
+
+    # -- names ----------------------------------------------------------------------------------
+    def key(self, kind: str, name: str) -> str:
+        check_kind(kind)
+        if not name or "/" in name or "\0" in name or name in (".", "..") or name.startswith("."):
+            raise ValueError(f"bad object name {name!r}")
+        if kind == "config":
+            try:
+                return _CONFIG_NAMES[name]
+            except KeyError:
+                raise ValueError(f"bad config name {name!r}") from None
+        if kind == "packs":
+            return f"packs/{name[:2]}/{name}.pack"
+        return f"{kind}/{name}{_SUFFIX[kind]}"
+
+    def where(self, kind: str, name: str) -> str:
+        return f"{self.location}/{self.key(kind, name)}"
+
+    # -- calls, retried ---------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        """``fn()`` with retries and backoff on what may pass (timeouts, 5xx, cut connections); an error that
+        will not pass (credentials, a missing bucket) is one StorageError line at once."""
+        exc = _exc()
+        delay = 0.2
+        for attempt in range(RETRIES):
+            self.requests += 1
+            try:
+                return fn()
+            except exc.NotFoundError + exc.AlreadyExistsError + exc.PreconditionError + exc.NotSupportedError as err:
+                fatal = _fatal_reason(str(err))
+                if fatal:  # a 404 for the bucket, not the object
+                    raise StorageError(f"{self.location}: {fatal}") from None
+                raise
+            except _TooBig:
+                raise
+            except exc.denied as err:
+                raise StorageError(f"{self.location}: access denied ({_first_line(err)}); check AWS_ACCESS_KEY_ID/"
+                                   "AWS_SECRET_ACCESS_KEY or AWS_PROFILE") from None
+            except exc.BaseError as err:
+                text = str(err)
+                fatal = _fatal_reason(text)
+                if fatal:
+                    raise StorageError(f"{self.location}: {fatal}") from None
+                if attempt == RETRIES - 1:
+                    raise StorageError(f"{self.location}: {what} failed after {RETRIES} attempts: "
+                                       f"{_first_line(err)}") from None
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    # -- the Backend protocol -----------------------------------------------------------------------
+    def save(self, kind: str, name: str, data: bytes, *, exclusive: bool = False) -> bool:
+        key = self.key(kind, name)
+        if kind == "snapshots" and self._lost:
+            raise StorageError(f"{self.location}: the lock {self._lost[0]} was taken away (stale by "
+                               "docs/format.md's rule) while this command ran; nothing was committed, run it again")
+        ob, exc = _ob(), _exc()
+        try:
+            self._call(f"writing {key}", lambda: ob.put(self.store, key, bytes(data),
+                                                        mode="create" if exclusive else "overwrite",
+                                                        use_multipart=False))
+        except exc.AlreadyExistsError + exc.PreconditionError:
+            return False
+        except exc.NotSupportedError:  # a store without conditional writes: best effort
+            if exclusive and self._exists(key):
+                return False
+            self._call(f"writing {key}", lambda: ob.put(self.store, key, bytes(data), use_multipart=False))
+        if self.cache is not None and kind in ("index", "snapshots"):
+            self.cache.put_bytes(kind, name, data)
+        return True
+
+    def save_file(self, kind: str, name: str, local_path: Path) -> None:
+        local_path = Path(local_path)
+        key = self.key(kind, name)
+        ob, exc = _ob(), _exc()
+        size = local_path.stat().st_size
+        try:
+            if size <= (64 << 20):
+                data = local_path.read_bytes()
+                self._call(f"writing {key}", lambda: ob.put(self.store, key, data, mode="create",
+                                                            use_multipart=False))
+            else:  # a large object: multipart (overwrite: its name is its content)
+                self._call(f"writing {key}", lambda: ob.put(self.store, key, local_path, chunk_size=8 << 20,
+                                                            max_concurrency=8))
+        except exc.AlreadyExistsError + exc.PreconditionError:
+            pass  # the same name holds the same bytes
+        if self.cache is not None and kind in ("packs", "index", "snapshots"):
+            self.cache.adopt(kind, name, local_path)
+        else:
+            local_path.unlink(missing_ok=True)
+
+    def load(self, kind: str, name: str, offset: int = 0, length: int | None = None, *,
+             limit: int = DEFAULT_LIMIT) -> bytes:
+        key = self.key(kind, name)
+        if self.cache is not None and kind in ("packs", "index", "snapshots"):
+            where = self.where(kind, name)
+            for attempt in range(3):
+                data = self.cache.read(kind, name, offset, length, limit, where)
+                if data is not None:
+                    return data
+                try:
+                    self._fetch_into_cache(kind, name, key, limit if kind != "packs" else None)
+                except CorruptError:
+                    if attempt:
+                        raise
+            raise ReadFailed(f"cannot keep {where} in the local cache {self.cache.root}", "evicted")
+        ob, exc = _ob(), _exc()
+        try:
+            if length is None:
+                def whole():
+                    res = ob.get(self.store, key)
+                    size = res.meta["size"]
+                    if size > limit:
+                        raise _TooBig(size)
+                    return bytes(res.bytes())
+
+                try:
+                    return self._call(f"reading {key}", whole)[offset:]
+                except _TooBig as big:
+                    raise CorruptError(f"{self.where(kind, name)} is {big.size} bytes, over the limit of {limit}")
+            if length <= 0:
+                return b""
+            return bytes(self._call(f"reading {key}", lambda: ob.get_range(self.store, key, start=offset,
+                                                                          length=length)))
+        except exc.NotFoundError:
+            raise Missing(f"{kind} {name} not found in {self.location}") from None
+        except StorageError as err:
+            if length is not None and "range" in str(err).lower():
+                return b""  # a range past the end
+            raise ReadFailed(str(err), str(err)) from None
+
+    def _fetch_into_cache(self, kind: str, name: str, key: str, limit: int | None) -> None:
+        ob, exc = _ob(), _exc()
+
+        def fetch():
+            res = ob.get(self.store, key)
+            if limit is not None and res.meta["size"] > limit:
+                raise _TooBig(res.meta["size"])
+            return res
+
+        try:
+            res = self._call(f"reading {key}", fetch)
+            self.cache.put_stream(kind, name, res, self.where(kind, name))
+        except exc.NotFoundError:
+            raise Missing(f"{kind} {name} not found in {self.location}") from None
+        except _TooBig as big:
+            raise CorruptError(f"{self.where(kind, name)} is {big.size} bytes, over the limit of {limit}") from None
+
+    def stat(self, kind: str, name: str) -> ObjectInfo:
+        key = self.key(kind, name)
+        ob, exc = _ob(), _exc()
+        try:
+            meta = self._call(f"reading {key}", lambda: ob.head(self.store, key))
+        except exc.NotFoundError:
+            raise Missing(f"{kind} {name} not found in {self.location}") from None
+        return ObjectInfo(name, int(meta["size"]))
+
+    def _exists(self, key: str) -> bool:
+        ob, exc = _ob(), _exc()
+        try:
+            self._call(f"reading {key}", lambda: ob.head(self.store, key))
+            return True
+        except exc.NotFoundError:
+            return False
+
+    def _list_meta(self, prefix: str) -> list[dict]:
+        ob = _ob()
+
+        def run():
+            out = []
+            for batch in ob.list(self.store, prefix, chunk_size=1000):
+                out.extend(batch)
+            return out
+
+        try:
+            return self._call(f"listing {prefix}", run)
+        except _exc().NotFoundError:
+            return []
+
+    def list(self, kind: str) -> list[str]:
+        check_kind(kind)
+        if kind == "config":
+            return [n for n, key in _CONFIG_NAMES.items() if self._exists(key)]
+        suffix = _SUFFIX[kind]
+        out = []
+        for meta in self._list_meta(f"{kind}/"):
+            rest = meta["path"][len(kind) + 1:]
+            if kind == "packs":
+                aa, _, rest = rest.partition("/")
+                if "/" in rest or not rest.startswith(aa):
+                    continue
+            if "/" in rest or not rest.endswith(suffix) or rest.startswith("."):
+                continue
+            name = rest[: len(rest) - len(suffix)] if suffix else rest
+            if kind in ("packs", "index", "snapshots") and not _ID.match(name):
+                continue
+            if name:
+                out.append(name)
+        return out
+
+    def remove(self, kind: str, name: str) -> bool:
+        key = self.key(kind, name)
+        if not self._exists(key):
+            return False
+        self._call(f"deleting {key}", lambda: _ob().delete(self.store, key))
+        if self.cache is not None and kind in ("packs", "index", "snapshots"):
+            self.cache.discard(kind, name)
+        return True
+
+    # -- locks (docs/format.md, "Object storage") ------------------------------------------------------
+    @contextmanager
+    def lock(self, name: str, *, exclusive: bool, wait: bool = True) -> Iterator[bool]:
+        if not name or "/" in name or name.startswith("."):
+            raise ValueError(f"bad lock name {name!r}")
+        me = f"{name}-{uuid.uuid4().hex}"
+        key = f"locks/{me}.json"
+        body = {"lock": name, "exclusive": exclusive, "hostname": socket.gethostname(), "pid": os.getpid()}
+        ob = _ob()
+        delay = 0.1
+        while True:
+            self._put_lock(key, body)
+            conflict = self._conflict(name, me, exclusive)
+            if conflict is None:
+                break
+            self._call(f"deleting {key}", lambda: ob.delete(self.store, key))
+            if not wait:
+                yield False
+                return
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+        stop = threading.Event()
+        refresher = threading.Thread(target=self._refresh, args=(key, body, me, stop), daemon=True)
+        refresher.start()
+        try:
+            yield True
+        finally:
+            stop.set()
+            refresher.join()
+            try:
+                self._call(f"deleting {key}", lambda: ob.delete(self.store, key))
+            except StorageError:
+                pass  # it goes stale
+
+    def _put_lock(self, key: str, body: dict) -> None:
+        import json
+
+        body = dict(body, time=time.time())
+        data = json.dumps(body, sort_keys=True).encode()
+        self._call(f"writing {key}", lambda: _ob().put(self.store, key, data, use_multipart=False))
+
+    def _conflict(self, name: str, me: str, exclusive: bool) -> str | None:
+        """Another live lock object of ``name`` that excludes this one (removing stale ones on the way)."""
+        import json
+
+        mine_re = re.compile(rf"^locks/({re.escape(name)}-[0-9a-f]{{32}})\.json$")
+        metas = {}
+        for m in self._list_meta("locks/"):
+            hit = mine_re.match(m["path"])
+            if hit:
+                metas[hit.group(1)] = m
+        mine = metas.get(me)
+        if mine is None:
+            return None if not metas else next(iter(metas))  # our own write is not listed yet: try again
+        now = mine["last_modified"]  # the server's clock, not ours
+        host = socket.gethostname()
+        for other, meta in metas.items():
+            if other == me:
+                continue
+            try:
+                doc = json.loads(bytes(_ob().get(self.store, meta["path"]).bytes()))
+            except Exception:  # noqa: BLE001 - gone since listed, or unreadable: judge by its age
+                doc = {}
+            age = (now - meta["last_modified"]).total_seconds()
+            dead_here = doc.get("hostname") == host and isinstance(doc.get("pid"), int) and not _alive(doc["pid"])
+            if age > LOCK_STALE_SECONDS or dead_here:
+                try:
+                    _ob().delete(self.store, meta["path"])
+                except Exception:  # noqa: BLE001
+                    pass
+                continue
+            if exclusive or doc.get("exclusive", True):
+                return other
+        return None
+
+    def _refresh(self, key: str, body: dict, me: str, stop: threading.Event) -> None:
+        while not stop.wait(LOCK_REFRESH_SECONDS):
+            try:
+                if not self._exists(key):
+                    self._lost.append(me)
+                    return
+                self._put_lock(key, body)
+            except StorageError:
+                continue
+
+
+class _TooBig(Exception):
+    def __init__(self, size: int):
+        self.size = size
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300] if text else type(err).__name__
+
+
+def _fatal_reason(text: str) -> str | None:
+    low = text.lower()
+    if "nosuchbucket" in low or "bucket does not exist" in low or "specified bucket does not exist" in low:
+        return "the bucket does not exist (create it, or fix the URL)"
+    if "invalidaccesskeyid" in low or "signaturedoesnotmatch" in low or "accessdenied" in low or " 403" in low:
+        return "access denied; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE"
+    if "no credentials" in low or "missing credentials" in low:
+        return "no credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+    return None

@@ -1,0 +1,173 @@
+"""A real S3 server for the tests: moto's standalone server on 127.0.0.1, a free port, one per session.
+
+Use the fixture ``s3_server`` (import it into a test module): it yields an :class:`S3Server` whose ``env()``
+gives the AWS variables that point envvault at it, and ``bucket()`` makes a fresh bucket. Also a fault
+proxy (``FaultProxy``) that stands between envvault and the server and returns 500s or cuts connections.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+__all__ = ["S3Server", "s3_server", "FaultProxy", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    KEY, SECRET, REGION = "testing-key", "testing-secret", "us-east-1"
+
+    def __init__(self, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(log, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/moto-api/", timeout=1).read()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto server did not start (see {log})") from None
+                time.sleep(0.1)
+
+    def env(self, endpoint: str | None = None) -> dict[str, str]:
+        return {"AWS_ENDPOINT_URL": endpoint or self.url, "AWS_ACCESS_KEY_ID": self.KEY,
+                "AWS_SECRET_ACCESS_KEY": self.SECRET, "AWS_REGION": self.REGION}
+
+    def bucket(self, name: str | None = None) -> str:
+        """Make a bucket (PUT /name, unsigned: moto accepts it) and return its name."""
+        name = name or f"b-{uuid.uuid4().hex[:12]}"
+        req = urllib.request.Request(f"{self.url}/{name}", method="PUT")
+        urllib.request.urlopen(req, timeout=30).read()
+        return name
+
+    def keys(self, bucket: str, prefix: str = "") -> list[str]:
+        import obstore
+        from obstore.store import S3Store
+
+        store = S3Store(bucket, endpoint=self.url, region=self.REGION, access_key_id=self.KEY,
+                        secret_access_key=self.SECRET, client_options={"allow_http": True},
+                        virtual_hosted_style_request=False)
+        return sorted(m["path"] for batch in obstore.list(store, prefix or None) for m in batch)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class FaultProxy:
+    """A TCP proxy on 127.0.0.1 in front of ``target`` (host, port). While ``faults`` is on, each new
+    connection, with probability ``rate``, gets an HTTP 500 (and is closed), or is cut after part of the
+    request went through. ``counts`` says what it did."""
+
+    def __init__(self, target_port: int, rate: float = 0.2, seed: int = 12):
+        self.target = ("127.0.0.1", target_port)
+        self.rate = rate
+        self.faults = True
+        self.forbid = False  # answer every request 403 InvalidAccessKeyId (a wrong credential)
+        self.rng = random.Random(seed)
+        self.counts = {"connections": 0, "500": 0, "cut": 0}
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.counts["connections"] += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        roll = self.rng.random() if self.faults else 1.0
+        try:
+            if self.forbid:
+                conn.recv(65536)
+                body = (b"<Error><Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you provided does "
+                        b"not exist in our records.</Message></Error>")
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                conn.close()
+                return
+            if roll < self.rate / 2:
+                conn.recv(65536)
+                self.counts["500"] += 1
+                body = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+                conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\n"
+                             b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                conn.close()
+                return
+            up = socket.create_connection(self.target)
+        except OSError:
+            conn.close()
+            return
+        cut_after = self.rng.randint(1, 200_000) if roll < self.rate else None
+        if cut_after is not None:
+            self.counts["cut"] += 1
+
+        def pump(src: socket.socket, dst: socket.socket, budget: int | None) -> None:
+            sent = 0
+            try:
+                while True:
+                    data = src.recv(65536)
+                    if not data:
+                        break
+                    if budget is not None and sent + len(data) > budget:
+                        dst.sendall(data[: max(budget - sent, 0)])
+                        break
+                    dst.sendall(data)
+                    sent += len(data)
+            except OSError:
+                pass
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+        threading.Thread(target=pump, args=(conn, up, cut_after), daemon=True).start()
+        pump(up, conn, None)
+
+    def close(self) -> None:
+        self._stop = True
+        self.sock.close()
