@@ -144,6 +144,9 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
                 done += sum(s.spec.size for s in result)
                 if progress:
                     progress(done)
+        except BaseException:
+            failed.set()  # the other threads stop at their next file
+            raise
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)

@@ -1,0 +1,129 @@
+"""The one materializer (envvault/materialize.py) and the restore journal record (envvault/model/journal.py),
+in process: staging in pack order with size and sha256 checks, what a failure leaves (nothing), placing with
+and without overwriting, the final-tree refusal; the journal's parser, its problems and its exact bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from envvault import materialize
+from envvault.errors import CorruptError, RefusedError
+from envvault.materialize import FileSpec
+from envvault.model.journal import Journal, parse_journal
+from envvault.vault.ingest import b64_sha256
+
+
+class _Reader:
+    """The two things the materializer asks of an ObjectReader: ``index`` (pack positions) and ``get``."""
+
+    def __init__(self, blobs: dict[str, bytes]):
+        self.blobs = blobs
+        self.index = {oid: (f"pack{i % 3}", i, 0, i, len(b), "b") for i, (oid, b) in enumerate(blobs.items())}
+
+    def get(self, oid: str) -> memoryview:
+        return memoryview(self.blobs[oid])
+
+
+def _spec(path: str, data: bytes, oid: str, **kw) -> FileSpec:
+    return FileSpec(path, (oid,), len(data), b64_sha256(hashlib.sha256(data).digest()), 0o755, **kw)
+
+
+def _tmp(final: str) -> str:
+    head, name = os.path.split(final)
+    return os.path.join(head, f".{name}.test.tmp")
+
+
+def _files(root) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+def test_stage_then_place_writes_every_file_checked(tmp_path):
+    blobs = {f"o{i}": f"data {i}".encode() * (i + 1) for i in range(40)}
+    specs = [_spec(f"f{i}", data, oid) for i, (oid, data) in enumerate(blobs.items())]
+    seen: list[int] = []
+    staged = materialize.stage(_Reader(blobs), tmp_path, specs, _tmp, progress=seen.append, workers=3)
+    assert sorted(s.spec.path for s in staged) == sorted(s.path for s in specs)
+    assert seen and seen[-1] == sum(s.size for s in specs)
+    assert _files(tmp_path) == sorted(f".f{i}.test.tmp" for i in range(40))  # nothing under a final name yet
+    for s in staged:
+        assert materialize.place(s)
+    assert _files(tmp_path) == sorted(f"f{i}" for i in range(40))
+    assert (tmp_path / "f3").read_bytes() == blobs["o3"] and (tmp_path / "f3").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_lying_object_stages_nothing(tmp_path):
+    blobs = {f"o{i}": b"x" * i for i in range(1, 30)}
+    specs = [_spec(f"f{i}", blobs[f"o{i}"], f"o{i}", owner="pkg 1.0") for i in range(1, 30)]
+    specs[20] = FileSpec("f21", ("o21",), 21, b64_sha256(hashlib.sha256(b"other").digest()), 0o644, owner="pkg 1.0")
+    with pytest.raises(CorruptError, match=r"f21 \(pkg 1.0\): the vault's objects do not make the archived file"):
+        materialize.stage(_Reader(blobs), tmp_path, specs, _tmp, workers=2)
+    assert _files(tmp_path) == []  # every temp file of the run is gone
+
+
+def test_a_short_file_is_refused(tmp_path):
+    blobs = {"o": b"abc"}
+    spec = FileSpec("f", ("o",), 4, None, 0o644)
+    with pytest.raises(CorruptError, match="3 bytes, recorded 4"):
+        materialize.stage(_Reader(blobs), tmp_path, [spec], _tmp)
+    assert _files(tmp_path) == []
+
+
+def test_keep_existing_never_overwrites(tmp_path):
+    blobs = {"o": b"new"}
+    (staged,) = materialize.stage(_Reader(blobs), tmp_path, [_spec("f", b"new", "o")], _tmp)
+    (tmp_path / "f").write_bytes(b"appeared meanwhile")
+    assert materialize.place(staged, keep_existing=True) is False
+    assert (tmp_path / "f").read_bytes() == b"appeared meanwhile" and _files(tmp_path) == ["f"]
+
+
+def test_symlinks_are_staged_and_placed(tmp_path):
+    (staged,) = materialize.stage(_Reader({}), tmp_path, [FileSpec("l", link="target")], _tmp)
+    materialize.place(staged)
+    assert os.readlink(tmp_path / "l") == "target"
+    assert materialize.place_link("t2", str(tmp_path / "l"), _tmp) and os.readlink(tmp_path / "l") == "t2"
+    assert materialize.place_link("t3", str(tmp_path / "l"), _tmp, keep_existing=True) is False
+
+
+def test_refuse_escapes_names_each_entry(tmp_path):
+    with pytest.raises(RefusedError, match=r"refusing to restore X: up/f: lies under up, a symlink this restore creates; up: is a symlink that leads out"):
+        materialize.refuse_escapes(tmp_path, "refusing to restore X", links={"up": "../.."}, entries=["up/f"])
+    materialize.refuse_escapes(tmp_path, "refusing", links={"ok": "a/b"}, entries=["a/b"])
+
+
+# -- the journal record ----------------------------------------------------------------------------
+
+
+def _journal_doc() -> dict:
+    return {"format": 1, "snapshot": "ab" * 32, "backup": None, "pid": 41, "started": "2026-11-30T21:00:00Z",
+            "staging_dirs": ["", "lib/python3.11/site-packages/pkg"], "removals": ["bin/old"],
+            "writes": ["lib/python3.11/site-packages/pkg/__init__.py"],
+            "dist_infos": ["lib/python3.11/site-packages/pkg-1.0.dist-info"], "protected": [".", "bin"]}
+
+
+def test_journal_round_trips_byte_for_byte():
+    doc = _journal_doc()
+    journal = parse_journal(doc)
+    assert journal.pid == 41 and journal.writes == ("lib/python3.11/site-packages/pkg/__init__.py",)
+    # the bytes the restore has always written: the format's key order, compact separators
+    assert json.dumps(journal.to_dict(), separators=(",", ":")) == json.dumps(doc, separators=(",", ":"))
+
+
+def test_journal_parser_names_every_problem():
+    doc = {**_journal_doc(), "pid": "41", "removals": ["ok", 3, "a\x00b"], "writes": {}, "format": 2}
+    with pytest.raises(CorruptError) as err:
+        parse_journal(doc, "J")
+    text = str(err.value)
+    for part in ("format: 2 is newer", "pid: expected an integer", "removals[1]: expected a string",
+                 "removals[2]: expected a string", "writes: expected a list"):
+        assert part in text, text
+
+
+def test_a_damaged_journal_is_salvaged():
+    salvaged = Journal.salvage({**_journal_doc(), "removals": ["ok", 3], "writes": "x", "snapshot": 5})
+    assert salvaged.removals == ("ok",) and salvaged.writes == () and salvaged.snapshot is None
+    assert salvaged.staging_dirs == ("", "lib/python3.11/site-packages/pkg")
+    assert Journal.salvage([1, 2]) == Journal(snapshot=None)
