@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .manifest import parse_manifest
-from .snap import entry_key, summarise_entries
+from ..model.cache import parse_manifest
+from .entries import entry_key, summarise_entries
 
 __all__ = ["FingerprintRow", "CachePair", "CacheDiff", "diff_caches", "fingerprint_rows"]
 

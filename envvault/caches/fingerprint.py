@@ -3,9 +3,10 @@
 Inductor keys each entry by torch's version and a hash of torch's source files (``torch_key``), the
 Triton build, ``torch.version.cuda``, the GPU name and its config; Triton keys kernels by its own build,
 the target arch and a set of environment variables. When any of them differ, torch silently ignores
-a restored cache. ``fingerprint_venv`` reads those facts from a venv's files (torch is never imported),
-``_tree.fingerprint_from_tree`` reads what a cache tree says about the environment that wrote it, and
-``compare`` names each difference in one line a person can act on.
+a restored cache. ``fingerprint_venv`` reads those facts from a venv's files through its environment reader
+(torch is never imported), ``_tree.fingerprint_from_tree`` reads what a cache tree says about the
+environment that wrote it, and ``compare`` names each difference in one line a person can act on. The
+records (``Fingerprint``, ``GpuInfo``) live in ``envvault.model.cache``.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
-from ..errors import CorruptError
-from ..env.static import find_dist_info, module_constants, record_digest
 from ..env.reader import reader_for
+from ..env.static import find_dist_info, module_constants, record_digest
+from ..model.cache import FINGERPRINT_FORMAT as FORMAT
+from ..model.cache import Fingerprint, GpuInfo  # the records (re-exported here)
 from . import _torchkey
 
 __all__ = [
@@ -32,8 +34,6 @@ __all__ = [
     "compile_env",
     "probe_gpus",
 ]
-
-FORMAT = 1
 
 _PREFIXES = ("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_", "INDUCTOR_")
 # Triton's CACHE_INVALIDATING_ENV_VARS (include/triton/Tools/Sys/GetEnv.hpp, Triton 3.x) without a
@@ -57,125 +57,6 @@ _LOCATION_VARS = frozenset(
 # What torch's repro header records (torch/_dynamo/debug_utils.py, generate_env_vars_string).
 _REPRO_WORDS = ("TORCH", "DYNAMO", "INDUCTOR", "TRITON")
 _REPRO_SKIPPED = frozenset({"TRITON_LIBDEVICE_PATH", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH"})
-
-EnvScope = Literal["process", "repro", "none"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuInfo:
-    """One GPU: its name as torch reports it, compute capability (``"9.0"``) and driver, when known."""
-
-    name: str
-    compute_cap: str | None = None
-    driver: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fingerprint:
-    """The environment a cache was built in (or would be used in).
-
-    None means unknown, except in a fingerprint of a venv (``origin == "venv"``), where ``torch_version``
-    or ``triton_version`` None means not installed. ``torch_cuda`` / ``torch_hip`` are known exactly when
-    ``torch_version`` is (None then means a build without CUDA / ROCm). ``gpus`` is None when unknown and
-    empty when none was found. ``env`` holds the compile-related variables (see ``compile_env``);
-    ``env_scope`` says which of them the source could see: all (``process``), only those torch's repro
-    header records (``repro``) or none.
-    """
-
-    origin: Literal["venv", "tree"]
-    torch_version: str | None = None
-    torch_git_version: str | None = None
-    torch_cuda: str | None = None
-    torch_hip: str | None = None
-    torch_record: str | None = None
-    torch_source_key: str | None = None
-    torch_key_hash: str | None = None
-    triton_version: str | None = None
-    triton_record: str | None = None
-    gpus: tuple[GpuInfo, ...] | None = None
-    python_version: str | None = None
-    env: tuple[tuple[str, str], ...] = ()
-    env_scope: EnvScope = "none"
-    notes: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (``format`` 1); ``from_dict`` reads it back."""
-        return {
-            "format": FORMAT,
-            "origin": self.origin,
-            "torch": {
-                "version": self.torch_version,
-                "git_version": self.torch_git_version,
-                "cuda": self.torch_cuda,
-                "hip": self.torch_hip,
-                "record_blake3": self.torch_record,
-                "source_key": self.torch_source_key,
-                "key_hash": self.torch_key_hash,
-            },
-            "triton": {"version": self.triton_version, "record_blake3": self.triton_record},
-            "gpus": None
-            if self.gpus is None
-            else [{"name": g.name, "compute_cap": g.compute_cap, "driver": g.driver} for g in self.gpus],
-            "python": self.python_version,
-            "env": dict(self.env),
-            "env_scope": self.env_scope,
-            "notes": list(self.notes),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
-        """Parse ``to_dict`` output; raises ``CorruptError`` naming every bad field."""
-        problems: list[str] = []
-        if not isinstance(data, Mapping):
-            raise CorruptError("fingerprint: not a JSON object")
-        if data.get("format") != FORMAT:
-            problems.append(f"format: expected {FORMAT}, got {data.get('format')!r}")
-        origin = data.get("origin")
-        if origin not in ("venv", "tree"):
-            problems.append(f"origin: expected 'venv' or 'tree', got {origin!r}")
-        torch = _section(data, "torch", problems)
-        triton = _section(data, "triton", problems)
-        text = {
-            f"torch.{k}": torch.get(k)
-            for k in ("version", "git_version", "cuda", "hip", "record_blake3", "source_key", "key_hash")
-        }
-        text.update({f"triton.{k}": triton.get(k) for k in ("version", "record_blake3")})
-        text["python"] = data.get("python")
-        for where, value in text.items():
-            if value is not None and not isinstance(value, str):
-                problems.append(f"{where}: expected a string or null")
-        gpus = _parse_gpus(data.get("gpus"), problems)
-        env = data.get("env", {})
-        if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
-            problems.append("env: expected an object of strings")
-            env = {}
-        scope = data.get("env_scope", "none")
-        if scope not in ("process", "repro", "none"):
-            problems.append(f"env_scope: unknown {scope!r}")
-        notes = data.get("notes", [])
-        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-            problems.append("notes: expected a list of strings")
-            notes = []
-        if problems:
-            raise CorruptError("fingerprint: " + "; ".join(problems))
-        return cls(
-            origin=origin,
-            torch_version=text["torch.version"],
-            torch_git_version=text["torch.git_version"],
-            torch_cuda=text["torch.cuda"],
-            torch_hip=text["torch.hip"],
-            torch_record=text["torch.record_blake3"],
-            torch_source_key=text["torch.source_key"],
-            torch_key_hash=text["torch.key_hash"],
-            triton_version=text["triton.version"],
-            triton_record=text["triton.record_blake3"],
-            gpus=gpus,
-            python_version=text["python"],
-            env=tuple(sorted(env.items())),
-            env_scope=scope,
-            notes=tuple(notes),
-        )
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Mismatch:
@@ -415,30 +296,3 @@ def _gpu_row(line: str, fields: str) -> GpuInfo:
     cells = [c.strip() for c in line.split(",")]
     row = dict(zip(fields.split(","), cells))
     return GpuInfo(name=row.get("name", ""), compute_cap=row.get("compute_cap"), driver=row.get("driver_version"))
-
-
-def _section(data: Mapping[str, Any], key: str, problems: list[str]) -> Mapping[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, Mapping):
-        problems.append(f"{key}: expected an object")
-        return {}
-    return value
-
-
-def _parse_gpus(value: Any, problems: list[str]) -> tuple[GpuInfo, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        problems.append("gpus: expected a list or null")
-        return None
-    gpus = []
-    for i, g in enumerate(value):
-        if not isinstance(g, Mapping) or not isinstance(g.get("name"), str):
-            problems.append(f"gpus[{i}]: expected an object with a string name")
-            continue
-        cap, driver = g.get("compute_cap"), g.get("driver")
-        if not all(v is None or isinstance(v, str) for v in (cap, driver)):
-            problems.append(f"gpus[{i}]: compute_cap and driver must be strings or null")
-            continue
-        gpus.append(GpuInfo(name=g["name"], compute_cap=cap, driver=driver))
-    return tuple(gpus)

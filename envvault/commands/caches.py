@@ -158,7 +158,7 @@ def cache_list(ctx, snapshot_id, where, venv, as_json):
     doc: dict = {}
     if where:
         from envvault.caches.discover import discover_caches, usable_kinds
-        from envvault.caches.snap import locations_to_snap
+        from envvault.caches.roots import locations_to_snap
 
         target = _venv(venv)
         extra = configured_dirs(vault.settings(), target)

@@ -19,7 +19,6 @@ from envvault.errors import UsageError
 
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
-    from envvault.env.reader import Memo
 
 __all__ = ["VenvReader"]
 
@@ -31,7 +30,8 @@ class VenvReader:
 
     kind = "venv"
 
-    def __init__(self, prefix: Path, memo: Memo | None = None) -> None:
+    def __init__(self, prefix: Path, memo=None) -> None:
+        """``memo``: a ``reader.Memo`` (the snap's stat cache) to keep the interpreter's answers in."""
         self.prefix = Path(prefix)
         self._memo = memo
         self._interp: Interpreter | None = None
