@@ -13,17 +13,17 @@ less garbage are kept whole; their dead objects stay until more of the pack dies
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvvaultError
 from envvault.model.encoding import MAX_DOC_BYTES, object_id
-from envvault.vault.fsutil import read_regular, write_nofollow
+from envvault.vault.backend import Backend, Missing
 from envvault.vault.packs import read_frame
+from envvault.vault.schema import is_id
 from envvault.vault.store import Vault
+from envvault.vault.transaction import pack_writing
 from envvault.vault.verify import referenced_objects
 
 __all__ = ["GcResult", "collect_garbage", "REWRITE_DEAD_FRACTION"]
@@ -72,13 +72,15 @@ def _choose(vault: Vault, keep_last: int | None) -> tuple[list, list]:
     return keep, drop
 
 
-def _load_index(path: Path) -> dict | None:
+def _load_index(backend: Backend, name: str) -> dict | None:
     try:
-        doc = json.loads(read_regular(path, MAX_DOC_BYTES, f"index {path.name}"))
+        doc = json.loads(backend.load("index", name, limit=MAX_DOC_BYTES))
         if not isinstance(doc.get("objects"), dict) or not isinstance(doc.get("frames"), list):
             return None
+        if doc.get("pack") is not None and not is_id(doc["pack"]):
+            return None
         return doc
-    except (OSError, ValueError, AttributeError, CorruptError):
+    except (EnvvaultError, ValueError, AttributeError):
         return None
 
 
@@ -118,45 +120,38 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
             _drop_stat_caches(vault)
             crash_point("gc_caches_dropped")
             for s in drop:
-                try:
-                    os.unlink(vault.root / "snapshots" / f"{s.id}.json")
-                except FileNotFoundError:
-                    pass
+                vault.delete_snapshot(s.id)
                 crash_point("gc_snapshot_removed")
         removed_packs = rewritten = partial = removed_objects = 0
         freed = 0
         warnings: list[str] = []
-        idx_dir = vault.root / "index"
+        backend = vault.backend
         indexed: set[str] = set()
-        for name in sorted(os.listdir(idx_dir)) if idx_dir.is_dir() else []:
-            if not name.endswith(".idx"):
-                continue
-            idx_path = idx_dir / name
-            doc = _load_index(idx_path)
+        for name in sorted(backend.list("index")):
+            doc = _load_index(backend, name)
             if doc is None:
-                warnings.append(f"index {name} is unreadable; its pack is kept (run `envvault verify`)")
-                indexed.add(name[:-4])
+                warnings.append(f"index {name}.idx is unreadable; its pack is kept (run `envvault verify`)")
+                indexed.add(name)
                 continue
-            pack_id = doc.get("pack") or name[:-4]
+            pack_id = doc.get("pack") or name
             indexed.add(pack_id)
-            pack_path = vault.pack_path(pack_id)
             objects = doc["objects"]
             live_here = {oid for oid in objects if oid in live}
             try:
-                pack_size = pack_path.stat().st_size
-            except FileNotFoundError:
+                pack_size = backend.stat("packs", pack_id).size
+            except Missing:
                 warnings.append(f"pack {pack_id[:12]} is missing; its index is removed")
                 if not dry_run:
-                    idx_path.unlink(missing_ok=True)
+                    backend.remove("index", name)
                 continue
             if not live_here:
                 removed_packs += 1
                 removed_objects += len(objects)
                 freed += pack_size
                 if not dry_run:
-                    idx_path.unlink(missing_ok=True)  # index first: a pack without index is ignored
+                    backend.remove("index", name)  # index first: a pack without index is ignored
                     crash_point("gc_index_removed")
-                    pack_path.unlink(missing_ok=True)
+                    backend.remove("packs", pack_id)
                 continue
             total = sum(o[2] for o in objects.values())
             dead = sum(o[2] for oid, o in objects.items() if oid not in live_here)
@@ -170,25 +165,24 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
             if dry_run:
                 freed += int(pack_size * dead / max(total, 1))
                 continue
-            written = _rewrite(vault, pack_path, doc, live_here)
+            written = _rewrite(vault, pack_id, doc, live_here)
             crash_point("gc_rewritten")
-            idx_path.unlink(missing_ok=True)
+            backend.remove("index", name)
             crash_point("gc_index_removed")
-            pack_path.unlink(missing_ok=True)
+            backend.remove("packs", pack_id)
             freed += pack_size - written
         # Packs that never got an index (a writer killed between pack and index) are garbage; packs a
         # rewrite just made have theirs.
-        indexed |= {n[:-4] for n in os.listdir(idx_dir) if n.endswith(".idx")} if idx_dir.is_dir() else set()
-        packs_dir = vault.root / "packs"
-        for sub in sorted(packs_dir.iterdir()) if packs_dir.is_dir() else []:
-            if sub.is_symlink() or not sub.is_dir():  # never delete through a link (Vault.open refuses them)
-                continue
-            for p in sub.iterdir():
-                if p.suffix == ".pack" and p.stem not in indexed:
-                    freed += p.lstat().st_size
-                    removed_packs += 1
-                    if not dry_run:
-                        p.unlink(missing_ok=True)
+        indexed |= set(backend.list("index"))
+        for pack_id in sorted(backend.list("packs")):
+            if pack_id not in indexed:
+                try:
+                    freed += backend.stat("packs", pack_id).size
+                except Missing:
+                    continue
+                removed_packs += 1
+                if not dry_run:
+                    backend.remove("packs", pack_id)
         if not dry_run:
             vault.clean_tmp(older_than=_TMP_AGE)
     return GcResult(dry_run, tuple(s.id for s in keep), tuple(s.id for s in drop), removed_packs, rewritten,
@@ -197,40 +191,33 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
 
 def _drop_stat_caches(vault: Vault) -> None:
     """Forget every stat cache, and move the gc epoch on so a scan that loaded one earlier cannot save it back."""
-    state = vault.root / "state"
+    state = vault.state
     try:
-        write_nofollow(state / "gc-epoch", f"{time.time_ns()}\n".encode())
-        names = os.listdir(state)
+        state.write_in_place("gc-epoch", f"{time.time_ns()}\n".encode())
     except FileNotFoundError:
         return
-    for name in names:
+    for name in state.names():
         if name.startswith("stat-"):
             try:
-                os.unlink(state / name)
+                state.remove(name)
             except OSError:
                 pass
 
 
-def _rewrite(vault: Vault, pack_path: Path, doc: dict, live: set[str]) -> int:
+def _rewrite(vault: Vault, pack_id: str, doc: dict, live: set[str]) -> int:
     """Copy ``live`` objects of one pack into new packs; returns the compressed bytes written."""
     frames = doc["frames"]
     by_frame: dict[int, list] = {}
     for oid in live:
         fi, off, length, kind = doc["objects"][oid]
         by_frame.setdefault(fi, []).append((off, length, kind, oid))
-    writer = vault.writer()
-    try:
+    with pack_writing(vault) as writer:
         for fi in sorted(by_frame):
             fo, fl = frames[fi]
-            frame = read_frame(pack_path, fo, fl)
+            frame = read_frame(vault.backend, pack_id, fo, fl)
             for off, length, kind, oid in sorted(by_frame[fi]):
                 data = frame[off: off + length]
                 if len(data) != length or object_id(data) != oid:
-                    raise CorruptError(f"pack {pack_path.name} is damaged; run `envvault verify` (gc stopped, nothing lost)")
+                    raise CorruptError(f"pack {pack_id}.pack is damaged; run `envvault verify` (gc stopped, nothing lost)")
                 writer.add(oid, data, kind)
-        writer.flush()
-    except BaseException:
-        writer.abort()
-        raise
-    writer.close()
     return writer.written_bytes

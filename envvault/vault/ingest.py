@@ -109,7 +109,11 @@ class StatCache:
 
     VERSION = 5  # 5: identity version 2 (package summaries carry "identity" and "scripts")
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None):
+        # ``lock()``: the shared vault lock saves hold; ``tmp_dir``: where saves stage (``Vault.stat_cache``
+        # passes both; the defaults are a local vault's, ``path`` being ``<vault>/state/<name>``).
+        self._lock = lock or (lambda: flocked(path.parent.parent / "locks" / "vault.lock", exclusive=False))
+        self._tmp_dir = tmp_dir or path.parent.parent / "tmp"
         self.groups_path = path.with_name(path.name + ".groups.json")
         self.files_path = path.with_name(path.name + ".files.json.zst")
         self._files: dict[str, list] | None = None
@@ -185,18 +189,18 @@ class StatCache:
         objects, and the ids kept here are trusted without the index.
         """
         try:
-            with flocked(self.groups_path.parent.parent / "locks" / "vault.lock", exclusive=False):
+            with self._lock():
                 if self._read_epoch() != self._epoch:
                     return
                 if self._files is not None and (self._dirty_files or not self.touched >= self._files.keys()):
                     self._files = {k: v for k, v in self._files.items() if k in self.touched}
                     doc = {"version": self.VERSION, "tool": __version__, "files": self._files}
                     data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
-                    atomic_write(self.files_path, data, tmp_dir=self.files_path.parent.parent / "tmp", durable=False)
+                    atomic_write(self.files_path, data, tmp_dir=self._tmp_dir, durable=False)
                 if self._dirty_groups:
                     doc = {"version": self.VERSION, "tool": __version__, "groups": self.groups, "extra": self.extra}
                     data = json.dumps(doc, separators=(",", ":")).encode()
-                    atomic_write(self.groups_path, data, tmp_dir=self.groups_path.parent.parent / "tmp", durable=False)
+                    atomic_write(self.groups_path, data, tmp_dir=self._tmp_dir, durable=False)
         except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
             pass
 

@@ -18,7 +18,8 @@ import zstandard
 
 from envvault.errors import CorruptError
 from envvault.crashpoints import crash_point
-from envvault.vault.fsutil import fsync_dir, read_regular_at, storage_error, tmp_name
+from envvault.vault.backend import Backend, Missing, ReadFailed
+from envvault.vault.fsutil import storage_error, tmp_name
 
 __all__ = ["PackWriter", "PACK_MAGIC", "read_frame", "FRAME_TARGET", "MAX_FRAME"]
 
@@ -38,9 +39,10 @@ class PackWriter:
     ``objects = {oid: location}`` so the caller can add them to its in-memory index.
     """
 
-    def __init__(self, vault_root: Path, level: int, on_commit: Callable[[str, dict], None], threads: int | None = None,
-                 level_large: int | None = None):
-        self.root = vault_root
+    def __init__(self, backend: Backend, tmp_dir: Path, level: int, on_commit: Callable[[str, dict], None],
+                 threads: int | None = None, level_large: int | None = None):
+        self.backend = backend
+        self.tmp_dir = tmp_dir  # packs and index files are written here, then stored with backend.save_file
         self.level = level
         # Large chunks are mostly shared libraries: a faster level keeps a snap as quick as `tar | zstd`.
         self.level_large = level if level_large is None else level_large
@@ -104,8 +106,7 @@ class PackWriter:
 
     # -- writer side ---------------------------------------------------------------------------
     def _open_pack(self) -> None:
-        tmpdir = self.root / "tmp"
-        self._pack_tmp = tmp_name(tmpdir, "pack")
+        self._pack_tmp = tmp_name(self.tmp_dir, "pack")
         try:
             self._pack_fd = os.open(self._pack_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as err:
@@ -123,7 +124,7 @@ class PackWriter:
                 n = os.write(self._pack_fd, view)
                 view = view[n:]
         except OSError as err:
-            raise storage_error(err, self.root) from None
+            raise storage_error(err, self.backend.location) from None
         self._pack_hash.update(data)
         self._pack_len += len(data)
 
@@ -151,25 +152,27 @@ class PackWriter:
         fd, tmp = self._pack_fd, self._pack_tmp
         self._pack_fd = None
         pack_id = self._pack_hash.hexdigest()
-        final = self.root / "packs" / pack_id[:2] / f"{pack_id}.pack"
         idx_doc = {"format": 1, "pack": pack_id, "frames": self._pack_frames, "objects": self._pack_objects}
         idx_bytes = json.dumps(idx_doc, separators=(",", ":")).encode()
+        idx_tmp = tmp_name(self.tmp_dir, "idx")
         try:
-            os.fsync(fd)
-            os.close(fd)
-            final.parent.mkdir(mode=0o700, exist_ok=True)
-            os.replace(tmp, final)
-            fsync_dir(final.parent)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.backend.save_file("packs", pack_id, tmp)
             crash_point("pack_renamed")
-            idx_tmp = tmp_name(self.root / "tmp", "idx")
             with open(idx_tmp, "wb") as f:
                 f.write(idx_bytes)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(idx_tmp, self.root / "index" / f"{pack_id}.idx")
-            fsync_dir(self.root / "index")
+            self.backend.save_file("index", pack_id, idx_tmp)
         except OSError as err:
-            raise storage_error(err, final) from None
+            _unlink_quietly(tmp, idx_tmp)
+            raise storage_error(err, self.backend.where("packs", pack_id)) from None
+        except BaseException:
+            _unlink_quietly(tmp, idx_tmp)
+            raise
         crash_point("pack_indexed")
         locs = {
             oid: (pack_id, self._pack_frames[fi][0], self._pack_frames[fi][1], off, length, kind)
@@ -201,26 +204,37 @@ class PackWriter:
         self._pool.shutdown(wait=True)
 
 
+def _unlink_quietly(*paths: Path) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 _dctx = threading.local()
 
 
-def read_frame(pack_path: Path, offset: int, length: int) -> bytes:
-    """Read and decompress one frame; damage becomes a CorruptError naming the pack."""
+def read_frame(backend: Backend, pack_id: str, offset: int, length: int) -> bytes:
+    """Read and decompress one frame of pack ``pack_id``; damage becomes a CorruptError naming the pack."""
+    name = f"{pack_id}.pack"
     if not (0 <= offset and 0 < length <= MAX_FRAME + (1 << 20)):  # a frame never compresses to more
-        raise CorruptError(f"pack {pack_path.name}: the index gives a frame of {length} bytes at {offset}; refused")
+        raise CorruptError(f"pack {name}: the index gives a frame of {length} bytes at {offset}; refused")
     try:
-        comp = read_regular_at(pack_path, offset, length, f"pack {pack_path.name}")
-    except FileNotFoundError:
-        raise CorruptError(f"pack {pack_path.name} is missing; run `envvault verify`") from None
+        comp = backend.load("packs", pack_id, offset, length)
+    except Missing:
+        raise CorruptError(f"pack {name} is missing; run `envvault verify`") from None
+    except ReadFailed as err:
+        raise CorruptError(f"pack {name} cannot be read ({err.why}); run `envvault verify`") from None
     if len(comp) != length:
-        raise CorruptError(f"pack {pack_path.name} is truncated; run `envvault verify`")
+        raise CorruptError(f"pack {name} is truncated; run `envvault verify`")
     d = getattr(_dctx, "d", None)
     if d is None:
         d = _dctx.d = zstandard.ZstdDecompressor()
     try:
         params = zstandard.get_frame_parameters(comp)
         if params.content_size > MAX_FRAME:
-            raise CorruptError(f"pack {pack_path.name} holds a frame of {params.content_size} bytes; refused")
+            raise CorruptError(f"pack {name} holds a frame of {params.content_size} bytes; refused")
         return d.decompress(comp, max_output_size=MAX_FRAME)
     except zstandard.ZstdError as err:
-        raise CorruptError(f"pack {pack_path.name} has a damaged frame at {offset} ({err}); run `envvault verify`") from None
+        raise CorruptError(f"pack {name} has a damaged frame at {offset} ({err}); run `envvault verify`") from None

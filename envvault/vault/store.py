@@ -15,10 +15,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
-from envvault.errors import AmbiguousError, CorruptError, NotFoundError, StorageError, UsageError
+from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, StorageError, UsageError
 from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json
-from envvault.vault.fsutil import atomic_write, flocked, link_refused, read_regular, storage_error
+from envvault.vault.backend import Backend, Missing, ReadFailed
+from envvault.vault.local import VAULT_DIRS, VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
+from envvault.vault.state import LocalState
 from envvault.vault.s3 import vault_url
 from envvault.model.manifest import DistManifest, parse_dist_manifest
 from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_problem
@@ -28,9 +30,6 @@ __all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef
 
 FORMAT = 1
 _HEX = re.compile(r"^[0-9a-f]+$")
-VAULT_DIRS = ("packs", "index", "snapshots", "tags", "locks", "state", "tmp")
-# The vault's own top-level entries: the only names a folder may hold for envvault to make a vault in it.
-VAULT_ENTRIES = frozenset(VAULT_DIRS) | {"config.json", "settings.json"}
 MAX_TAG_BYTES = 4096  # a tag file is one id and a newline
 MAX_SMALL_DOC = 1 << 20  # config.json, settings.json
 
@@ -74,10 +73,16 @@ class SnapshotRef:
 
 
 class Vault:
-    """A vault directory. ``Vault.open(path, create=True)`` makes one if absent."""
+    """A vault: shared objects through ``backend`` (``backend.py``), machine-local files through ``state``
+    (``state.py``). ``Vault.open(path, create=True)`` opens (or makes) a local one; ``Vault.from_backend``
+    one on any backend. ``location`` names the vault in messages."""
 
-    def __init__(self, root: Path, config: dict):
-        self.root = root
+    def __init__(self, backend: Backend, config: dict, state: LocalState):
+        self.backend = backend
+        self.state = state
+        self.location = backend.location
+        # The folder of a local vault (None on other backends); only envvault/vault/ and tests use it.
+        self.root: Path | None = getattr(backend, "root", None)
         self.config = config
         self.level = int(config.get("zstd_level", 3))
         self.level_large = int(config.get("zstd_level_large", 2))
@@ -98,96 +103,36 @@ class Vault:
 
             return open_vault(cls, url, create=create)
         root = default_vault_path(path)
-        cfg_path = root / "config.json"
-        if not os.path.lexists(cfg_path):
+        backend = LocalBackend(root)
+        if not backend.exists():
             if not create:
                 raise NotFoundError(f"no vault at {root}; run `envvault snap` first or pass --vault PATH")
-            cls._create(root)
-        cls._check_links(root)
-        try:
-            config = parse_json(read_regular(cfg_path, MAX_SMALL_DOC, f"{cfg_path}"), f"{cfg_path}")
-        except OSError as err:
-            raise StorageError(f"cannot read {cfg_path}: {err.strerror}") from None
-        except CorruptError:
-            config = None
-        if not isinstance(config, dict) or type(config.get("format")) is not int:
-            if not (root / "snapshots").is_dir():  # another program's folder, not a damaged vault
-                raise UsageError(f"{root} is not an envvault vault ({cfg_path} is not envvault's); pass --vault "
-                                 "with a new or empty folder")
-            raise CorruptError(f"{cfg_path} is not an envvault config; is --vault pointing at the right place?")
-        if config["format"] > FORMAT:
-            raise UsageError(
-                f"this vault was written by a newer envvault (format {config['format']}, this one reads {FORMAT}); upgrade envvault"
-            )
-        return cls(root, config)
+            backend.create()
+            _write_config(backend)
+        backend.check_links()
+        config = _read_config(backend)
+        if config is None and not backend.looks_like_vault():  # another program's folder, not a damaged vault
+            cfg_path = backend.where("config", "config")
+            raise UsageError(f"{root} is not an envvault vault ({cfg_path} is not envvault's); pass --vault "
+                             "with a new or empty folder")
+        return cls(backend, _check_config(backend, config), LocalState.in_vault(root))
 
-    @staticmethod
-    def _check_links(root: Path) -> None:
-        """Refuse a vault whose own entries (top-level files and folders, ``packs/<aa>/``) are symlinks: the
-        root itself may be one, nothing inside it may (writes through it would land outside the vault)."""
-        for name in sorted(VAULT_ENTRIES):
-            if os.path.islink(root / name):
-                raise link_refused(root / name)
-        try:
-            with os.scandir(root / "packs") as entries:
-                for entry in entries:
-                    if entry.is_symlink():
-                        raise link_refused(entry.path)
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        except OSError as err:
-            raise storage_error(err, root / "packs") from None
-
-    @staticmethod
-    def _create(root: Path) -> None:
-        """Make a vault in a new or empty folder (or finish one a killed or concurrent creator began). Modes are
-        set only on what this creates: an existing folder (a shared 1777 one) keeps its mode."""
-        try:
-            try:
-                root.mkdir(mode=0o700, parents=True)
-                os.chmod(root, 0o700)
-            except FileExistsError:
-                if not root.is_dir():
-                    raise UsageError(f"{root} is not a folder; pass --vault with a new or empty folder") from None
-                alien = sorted(set(os.listdir(root)) - VAULT_ENTRIES)
-                if alien:
-                    shown = ", ".join(alien[:3]) + (f" and {len(alien) - 3} more" if len(alien) > 3 else "")
-                    raise UsageError(f"{root} is not empty and not an envvault vault (it holds {shown}); pass "
-                                     "--vault with a new or empty folder") from None
-            Vault._check_links(root)
-            for sub in VAULT_DIRS:
-                try:
-                    (root / sub).mkdir(mode=0o700)
-                except FileExistsError:
-                    pass
-        except OSError as err:
-            raise storage_error(err, root) from None
-        cfg = {
-            "format": FORMAT,
-            "vault_id": os.urandom(16).hex(),
-            "created": _now(),
-            "zstd_level": 3,
-            "zstd_level_large": 2,
-        }
-        cfg_path = root / "config.json"
-        if not cfg_path.exists():
-            try:
-                # O_EXCL via link semantics: two creators race, one config wins.
-                tmp = root / "tmp" / f"config.{os.getpid()}.tmp"
-                tmp.write_bytes(json.dumps(cfg, indent=1).encode())
-                os.link(tmp, cfg_path)
-                os.unlink(tmp)
-            except FileExistsError:
-                os.unlink(tmp)
-            except OSError as err:
-                raise storage_error(err, cfg_path) from None
+    @classmethod
+    def from_backend(cls, backend: Backend, state: LocalState, *, create: bool = False) -> "Vault":
+        """The vault on ``backend`` (made there when absent and ``create``), its machine-local files in ``state``."""
+        if "config" not in backend.list("config"):
+            if not create:
+                raise NotFoundError(f"no vault at {backend.location}; run `envvault snap` first or pass --vault")
+            _write_config(backend)
+        return cls(backend, _check_config(backend, _read_config(backend)), state)
 
     # -- locking -------------------------------------------------------------------------------
     @contextmanager
-    def lock(self, exclusive: bool = False) -> Iterator[None]:
-        """Shared for writers (snaps), exclusive for gc. Blocks until granted."""
-        with flocked(self.root / "locks" / "vault.lock", exclusive=exclusive, where=self.root):
-            yield
+    def lock(self, exclusive: bool = False, *, wait: bool = True) -> Iterator[bool]:
+        """The vault lock: shared for writers (snaps, restores), exclusive for gc. Blocks until granted; with
+        ``wait=False`` yields False at once when it is busy."""
+        with self.backend.lock("vault", exclusive=exclusive, wait=wait) as held:
+            yield held
 
     # -- index ---------------------------------------------------------------------------------
     def index(self, refresh: bool = False) -> dict[str, tuple]:
@@ -200,24 +145,21 @@ class Vault:
             return self._index
         if self._index is None:
             self._index = {}
-        idx_dir = self.root / "index"
-        try:
-            names = os.listdir(idx_dir)
-        except FileNotFoundError:
-            names = []
-        for name in names:
-            if not name.endswith(".idx") or name in self._index_seen:
+        for name in self.backend.list("index"):
+            if name in self._index_seen:
                 continue
             try:
-                doc = json.loads(read_regular(idx_dir / name, MAX_DOC_BYTES, f"index {name}"))
+                doc = json.loads(self.backend.load("index", name, limit=MAX_DOC_BYTES))
                 pack = doc["pack"]
+                if not is_id(pack):
+                    raise TypeError("not a pack id")
                 frames = doc["frames"]
                 for oid, (fi, off, length, kind) in doc["objects"].items():
                     fo, fl = frames[fi]
                     if not all(type(n) is int and n >= 0 for n in (fi, off, length, fo, fl)):
                         raise TypeError("not a location")
                     self._index.setdefault(oid, (pack, fo, fl, off, length, kind))
-            except (OSError, ValueError, KeyError, TypeError, IndexError, CorruptError):
+            except (EnvvaultError, ValueError, KeyError, TypeError, IndexError):
                 # A damaged index is reported by verify; its objects are treated as absent.
                 continue
             self._index_seen.add(name)
@@ -230,13 +172,12 @@ class Vault:
         idx = self.index()
         for oid, loc in locs.items():
             idx.setdefault(oid, loc)
-        self._index_seen.add(f"{pack_id}.idx")
+        self._index_seen.add(pack_id)
 
     def writer(self, threads: int | None = None) -> PackWriter:
-        return PackWriter(self.root, self.level, self._add_to_index, threads=threads, level_large=self.level_large)
-
-    def pack_path(self, pack_id: str) -> Path:
-        return self.root / "packs" / pack_id[:2] / f"{pack_id}.pack"
+        """A pack writer into this vault (packs staged in ``state.tmp_dir``, stored through the backend)."""
+        return PackWriter(self.backend, self.state.tmp_dir, self.level, self._add_to_index, threads=threads,
+                          level_large=self.level_large)
 
     # -- reading objects -----------------------------------------------------------------------
     def get(self, oid: str) -> bytes:
@@ -263,28 +204,40 @@ class Vault:
         """Write the snapshot file: the single commit point. Returns its id."""
         data = doc.to_json() if isinstance(doc, Snapshot) else canonical_json(doc)
         sid = object_id(data)
-        atomic_write(self.root / "snapshots" / f"{sid}.json", data, tmp_dir=self.root / "tmp", mode=0o600)
+        self.backend.save("snapshots", sid, data)
         return sid
 
     def snapshot_ids(self) -> list[str]:
+        return [n for n in self.backend.list("snapshots") if len(n) == 64 and _HEX.match(n)]
+
+    def has_snapshot(self, sid: str) -> bool:
+        """Whether a snapshot file ``sid`` exists (not whether it is readable)."""
+        if not is_id(sid):
+            return False
         try:
-            names = os.listdir(self.root / "snapshots")
-        except FileNotFoundError:
-            return []
-        return [n[:-5] for n in names if n.endswith(".json") and _HEX.match(n[:-5]) and len(n) == 69]
+            self.backend.stat("snapshots", sid)
+            return True
+        except EnvvaultError:
+            return False
+
+    def delete_snapshot(self, sid: str) -> bool:
+        """Remove one snapshot file (its objects become garbage for gc); False when it was not there. The
+        caller holds the exclusive vault lock, or removes only a snapshot it made itself."""
+        if not is_id(sid):
+            return False
+        return self.backend.remove("snapshots", sid)
 
     def load_snapshot(self, sid: str) -> SnapshotRef:
         """A snapshot read (a regular file, at most 512 MiB), checked against its id and validated
         (``envvault.model.snapshot.parse_snapshot``): a CorruptError naming every problem, or a UsageError for a
         newer format."""
         what = f"snapshot {sid[:12]}"
-        path = self.root / "snapshots" / f"{sid}.json"
         try:
-            data = read_regular(path, MAX_DOC_BYTES, what)
-        except FileNotFoundError:
-            raise NotFoundError(f"snapshot {sid[:12]} not found in {self.root}") from None
-        except OSError as err:
-            raise CorruptError(f"{what} cannot be read: {err.strerror or err}") from None
+            data = self.backend.load("snapshots", sid, limit=MAX_DOC_BYTES)
+        except (Missing, ValueError):  # ValueError: not a name (a path)
+            raise NotFoundError(f"snapshot {sid[:12]} not found in {self.location}") from None
+        except ReadFailed as err:
+            raise CorruptError(f"{what} cannot be read: {err.why}") from None
         if object_id(data) != sid:
             raise CorruptError(f"{what} does not match its id; run `envvault verify`")
         return SnapshotRef(sid, parse_snapshot(parse_json(data, what), what))
@@ -317,19 +270,19 @@ class Vault:
                 snaps = [s for s in snaps if s.snapshot.venv == venv]
             if not snaps:
                 where = f" of {venv}" if venv else ""
-                raise NotFoundError(f"no snapshot{where} in {self.root}; run `envvault snap` first")
+                raise NotFoundError(f"no snapshot{where} in {self.location}; run `envvault snap` first")
             return snaps[0].id
         tag = self.tags().get(ref)
         if tag:
             return tag
         low = ref.lower()
         if not _HEX.match(low):
-            raise NotFoundError(f"no snapshot or tag named {ref!r} in {self.root}; see `envvault list`")
+            raise NotFoundError(f"no snapshot or tag named {ref!r} in {self.location}; see `envvault list`")
         if len(low) < 4:
             raise UsageError(f"id prefix {ref!r} is too short; give at least 4 hex digits")
         matches = [sid for sid in self.snapshot_ids() if sid.startswith(low)]
         if not matches:
-            raise NotFoundError(f"no snapshot {ref!r} in {self.root}; see `envvault list`")
+            raise NotFoundError(f"no snapshot {ref!r} in {self.location}; see `envvault list`")
         if len(matches) > 1:
             cands = ", ".join(sorted(m[:12] for m in matches))
             raise AmbiguousError(f"id prefix {ref!r} is ambiguous: {cands}; give more digits")
@@ -340,22 +293,18 @@ class Vault:
         """Tag name -> snapshot id. Entries that are not a valid name holding one id (read as a regular file
         of at most 4 KiB) are skipped with a warning and listed in ``self.bad_tags``."""
         out = {}
-        try:
-            names = os.listdir(self.root / "tags")
-        except FileNotFoundError:
-            return out
-        for name in sorted(names):
+        for name in sorted(self.backend.list("tags")):
             if name.startswith("."):
                 continue
             try:
                 check_tag_name(name)
-                text = read_regular(self.root / "tags" / name, MAX_TAG_BYTES, f"tag {name!r}")
+                text = self.backend.load("tags", name, limit=MAX_TAG_BYTES)
                 sid = text.decode("ascii").strip()
                 if not is_id(sid):
                     raise CorruptError(f"tag {name!r} does not hold a snapshot id")
-            except FileNotFoundError:
+            except Missing:
                 continue
-            except (OSError, UnicodeDecodeError, UsageError, CorruptError) as err:
+            except (ReadFailed, UnicodeDecodeError, UsageError, CorruptError) as err:
                 if name not in self.bad_tags:
                     why = str(err) if isinstance(err, (UsageError, CorruptError)) else f"tag {name!r} cannot be read"
                     self.bad_tags[name] = why
@@ -365,40 +314,35 @@ class Vault:
         return out
 
     def set_tag(self, name: str, sid: str) -> None:
-        atomic_write(self.root / "tags" / check_tag_name(name), (sid + "\n").encode(), tmp_dir=self.root / "tmp")
+        self.backend.save("tags", check_tag_name(name), (sid + "\n").encode())
 
     def remove_tag(self, name: str) -> None:
-        try:
-            os.unlink(self.root / "tags" / check_tag_name(name))
-        except FileNotFoundError:
-            raise NotFoundError(f"no tag {name!r}; see `envvault list`") from None
+        if not self.backend.remove("tags", check_tag_name(name)):
+            raise NotFoundError(f"no tag {name!r}; see `envvault list`")
 
-    # -- state (caches outside the data model) -------------------------------------------------
-    def state_path(self, name: str) -> Path:
-        return self.root / "state" / name
-
+    # -- settings (user settings, in the vault) ------------------------------------------------
     def settings(self) -> dict:
         try:
-            return json.loads(read_regular(self.root / "settings.json", MAX_SMALL_DOC, "settings.json"))
-        except (OSError, ValueError, CorruptError):
+            return json.loads(self.backend.load("config", "settings", limit=MAX_SMALL_DOC))
+        except (EnvvaultError, ValueError):
             return {}
 
     def save_settings(self, settings: dict) -> None:
-        atomic_write(self.root / "settings.json", json.dumps(settings, indent=1).encode(), tmp_dir=self.root / "tmp")
+        self.backend.save("config", "settings", json.dumps(settings, indent=1).encode())
+
+    # -- machine-local state (caches and markers outside the data model: ``self.state``) -------------
+    def state_path(self, name: str) -> Path:
+        return self.state.path(name)
+
+    def stat_cache(self, name: str):
+        """The stat cache ``name`` (``stat-<key>``, ``stat-caches``), saved under the shared vault lock."""
+        from envvault.vault.ingest import StatCache
+
+        return StatCache(self.state.path(name), lock=lambda: self.lock(), tmp_dir=self.state.tmp_dir)
 
     def clean_tmp(self, older_than: float = 3600) -> None:
         """Remove temp files left by killed writers (only old ones: a live writer may own new ones)."""
-        now = time.time()
-        try:
-            for entry in os.scandir(self.root / "tmp"):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                    if not entry.is_dir(follow_symlinks=False) and now - st.st_mtime > older_than:
-                        os.unlink(entry.path)  # a symlink is removed itself, never what it points to
-                except OSError:
-                    pass
-        except OSError:
-            pass
+        self.state.clean_tmp(older_than)
 
 
 class ObjectReader:
@@ -421,7 +365,7 @@ class ObjectReader:
         if cached is not None and cached[0] == (pack, fo):
             frame = cached[1]
         else:
-            frame = memoryview(read_frame(self.vault.pack_path(pack), fo, fl))
+            frame = memoryview(read_frame(self.vault.backend, pack, fo, fl))
             self._local.frame = ((pack, fo), frame)
         data = frame[off : off + length]
         if len(data) != length:
@@ -429,6 +373,45 @@ class ObjectReader:
         if object_id(data) != oid:
             raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify`")
         return data
+
+
+def _write_config(backend: Backend) -> None:
+    """Write a new vault's config, once: two creators race, one config wins."""
+    cfg = {
+        "format": FORMAT,
+        "vault_id": os.urandom(16).hex(),
+        "created": _now(),
+        "zstd_level": 3,
+        "zstd_level_large": 2,
+    }
+    backend.save("config", "config", json.dumps(cfg, indent=1).encode(), exclusive=True)
+
+
+def _read_config(backend: Backend) -> dict | None:
+    """The parsed config, or None when it is not a JSON object with an integer format."""
+    where = backend.where("config", "config")
+    try:
+        config = parse_json(backend.load("config", "config", limit=MAX_SMALL_DOC), where)
+    except ReadFailed as err:
+        raise StorageError(f"cannot read {where}: {err.why}") from None
+    except Missing:
+        raise StorageError(f"cannot read {where}: No such file or directory") from None
+    except CorruptError:
+        return None
+    if not isinstance(config, dict) or type(config.get("format")) is not int:
+        return None
+    return config
+
+
+def _check_config(backend: Backend, config: dict | None) -> dict:
+    if config is None:
+        raise CorruptError(f"{backend.where('config', 'config')} is not an envvault config; is --vault pointing at "
+                           "the right place?")
+    if config["format"] > FORMAT:
+        raise UsageError(
+            f"this vault was written by a newer envvault (format {config['format']}, this one reads {FORMAT}); upgrade envvault"
+        )
+    return config
 
 
 def _now() -> str:

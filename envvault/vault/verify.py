@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from envvault.errors import CorruptError, EnvvaultError
 from envvault.model.encoding import object_id
+from envvault.model.manifest import manifest_blob_ids
+from envvault.model.snapshot import Snapshot, parse_snapshot
 from envvault.vault.packs import read_frame
 from envvault.vault.store import Vault
 
 __all__ = ["verify_vault", "referenced_objects"]
 
 
-def referenced_objects(vault: Vault, doc: dict, problems: dict | None = None, sid: str = "") -> set[str]:
-    """Every object id a snapshot needs: manifests and the blobs they list."""
+def referenced_objects(vault: Vault, snap: Snapshot | dict, problems: dict | None = None, sid: str = "") -> set[str]:
+    """Every object id a snapshot needs: manifests and the blobs they list (read leniently: gc keeps, and
+    verify re-hashes, what even a manifest a restore would refuse names)."""
+    if not isinstance(snap, Snapshot):
+        snap = parse_snapshot(snap, f"snapshot {sid[:12]}")
     needed: set[str] = set()
-    manifests = [p["manifest"] for p in doc.get("packages", ()) if p.get("manifest")]
-    manifests += [c["manifest"] for c in doc.get("caches") or () if c.get("manifest")]
-    for mid in manifests:
+    for mid in snap.manifest_ids():
         needed.add(mid)
         try:
             man = vault.get_json(mid)
@@ -23,8 +26,7 @@ def referenced_objects(vault: Vault, doc: dict, problems: dict | None = None, si
             if problems is not None:
                 problems.setdefault(mid, {"problem": str(err), "snapshots": set()})["snapshots"].add(sid)
             continue
-        for f in man.get("files", ()):
-            needed.update(f.get("chunks") or ())
+        needed.update(manifest_blob_ids(man))
     return needed
 
 
@@ -41,7 +43,7 @@ def verify_vault(vault: Vault, only: list[str] | None = None) -> dict:
             problems.setdefault(sid, {"problem": f"snapshot unreadable: {err}", "snapshots": set()})["snapshots"].add(sid)
             continue
         checked_snaps += 1
-        for oid in referenced_objects(vault, ref.doc, problems, sid):
+        for oid in referenced_objects(vault, ref.snapshot, problems, sid):
             users.setdefault(oid, set()).add(sid)
     index = vault.index()
     # Group by frame so each frame is read and decompressed once.
@@ -55,7 +57,7 @@ def verify_vault(vault: Vault, only: list[str] | None = None) -> dict:
     total_bytes = 0
     for (pack, fo, fl), oids in sorted(frames.items()):
         try:
-            frame = read_frame(vault.pack_path(pack), fo, fl)
+            frame = read_frame(vault.backend, pack, fo, fl)
         except CorruptError as err:
             for oid in oids:
                 problems.setdefault(oid, {"problem": str(err), "snapshots": set()})

@@ -1,0 +1,111 @@
+"""Machine-local state of a vault: what belongs to this machine, not to the vault's shared objects.
+
+Stat caches, the stamp index, restore markers (``restored-<key>.json``), guard pointers (``guard-<key>.json``),
+the gc epoch, the stamp log; temp files and scratch folders (``tmp_dir``: where packs and index files are
+written before the backend stores them, and where restores stage); and the locks that guard this machine's
+environments (``restore-<key>``, ``stamp-<fingerprint>``). Each file here is a cache or a marker that may be
+deleted at any time (docs/format.md, "Directory tree").
+
+For a local vault these are the vault's own ``state/``, ``tmp/`` and ``locks/`` folders, as they always were;
+a vault on another backend keeps them in a local folder of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from envvault.errors import CorruptError
+from envvault.vault.fsutil import atomic_write, flocked, read_regular, storage_error, write_nofollow
+
+__all__ = ["LocalState"]
+
+
+class LocalState:
+    """Machine-local files of one vault: ``dir`` (caches and markers), ``tmp_dir``, ``locks_dir``."""
+
+    def __init__(self, state_dir: Path, tmp_dir: Path, locks_dir: Path):
+        self.dir = Path(state_dir)
+        self.tmp_dir = Path(tmp_dir)
+        self.locks_dir = Path(locks_dir)
+
+    @classmethod
+    def in_vault(cls, root: Path) -> "LocalState":
+        """The state of a local vault: its own ``state/``, ``tmp/`` and ``locks/`` folders."""
+        return cls(root / "state", root / "tmp", root / "locks")
+
+    def path(self, name: str) -> Path:
+        """The file ``name`` (a flat name such as ``stat-<key>`` or ``restored-<key>.json``)."""
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"bad state name {name!r}")
+        return self.dir / name
+
+    def read(self, name: str, limit: int = 1 << 20, what: str | None = None) -> bytes | None:
+        """The bytes of ``name``, or None when it is absent, unreadable, not a regular file or over ``limit``
+        (a state file is a cache: a bad one counts as none)."""
+        try:
+            return read_regular(self.path(name), limit, what or name)
+        except (OSError, CorruptError):
+            return None
+
+    def write(self, name: str, data: bytes, *, durable: bool = True) -> None:
+        """Replace ``name`` atomically (through ``tmp_dir``); a StorageError when it cannot be written."""
+        atomic_write(self.path(name), data, tmp_dir=self.tmp_dir, durable=durable)
+
+    def write_in_place(self, name: str, data: bytes) -> None:
+        """Overwrite the small file ``name`` in place, refusing a symlink there (FileNotFoundError when the
+        state folder is gone)."""
+        write_nofollow(self.path(name), data)
+
+    def names(self) -> list[str]:
+        try:
+            return os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+
+    def remove(self, name: str) -> bool:
+        try:
+            os.unlink(self.path(name))
+            return True
+        except FileNotFoundError:
+            return False
+
+    def lock(self, name: str, *, exclusive: bool = True, wait: bool = True) -> AbstractContextManager[bool]:
+        """The machine-local lock ``name`` (``locks/<name>.lock`` of a local vault); yields False at once
+        when ``wait=False`` and another process holds it."""
+        return flocked(self.locks_dir / f"{name}.lock", exclusive=exclusive, wait=wait)
+
+    def ensure_locks_dir(self) -> None:
+        try:
+            self.locks_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise storage_error(err, self.locks_dir) from None
+
+    @contextmanager
+    def scratch_dir(self, prefix: str = "restore-") -> Iterator[Path]:
+        """A temporary folder under ``tmp_dir`` (same filesystem as a local vault's packs), removed afterwards."""
+        self.tmp_dir.mkdir(exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.tmp_dir))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def clean_tmp(self, older_than: float = 3600) -> None:
+        """Remove temp files left by killed writers (only old ones: a live writer may own new ones)."""
+        now = time.time()
+        try:
+            for entry in os.scandir(self.tmp_dir):
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    if not entry.is_dir(follow_symlinks=False) and now - st.st_mtime > older_than:
+                        os.unlink(entry.path)  # a symlink is removed itself, never what it points to
+                except OSError:
+                    pass
+        except OSError:
+            pass
