@@ -48,7 +48,7 @@ def resolve_arg(vault, arg: str) -> Ref:
 
 def _named(vault, arg: str) -> Ref:
     sid = vault.resolve(arg)
-    return Ref(sid, sid[:12], vault.load_snapshot(sid).doc.get("venv"))
+    return Ref(sid, sid[:12], vault.load_snapshot(sid).snapshot.venv)
 
 
 def _checkpoint_file(vault, path: Path) -> Ref:

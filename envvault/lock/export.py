@@ -13,6 +13,8 @@ from envvault import __version__
 from envvault.errors import CorruptError, UsageError
 from envvault.lock.sources import describe, original_source, pylock_entries, resolve_sources
 from envvault.lock.wheels import check_wheel_source, rebuild_wheel, wheel_filename
+from envvault.model.manifest import DistManifest, as_dist_manifest
+from envvault.model.snapshot import PackageSummary, Snapshot, as_package, as_snapshot
 from envvault.vault.fsutil import atomic_write
 from envvault.vault.store import Vault
 
@@ -30,13 +32,14 @@ def _where(url: str) -> dict:
     return {"path": path} if path is not None else {"url": url}
 
 
-def direct_reference(man: dict) -> dict | None:
+def direct_reference(man: DistManifest | dict) -> dict | None:
     """Where the installer says the distribution came from (``direct_url.json``, PEP 610), as the PEP 751
     source table it maps to: ``{"directory": {path, editable?, subdirectory?}}`` (a local folder, editable
     or not), ``{"archive": {url | path, hashes, subdirectory?}}`` (a direct URL to a wheel or sdist; only with
     a recorded hash, which PEP 751 requires), ``{"vcs": {type, url | path, commit-id, ...}}``; else None
     (installed from an index, or nothing usable recorded)."""
-    du = man.get("direct_url")
+    man = as_dist_manifest(man)
+    du = man.direct_url  # the installer's PEP 610 document, read as such
     if not isinstance(du, dict) or not isinstance(du.get("url"), str):
         return None
     url, sub = du["url"], du.get("subdirectory")
@@ -63,12 +66,12 @@ def direct_reference(man: dict) -> dict | None:
     return None
 
 
-def requirement_line(p: dict, man: dict | None) -> str:
+def requirement_line(p: PackageSummary, man: DistManifest | None) -> str:
     """One requirements.txt line: ``name @ url`` for a direct reference (``-e url`` for an editable),
     else ``name==version``; the build id as a comment."""
-    du = (man or {}).get("direct_url")
-    ref = direct_reference(man) if man else None
-    pin = f"{p['name']}=={p['version']}"
+    du = man.direct_url if man is not None else None
+    ref = direct_reference(man) if man is not None else None
+    pin = f"{p.name}=={p.version}"
     if ref is not None:
         url = du["url"]
         if "vcs" in ref:
@@ -76,8 +79,8 @@ def requirement_line(p: dict, man: dict | None) -> str:
         if du.get("subdirectory"):
             url += f"#subdirectory={du['subdirectory']}"
         editable = ref.get("directory", {}).get("editable")
-        pin = f"-e {url}" if editable else f"{p['name']} @ {url}"
-    return f"{pin}  # build {p['build_id'][:16]}"
+        pin = f"-e {url}" if editable else f"{p.name} @ {url}"
+    return f"{pin}  # build {p.build_id[:16]}"
 
 
 def requires_python(version: str) -> str:
@@ -86,13 +89,15 @@ def requires_python(version: str) -> str:
     return f"=={major}.{minor}.*"
 
 
-def pylock_document(doc: dict, entries: list[dict]) -> dict:
-    """``entries``: per package {summary, wheel: {name, path, size, sha256} | None, source, origin?}.
-    ``origin``: a ``direct_reference`` table, written as the package's source when no wheel is."""
+def pylock_document(doc: Snapshot | dict, entries: list[dict]) -> dict:
+    """``entries``: per package {summary (a ``PackageSummary``), wheel: {name, path, size, sha256} | None,
+    source, origin?}. ``origin``: a ``direct_reference`` table, written as the package's source when no
+    wheel is."""
+    snap = as_snapshot(doc)
     packages = []
     for e in entries:
-        p = e["summary"]
-        pkg: dict = {"name": p["name"], "version": p["version"]}
+        p = as_package(e["summary"])
+        pkg: dict = {"name": p.name, "version": p.version}
         wheel = e.get("wheel")
         src = e.get("source")
         origin = e.get("origin")
@@ -104,41 +109,39 @@ def pylock_document(doc: dict, entries: list[dict]) -> dict:
             pkg.update(origin)
         elif src and src.get("hashes") and src["url"].endswith(".whl"):
             pkg["wheels"] = [{"name": src["url"].rsplit("/", 1)[-1], **_where(src["url"]), "hashes": src["hashes"]}]
-        tool = {"build_id": p["build_id"], "state_id": p["state_id"], "identity": p.get("identity", 1),
-                "snapshot": e["snapshot"]}
-        if p.get("installer"):
-            tool["installer"] = p["installer"]
-        if p.get("build_info"):
-            tool["build_info"] = {k: v for k, v in p["build_info"].items() if v is not None}
-        if p.get("modified"):
-            tool["modified_files"] = p["modified"]
+        tool = {"build_id": p.build_id, "state_id": p.state_id, "identity": p.identity, "snapshot": e["snapshot"]}
+        if p.installer:
+            tool["installer"] = p.installer
+        if p.build_info:
+            tool["build_info"] = {k: v for k, v in p.build_info.items() if v is not None}
+        if p.modified:
+            tool["modified_files"] = list(p.modified)
         if src:
             tool["source"] = src
         if origin is not None and wheel is not None:
             tool["origin"] = origin  # where the installer took it from; the wheel holds its installed files
         pkg["tool"] = {"envvault": tool}
         packages.append(pkg)
-    py = doc["python"]["version"]
+    py = snap.python.version
     return {
         "lock-version": "1.0",
         "created-by": "envvault",
         "requires-python": requires_python(py),
         "packages": packages,
         "tool": {"envvault": {"version": __version__, "snapshot": entries[0]["snapshot"] if entries else None,
-                              "python": doc["python"]["version"], "abi": doc["python"].get("abi")}},
+                              "python": py, "abi": snap.python.abi}},
     }
 
 
-def _manifests(vault: Vault, sid: str, doc: dict) -> dict[str, dict]:
-    """Every package's manifest, read before anything is written: one missing (a lost pack or index file)
-    is damaged data (exit 5), not a package without a source."""
+def _manifests(vault: Vault, sid: str, snap: Snapshot) -> dict[str, DistManifest]:
+    """Every package's manifest, read (and its paths checked) before anything is written: one missing (a
+    lost pack or index file) is damaged data (exit 5), not a package without a source."""
     out, lost = {}, []
-    for p in doc["packages"]:
-        mid = p.get("manifest")
-        if isinstance(mid, str) and vault.has(mid):
-            out[mid] = vault.get_json(mid)
+    for p in snap.packages:
+        if vault.has(p.manifest):
+            out[p.manifest] = vault.load_manifest(p.manifest)
         else:
-            lost.append(f"{p['name']} {p['version']}")
+            lost.append(f"{p.name} {p.version}")
     if lost:
         raise CorruptError(f"snapshot {sid[:12]}: the vault lacks the manifests of {', '.join(lost[:10])}"
                            f"{' and more' if len(lost) > 10 else ''} (a pack or index file is missing); "
@@ -146,13 +149,13 @@ def _manifests(vault: Vault, sid: str, doc: dict) -> dict[str, dict]:
     return out
 
 
-def _check_rebuildable(vault: Vault, sid: str, doc: dict, man: dict) -> None:
+def _check_rebuildable(vault: Vault, sid: str, snap: Snapshot, man: DistManifest) -> None:
     """Refuse an unsafe manifest, and fail (exit 5) on a missing file object, before any wheel is written."""
-    check_wheel_source(man, doc["python"])
-    for f in man.get("files") or ():
-        if any(not vault.has(c) for c in f.get("chunks") or ()):
-            raise CorruptError(f"snapshot {sid[:12]}: the vault lacks stored bytes of {man['name']} {man['version']} "
-                               f"({f.get('path')}; a pack or index file is missing); run `envvault verify`")
+    check_wheel_source(man, snap.python)
+    for f in man.files:
+        if any(not vault.has(c) for c in f.chunks or ()):
+            raise CorruptError(f"snapshot {sid[:12]}: the vault lacks stored bytes of {man.name} {man.version} "
+                               f"({f.path}; a pack or index file is missing); run `envvault verify`")
 
 
 def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", wheels: bool = True) -> dict:
@@ -161,21 +164,20 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
     Everything is checked before anything is written (names, versions and member paths of the wheels to
     rebuild; every manifest and stored file present), wheels are written next, and the lockfile last
     (temp + rename); a failure removes the wheels this export wrote."""
-    ref = vault.load_snapshot(sid)
-    doc = ref.doc
+    doc = vault.load_snapshot(sid).snapshot
     warnings: list[str] = []
     if fmt not in ("pylock", "requirements"):
         raise UsageError(f"unknown export format {fmt!r}; use pylock or requirements")
     manifests = _manifests(vault, sid, doc)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "requirements":
-        lines = [f"# exported by envvault {__version__} from snapshot {sid}", f"# python {doc['python']['version']}"]
-        for p in doc["packages"]:
-            lines.append(requirement_line(p, manifests.get(p["manifest"])))
+        lines = [f"# exported by envvault {__version__} from snapshot {sid}", f"# python {doc.python.version}"]
+        for p in doc.packages:
+            lines.append(requirement_line(p, manifests.get(p.manifest)))
         atomic_write(out, ("\n".join(lines) + "\n").encode(), mode=0o644)
-        return {"path": str(out), "format": fmt, "packages": len(doc["packages"]), "warnings": warnings}
+        return {"path": str(out), "format": fmt, "packages": len(doc.packages), "warnings": warnings}
     wheel_dir = out.parent / f"{out.stem}.wheels"
-    if doc.get("lock_only"):
+    if doc.lock_only:
         made_dir = not wheel_dir.exists()
         try:
             entries, lock_warnings = _lock_only_entries(vault, sid, doc, wheel_dir, out.parent, wheels)
@@ -188,11 +190,11 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
         return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
                 "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings + lock_warnings}
     plan = []
-    for p in doc["packages"]:
-        man = manifests[p["manifest"]]
+    for p in doc.packages:
+        man = manifests[p.manifest]
         origin = direct_reference(man)
         editable = bool(origin and origin.get("directory", {}).get("editable"))
-        rebuild = wheels and man.get("record") == "ok" and not editable
+        rebuild = wheels and man.record == "ok" and not editable
         if rebuild:
             _check_rebuildable(vault, sid, doc, man)
         plan.append((p, man, origin, rebuild))
@@ -205,16 +207,16 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
             if rebuild:
                 wheel_dir.mkdir(parents=True, exist_ok=True)
                 existed = (wheel_dir / wheel_filename(man)).exists()
-                path, sha, size = rebuild_wheel(vault, man, doc["python"], wheel_dir)
+                path, sha, size = rebuild_wheel(vault, man, doc.python, wheel_dir)
                 if not existed:
                     made.append(path)
                 entry["wheel"] = {"name": path.name, "path": os.path.relpath(path, out.parent), "size": size,
                                   "sha256": sha}
             elif origin is not None and "directory" in origin and not os.path.isdir(origin["directory"]["path"]):
-                warnings.append(f"{p['name']} {p['version']}: the lock installs it from {origin['directory']['path']}, "
+                warnings.append(f"{p.name} {p.version}: the lock installs it from {origin['directory']['path']}, "
                                 "which no longer exists")
-            elif origin is None and man.get("record") != "ok":
-                warnings.append(f"{p['name']} {p['version']}: files not in the vault; "
+            elif origin is None and man.record != "ok":
+                warnings.append(f"{p.name} {p.version}: files not in the vault; "
                                 "the lock names it without a source")
             entries.append(entry)
         atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
@@ -227,8 +229,8 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
         if made_dir:
             shutil.rmtree(wheel_dir, ignore_errors=True)
         raise
-    bare = [f"{p['name']} {p['version']}" for (p, man, origin, _r), e in zip(plan, entries)
-            if e["wheel"] is None and origin is None and man.get("record") == "ok"]
+    bare = [f"{p.name} {p.version}" for (p, man, origin, _r), e in zip(plan, entries)
+            if e["wheel"] is None and origin is None and man.record == "ok"]
     if bare:
         warnings.append(f"{len(bare)} package{'s' if len(bare) != 1 else ''} installed from an index "
                         f"{'have' if len(bare) != 1 else 'has'} no source in the lock (--no-wheels): "
@@ -239,12 +241,12 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
             "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings}
 
 
-def _lock_only_entries(vault: Vault, sid: str, doc: dict, wheel_dir: Path, base: Path, wheels: bool):
+def _lock_only_entries(vault: Vault, sid: str, doc: Snapshot, wheel_dir: Path, base: Path, wheels: bool):
     """A lock-only snapshot's packages from stored copies of their builds, else recorded URLs
     (``envvault.lock.sources``, the rule restore uses too)."""
 
     sources = resolve_sources(vault, doc, copies=wheels)
     warnings = [w for s in sources for w in [describe(s)] if w]
-    warnings += [f"{s.package['name']} {s.package['version']}: no stored copy of its build and no recorded URL; "
+    warnings += [f"{s.package.name} {s.package.version}: no stored copy of its build and no recorded URL; "
                  "the lock names it without a source" for s in sources if not s.known]
     return pylock_entries(vault, sid, doc, sources, wheel_dir, base), warnings

@@ -20,15 +20,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from envvault.model.manifest import DistManifest, as_dist_manifest
+from envvault.model.snapshot import PackageSummary, Snapshot, as_snapshot
+
 __all__ = ["StoredCopy", "Source", "stored_copies", "resolve_sources", "pylock_entries", "describe"]
 
 
-def original_source(man: dict) -> dict | None:
-    """The wheel URL and hash from ``direct_url.json``, when the installer recorded them."""
-    du = man.get("direct_url") or {}
+def original_source(man: DistManifest | dict) -> dict | None:
+    """The wheel URL and hash from ``direct_url.json`` (PEP 610, a document of the installer's, read as
+    such), when the installer recorded them."""
+    du = as_dist_manifest(man).direct_url or {}
     url = du.get("url")
     info = du.get("archive_info")
-    if not url or info is None:
+    if not url or not isinstance(info, dict):
         return None
     hashes = dict(info.get("hashes") or {})
     if not hashes and "=" in (info.get("hash") or ""):
@@ -58,7 +62,7 @@ class Source:
     """Where one package of a lock-only snapshot comes from: ``copy`` or ``url`` (a dict {url, hashes}),
     or neither (no known source)."""
 
-    package: dict
+    package: PackageSummary
     copy: StoredCopy | None = None
     url: dict | None = None
 
@@ -72,14 +76,14 @@ def stored_copies(vault) -> dict[str, StoredCopy]:
     files first), then the newest snapshot."""
     best: dict[str, tuple[tuple, StoredCopy]] = {}
     for s in vault.snapshots():  # newest first
-        if s.doc.get("lock_only"):
+        if s.snapshot.lock_only:
             continue
-        for p in s.doc.get("packages") or ():
-            b, mid = p.get("build_id"), p.get("manifest")
-            if not (isinstance(b, str) and isinstance(mid, str) and p.get("record") == "ok"):
+        for p in s.snapshot.packages:
+            b, mid = p.build_id, p.manifest
+            if p.record != "ok":
                 continue
-            differs = tuple(sorted(p.get("modified") or ())) if p.get("state_id") != b else ()
-            copy = StoredCopy(b, s.id, mid, differs, tuple(sorted(p.get("missing") or ())))
+            differs = tuple(sorted(p.modified)) if p.state_id != b else ()
+            copy = StoredCopy(b, s.id, mid, differs, tuple(sorted(p.missing)))
             rank = (len(copy.differs) + len(copy.missing),)
             if b not in best or rank < best[b][0]:
                 if vault.has(mid):
@@ -87,22 +91,23 @@ def stored_copies(vault) -> dict[str, StoredCopy]:
     return {b: c for b, (_r, c) in best.items()}
 
 
-def resolve_sources(vault, doc: dict, *, copies: bool = True) -> list[Source]:
+def resolve_sources(vault, doc: Snapshot | dict, *, copies: bool = True) -> list[Source]:
     """One ``Source`` per package of the lock-only snapshot ``doc``, in its order. Reads snapshot documents
     and, for packages without a stored copy, their (file-less) lock-only manifests; never a file's bytes.
     ``copies=False``: recorded URLs only (an export without wheels)."""
 
+    snap = as_snapshot(doc)
     copies = stored_copies(vault) if copies else {}
     out = []
-    for p in doc.get("packages") or ():
-        copy = copies.get(p.get("build_id") or "")
+    for p in snap.packages:
+        copy = copies.get(p.build_id)
         if copy is not None:
             out.append(Source(p, copy=copy))
             continue
         url = None
-        mid = p.get("manifest")
-        if isinstance(mid, str) and vault.has(mid):
-            src = original_source(vault.get_json(mid))
+        mid = p.manifest
+        if vault.has(mid):
+            src = original_source(vault.load_manifest(mid))
             if src and src.get("hashes") and src["url"].endswith(".whl"):
                 url = src
         out.append(Source(p, url=url))
@@ -120,22 +125,24 @@ def describe(source: Source) -> str | None:
         parts.append(f"{', '.join(c.differs)} differ{'s' if len(c.differs) == 1 else ''} from RECORD")
     if c.missing:
         parts.append(f"{', '.join(c.missing)} absent")
-    return (f"{p['name']} {p['version']}: only an edited copy of its build is stored (snapshot {c.snapshot[:12]}); "
+    return (f"{p.name} {p.version}: only an edited copy of its build is stored (snapshot {c.snapshot[:12]}); "
             f"it is restored as stored: {'; '.join(parts)}")
 
 
-def pylock_entries(vault, sid: str, doc: dict, sources: list[Source], wheel_dir: Path, rel_base: Path) -> list[dict]:
+def pylock_entries(vault, sid: str, doc: Snapshot | dict, sources: list[Source], wheel_dir: Path,
+                   rel_base: Path) -> list[dict]:
     """Entries for ``envvault.lock.export.pylock_document``: a wheel rebuilt under ``wheel_dir`` for each
     stored copy (path relative to ``rel_base``, where the lockfile lives), else the recorded URL, else no
     source. Each entry also carries ``copy`` (the ``StoredCopy`` or None)."""
     from envvault.lock.wheels import rebuild_wheel
 
+    python = as_snapshot(doc).python
     entries = []
     for s in sources:
         entry = {"summary": s.package, "snapshot": sid, "source": s.url, "wheel": None, "copy": s.copy}
         if s.copy is not None:
             wheel_dir.mkdir(parents=True, exist_ok=True)
-            path, sha, size = rebuild_wheel(vault, vault.get_json(s.copy.manifest), doc["python"], wheel_dir)
+            path, sha, size = rebuild_wheel(vault, vault.load_manifest(s.copy.manifest), python, wheel_dir)
             entry["wheel"] = {"name": path.name, "path": os.path.relpath(path, rel_base), "size": size, "sha256": sha}
         entries.append(entry)
     return entries

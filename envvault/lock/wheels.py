@@ -17,7 +17,9 @@ from envvault.model.identity import (
     is_seed_marker,
     normalise_script,
 )
+from envvault.model.manifest import DistManifest, FileEntry, as_dist_manifest, parse_file_entry
 from envvault.model.record import RecordEntry, format_record, record_sha256
+from envvault.model.snapshot import PythonInfo, as_python
 from envvault.vault.fsutil import tmp_name
 from envvault.vault.store import Vault
 
@@ -30,8 +32,9 @@ def _escape(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def wheel_filename(man: dict) -> str:
-    tags = (man.get("wheel") or {}).get("tags") or ["py3-none-any"]
+def wheel_filename(man: DistManifest | dict) -> str:
+    man = as_dist_manifest(man)
+    tags = man.wheel_tags or ("py3-none-any",)
     pys, abis, plats = [], [], []
     for tag in tags:
         parts = tag.split("-")
@@ -41,10 +44,10 @@ def wheel_filename(man: dict) -> str:
             if part not in acc:
                 acc.append(part)
     tag = "-".join(".".join(acc) for acc in (pys, abis, plats)) if pys else "py3-none-any"
-    build = (man.get("wheel") or {}).get("build")
+    build = man.wheel_build
     build_part = f"-{build}" if build else ""
-    version = man["version"].replace("-", "_")
-    return f"{_escape(man['name'])}-{version}{build_part}-{tag}.whl"
+    version = man.version.replace("-", "_")
+    return f"{_escape(man.name)}-{version}{build_part}-{tag}.whl"
 
 
 # What a manifest may put into a wheel's file name and member paths (a shared vault is not trusted: a name
@@ -61,53 +64,55 @@ def _bad_member(member: str) -> bool:
             or any(part in ("", ".", "..") for part in member.split("/")))
 
 
-def check_wheel_source(man: dict, python: dict) -> None:
+def check_wheel_source(man: DistManifest | dict, python: PythonInfo | dict) -> None:
     """Refuse (exit 3) a manifest whose name, version, dist-info, tags or files would give a wheel file name
-    or member outside where it belongs; called before anything is written."""
+    or member outside where it belongs; called before anything is written. (The manifest parser has already
+    refused absolute, ``..`` and NUL paths.)"""
     from envvault.errors import RefusedError
 
-    wheel = man.get("wheel") or {}
-    name, version = man.get("name"), man.get("version")
+    man, python = as_dist_manifest(man), as_python(python)
+    tags = (man.wheel or {}).get("tags")
+    build = man.wheel_build
+    name, version, di = man.name, man.version, man.dist_info
     checks = [
-        ("name", name, isinstance(name, str) and _NAME.fullmatch(name)),
-        ("version", version, isinstance(version, str) and _VERSION.fullmatch(version)),
-        ("dist_info", man.get("dist_info"), isinstance(man.get("dist_info"), str)
-         and _DIST_INFO.fullmatch(PurePosixPath(man["dist_info"]).name)),
-        ("wheel tags", wheel.get("tags"), isinstance(wheel.get("tags") or [], list)
-         and all(isinstance(t, str) and _TAG.fullmatch(t) for t in wheel.get("tags") or [])),
-        ("wheel build", wheel.get("build"), wheel.get("build") is None
-         or isinstance(wheel["build"], str) and _BUILD.fullmatch(wheel["build"])),
+        ("name", name, _NAME.fullmatch(name)),
+        ("version", version, _VERSION.fullmatch(version)),
+        ("dist_info", di, isinstance(di, str) and _DIST_INFO.fullmatch(PurePosixPath(di).name)),
+        ("wheel tags", tags, isinstance(tags or [], list) and all(isinstance(t, str) and _TAG.fullmatch(t)
+                                                                 for t in tags or [])),
+        ("wheel build", build, build is None or isinstance(build, str) and _BUILD.fullmatch(build)),
     ]
     shown = f"{name!r} {version!r}"
     for what, value, ok in checks:
         if not ok:
             raise RefusedError(f"refusing to rebuild the wheel of {shown}: its manifest has an unsafe {what} {value!r}")
-    for f in man.get("files") or ():
-        rec, path = f.get("record"), f.get("path")
-        if not isinstance(rec, str) or not isinstance(path, str):
-            raise RefusedError(f"refusing to rebuild the wheel of {shown}: a file of its manifest has no path")
+    for f in man.files:
         member = wheel_member(man, f, python)
         if member is not None and _bad_member(member):
-            raise RefusedError(f"refusing to rebuild the wheel of {shown}: file {rec!r} would be the wheel member "
-                               f"{member!r}, outside the wheel's folders")
+            raise RefusedError(f"refusing to rebuild the wheel of {shown}: file {f.record!r} would be the wheel "
+                               f"member {member!r}, outside the wheel's folders")
 
 
-def _layout(man: dict, python: dict, entry_points=()) -> DistLayout:
-    di = PurePosixPath(man["dist_info"])
-    return DistLayout.of(di.name, str(di.parent), python.get("scripts") or "bin", entry_points)
+def _layout(man: DistManifest, python: PythonInfo, entry_points=()) -> DistLayout:
+    di = PurePosixPath(man.dist_info or "")
+    return DistLayout.of(di.name, str(di.parent), python.scripts or "bin", entry_points)
 
 
-def wheel_member(man: dict, f: dict, python: dict, layout: DistLayout | None = None) -> str | None:
+def wheel_member(man: DistManifest | dict, f: FileEntry | dict, python: PythonInfo | dict,
+                 layout: DistLayout | None = None) -> str | None:
     """Where an installed file goes inside a wheel, or None when the installer regenerates it."""
-    record = f["record"]
-    di = PurePosixPath(man["dist_info"]).name
+    man, python = as_dist_manifest(man), as_python(python)
+    if not isinstance(f, FileEntry):
+        f = _file_entry(f)
+    record = f.record
+    di = man.dist_info_name or ""
     if is_generated(record, layout or _layout(man, python)) and not is_seed_marker(record):
         return None  # virtualenv's marker is no installer's to rewrite: carried, so the files stay as they were
     if not record.startswith("../"):
         return record
     data_dir = di[: -len(".dist-info")] + ".data"
-    rel = PurePosixPath(f["path"])
-    scripts = PurePosixPath(python.get("scripts") or "bin")
+    rel = PurePosixPath(f.path)
+    scripts = PurePosixPath(python.scripts or "bin")
     if rel.parent == scripts:
         return f"{data_dir}/scripts/{rel.name}"
     if rel.parts[:2] == ("include", "site") and len(rel.parts) > 4:
@@ -115,21 +120,31 @@ def wheel_member(man: dict, f: dict, python: dict, layout: DistLayout | None = N
     return f"{data_dir}/data/{rel.as_posix()}"
 
 
-def _file_bytes(vault: Vault, f: dict) -> Iterator[bytes]:
-    for oid in f.get("chunks") or ():
+def _file_entry(f: dict) -> FileEntry:
+    problems: list[str] = []
+    unsafe: list[str] = []
+    out = parse_file_entry(f, "file", problems, unsafe)
+    if out is None or problems:
+        from envvault.errors import RefusedError
+
+        raise RefusedError("refusing a manifest file entry: " + "; ".join(unsafe + problems))
+    return out
+
+
+def _file_bytes(vault: Vault, f: FileEntry) -> Iterator[bytes]:
+    for oid in f.chunks or ():
         yield vault.get(oid)
 
 
-def _head(vault: Vault, f: dict) -> bytes:
+def _head(vault: Vault, f: FileEntry) -> bytes:
     """The first bytes of a stored file (its first chunk: at least 256 KiB unless the file is smaller)."""
-    chunks = f.get("chunks") or ()
-    return vault.get(chunks[0])[:LAUNCHER_HEAD] if chunks else b""
+    return vault.get(f.chunks[0])[:LAUNCHER_HEAD] if f.chunks else b""
 
 
-def _console_scripts(vault: Vault, man: dict) -> set[str]:
-    di = PurePosixPath(man["dist_info"]).name
-    for f in man["files"]:
-        if f["record"] == f"{di}/entry_points.txt" and f.get("chunks") is not None:
+def _console_scripts(vault: Vault, man: DistManifest) -> set[str]:
+    di = man.dist_info_name
+    for f in man.files:
+        if f.record == f"{di}/entry_points.txt" and f.chunks is not None:
             text = b"".join(_file_bytes(vault, f)).decode("utf-8", "replace")
             names, section = set(), None
             for line in text.splitlines():
@@ -142,29 +157,31 @@ def _console_scripts(vault: Vault, man: dict) -> set[str]:
     return set()
 
 
-def rebuild_wheel(vault: Vault, man: dict, python: dict, out_dir: Path) -> tuple[Path, str, int]:
+def rebuild_wheel(vault: Vault, man: DistManifest | dict, python: PythonInfo | dict,
+                  out_dir: Path) -> tuple[Path, str, int]:
     """Write ``out_dir/<wheel>``; return (path, sha256 hex, size). Deterministic bytes for one manifest."""
+    man, python = as_dist_manifest(man), as_python(python)
     check_wheel_source(man, python)
     name = wheel_filename(man)
     final = out_dir / name
     layout = _layout(man, python, _console_scripts(vault, man))
-    di = PurePosixPath(man["dist_info"]).name
+    di = man.dist_info_name
     record_rows = []
     tmp = tmp_name(out_dir, name)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for f in sorted(man["files"], key=lambda f: f["record"]):
-                if f.get("chunks") is None and "link" not in f:
+            for f in sorted(man.files, key=lambda f: f.record):
+                if f.chunks is None and f.link is None:
                     continue
                 member = wheel_member(man, f, python, layout)
-                script = is_script(f["record"], layout) and "link" not in f
-                if member is None or script and is_generated(f["record"], layout, _head(vault, f)):
+                script = is_script(f.record, layout) and f.link is None
+                if member is None or script and is_generated(f.record, layout, _head(vault, f)):
                     continue  # the installer writes launchers afresh (by name or by their shape)
                 info = zipfile.ZipInfo(member, date_time=_ZIP_EPOCH)
-                info.external_attr = (((f.get("mode") or 0o644) & 0o777) | 0o100000) << 16
+                info.external_attr = (((f.mode or 0o644) & 0o777) | 0o100000) << 16
                 h, size = hashlib.sha256(), 0
-                with zf.open(info, "w", force_zip64=(f.get("size") or 0) > (1 << 30)) as out:
-                    pieces = [f["link"].encode()] if "link" in f else _file_bytes(vault, f)
+                with zf.open(info, "w", force_zip64=(f.size or 0) > (1 << 30)) as out:
+                    pieces = [f.link.encode()] if f.link is not None else _file_bytes(vault, f)
                     for i, data in enumerate(pieces):
                         if i == 0 and script:
                             data = normalise_script(data)

@@ -22,7 +22,7 @@ from envvault.model._fields import (
 )
 from envvault.model.paths import path_problem, record_path_problem
 
-__all__ = ["FORMAT", "DistManifest", "FileEntry", "parse_dist_manifest", "parse_file_entry", "STATES"]
+__all__ = ["FORMAT", "DistManifest", "FileEntry", "parse_dist_manifest", "parse_file_entry", "STATES", "manifest_blob_ids", "as_dist_manifest"]
 
 FORMAT = 1
 STATES = frozenset({"ok", "modified", "unhashed", "missing", "unchecked"})
@@ -170,9 +170,21 @@ class DistManifest:
         return self.dist_info.rsplit("/", 1)[-1] if self.dist_info else None
 
     @property
-    def wheel_tags(self) -> tuple[str, ...]:
+    def wheel_tags(self) -> tuple[str, ...] | None:
+        """The WHEEL file's tags; None when not recorded, or not a list (export refuses that)."""
         tags = (self.wheel or {}).get("tags")
-        return tuple(tags) if isinstance(tags, list) else ()
+        return tuple(tags) if isinstance(tags, (list, tuple)) else None
+
+    @property
+    def wheel_build(self) -> Any:
+        """The WHEEL file's build tag (a string) or None."""
+        return (self.wheel or {}).get("build")
+
+    @property
+    def direct_url_value(self) -> str | None:
+        """``direct_url.json``'s ``url`` when it is a string."""
+        url = (self.direct_url or {}).get("url")
+        return url if isinstance(url, str) else None
 
     def blob_ids(self) -> list[str]:
         """Every blob id its files name, in order (duplicates kept)."""
@@ -206,3 +218,20 @@ def parse_dist_manifest(doc: Any, where: str = "manifest") -> DistManifest:
     raise_problems(where, problems)
     kw["files"] = tuple(files)
     return DistManifest(**kw, extra=extra, absent=absent)
+
+
+def manifest_blob_ids(doc: Any) -> list[str]:
+    """The blob ids a stored manifest (a distribution's or a cache tree's, as parsed JSON) names, read
+    leniently: what gc keeps and verify re-hashes, even of a manifest a restore would refuse."""
+    files = doc.get("files") if isinstance(doc, dict) else None
+    out: list[str] = []
+    for f in files if isinstance(files, list) else ():
+        chunks = f.get("chunks") if isinstance(f, dict) else None
+        if isinstance(chunks, list):
+            out.extend(c for c in chunks if isinstance(c, str))
+    return out
+
+
+def as_dist_manifest(man: Any, where: str = "manifest") -> DistManifest:
+    """``man`` itself when it is a ``DistManifest``, else parsed (for callers still holding the dict)."""
+    return man if isinstance(man, DistManifest) else parse_dist_manifest(man, where)

@@ -23,7 +23,8 @@ from envvault.model._fields import (
 from envvault.model.encoding import canonical_json
 
 __all__ = ["FORMAT", "Snapshot", "PackageSummary", "PythonInfo", "Host", "Gpu", "Stats", "CacheEntry", "GuardInfo",
-           "parse_snapshot", "parse_package_summary", "snapshot_problems", "build_snapshot", "is_id",
+           "parse_snapshot", "parse_package_summary", "snapshot_problems", "build_snapshot", "is_id", "as_snapshot",
+           "as_python", "as_package",
            "tag_name_problem"]
 
 FORMAT = 1
@@ -389,6 +390,32 @@ def parse_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
     raise_problems(where, problems)
     assert snap is not None
     return snap
+
+
+def as_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
+    """``doc`` itself when it is a ``Snapshot``, else parsed (for callers still holding the dict)."""
+    return doc if isinstance(doc, Snapshot) else parse_snapshot(doc, where)
+
+
+def as_python(python: Any) -> PythonInfo:
+    """A ``PythonInfo`` from itself or from a snapshot's ``python`` dict."""
+    if isinstance(python, PythonInfo):
+        return python
+    problems: list[str] = []
+    info = _parse_python(python if isinstance(python, dict) else {}, "python.", problems)
+    raise_problems("python", problems)
+    return info
+
+
+def as_package(p: Any) -> PackageSummary:
+    """A ``PackageSummary`` from itself or from its dict."""
+    if isinstance(p, PackageSummary):
+        return p
+    problems: list[str] = []
+    out = parse_package_summary(p, "", problems)
+    raise_problems("package summary", problems)
+    assert out is not None
+    return out
 
 
 def build_snapshot(*, kind: str = "snapshot", created: str, message: str, trigger: str | None,

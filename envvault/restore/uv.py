@@ -11,13 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Iterator
 
 from envvault.errors import EnvironmentProblem, NotFoundError, RefusedError, UsageError
+from envvault.model.snapshot import PythonInfo, Snapshot
 from envvault.restore.installed import reapply_state
 from envvault.restore.result import RestoreResult
 
@@ -70,15 +70,15 @@ def _version_of(exe: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def find_python(python: dict) -> tuple[str, str | None]:
+def find_python(python: PythonInfo) -> tuple[str, str | None]:
     """An interpreter for the snapshot's Python: (path, warning or None). Exact version first (the
     snapshot's base interpreter, pyenv's, then uv's discovery), else the same minor version with a warning;
     ``NotFoundError`` naming the version when there is none."""
-    version = python.get("version") or ""
+    version = python.version or ""
     minor = ".".join(version.split(".")[:2])
     names = [f"python{minor}", "python3", "python"]
     candidates: list[Path] = []
-    base = python.get("base_prefix")
+    base = python.base_prefix
     if base:
         candidates += [Path(base) / "bin" / n for n in names]
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions" / version / "bin"
@@ -101,7 +101,7 @@ def find_python(python: dict) -> tuple[str, str | None]:
     )
 
 
-def make_venv(path: Path, python: dict) -> str | None:
+def make_venv(path: Path, python: PythonInfo) -> str | None:
     """``uv venv`` at ``path`` with the snapshot's Python; returns a warning when only the minor matched."""
     exe, warning = find_python(python)
     run_uv("venv", "--quiet", "--no-project", "--python", exe, str(path), what=f"create a venv at {path}")
@@ -111,28 +111,23 @@ def make_venv(path: Path, python: dict) -> str | None:
 @contextmanager
 def scratch_dir(vault) -> Iterator[Path]:
     """A temporary folder under the vault's ``tmp/`` (same filesystem as the packs), removed afterwards."""
-    base = vault.root / "tmp"
-    base.mkdir(exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="restore-", dir=base))
-    try:
+    with vault.state.scratch_dir("restore-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- lock-only snapshots ---------------------------------------------------------------------------
 
 
 def _unknown(sources) -> list[str]:
-    return [f"{s.package['name']} {s.package['version']}" for s in sources if not s.known]
+    return [f"{s.package.name} {s.package.version}" for s in sources if not s.known]
 
 
-def check_lock_sources(vault, sid: str, doc: dict):
+def check_lock_sources(vault, sid: str, snapshot: Snapshot):
     """The sources of a lock-only snapshot's packages, decided from snapshot documents alone (fast);
     ``NotFoundError`` (exit 4) listing every package without one, before anything slow or any change."""
     from envvault.lock.sources import resolve_sources
 
-    sources = resolve_sources(vault, doc)
+    sources = resolve_sources(vault, snapshot.to_dict())
     unknown = _unknown(sources)
     if unknown:
         raise NotFoundError(
@@ -142,41 +137,41 @@ def check_lock_sources(vault, sid: str, doc: dict):
     return sources
 
 
-def _write_pylock(doc: dict, entries: list[dict], out: Path) -> None:
+def _write_pylock(snapshot: Snapshot, entries: list[dict], out: Path) -> None:
     import tomli_w
 
     from envvault.lock.export import pylock_document
 
-    lock = pylock_document(doc, entries)
-    minor = ".".join(doc["python"]["version"].split(".")[:2])
+    lock = pylock_document(snapshot.to_dict(), entries)
+    minor = ".".join((snapshot.python.version or "").split(".")[:2])
     lock["requires-python"] = f"=={minor}.*"
     out.write_text(tomli_w.dumps(lock))
 
 
-def resolve_lock_sources(vault, sid: str, doc: dict, work: Path, sources=None) -> list[dict]:
+def resolve_lock_sources(vault, sid: str, snapshot: Snapshot, work: Path, sources=None) -> list[dict]:
     """Pylock entries for every package (wheels of stored copies rebuilt under ``work/pylock.wheels``; an
     entry from an edited copy carries ``reapply(prefix)``, which ``sync_from_lock`` calls). ``sources``:
     from ``check_lock_sources``, which runs first when not given (and fails before anything is rebuilt)."""
     from envvault.lock.sources import pylock_entries
 
     if sources is None:
-        sources = check_lock_sources(vault, sid, doc)
-    entries = pylock_entries(vault, sid, doc, sources, work / "pylock.wheels", work)
+        sources = check_lock_sources(vault, sid, snapshot)
+    entries = pylock_entries(vault, sid, snapshot.to_dict(), sources, work / "pylock.wheels", work)
     for e in entries:  # an edited stored copy: after install, its RECORD rows go back to the build's
         copy = e["copy"]
         if copy is not None and copy.edited:
-            e["reapply"] = partial(reapply_state, vault, python=doc["python"], man=vault.get_json(copy.manifest))
+            e["reapply"] = partial(reapply_state, vault, python=snapshot.python, man=vault.load_manifest(copy.manifest))
     return entries
 
 
-def sync_from_lock(sid: str, doc: dict, entries: list[dict], python_exe: Path, *, reinstall: list[str], work: Path,
+def sync_from_lock(sid: str, snapshot: Snapshot, entries: list[dict], python_exe: Path, *, reinstall: list[str], work: Path,
                    installed: set[str] | None = None) -> dict:
     """Write the snapshot's pylock.toml under ``work`` (beside ``pylock.wheels/``) and ``uv pip sync`` the
     interpreter's environment to it: offline when every package has a rebuilt wheel. Packages that came
     from an edited stored copy and that uv installed (``installed``: their names; None: all) then get the
     RECORD rows their build has, so they carry the snapshot's build id with the stored edits."""
     lock_path = work / "pylock.toml"
-    _write_pylock(doc, entries, lock_path)
+    _write_pylock(snapshot, entries, lock_path)
     offline = all(e["wheel"] is not None for e in entries)
     args = ["pip", "sync", "--preview-features", "pylock", "--python", str(python_exe), "--cache-dir",
             str(work / "uv-cache"), "--link-mode", "hardlink", "--quiet"]  # that cache is deleted afterwards
@@ -186,13 +181,14 @@ def sync_from_lock(sid: str, doc: dict, entries: list[dict], python_exe: Path, *
         args += ["--reinstall-package", name]
     run_uv(*args, str(lock_path), what=f"sync {python_exe.parent.parent} to the lockfile of {sid[:12]}")
     for e in entries:
-        if e.get("reapply") is not None and (installed is None or e["summary"]["name"] in installed):
+        if e.get("reapply") is not None and (installed is None or e["summary"].name in installed):
             e["reapply"](python_exe.parent.parent)
     return {"wheels": sum(1 for e in entries if e["wheel"]), "urls": sum(1 for e in entries if e["source"]),
             "offline": offline}
 
 
-def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool, progress=None):
+def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, backup: bool, dry_run: bool,
+                      progress=None) -> RestoreResult:
     """Restore a lock-only snapshot in place through uv. The sources of its packages are decided first
     (fast, from snapshot documents): a restore that cannot succeed fails before any slow work, and
     ``dry_run`` runs the same decision. Same-version build changes are forced with ``--reinstall-package``
@@ -201,46 +197,48 @@ def restore_lock_only(vault, sid: str, doc: dict, target: Path, *, backup: bool,
     get it reinstalled), else at build level only. A ``result.Strategy`` (uv reports no progress)."""
     from envvault.diff import current_document, diff_snapshots
     from envvault.lock.sources import describe
+    from envvault.restore.current import scan_records
     from envvault.restore.plan import check_python
 
     if not (target / "bin" / "python").exists():
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
-    sources = check_lock_sources(vault, sid, doc)
+    sources = check_lock_sources(vault, sid, snapshot)
+    doc = snapshot.to_dict()  # for diff_snapshots, which compares documents
     with vault.lock():
         now = current_document(vault, target, facts=False)
-        check_python(doc["python"], now["python"])
+        check_python(snapshot.python, scan_records(now)[0])
         plan = diff_snapshots(now, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         reinstall = sorted({c.name for c in plan.changed if c.old_version == c.new_version})
         touched = {p.name for p in plan.added} | {c.name for c in plan.changed}
-        warnings = tuple(w for s in sources if s.package["name"] in touched for w in [describe(s)] if w)
+        warnings = tuple(w for s in sources if s.package.name in touched for w in [describe(s)] if w)
         planned = {"diff": plan.to_json(), "reinstall": reinstall, "sources": [_source_json(s) for s in sources
-                                                                               if s.package["name"] in touched]}
+                                                                               if s.package.name in touched]}
         if dry_run or plan.packages_empty:
             return RestoreResult(sid, str(target), "lock", None, len(plan.changed) + len(plan.added) + len(plan.removed),
                                  plan.packages_empty and not dry_run, dry_run, plan=planned, warnings=warnings)
         backup_id = None
         with scratch_dir(vault) as work:
-            entries = resolve_lock_sources(vault, sid, doc, work, sources)
+            entries = resolve_lock_sources(vault, sid, snapshot, work, sources)
             if backup:
                 from envvault.restore.backup import take_backup
 
                 backup_id = take_backup(vault, target, sid).id
-            info = sync_from_lock(sid, doc, entries, target / "bin" / "python", reinstall=reinstall, work=work,
+            info = sync_from_lock(sid, snapshot, entries, target / "bin" / "python", reinstall=reinstall, work=work,
                                   installed=touched)
         after = current_document(vault, target, facts=False)
         remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
-    written = [p for p in after["packages"] if p["name"] in touched]
+    written = [p for p in scan_records(after)[1] if p.name in touched]
     return RestoreResult(
         sid, str(target), "lock", backup_id, len(plan.changed) + len(plan.added) + len(plan.removed),
         remaining.packages_empty, False, plan={**planned, **info},
-        written_files=sum(p.get("files") or 0 for p in written), written_bytes=sum(p.get("size") or 0 for p in written),
+        written_files=sum(p.files for p in written), written_bytes=sum(p.size for p in written),
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=warnings,
     )
 
 
 def _source_json(s) -> dict:
     p = s.package
-    out = {"name": p["name"], "version": p["version"], "build_id": p.get("build_id")}
+    out = {"name": p.name, "version": p.version, "build_id": p.build_id}
     if s.copy is not None:
         out["from"] = {"snapshot": s.copy.snapshot, "manifest": s.copy.manifest,
                        "differs_from_record": list(s.copy.differs), "missing": list(s.copy.missing)}

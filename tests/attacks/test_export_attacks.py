@@ -101,15 +101,19 @@ def test_hostile_version_is_refused(tmp_path, version):
     _nothing_written(out)
 
 
-@pytest.mark.parametrize("record,path", [
-    ("pkg/../../escape.py", None),                  # a member that climbs out of the wheel
-    ("/abs/escape.py", f"{SP}/escape.py"),          # an absolute member
-    ("../../../x", "../escape.py"),                 # a data file whose path leaves the prefix
+@pytest.mark.parametrize("record,path,needle", [
+    # refused by the manifest parser (envvault/model/manifest.py), the check every reader of a manifest gets
+    ("pkg/../../escape.py", None, "files[1].record 'pkg/../../escape.py' contains '..'"),  # climbs out
+    ("/abs/escape.py", f"{SP}/escape.py", "files[1].record '/abs/escape.py' is absolute"),  # absolute member
+    ("../../../x", "../escape.py", "files[1].path '../escape.py' contains '..'"),  # leaves the prefix
+    ("pkg\\..\\..\\escape.py", None, "contains a backslash"),  # a member a Windows unzip would split
+    # well-formed paths, but not a wheel member: refused by export's own rule
+    ("pkg//escape.py", f"{SP}/pkg/escape.py", "outside the wheel"),
 ])
-def test_hostile_member_paths_are_refused(tmp_path, record, path):
+def test_hostile_member_paths_are_refused(tmp_path, record, path, needle):
     vault, sid = _vault(tmp_path, _manifest(files=[_file("pkg/__init__.py"), _file(record, path)]))
     rc, err, out = _export(tmp_path, vault, sid)
-    one_line(rc, err, 3, "outside the wheel")
+    one_line(rc, err, 3, "refusing", needle)
     _nothing_written(out)
 
 
@@ -123,8 +127,8 @@ def test_missing_index_files_fail_export(tmp_path, lost):
 
 
 def test_lock_only_export_of_a_hostile_stored_copy_leaves_no_wheels(tmp_path):
-    """A lock-only snapshot is exported from the full snapshot's stored copies: a good one is rebuilt first,
-    then the hostile one is refused; the wheel folder does not stay half-filled."""
+    """A lock-only snapshot is exported from the full snapshot's stored copies: the hostile one is refused
+    (its manifest is parsed before any wheel is written), and no wheel folder is left half-filled."""
     good = {**_manifest(name="aaa"), "build_id": "a" * 64, "state_id": "a" * 64,
             "dist_info": f"{SP}/aaa-1.0.dist-info"}
     bad = _manifest(files=[_file("pkg/__init__.py"), _file("/abs/escape.py", f"{SP}/escape.py")])
@@ -142,5 +146,5 @@ def test_lock_only_export_of_a_hostile_stored_copy_leaves_no_wheels(tmp_path):
     lock = put_snapshot(vault, snapshot_doc(venv=venv, packages=packages, lock_only=True, python=PYTHON,
                                             created="2026-11-30T11:00:00.000000Z"))
     rc, err, out = _export(tmp_path, vault, lock)
-    one_line(rc, err, 3, "outside the wheel")
+    one_line(rc, err, 3, "refusing", "files[1].record '/abs/escape.py' is absolute")
     _nothing_written(out)
