@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envvault.errors import AmbiguousError, NotFoundError
+from envvault.model.stamp import SIDECAR_NAME, Stamp
 
 __all__ = ["Ref", "resolve_arg", "is_lockfile"]
 
@@ -53,17 +54,16 @@ def _named(vault, arg: str) -> Ref:
 
 def _checkpoint_file(vault, path: Path) -> Ref:
     from envvault.torch.directories import read_checkpoint
-    from envvault.torch.stamp_doc import snapshot_of
+    from envvault.torch.naming import snapshot_of
 
     sid = snapshot_of(vault, path)
-    stamp = read_checkpoint(path).stamp or {}
+    stamp = read_checkpoint(path).stamp
     return Ref(sid, f"{path.name} ({sid[:12]})", _venv_of(vault, sid, stamp))
 
 
-def _venv_of(vault, sid: str, stamp: dict) -> str | None:
-    venv = stamp.get("venv")
-    if isinstance(venv, str) and venv:
-        return venv
+def _venv_of(vault, sid: str, stamp: Stamp | None) -> str | None:
+    if stamp is not None and stamp.venv:
+        return stamp.venv
     return vault.load_snapshot(sid).doc.get("venv")
 
 
@@ -73,7 +73,7 @@ def _venv_of(vault, sid: str, stamp: dict) -> str | None:
 def _holds_checkpoints(d: Path) -> bool:
     """A checkpoint folder: a DCP folder (``.metadata``), a stamp sidecar, checkpoint files, or a sub-folder
     that is a DCP folder or has a sidecar (Hugging Face with FSDP writes ``pytorch_model_fsdp_0/``)."""
-    from envvault.torch.checkpoint import CHECKPOINT_SUFFIXES, SIDECAR_NAME
+    from envvault.torch.checkpoint import CHECKPOINT_SUFFIXES
 
     try:
         entries = list(d.iterdir())
@@ -86,20 +86,17 @@ def _holds_checkpoints(d: Path) -> bool:
 
 
 def _sub_checkpoints(d: Path, entries: list[Path] | None = None) -> list[Path]:
-    from envvault.torch.checkpoint import SIDECAR_NAME
-
     entries = sorted(d.iterdir()) if entries is None else sorted(entries)
     return [e for e in entries if e.is_dir() and ((e / ".metadata").is_file() or (e / SIDECAR_NAME).is_file())]
 
 
-def _stamped_parts(d: Path) -> list[tuple[str, Path, dict]]:
+def _stamped_parts(d: Path) -> list[tuple[str, Path, Stamp]]:
     """``(name shown, path to resolve, stamp)`` for every stamped part of folder ``d``: its sidecar or each
     stamped checkpoint file in it, then the same for each checkpoint sub-folder. Read with the folder
     readers of :mod:`envvault.torch.directories` (through ``read_checkpoint``)."""
-    from envvault.torch.checkpoint import SIDECAR_NAME
     from envvault.torch.directories import read_checkpoint
 
-    parts: list[tuple[str, Path, dict]] = []
+    parts: list[tuple[str, Path, Stamp]] = []
     for folder, prefix in [(d, "")] + [(s, s.name + "/") for s in _sub_checkpoints(d)]:
         if folder is d and not _has_own_checkpoint(d):
             continue
@@ -113,7 +110,7 @@ def _stamped_parts(d: Path) -> list[tuple[str, Path, dict]]:
 
 
 def _has_own_checkpoint(d: Path) -> bool:
-    from envvault.torch.checkpoint import CHECKPOINT_SUFFIXES, SIDECAR_NAME
+    from envvault.torch.checkpoint import CHECKPOINT_SUFFIXES
 
     return any(e.name in (".metadata", SIDECAR_NAME) or (e.suffix in CHECKPOINT_SUFFIXES and e.is_file())
                for e in d.iterdir())
@@ -122,16 +119,16 @@ def _has_own_checkpoint(d: Path) -> bool:
 def _checkpoint_folder(vault, d: Path) -> Ref:
     """The one snapshot the stamps in folder ``d`` name. Files stamped alike are resolved once; when they
     resolve to different snapshots, one line names the files and the snapshot each names (exit 4)."""
-    from envvault.torch.stamp_doc import snapshot_of
+    from envvault.torch.naming import snapshot_of
 
     parts = _stamped_parts(d)
     if not parts:
         raise NotFoundError(f"{d}: no file in this checkpoint folder carries an envvault stamp (saved without "
                             "stamping); name a snapshot instead")
-    groups: dict[str, list[tuple[str, dict]]] = {}
+    groups: dict[str, list[tuple[str, Stamp]]] = {}
     resolved: dict[tuple, str] = {}
     for name, path, stamp in parts:
-        key = tuple(str(stamp.get(k)) for k in ("snapshot", "fingerprint", "venv", "snapshot_lock_only", "vault"))
+        key = (stamp.snapshot, stamp.fingerprint, stamp.venv, stamp.snapshot_lock_only, stamp.vault)
         if key not in resolved:
             resolved[key] = snapshot_of(vault, path)
         groups.setdefault(resolved[key], []).append((name, stamp))

@@ -220,7 +220,7 @@ def test_stamp_names_the_full_snapshot_of_an_edited_environment(light_venv, tmp_
     _saved(proc)
     proc.communicate("\n", timeout=120)
     stamp = read_checkpoint(tmp_path / "step.pt").stamp
-    assert stamp["snapshot"] == full and stamp["snapshot_lock_only"] is False, stamp
+    assert stamp.snapshot == full and stamp.snapshot_lock_only is False, stamp
     assert Vault.open(vault).snapshot_ids() == [full]  # no lock-only snapshot was needed
 
 
@@ -232,8 +232,8 @@ def test_restore_checkpoint_uses_the_full_snapshot_of_its_lock_only_stamp(light_
     _saved(proc)  # the vault was empty: the stamp names the lock-only snapshot taken for it
     proc.communicate("\n", timeout=120)
     stamp = read_checkpoint(step).stamp
-    lock = stamp["snapshot"]
-    assert stamp["snapshot_lock_only"] is True and Vault.open(vault).load_snapshot(lock).doc["lock_only"], stamp
+    lock = stamp.snapshot
+    assert stamp.snapshot_lock_only is True and Vault.open(vault).load_snapshot(lock).doc["lock_only"], stamp
     full = _snap(vault, venv)  # what the background snap of the first stamp does (an edited file: its
     assert full != lock        # fingerprint differs from the stamp's, its lock-level fingerprint does not)
 
@@ -249,7 +249,8 @@ def test_stamps_never_name_the_backup_of_a_damaged_environment(tmp_path):
     """The lock-level fingerprint reads dist-info only: the backup a restore takes of an environment whose
     files were deleted shares it with the good snapshot. A stamp (and `restore CKPT`) must name the good one,
     even though the backup is newer (seen on the GPU host: `restore step.pt` put the deleted files' state back)."""
-    from envvault.torch.stamp_doc import find_snapshot, lock_fingerprint
+    from envvault.torch.naming import find_snapshot
+    from envvault.torch.stamp_index import lock_fingerprint
 
     venv = make_venv(tmp_path / "venv", "uv")
     uv_install(venv, build_wheel(tmp_path / "w", "pkg", "1.0", {"pkg/__init__.py": b"X = 1\n", "pkg/core.py": b"Y = 2\n"}))

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from envvault.torch import plugin, stamp_doc  # noqa: E402
+from envvault.torch import environment, naming, plugin, stamp_doc  # noqa: E402
 from envvault.torch.directories import read_checkpoint  # noqa: E402
 from envvault.torch.hook import link_runtime  # noqa: E402
 from envvault.vault.store import Vault  # noqa: E402
@@ -115,7 +115,7 @@ def test_dict_checkpoint_gets_a_plain_key_and_still_loads(stamping, tmp_path):
     assert all(s == stamps[0] for s in stamps)
     _check_stamp(stamps[0], stamping)
     info = read_checkpoint(path)
-    assert info.stamp == stamps[0] and info.stamp_source == "key" and _record(path) is None
+    assert info.stamp.to_dict() == stamps[0] and info.stamp_source == "key" and _record(path) is None
 
 
 def test_bare_state_dicts_and_whole_modules_get_a_zip_record(stamping, tmp_path):
@@ -131,7 +131,7 @@ def test_bare_state_dicts_and_whole_modules_get_a_zip_record(stamping, tmp_path)
         assert s is not None and s["snapshot"] == snapshot, name
         _check_stamp(s, stamping)
         info = read_checkpoint(tmp_path / name)
-        assert info.stamp == s and info.stamp_source == "zip-record"
+        assert info.stamp.to_dict() == s and info.stamp_source == "zip-record"
         # torch's own writer put the record in: 64-byte aligned like every other record.
         rec = next(i for i in zipfile.ZipFile(tmp_path / name).infolist() if i.filename.endswith("envvault.json"))
         raw = (tmp_path / name).read_bytes()
@@ -193,7 +193,7 @@ def test_safetensors_metadata_keeps_format_pt(stamping, tmp_path):
         assert meta["format"] == "pt"
         _check_stamp(json.loads(meta["envvault"]), stamping)
         info = read_checkpoint(tmp_path / f"{path}.safetensors")
-        assert info.stamp == json.loads(meta["envvault"]) and info.stamp_source == "safetensors-metadata"
+        assert info.stamp.to_dict() == json.loads(meta["envvault"]) and info.stamp_source == "safetensors-metadata"
     with safe_open(tmp_path / "b.safetensors", framework="pt") as f:
         assert f.metadata()["step"] == "3"
     loaded = safetensors.torch.load_file(tmp_path / "a.safetensors")
@@ -209,7 +209,7 @@ def test_distributed_checkpoint_gets_a_sidecar(stamping, tmp_path):
     side = json.loads((tmp_path / "dcp" / "envvault.json").read_text())
     _check_stamp(side, stamping)
     info = read_checkpoint(tmp_path / "dcp")
-    assert info.format == "dcp" and info.stamp == side
+    assert info.format == "dcp" and info.stamp.to_dict() == side
     fresh = {"model": _model().state_dict()}
     dcp.load(fresh, checkpoint_id=str(tmp_path / "dcp"))
 
@@ -250,7 +250,7 @@ def test_explicit_stamp_without_enable(vault_dir, tmp_path, monkeypatch):
         assert read_checkpoint(tmp_path / "sd.pt").stamp is None
         for target in ("sd.pt", "w.safetensors", "dcp"):
             assert plugin.stamp(tmp_path / target) == tmp_path / target
-            _check_stamp(read_checkpoint(tmp_path / target).stamp, vault_dir)
+            _check_stamp(read_checkpoint(tmp_path / target).stamp.to_dict(), vault_dir)
         _model().load_state_dict(torch.load(tmp_path / "sd.pt", weights_only=True, mmap=True), strict=True)
         with pytest.raises(TypeError, match="bare state_dict"):
             plugin.stamp(model.state_dict())
@@ -328,15 +328,15 @@ def test_lock_level_fingerprint_equals_a_full_snapshots(tmp_path):
     sites = [site_packages(venv)]
     vault = Vault.open(tmp_path / "vault", create=True)
     full = take_snapshot(vault, venv, message="full")
-    signature = stamp_doc.dist_signature(venv, sites)
-    from_full_cache = stamp_doc.state_from_cache(vault, venv, signature)  # only full-scan groups so far
+    signature = environment.dist_signature(venv, sites)
+    from_full_cache = environment.state_from_cache(vault, venv, signature)  # only full-scan groups so far
     assert from_full_cache is not None and from_full_cache.fingerprint == full.doc["fingerprint"]
     assert [p[0] for p in from_full_cache.packages] == ["alpha", "beta"]
-    cold = stamp_doc.environment_state(Vault.open(tmp_path / "cold", create=True), venv, sites)
+    cold = environment.environment_state(Vault.open(tmp_path / "cold", create=True), venv, sites)
     assert cold.fingerprint == full.doc["fingerprint"] and cold.packages == from_full_cache.packages
-    assert stamp_doc.find_snapshot(vault, cold.fingerprint) == (full.id, False)
-    assert stamp_doc.find_snapshot(vault, cold.fingerprint, str(venv)) == (full.id, False)
-    assert stamp_doc.find_snapshot(vault, cold.fingerprint, str(tmp_path / "a-copy-elsewhere")) is None
+    assert naming.find_snapshot(vault, cold.fingerprint) == (full.id, False)
+    assert naming.find_snapshot(vault, cold.fingerprint, str(venv)) == (full.id, False)
+    assert naming.find_snapshot(vault, cold.fingerprint, str(tmp_path / "a-copy-elsewhere")) is None
 
 
 # --- real processes ---------------------------------------------------------------------------------------------
@@ -397,7 +397,7 @@ def test_drift_names_what_was_installed_while_the_process_ran(light_venv, tmp_pa
     proc = _run_until_ready(venv, vault, tmp_path, str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))
     uv_install(venv, _wheel(tmp_path / "w", "driftpkg"))
     err = _finish(proc)
-    a, b = read_checkpoint(tmp_path / "a.pt").stamp, read_checkpoint(tmp_path / "b.pt").stamp
+    a, b = read_checkpoint(tmp_path / "a.pt").stamp.to_dict(), read_checkpoint(tmp_path / "b.pt").stamp.to_dict()
     assert a["drift"] is None and a["snapshot"]
     assert b["snapshot"] == a["snapshot"] and b["fingerprint"] == a["fingerprint"]  # the environment it started in
     assert b["drift"]["changed"] == [{"name": "driftpkg", "old": None, "new": "1.0", "other_build": False}]
@@ -409,7 +409,7 @@ def test_drift_names_what_was_installed_while_the_process_ran(light_venv, tmp_pa
     proc = _run_until_ready(venv, vault, tmp_path, "-", str(tmp_path / "c.pt"))
     uv_install(venv, _wheel(tmp_path / "w", "latepkg", "3.0"))
     _finish(proc)
-    c = read_checkpoint(tmp_path / "c.pt").stamp
+    c = read_checkpoint(tmp_path / "c.pt").stamp.to_dict()
     assert c["fingerprint"] == b["drift"]["fingerprint"]
     assert c["drift"]["changed"] == [{"name": "latepkg", "old": None, "new": "3.0", "other_build": False}]
     assert c["snapshot"] is None and "changed on disk" in c["warnings"][0]
@@ -473,8 +473,8 @@ def test_eight_processes_of_three_threads_make_one_snapshot(light_venv, tmp_path
     files = sorted(tmp_path.glob("p*.pt"))
     assert len(files) == 8 * 3 * 2 * 2  # processes x threads x rounds x (dict, state_dict)
     stamps = [read_checkpoint(f).stamp for f in files]
-    assert all(s is not None and s["warnings"] == [] for s in stamps)
-    assert len({s["snapshot"] for s in stamps}) == 1 and len({s["fingerprint"] for s in stamps}) == 1
+    assert all(s is not None and s.warnings == () for s in stamps)
+    assert len({s.snapshot for s in stamps}) == 1 and len({s.fingerprint for s in stamps}) == 1
     for f in files:
         loaded = torch.load(f, weights_only=True, mmap=True)
         torch.nn.Linear(4, 4).load_state_dict(loaded.get("model", loaded), strict=True)
@@ -519,5 +519,5 @@ def test_sigkill_while_stamping_a_file_leaves_it_whole(light_venv, tmp_path):
     proc = subprocess.run(run, capture_output=True, text=True, timeout=300, env=_env(vault))
     assert proc.returncode == 0 and "stamped" in proc.stdout, proc.stderr
     stamp = read_checkpoint(ckpt).stamp
-    assert stamp is not None and stamp["snapshot"] in Vault.open(vault).snapshot_ids()
+    assert stamp is not None and stamp.snapshot in Vault.open(vault).snapshot_ids()
     torch.nn.Linear(2, 2).load_state_dict(torch.load(ckpt, weights_only=True), strict=True)

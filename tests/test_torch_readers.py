@@ -42,7 +42,7 @@ from fixtures.machine import cpython  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
-STAMP = {"snapshot": "8f3a1c2d", "torch": str(torch.__version__), "host": "test"}
+STAMP = {"format": 1, "snapshot": "8f" * 32, "torch": str(torch.__version__), "host": "test"}
 NO_TORCH_PYTHON = os.environ.get("ENVVAULT_NOTORCH_PYTHON") or str(cpython("3.12"))
 
 
@@ -78,7 +78,7 @@ def test_dict_checkpoint_with_args_config_epoch_and_stamp(tmp_path):
 
     info = read_checkpoint(path)
     assert info.format == "torch-zip"
-    assert info.stamp == STAMP and info.stamp_source == "key"
+    assert info.stamp.to_dict() == STAMP and info.stamp_source == "key"
     assert info.findings == ()
     c = info.content
     assert c["epoch"] == 7
@@ -121,15 +121,15 @@ def test_bare_state_dict_stamped_through_zip_record_still_loads(tmp_path):
             assert all(torch.equal(a, b) for a, b in zip(loaded.values(), model.state_dict().values()))
 
     info = read_checkpoint(path)
-    assert info.stamp == STAMP and info.stamp_source == "zip-record"
+    assert info.stamp.to_dict() == STAMP and info.stamp_source == "zip-record"
     assert "envvault" not in info.content  # the state dict itself stays untouched
     assert _summary(info) == _expected(model.state_dict().values())
     assert info.notes == ()
 
     # Re-stamping replaces the record (it is the last one) instead of adding a second.
-    add_zip_record(path, data=json.dumps({**STAMP, "snapshot": "second"}).encode())
+    add_zip_record(path, data=json.dumps({**STAMP, "snapshot": "5e" * 32}).encode())
     assert zipfile.ZipFile(path).namelist().count(name) == 1
-    assert read_checkpoint(path).stamp["snapshot"] == "second"
+    assert read_checkpoint(path).stamp.snapshot == "5e" * 32
     assert torch.load(path, weights_only=True, mmap=True).keys() == model.state_dict().keys()
 
 
@@ -208,7 +208,7 @@ def test_legacy_format(tmp_path):
 
     info = read_checkpoint(path)
     assert info.format == "torch-legacy"
-    assert info.stamp == STAMP and info.content["epoch"] == 3
+    assert info.stamp.to_dict() == STAMP and info.content["epoch"] == 3
     assert info.content["model"]["2.weight"] == {"tensor": [4, 16], "dtype": "float32"}
     assert _summary(info) == _expected(model.state_dict().values())
 
@@ -237,7 +237,7 @@ def test_safetensors_metadata_stamp(tmp_path):
 
     info = read_checkpoint(path)
     assert info.format == "safetensors"
-    assert info.stamp == STAMP and info.stamp_source == "safetensors-metadata"
+    assert info.stamp.to_dict() == STAMP and info.stamp_source == "safetensors-metadata"
     assert info.content["embed.weight"] == {"tensor": [10, 4], "dtype": "float32"}
     assert info.content["head.bias"] == {"tensor": [3], "dtype": "bfloat16"}
     assert _summary(info) == _expected(tensors.values())
@@ -258,7 +258,7 @@ def test_dcp_directory_with_sidecar(tmp_path):
     write_sidecar(d, STAMP)
     info = read_checkpoint(d)
     assert info.format == "dcp"
-    assert info.stamp == STAMP and info.stamp_source == "envvault.json"
+    assert info.stamp.to_dict() == STAMP and info.stamp_source == "envvault.json"
     assert info.content["model.0.weight"] == {"tensor": [16, 8], "dtype": "float32"}
     assert info.content["step"] == 11
     assert [f.name for f in info.files] == ["__0_0.distcp"]
@@ -283,14 +283,14 @@ def test_hf_style_directory(tmp_path):
 
     info = read_checkpoint(d)
     assert info.format == "hf-dir"
-    assert info.stamp == STAMP and info.stamp_source == "model-00001-of-00002.safetensors"
+    assert info.stamp.to_dict() == STAMP and info.stamp_source == "model-00001-of-00002.safetensors"
     assert info.content["config.json"]["model_type"] == "toy"
     assert info.content["model.safetensors.index.json"]["tensors"] == len(names)
     assert [(f.name, f.format) for f in info.files] == [
         ("model-00001-of-00002.safetensors", "safetensors"), ("model-00002-of-00002.safetensors", "safetensors"),
         ("pytorch_model.bin", "torch-zip")]
     assert info.tensors.count == 2 * len(sd)
-    write_sidecar(d, {**STAMP, "snapshot": "dir"})
+    write_sidecar(d, {**STAMP, "snapshot": "d1" * 32})
     assert read_checkpoint(d).stamp_source == "envvault.json"
 
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from envvault.cli import cli
 from envvault.commands.snapshots import json_option, venv_option
 from envvault.output import emit_json, human_bytes, style
+
+if TYPE_CHECKING:
+    from envvault.model.stamp import DriftChange, Stamp
 
 COLLAPSE = 4  # a mapping of more tensors than this is shown as one line
 
@@ -87,57 +90,51 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
-def _stamp_lines(s: dict) -> list[tuple[str, str]]:
-    def get(key: str) -> Any:
-        return s.get(key)
-
+def _stamp_lines(s: Stamp) -> list[tuple[str, str]]:
     lines = []
-    sid = get("snapshot")
-    lines.append(("snapshot", (f"{style(sid, 'yellow')}" + (" (lock-only)" if get("snapshot_lock_only") else ""))
-                  if sid else "none" + (f" (vault {get('vault')})" if get("vault") else "")))
-    lines.append(("fingerprint", get("fingerprint") or "unknown"))
-    lines.append(("torch", f"{get('torch') or 'not imported'}, cuda {get('cuda') or 'none'}"))
-    lines.append(("python", f"{get('python')}  {get('executable') or ''}".rstrip()))
-    lines.append(("venv", str(get("venv"))))
-    lines.append(("host", str(get("host"))))
-    lines.append(("time", str(get("time"))))
-    argv = get("argv")
-    lines.append(("argv", " ".join(map(str, argv)) if isinstance(argv, list) else str(argv)))
-    lines.append(("cwd", str(get("cwd"))))
-    git = get("git")
-    if isinstance(git, dict):
-        dirty = {True: ", dirty", False: ", clean", None: ""}.get(git.get("dirty"), "")
-        branch = f" on {git['branch']}" if git.get("branch") else ""
-        lines.append(("git", f"{git.get('commit') or 'no commit'}{branch}{dirty}  ({git.get('root')})"))
-    env = get("env")
-    if isinstance(env, dict) and env:
-        lines.append(("env", ", ".join(f"{k}={v}" for k, v in env.items())))
-    drift = get("drift")
-    if isinstance(drift, dict):
-        changed = ", ".join(_change(c) for c in drift.get("changed") or ()) or "unknown distributions"
+    if s.snapshot:
+        lines.append(("snapshot", style(s.snapshot, "yellow") + (" (lock-only)" if s.snapshot_lock_only else "")))
+    else:
+        lines.append(("snapshot", "none" + (f" (vault {_safe(s.vault)})" if s.vault else "")))
+    lines.append(("fingerprint", s.fingerprint or "unknown"))
+    lines.append(("torch", f"{s.torch or 'not imported'}, cuda {s.cuda or 'none'}"))
+    lines.append(("python", f"{s.python}  {_safe(s.executable or '')}".rstrip()))
+    lines.append(("venv", _safe(str(s.venv))))
+    lines.append(("host", str(s.host)))
+    lines.append(("time", str(s.time)))
+    lines.append(("argv", _safe(" ".join(s.argv)) if s.argv is not None else "None"))
+    lines.append(("cwd", _safe(str(s.cwd))))
+    if s.git is not None:
+        dirty = {True: ", dirty", False: ", clean", None: ""}[s.git.dirty]
+        branch = f" on {s.git.branch}" if s.git.branch else ""
+        lines.append(("git", f"{s.git.commit or 'no commit'}{branch}{dirty}  ({_safe(s.git.root)})"))
+    if s.env:
+        lines.append(("env", _safe(", ".join(f"{k}={v}" for k, v in s.env.items()))))
+    if s.drift is not None:
+        changed = ", ".join(_change(c) for c in s.drift.changed) or "unknown distributions"
         lines.append(("drift", style(f"the environment on disk changed after the process started: {changed}", "red")))
     else:
         lines.append(("drift", "none"))
-    for w in get("warnings") or ():
-        lines.append(("warning", str(w)))
-    known = {"format", "tool", "snapshot", "snapshot_lock_only", "vault", "fingerprint", "torch", "cuda", "python",
-             "executable", "venv", "host", "time", "argv", "cwd", "git", "env", "drift", "warnings"}
-    for key in sorted(set(s) - known):
-        lines.append((key, json.dumps(s[key], ensure_ascii=False)))
+    for w in s.warnings:
+        lines.append(("warning", _safe(w)))
+    for key in sorted(s.extra):
+        lines.append((_safe(key), json.dumps(s.extra[key], ensure_ascii=False)))
     return lines
 
 
-def _change(c: dict) -> str:
-    if not isinstance(c, dict):
-        return str(c)
-    old, new = c.get("old"), c.get("new")
-    if old is None:
-        return f"{c.get('name')} {new} installed"
-    if new is None:
-        return f"{c.get('name')} {old} removed"
-    if old == new:
-        return f"{c.get('name')} {old} (other build)"
-    return f"{c.get('name')} {old} -> {new}"
+def _safe(text: str) -> str:
+    """``text`` with control characters escaped: a stamp comes from a stranger's file, a terminal obeys them."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+def _change(c: DriftChange) -> str:
+    if c.old is None:
+        return f"{c.name} {c.new} installed"
+    if c.new is None:
+        return f"{c.name} {c.old} removed"
+    if c.old == c.new:
+        return f"{c.name} {c.old} (other build)"
+    return f"{c.name} {c.old} -> {c.new}"
 
 
 def _is_tensor(v: Any) -> bool:

@@ -20,7 +20,7 @@ from envvault.model.record import RecordEntry, record_sha256
 __all__ = [
     "IDENTITY_VERSION", "GENERATED_NAMES", "DistLayout", "is_bytecode", "is_script", "is_generated",
     "is_launcher", "is_seed_marker", "normalise_script", "script_digest", "build_id", "scripts_id", "state_id", "fingerprint",
-    "record_line", "verbatim_rows", "same_build", "egg_link_build_id", "LAUNCHER_HEAD",
+    "lock_fingerprint", "record_line", "verbatim_rows", "same_build", "egg_link_build_id", "LAUNCHER_HEAD",
 ]
 
 # 1: every non-generated row entered the build id, data scripts with the hash of their rewritten shebang.
@@ -177,6 +177,12 @@ def fingerprint(python_version: str, packages: Iterable[dict]) -> str:
     """BLAKE3 over ``python <version>`` and the sorted ``name version state_id`` lines."""
     lines = [f"python {python_version}"] + sorted(f"{p['name']} {p['version']} {p['state_id']}" for p in packages)
     return blake3.blake3("\n".join(lines).encode()).hexdigest()
+
+
+def lock_fingerprint(python_version: str, packages: Iterable[tuple[str, str, str]]) -> str:
+    """The lock-level fingerprint of ``(name, version, build id)`` packages: the fingerprint with each build id
+    in place of the state id (what checkpoint stamps carry and are matched by; docs/format.md)."""
+    return fingerprint(python_version, [{"name": n, "version": v, "state_id": b} for n, v, b in packages])
 
 
 def same_build(a: dict, b: dict) -> bool | None:

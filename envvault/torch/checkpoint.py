@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import stat
 import struct
 import zipfile
 import zlib
@@ -21,7 +20,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from envvault.errors import CorruptError, UsageError
+from envvault.model.stamp import STAMP_KEY, STAMP_RECORD, Stamp, parse_stamp
 from envvault.torch import pickle_reader as pr
+from envvault.torch.files import MAX_SIDE_BYTES, open_regular
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
 from envvault.torch.records import valid_shape
 
@@ -30,28 +31,19 @@ __all__ = [
     "FileInfo",
     "TensorSummary",
     "read_file",
-    "parse_stamp",
+    "stamp_from_json",
     "zip_pickle",
     "read_safetensors_header",
-    "open_regular",
-    "read_small",
     "load_json",
     "BadJSON",
     "to_jsonable",
-    "STAMP_KEY",
-    "STAMP_RECORD",
-    "SIDECAR_NAME",
 ]
 
-STAMP_KEY = "envvault"  # top-level key of a dict checkpoint; key in safetensors __metadata__
-STAMP_RECORD = "extra/envvault.json"  # record under the torch zip's <prefix>/
-SIDECAR_NAME = "envvault.json"  # file in a checkpoint directory
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
 # Reading limits (docs/format.md, threat model; the pickle reader has its own in pickle_reader.MAX_*).
 MAX_PICKLE_BYTES = 1 << 30  # a data.pkl bigger than this holds data, not structure: refuse
-MAX_SIDE_BYTES = 1 << 20  # stamp records, sidecars, config/index JSON and DCP byte entries read into memory
 MAX_SAFETENSORS_HEADER = 16 << 20  # a header this large describes ~150,000 tensors; over it: refuse
 _SAFETENSORS_LIBRARY_LIMIT = 100_000_000  # what the safetensors library accepts (to recognise the format)
 MAX_ZIP_DIRECTORY = 16 << 20  # a zip central directory this large lists ~200,000 records; over it: refuse
@@ -75,12 +67,12 @@ class FileInfo:
     format: str
     size: int
     tensors: TensorSummary
-    stamp: dict | None = None
+    stamp: Stamp | None = None
     findings: tuple[pr.Blocked, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "format": self.format, "size": self.size, "tensors": self.tensors.to_dict(),
-                "stamp": self.stamp, "findings": [str(f) for f in self.findings]}
+                "stamp": self.stamp.to_dict() if self.stamp else None, "findings": [str(f) for f in self.findings]}
 
 
 @dataclass(frozen=True)
@@ -88,7 +80,9 @@ class CheckpointInfo:
     """What ``directories.read_checkpoint`` found.
 
     ``format``: torch-zip, torchscript, torch-legacy, pickle, safetensors, dcp, hf-dir or directory.
-    ``stamp``: the envvault stamp (a dict) or None; ``stamp_source`` says where it was found.
+    ``stamp``: the envvault stamp (validated by :func:`envvault.model.stamp.parse_stamp`) or None;
+    ``stamp_source`` says where it was found; ``stamp_problem``: why a stamp that was there was ignored (also
+    in ``notes``).
     ``content``: JSON-able plain data (see :func:`to_jsonable`). ``findings``: calls and classes the
     pickle names that are not on the allow-list (none of them ran). ``globals``: every non-allow-listed
     global the pickle names, i.e. what ``torch.load(weights_only=True)`` would refuse. ``notes``: problems
@@ -97,7 +91,7 @@ class CheckpointInfo:
 
     path: str
     format: str
-    stamp: dict | None
+    stamp: Stamp | None
     stamp_source: str | None
     content: Any
     tensors: TensorSummary
@@ -105,37 +99,15 @@ class CheckpointInfo:
     globals: tuple[str, ...] = ()
     files: tuple[FileInfo, ...] = ()
     notes: tuple[str, ...] = ()
+    stamp_problem: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document ``envvault inspect --json`` prints."""
-        return {"path": self.path, "format": self.format, "stamp": self.stamp, "stamp_source": self.stamp_source,
+        return {"path": self.path, "format": self.format, "stamp": self.stamp.to_dict() if self.stamp else None,
+                "stamp_source": self.stamp_source,
                 "tensors": self.tensors.to_dict(), "findings": [str(f) for f in self.findings],
                 "globals": list(self.globals), "files": [f.to_dict() for f in self.files],
                 "notes": list(self.notes), "content": self.content}
-
-
-def open_regular(p: Path) -> BinaryIO:
-    """``p`` opened for reading, only if it is a regular file. A FIFO, device or socket is refused with
-    :class:`UsageError` without blocking: opened with ``O_NONBLOCK`` and checked with ``fstat`` before
-    anything is read. Unlike the vault's own reads (``fsutil.read_regular``) a symlink is followed: the
-    Hugging Face cache links every checkpoint file to a blob."""
-    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"{p}: not a regular file (a FIFO, device or socket); envvault reads only files")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def read_small(p: Path, limit: int = MAX_SIDE_BYTES) -> bytes | None:
-    """The bytes of regular file ``p`` when it holds at most ``limit`` bytes, else None. Raises
-    :class:`UsageError` for what is not a regular file and ``OSError`` when it cannot be read."""
-    with open_regular(p) as f:
-        data = f.read(limit + 1)
-    return data if len(data) <= limit else None
 
 
 class BadJSON(ValueError):
@@ -227,11 +199,11 @@ def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
     except _ZIP_ERRORS as err:
         raise CorruptError(f"{p}: damaged zip checkpoint ({' '.join(str(err).split())[:160]})") from None
     notes = _more_findings(result)
-    stamp, source = _stamp_from_content(result.obj, notes)
+    stamp, source, problem = _stamp_from_content(result.obj, notes)
     if record is not None:
-        rec_stamp = parse_stamp(record, f"{prefix}{STAMP_RECORD}", notes)
+        rec_stamp, rec_problem = stamp_from_json(record, f"{prefix}{STAMP_RECORD}", notes)
         if stamp is None:
-            stamp, source = rec_stamp, "zip-record"
+            stamp, source, problem = rec_stamp, "zip-record" if rec_stamp else None, problem or rec_problem
         elif rec_stamp is not None and rec_stamp != stamp:
             notes.append(f"the zip record {prefix}{STAMP_RECORD} differs from the '{STAMP_KEY}' key; "
                          "showing the key")
@@ -239,7 +211,7 @@ def _read_zip(p: Path, f: BinaryIO) -> CheckpointInfo:
     if stored != summary.storage_bytes:
         notes.append(f"the data records hold {stored} bytes but the pickle describes {summary.storage_bytes}")
     return CheckpointInfo(str(p), fmt, stamp, source, to_jsonable(result.obj), summary, result.findings,
-                          result.globals, notes=tuple(notes))
+                          result.globals, notes=tuple(notes), stamp_problem=problem)
 
 
 def _more_findings(result: pr.PickleResult) -> list[str]:
@@ -286,10 +258,10 @@ def _read_pickle_file(p: Path, f: BinaryIO) -> CheckpointInfo:
     else:
         result, fmt = first, "pickle"
     notes = _more_findings(result)
-    stamp, source = _stamp_from_content(result.obj, notes)
+    stamp, source, problem = _stamp_from_content(result.obj, notes)
     return CheckpointInfo(str(p), fmt, stamp, source, to_jsonable(result.obj),
                           summarize(result.obj, result.storages), result.findings, result.globals,
-                          notes=tuple(notes))
+                          notes=tuple(notes), stamp_problem=problem)
 
 
 # --- safetensors -----------------------------------------------------------------------------------------
@@ -358,36 +330,42 @@ def _from_safetensors(p: Path, header: dict[str, Any]) -> CheckpointInfo:
     tensors, total = safetensors_tensors(header)
     metadata = header.get("__metadata__") or {}
     notes: list[str] = []
-    stamp = parse_stamp(metadata[STAMP_KEY].encode(), f"__metadata__[{STAMP_KEY!r}]", notes) \
-        if STAMP_KEY in metadata else None
+    stamp, problem = stamp_from_json(metadata[STAMP_KEY].encode(), f"__metadata__[{STAMP_KEY!r}]", notes) \
+        if STAMP_KEY in metadata else (None, None)
     content = {"__metadata__": metadata, **to_jsonable(tensors)} if metadata else to_jsonable(tensors)
     return CheckpointInfo(str(p), "safetensors", stamp, "safetensors-metadata" if stamp else None, content,
-                          summarize(tensors, storage_bytes=total), notes=tuple(notes))
+                          summarize(tensors, storage_bytes=total), notes=tuple(notes), stamp_problem=problem)
 
 
 # --- stamps ----------------------------------------------------------------------------------------------
 
 
-def _stamp_from_content(obj: Any, notes: list[str]) -> tuple[dict | None, str | None]:
+def _stamp_from_content(obj: Any, notes: list[str]) -> tuple[Stamp | None, str | None, str | None]:
+    """(stamp, "key" or None, why a stamp there was ignored) of a dict checkpoint's ``"envvault"`` key."""
     if not isinstance(obj, dict) or STAMP_KEY not in obj:
-        return None, None
+        return None, None, None
     value = obj[STAMP_KEY]
     if isinstance(value, str):
-        return parse_stamp(value.encode(), f"the '{STAMP_KEY}' key", notes), "key"
-    plain = to_jsonable(value)
-    if not isinstance(plain, dict):
-        notes.append(f"the '{STAMP_KEY}' key holds {type(plain).__name__}, not a stamp record")
-        return None, None
-    return plain, "key"
+        stamp, problem = stamp_from_json(value.encode(), f"the '{STAMP_KEY}' key", notes)
+    else:
+        stamp, problem = _checked(to_jsonable(value), f"the '{STAMP_KEY}' key", notes)
+    return stamp, "key" if stamp else None, problem
 
 
-def parse_stamp(raw: bytes, where: str, notes: list[str]) -> dict | None:
+def stamp_from_json(raw: bytes, where: str, notes: list[str]) -> tuple[Stamp | None, str | None]:
+    """The stamp in JSON text ``raw`` (bounded parse, then :func:`parse_stamp`), or None and why, the reason
+    also added to ``notes``."""
     try:
         value = load_json(raw)
     except BadJSON as err:
         notes.append(f"{where} is not JSON envvault reads ({err}); stamp ignored")
-        return None
-    if not isinstance(value, dict):
-        notes.append(f"{where} is not a JSON object; stamp ignored")
-        return None
-    return value
+        return None, notes[-1]
+    return _checked(value, where, notes)
+
+
+def _checked(value: Any, where: str, notes: list[str]) -> tuple[Stamp | None, str | None]:
+    try:
+        return parse_stamp(value, where), None
+    except CorruptError as err:
+        notes.append(f"{err}; stamp ignored")
+        return None, notes[-1]

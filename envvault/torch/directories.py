@@ -9,6 +9,7 @@ Face folder holds ``config.json``, ``*.safetensors`` / ``pytorch_model*.bin`` sh
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import zipfile
@@ -16,22 +17,20 @@ from pathlib import Path
 from typing import Any
 
 from envvault.errors import CorruptError, EnvvaultError, NotFoundError, UsageError
+from envvault.model.stamp import SIDECAR_NAME, Stamp
 from envvault.torch import pickle_reader as pr
 from envvault.torch.checkpoint import (
     CHECKPOINT_SUFFIXES,
     MAX_SAFETENSORS_HEADER,
-    MAX_SIDE_BYTES,
-    SIDECAR_NAME,
     BadJSON,
     CheckpointInfo,
     FileInfo,
-    parse_stamp,
-    read_file,
-    zip_pickle,
     load_json,
-    open_regular,
-    read_small,
+    read_file,
+    stamp_from_json,
+    zip_pickle,
 )
+from envvault.torch.files import MAX_SIDE_BYTES, open_regular, read_small
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
 from envvault.torch.records import valid_shape
 
@@ -59,10 +58,12 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
 def read_directory(d: Path) -> CheckpointInfo:
     """Describe a DCP or Hugging Face style directory; :class:`UsageError` when it holds no checkpoint."""
     notes: list[str] = []
-    stamp = _sidecar(d, notes)
+    stamp, problem = _sidecar(d, notes)
     if (d / ".metadata").is_file():
-        return _read_dcp(d, stamp, notes)
-    return _read_model_dir(d, stamp, notes)
+        info = _read_dcp(d, stamp, notes)
+    else:
+        info = _read_model_dir(d, stamp, notes)
+    return info if info.stamp is not None or problem is None else dataclasses.replace(info, stamp_problem=problem)
 
 
 def _small_json_file(p: Path, notes: list[str], limit: int = MAX_SIDE_BYTES) -> bytes | None:
@@ -79,12 +80,12 @@ def _small_json_file(p: Path, notes: list[str], limit: int = MAX_SIDE_BYTES) -> 
     return raw
 
 
-def _sidecar(d: Path, notes: list[str]) -> dict | None:
+def _sidecar(d: Path, notes: list[str]) -> tuple[Stamp | None, str | None]:
     raw = _small_json_file(d / SIDECAR_NAME, notes)
-    return None if raw is None else parse_stamp(raw, SIDECAR_NAME, notes)
+    return (None, None) if raw is None else stamp_from_json(raw, SIDECAR_NAME, notes)
 
 
-def _read_dcp(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
+def _read_dcp(d: Path, stamp: Stamp | None, notes: list[str]) -> CheckpointInfo:
     with open_regular(d / ".metadata") as f:
         result = pr.load(f, what=f"{d / '.metadata'}")
     state = _state(result.obj)
@@ -158,7 +159,7 @@ def _dcp_bytes(d: Path, info: dict | None, notes: list[str]) -> Any:
     return to_jsonable(result.obj)
 
 
-def _read_model_dir(d: Path, stamp: dict | None, notes: list[str]) -> CheckpointInfo:
+def _read_model_dir(d: Path, stamp: Stamp | None, notes: list[str]) -> CheckpointInfo:
     content: dict[str, Any] = {}
     for name in ("config.json", "generation_config.json"):
         raw = _small_json_file(d / name, notes)

@@ -17,189 +17,46 @@
 
 Stamping never raises into the training loop: a failure is logged once to the ``envvault`` logger and the
 checkpoint is saved as if stamping were off; when only the vault fails, the stamp still carries the
-fingerprint. Nothing here imports torch at import time; the work behind the first stamp of a process
-(reading the environment, finding or taking its snapshot) happens at that first stamp.
+fingerprint. Nothing here imports torch at import time. What the process knows (its environment at start,
+the snapshot naming it, the drift since) is the :class:`envvault.torch.session.Session`; the work behind the
+first stamp of a process happens at that first stamp.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import logging
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
+from envvault.torch.afterimport import AfterImport
+from envvault.model.stamp import STAMP_KEY, STAMP_RECORD
+from envvault.torch.session import Session
+from envvault.torch.session import forget_warnings as _forget_warnings
+from envvault.torch.session import warn as _warn
+
 __all__ = ["stamp", "enable", "disable", "current_stamp", "after_import"]
 
-log = logging.getLogger("envvault")
-
-STAMP_KEY = "envvault"  # the same names envvault.torch.checkpoint reads
-STAMP_RECORD = "extra/envvault.json"
-SNAPSHOT_RETRY_S = 300.0  # a vault that failed is tried again after this long, not at every save
-
 _GLOBAL = threading.Lock()
-_session: _Session | None = None
+_session: Session | None = None
 _patched: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, original, wrapper)
-_warned: set[str] = set()
 _tls = threading.local()  # .record: the zip record the running torch.save should write
+_AFTER = AfterImport(_warn)
 
 
-def _warn(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        log.warning("envvault: %s", message)
+def after_import(name: str, callback: Callable[[Any], None]) -> None:
+    """Run ``callback(module)`` once module ``name`` has been imported: now if it already is."""
+    _AFTER.add(name, callback)
 
 
-# --- the process's view of its environment ---------------------------------------------------------------
-
-
-class _Session:
-    """What stamping knows in this process. Created by ``enable()`` or the first stamp: the dist-info
-    signature taken then is "the environment the process started with"."""
-
-    def __init__(self, vault_path: str | None, full_snapshot: bool) -> None:
-        import sysconfig
-
-        from envvault.torch.stamp_doc import dist_signature
-
-        self.vault_path = vault_path
-        self.full_snapshot = full_snapshot
-        self.prefix = Path(sys.prefix)
-        paths = sysconfig.get_paths()
-        self.sites = [Path(paths["purelib"]), Path(paths["platlib"])]
-        self.start_signature = dist_signature(self.prefix, self.sites)
-        self.lock = threading.Lock()
-        self.base: dict | None = None
-        self.start = None  # EnvState at start, when known
-        self.vault = None  # the vault, when it opened
-        self.scan_vault = None  # where the stat cache lives: the vault, else a temporary one
-        self.retry_at = 0.0
-        self.drift_signature = self.start_signature
-        self.drift: dict | None = None
-
-    def stamp(self) -> dict:
-        with self.lock:
-            if self.base is None:
-                self._prepare()
-            elif self.base["snapshot"] is None and self.start is not None and time.monotonic() >= self.retry_at:
-                self._snapshot()
-            drift = self._drift()
-            doc = dict(self.base, drift=drift)
-        doc["time"] = _now()
-        doc["cwd"] = os.getcwd()
-        return json.loads(json.dumps(doc))  # a private copy, plain JSON types only
-
-    def _prepare(self) -> None:
-        from envvault.torch import stamp_doc as sd
-
-        self.warnings: list[str] = []
-        self._open_vault()
-        now = None
-        try:
-            signature = sd.dist_signature(self.prefix, self.sites)
-            if signature != self.start_signature:  # installs since start: recover the start from the cache
-                self.start = sd.state_from_cache(self.scan_vault, self.prefix, self.start_signature)
-            now = sd.environment_state(self.scan_vault, self.prefix, self.sites)
-            if now.signature == self.start_signature:
-                self.start = now
-            elif self.start is None:
-                self.warnings.append("the environment changed after the process started and before its first "
-                                     "stamp; its fingerprint at start is unknown")
-        except Exception as err:  # noqa: BLE001 - reported in the stamp and the log, never raised
-            self.warnings.append(f"cannot read the environment {self.prefix}: {err}")
-        self.drift_signature = now.signature if now else self.start_signature
-        self.drift = sd.drift_between(self.start, self.start_signature, now, self.drift_signature)
-        root = str(self.vault.root) if self.vault else None
-        self.base = sd.base_stamp(state=self.start, snapshot=None, vault_root=root, prefix=self.prefix,
-                                  warnings=self.warnings)
-        self._snapshot()
-        for w in self.base["warnings"]:
-            _warn(w)
-
-    def _open_vault(self) -> None:
-        from envvault.vault.store import Vault
-
-        try:
-            self.vault = Vault.open(self.vault_path, create=True)
-            self.scan_vault = self.vault
-        except Exception as err:  # noqa: BLE001
-            self.warnings.append(f"the vault cannot be used ({err}); stamps carry the fingerprint but no snapshot")
-            self.scan_vault = _temporary_vault()
-
-    def _snapshot(self) -> None:
-        """Name the start state's snapshot: an existing one, else one taken now, but only while the disk
-        still holds that state (after a change it can only be found)."""
-        from envvault.torch import stamp_doc as sd
-
-        if self.vault is None or self.start is None:
-            return
-        found, problem = None, None
-        try:
-            if sd.dist_signature(self.prefix, self.sites) == self.start.signature:
-                from envvault.torch.hook import runtime_path
-
-                found = sd.ensure_snapshot(self.vault, self.prefix, self.start, full_snapshot=self.full_snapshot,
-                                           runtime_path=runtime_path())
-            else:
-                found = sd.find_snapshot(self.vault, self.start.fingerprint)
-                problem = None if found else (f"{self.vault.root} holds no snapshot of the environment this process "
-                                              "started with, and it has changed on disk since")
-        except Exception as err:  # noqa: BLE001
-            problem = str(err)
-        warnings = [w for w in self.base["warnings"] if not w.startswith("no snapshot for")]
-        if found:
-            self.base["snapshot"], self.base["snapshot_lock_only"] = found
-        else:
-            self.retry_at = time.monotonic() + SNAPSHOT_RETRY_S
-            warnings.append(f"no snapshot for checkpoint stamps: {problem}")
-            _warn(warnings[-1])
-        self.base["warnings"] = warnings
-
-    def _drift(self) -> dict | None:
-        from envvault.torch import stamp_doc as sd
-
-        signature = sd.dist_signature(self.prefix, self.sites)
-        if signature == self.drift_signature:
-            return self.drift
-        try:
-            now = sd.environment_state(self.scan_vault, self.prefix, self.sites)
-        except Exception as err:  # noqa: BLE001
-            _warn(f"cannot read the environment {self.prefix} for drift: {err}")
-            now = None
-        self.drift_signature = now.signature if now else signature
-        self.drift = sd.drift_between(self.start, self.start_signature, now, self.drift_signature)
-        if self.drift:
-            names = ", ".join(c["name"] for c in self.drift["changed"]) or "unknown"
-            _warn(f"the environment on disk changed since this process started ({names}); stamps say so")
-        return self.drift
-
-
-def _temporary_vault():
-    import atexit
-    import shutil
-    import tempfile
-
-    from envvault.vault.store import Vault
-
-    path = tempfile.mkdtemp(prefix="envvault-stamp-")
-    atexit.register(shutil.rmtree, path, True)
-    return Vault.open(path, create=True)
-
-
-def _now() -> str:
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
-
-
-def _get_session() -> _Session:
+def _get_session() -> Session:
     global _session
     with _GLOBAL:
         if _session is None:
-            _session = _Session(None, _full_snapshot_default())
+            _session = Session(None, _full_snapshot_default())
         return _session
 
 
@@ -262,7 +119,7 @@ def enable(*, vault: str | os.PathLike | None = None, full_snapshot: bool | None
         wanted = (str(vault) if vault is not None else None,
                   _full_snapshot_default() if full_snapshot is None else bool(full_snapshot))
         if _session is None or (_session.vault_path, _session.full_snapshot) != wanted:
-            _session = _Session(*wanted)
+            _session = Session(*wanted)
     _patch_torch(torch)
     after_import("safetensors.torch", _patch_safetensors)
     after_import("torch.distributed.checkpoint", _patch_dcp)
@@ -276,11 +133,9 @@ def disable() -> None:
             owner, attr, original, wrapper = _patched.pop()
             if getattr(owner, attr, None) is wrapper:
                 setattr(owner, attr, original)
-        _AFTER.callbacks.clear()
-        if _AFTER in sys.meta_path:
-            sys.meta_path.remove(_AFTER)
+        _AFTER.clear()
         _session = None
-        _warned.clear()
+        _forget_warnings()
 
 
 # --- where stamps go ---------------------------------------------------------------------------------------
@@ -505,73 +360,6 @@ def _sidecar(checkpoint_id: Any, writer: Any) -> None:
             write_sidecar(where, data)
     except Exception as err:  # noqa: BLE001
         _warn(f"distributed checkpoint {checkpoint_id} not stamped: {err}")
-
-
-# --- running code once a module is imported ----------------------------------------------------------------
-
-
-class _AfterImport:
-    """A meta path finder that lets the real finders find a module, then runs callbacks once the module
-    has executed. Finds nothing itself; stays out of the way of every other import."""
-
-    def __init__(self) -> None:
-        self.callbacks: dict[str, list[Callable[[Any], None]]] = {}
-        self.busy: set[str] = set()
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in self.callbacks or name in self.busy:
-            return None
-        self.busy.add(name)
-        try:
-            spec = next((s for s in (self._ask(f, name, path, target) for f in sys.meta_path if f is not self)
-                         if s is not None), None)
-        finally:
-            self.busy.discard(name)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_then_fire(module):
-            exec_module(module)
-            self.fire(name, module)
-
-        try:
-            loader.exec_module = exec_then_fire  # this loader object serves this one module only
-        except (AttributeError, TypeError):
-            pass
-        return spec
-
-    @staticmethod
-    def _ask(finder, name, path, target):
-        find = getattr(finder, "find_spec", None)
-        return find(name, path, target) if find is not None else None
-
-    def fire(self, name: str, module: Any) -> None:
-        for callback in self.callbacks.pop(name, ()):
-            try:
-                callback(module)
-            except Exception as err:  # noqa: BLE001 - an import must never fail because of stamping
-                _warn(f"stamping not enabled for {name}: {type(err).__name__}: {err}")
-        if not self.callbacks and self in sys.meta_path:
-            sys.meta_path.remove(self)
-
-
-_AFTER = _AfterImport()
-
-
-def after_import(name: str, callback: Callable[[Any], None]) -> None:
-    """Run ``callback(module)`` once module ``name`` has been imported: now if it already is."""
-    module = sys.modules.get(name)
-    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
-        try:
-            callback(module)
-        except Exception as err:  # noqa: BLE001
-            _warn(f"stamping not enabled for {name}: {type(err).__name__}: {err}")
-        return
-    _AFTER.callbacks.setdefault(name, []).append(callback)
-    if _AFTER not in sys.meta_path:
-        sys.meta_path.insert(0, _AFTER)
 
 
 def _after_fork_in_child() -> None:

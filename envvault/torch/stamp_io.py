@@ -26,13 +26,9 @@ from typing import Any, BinaryIO, Callable
 
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, NotFoundError, RefusedError, StorageError, UsageError
-from envvault.torch.checkpoint import (
-    MAX_ZIP_DIRECTORY,
-    SIDECAR_NAME,
-    STAMP_RECORD,
-    open_regular,
-    read_safetensors_header,
-)
+from envvault.model.stamp import SIDECAR_NAME, STAMP_RECORD
+from envvault.torch.checkpoint import MAX_ZIP_DIRECTORY, read_safetensors_header
+from envvault.torch.files import open_regular
 from envvault.vault.fsutil import fsync_dir, tmp_name
 
 __all__ = ["add_zip_record", "set_safetensors_metadata", "write_sidecar", "ZIP_ALIGNMENT"]

@@ -73,7 +73,7 @@ def test_shell_hook_ignores_code_in_the_working_directory(tmp_path):
 
 
 def test_background_snap_of_stamping_ignores_code_in_the_working_directory(tmp_path, monkeypatch):
-    from envvault.torch import stamp_doc
+    from envvault.torch import naming
     from envvault.torch.hook import runtime_path
     from envvault.vault.store import Vault
 
@@ -81,8 +81,8 @@ def test_background_snap_of_stamping_ignores_code_in_the_working_directory(tmp_p
     checkout = _hostile_checkout(tmp_path / "checkout", marker)
     vault = Vault.open(tmp_path / "vault", create=True)
     started: list[list[str]] = []
-    monkeypatch.setattr(stamp_doc, "subprocess", SimpleNamespace(run=lambda cmd, **kw: started.append(cmd)))
-    stamp_doc.spawn_full_snapshot(vault, Path(sys.prefix), "f" * 64, runtime_path())
+    monkeypatch.setattr(naming, "subprocess", SimpleNamespace(run=lambda cmd, **kw: started.append(cmd)))
+    naming.spawn_full_snapshot(vault, Path(sys.prefix), "f" * 64, runtime_path())
     cmd = started[0][started[0].index(sys.executable):]  # the command sh starts in the background
     # Run it where a training process could stand, asking only for the version.
     proc = subprocess.run([cmd[0], "-c", cmd[2], "--version"], cwd=checkout, capture_output=True, text=True,
@@ -131,7 +131,7 @@ def _stamp_git(cwd: Path) -> dict:
     """The ``git`` field of a stamp made by a process standing in ``cwd``."""
     code = ("import json, sys; from pathlib import Path; from envvault.torch.stamp_doc import base_stamp\n"
             "doc = base_stamp(state=None, snapshot=None, vault_root=None, prefix=Path(sys.prefix), warnings=[])\n"
-            "print(json.dumps(doc['git']))")
+            "print(json.dumps(doc.to_dict()['git']))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(cwd.parent)})
     assert proc.returncode == 0, proc.stderr
