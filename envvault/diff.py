@@ -8,11 +8,11 @@ were edited in place, to name exactly the files whose bytes differ.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from envvault.model.identity import same_build
-from envvault.output import style
+from envvault.model.snapshot import PackageSummary, Snapshot, loose_snapshot
 
 __all__ = [
     "DiffResult",
@@ -21,12 +21,11 @@ __all__ = [
     "PackageRef",
     "current_document",
     "diff_snapshots",
-    "render_text",
+    "build_facts",
 ]
 
 _PY_KEYS = ("implementation", "version", "abi", "soabi", "platform")
 _HOST_KEYS = ("os", "arch", "glibc", "hostname", "cpus", "driver", "driver_cuda", "gpus")
-_LIST_LIMIT = 8  # files listed per package in text; JSON lists them all
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class PackageChange:
             "build_changed": self.build_changed,
             "old_build_id": self.old_build_id,
             "new_build_id": self.new_build_id,
-            "build_facts": _build_facts(self.old_build_info, self.new_build_info),
+            "build_facts": build_facts(self.old_build_info, self.new_build_info),
             "modified_files": list(self.modified_files),
             "missing_files": list(self.missing_files),
             "mode_files": list(self.mode_files),
@@ -127,116 +126,124 @@ class DiffResult:
 # -- computing -------------------------------------------------------------------------------------
 
 
-def diff_snapshots(old: dict, new: dict, *, vault=None, old_label: str = "old", new_label: str = "new",
-                   scope: str = "all") -> DiffResult:
-    """Compare two environment documents. ``scope="environment"`` leaves out host and environment
-    variables (facts of the shell, not of the environment: what ``status`` and restore checks use)."""
-    old_pk, new_pk = old.get("packages") or [], new.get("packages") or []
-    if old.get("lock_only") or new.get("lock_only"):
+def diff_snapshots(old: Snapshot | dict, new: Snapshot | dict, *, vault=None, old_label: str = "old",
+                   new_label: str = "new", scope: str = "all") -> DiffResult:
+    """Compare two environment documents: ``Snapshot`` records, or the dicts of the live environment
+    (``current_document``) and of a pylock.toml (``lockfile_document``). ``scope="environment"`` leaves out
+    host and environment variables (facts of the shell, not of the environment: what ``status`` and restore
+    checks use)."""
+    old, new = loose_snapshot(old), loose_snapshot(new)
+    old_pk, new_pk = list(old.packages), list(new.packages)
+    if old.lock_only or new.lock_only:
         # A lock-only snapshot recorded no file contents: each of its packages takes the contents a full
         # snapshot of the same build recorded (``content_states``); the others compare by version and build.
         old_pk, new_pk = _comparable(old_pk, old, new_pk, new, vault)
     added, removed, changed = _diff_packages(old_pk, new_pk, vault)
-    python = _diff_keys(old.get("python"), new.get("python"), _PY_KEYS)
+    python = _diff_keys(_python_view(old), _python_view(new), _PY_KEYS)
     host: dict = {}
     env: dict = {}
     if scope == "all":
-        host = _diff_keys(_host_view(old.get("host")), _host_view(new.get("host")), _HOST_KEYS)
-        env = _diff_env(old.get("env"), new.get("env"))
+        host = _diff_keys(_host_view(old), _host_view(new), _HOST_KEYS)
+        env = _diff_env(None if "env" in old.absent else old.env, None if "env" in new.absent else new.env)
     return DiffResult(old_label, new_label, tuple(added), tuple(removed), tuple(changed), python, host, env)
 
 
-_CONTENT_KEYS = ("state_id", "modified", "missing", "exec")
+def _no_contents(p: PackageSummary) -> PackageSummary:
+    """A package summary without what only a full scan knows (state id, edited and missing files, modes)."""
+    return replace(p, state_id="", modified=(), missing=(), exec=None)
 
 
-def _builds_only(packages: list[dict]) -> list[dict]:
-    """Package summaries without what only a full scan knows (state id, edited and missing files, modes)."""
-    return [{k: v for k, v in p.items() if k not in _CONTENT_KEYS} for p in packages]
-
-
-def content_states(vault, doc: dict) -> dict[tuple[str, str], dict]:
-    """For a lock-only snapshot ``doc``: ``{(name, build_id): content fields}`` of its packages, taken from the
-    newest full snapshot holding the same build (one of the same environment first, then any; a snapshot
-    taken no later than ``doc`` first). Packages of no stored full copy are absent."""
+def content_states(vault, doc: Snapshot | dict) -> dict[tuple[str, str], PackageSummary]:
+    """For a lock-only snapshot ``doc``: ``{(name, build_id): package summary}`` of its packages as the newest
+    full snapshot holding the same build recorded them (one of the same environment first, then any; a
+    snapshot taken no later than ``doc`` first): their contents (state id, edited, missing and executable
+    files) stand for the lock-only ones. Packages of no stored full copy are absent."""
     if vault is None:
         return {}
-    wanted = {(p.get("name"), p.get("build_id")) for p in doc.get("packages") or []}
-    created = str(doc.get("created") or "")
-    refs = [r for r in vault.snapshots() if not r.doc.get("lock_only") and r.doc.get("kind", "snapshot") == "snapshot"]
-    refs.sort(key=lambda r: (r.doc.get("venv") == doc.get("venv"), str(r.doc.get("created") or "") <= created,
-                             str(r.doc.get("created") or "")), reverse=True)
-    out: dict[tuple[str, str], dict] = {}
+    doc = loose_snapshot(doc)
+    wanted = {(p.name, p.build_id) for p in doc.packages}
+    created = doc.created
+    refs = [r.snapshot for r in vault.snapshots() if not r.snapshot.lock_only and r.snapshot.kind == "snapshot"]
+    refs.sort(key=lambda r: (r.venv == doc.venv, r.created <= created, r.created), reverse=True)
+    out: dict[tuple[str, str], PackageSummary] = {}
     for ref in refs:
-        for p in ref.doc.get("packages") or []:
-            key = (p.get("name"), p.get("build_id"))
-            if key in wanted and key not in out and "state_id" in p:
-                out[key] = {k: p[k] for k in _CONTENT_KEYS if k in p}
+        for p in ref.packages:
+            key = (p.name, p.build_id)
+            if key in wanted and key not in out:
+                out[key] = p
         if len(out) == len(wanted):
             break
     return out
 
 
-def _comparable(old_pk: list[dict], old: dict, new_pk: list[dict], new: dict, vault) -> tuple[list[dict], list[dict]]:
+def _comparable(old_pk: list[PackageSummary], old: Snapshot, new_pk: list[PackageSummary], new: Snapshot,
+                vault) -> tuple[list[PackageSummary], list[PackageSummary]]:
     """Both package lists with what a lock-only side cannot know left out, name by name: a lock-only side's
     package with a stored full copy of its build takes that copy's contents; one without loses its content
     fields on both sides."""
-    def fill(packages: list[dict], doc: dict) -> tuple[list[dict], set[str]]:
-        if not doc.get("lock_only"):
+    def fill(packages: list[PackageSummary], doc: Snapshot) -> tuple[list[PackageSummary], set[str]]:
+        if not doc.lock_only:
             return packages, set()
         states = content_states(vault, doc)
         out, unknown = [], set()
         for p in packages:
-            known = states.get((p.get("name"), p.get("build_id")))
+            known = states.get((p.name, p.build_id))
             if known is None:
-                unknown.add(p.get("name"))
+                unknown.add(p.name)
                 out.append(p)
             else:
-                out.append({**{k: v for k, v in p.items() if k not in _CONTENT_KEYS}, **known})
+                out.append(replace(p, state_id=known.state_id, modified=known.modified, missing=known.missing,
+                                   exec=known.exec))
         return out, unknown
 
     old_pk, unknown_old = fill(old_pk, old)
     new_pk, unknown_new = fill(new_pk, new)
     unknown = unknown_old | unknown_new
-    strip = lambda pk: [{k: v for k, v in p.items() if k not in _CONTENT_KEYS} if p.get("name") in unknown else p
-                        for p in pk]  # noqa: E731
+    strip = lambda pk: [_no_contents(p) if p.name in unknown else p for p in pk]  # noqa: E731
     return strip(old_pk), strip(new_pk)
 
 
-def _by_name(packages: list[dict]) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
+def _by_name(packages: list[PackageSummary]) -> dict[str, list[PackageSummary]]:
+    out: dict[str, list[PackageSummary]] = {}
     for p in packages:
-        out.setdefault(p["name"], []).append(p)
+        out.setdefault(p.name, []).append(p)
     return out
 
 
-def exec_change(a: dict, b: dict) -> tuple[str, ...]:
+def _exec_of(p) -> tuple[str, ...] | None:
+    if isinstance(p, PackageSummary):
+        return p.exec
+    value = p.get("exec") if isinstance(p, dict) else None  # a caller's {"exec": [...]}
+    return tuple(value) if isinstance(value, (list, tuple)) else None
+
+
+def exec_change(a: PackageSummary | dict, b: PackageSummary | dict) -> tuple[str, ...]:
     """Files of two states of a package whose execute bit differs (package summaries' ``exec``, see
     docs/format.md); empty when either side recorded no modes (older snapshots, lock-only ones)."""
-    ea, eb = a.get("exec"), b.get("exec")
-    if not isinstance(ea, list) or not isinstance(eb, list):
+    ea, eb = _exec_of(a), _exec_of(b)
+    if ea is None or eb is None:
         return ()
     return tuple(sorted(set(ea) ^ set(eb)))
 
 
-def _same_state(a: dict, b: dict) -> bool:
-    if a.get("version") != b.get("version"):
+def _same_state(a: PackageSummary, b: PackageSummary) -> bool:
+    if a.version != b.version:
         return False
     if exec_change(a, b):
         return False
     build = same_build(a, b)
     if build is False:
         return False
-    if build and a.get("state_id") and b.get("state_id") and a["state_id"] != b["state_id"]:
+    if build and a.state_id and b.state_id and a.state_id != b.state_id:
         return False
-    if build is None and a.get("build_id") and b.get("build_id"):  # ids of two identity versions
-        return set(a.get("modified") or ()) == set(b.get("modified") or ()) \
-            and set(a.get("missing") or ()) == set(b.get("missing") or ())
+    if build is None and a.build_id and b.build_id:  # ids of two identity versions
+        return set(a.modified) == set(b.modified) and set(a.missing) == set(b.missing)
     if build:
-        return set(a.get("missing") or ()) == set(b.get("missing") or ())
+        return set(a.missing) == set(b.missing)
     return True  # a side without build facts (a foreign pylock) can only be compared by version
 
 
-def _diff_packages(old: list[dict], new: list[dict], vault) -> tuple[list, list, list]:
+def _diff_packages(old: list[PackageSummary], new: list[PackageSummary], vault) -> tuple[list, list, list]:
     old_by, new_by = _by_name(old), _by_name(new)
     added, removed, changed = [], [], []
     for name in sorted(old_by.keys() | new_by.keys()):
@@ -249,8 +256,8 @@ def _diff_packages(old: list[dict], new: list[dict], vault) -> tuple[list, list,
                 n_list.remove(twin)
         while o_list and n_list:
             changed.append(_change(o_list.pop(0), n_list.pop(0), vault))
-        removed += [PackageRef(p["name"], p["version"], p.get("build_id")) for p in o_list]
-        added += [PackageRef(p["name"], p["version"], p.get("build_id")) for p in n_list]
+        removed += [PackageRef(p.name, p.version, p.build_id or None) for p in o_list]
+        added += [PackageRef(p.name, p.version, p.build_id or None) for p in n_list]
     return added, removed, changed
 
 
@@ -263,9 +270,9 @@ def _parse_version(text: str):
         return None
 
 
-def _change(o: dict, n: dict, vault) -> PackageChange:
-    ov, nv = o["version"], n["version"]
-    ob, nb = o.get("build_id"), n.get("build_id")
+def _change(o: PackageSummary, n: PackageSummary, vault) -> PackageChange:
+    ov, nv = o.version, n.version
+    ob, nb = o.build_id or None, n.build_id or None
     build_changed = same_build(o, n) is False
     if ov != nv:
         pv_o, pv_n = _parse_version(ov), _parse_version(nv)
@@ -279,44 +286,74 @@ def _change(o: dict, n: dict, vault) -> PackageChange:
         kind = "build"
     else:
         kind = "edited"
-    o_mod, n_mod = set(o.get("modified") or ()), set(n.get("modified") or ())
+    o_mod, n_mod = set(o.modified), set(n.modified)
     if build_changed or ov != nv:
         modified = sorted(n_mod)
     else:
         modified = _edited_files(o, n, o_mod, n_mod, vault)
-    missing = sorted(set(o.get("missing") or ()) ^ set(n.get("missing") or ()))
+    missing = sorted(set(o.missing) ^ set(n.missing))
     modes = exec_change(o, n)
     if kind == "edited" and modes and not modified and not missing:
         kind = "mode"
     return PackageChange(
-        name=n["name"], old_version=ov, new_version=nv, kind=kind, build_changed=build_changed,
-        old_build_id=ob, new_build_id=nb, old_build_info=o.get("build_info"), new_build_info=n.get("build_info"),
+        name=n.name, old_version=ov, new_version=nv, kind=kind, build_changed=build_changed,
+        old_build_id=ob, new_build_id=nb, old_build_info=_plain_or_none(o.build_info),
+        new_build_info=_plain_or_none(n.build_info),
         modified_files=tuple(modified), missing_files=tuple(missing), mode_files=modes,
     )
 
 
-def _edited_files(o: dict, n: dict, o_mod: set, n_mod: set, vault) -> list[str]:
+def _plain_or_none(info) -> dict | None:
+    return dict(info) if info is not None else None
+
+
+def _edited_files(o: PackageSummary, n: PackageSummary, o_mod: set, n_mod: set, vault) -> list[str]:
     """Files whose bytes differ between two states of one build."""
     if vault is not None:
         exact = _edited_from_manifests(o, n, vault)
         if exact is not None:
             return exact
     files = o_mod ^ n_mod
-    if not files and o.get("state_id") != n.get("state_id"):
+    if not files and o.state_id != n.state_id:
         files = o_mod & n_mod  # edited on both sides, differently
     return sorted(files)
 
 
-def _edited_from_manifests(o: dict, n: dict, vault) -> list[str] | None:
+def _edited_from_manifests(o: PackageSummary, n: PackageSummary, vault) -> list[str] | None:
     try:
-        if not (o.get("manifest") and n.get("manifest") and vault.has(o["manifest"]) and vault.has(n["manifest"])):
+        if not (o.manifest and n.manifest and vault.has(o.manifest) and vault.has(n.manifest)):
             return None
-        om, nm = vault.get_json(o["manifest"]), vault.get_json(n["manifest"])
+        om, nm = vault.load_manifest(o.manifest), vault.load_manifest(n.manifest)
     except Exception:  # noqa: BLE001 - a damaged manifest only costs precision here; verify reports it
         return None
-    o_sha = {f["path"]: f.get("sha256") for f in om.get("files", ()) if f.get("state") in ("ok", "modified")}
-    n_sha = {f["path"]: f.get("sha256") for f in nm.get("files", ()) if f.get("state") in ("ok", "modified")}
+    o_sha = {f.path: f.sha256 for f in om.files if f.state in ("ok", "modified")}
+    n_sha = {f.path: f.sha256 for f in nm.files if f.state in ("ok", "modified")}
     return sorted(p for p in o_sha.keys() & n_sha.keys() if o_sha[p] != n_sha[p])
+
+
+def _present(record, keys) -> dict:
+    """``{key: value}`` of the keys a record's document held (typed fields not ``absent``, then ``extra``)."""
+    out = {}
+    for k in keys:
+        if k in record.extra:
+            out[k] = record.extra[k]
+        elif hasattr(record, k) and k not in record.absent:
+            out[k] = getattr(record, k)
+    return out
+
+
+def _python_view(doc: Snapshot) -> dict | None:
+    return None if "python" in doc.absent else _present(doc.python, _PY_KEYS)
+
+
+def _host_view(doc: Snapshot) -> dict | None:
+    host = doc.host
+    if host is None or "host" in doc.absent:
+        return None
+    view = _present(host, _HOST_KEYS)
+    if "gpus" in view:
+        view["gpus"] = ", ".join(f"{g.name} (sm {g.compute_cap})" for g in host.gpus or ()) or "none"
+    return view or None
 
 
 def _diff_keys(old: dict | None, new: dict | None, keys) -> dict:
@@ -325,16 +362,7 @@ def _diff_keys(old: dict | None, new: dict | None, keys) -> dict:
     return {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k) and (k in old and k in new)}
 
 
-def _host_view(host: dict | None) -> dict | None:
-    if not host:
-        return None
-    view = {k: host.get(k) for k in _HOST_KEYS if k in host}
-    if "gpus" in host:
-        view["gpus"] = ", ".join(f"{g.get('name')} (sm {g.get('compute_cap')})" for g in host.get("gpus") or []) or "none"
-    return view
-
-
-def _diff_env(old: dict | None, new: dict | None) -> dict:
+def _diff_env(old, new) -> dict:
     if old is None or new is None:
         return {}
     out = {
@@ -345,7 +373,7 @@ def _diff_env(old: dict | None, new: dict | None) -> dict:
     return {k: dict(sorted(v.items())) for k, v in out.items()}
 
 
-def _build_facts(old: dict | None, new: dict | None) -> dict:
+def build_facts(old: dict | None, new: dict | None) -> dict:
     """``{field: [old, new]}`` for the torch-style build facts that differ (cuda, git_version, version...)."""
     old, new = old or {}, new or {}
     return {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
@@ -435,88 +463,14 @@ def _relevant_env() -> dict:
     return relevant_env()
 
 
-# -- text ------------------------------------------------------------------------------------------
-
-
-def _build_words(c: PackageChange) -> str:
-    facts = _build_facts(c.old_build_info, c.new_build_info)
-    words = []
-    keys = ("cuda", "hip", "git_version", "version", "debug") if c.kind == "build" else ("cuda", "hip", "git_version")
-    for key in keys:
-        if key in facts:
-            o, n = facts[key]
-            if key == "git_version":
-                o, n = (o or "none")[:7], (n or "none")[:7]
-                key = "git"
-            words.append(f"{key} {o} -> {n}")
-    if not words and c.build_changed:
-        words.append(f"build {(c.old_build_id or '?')[:12]} -> {(c.new_build_id or '?')[:12]}")
-    return ", ".join(words)
-
-
-def _files_line(label: str, files: tuple[str, ...], colour: bool, tint: str) -> list[str]:
-    shown = list(files[:_LIST_LIMIT])
-    more = len(files) - len(shown)
-    lines = [f"    {style(label, tint, colour)} {f}" for f in shown]
-    if more:
-        lines.append(f"    ... and {more} more (--json lists all)")
-    return lines
-
-
-def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
-    """Lines for people, in the order: interpreter, added/removed, versions, builds, edits, host, env."""
-    lines: list[str] = []
-    c = colour
-
-    def head(word: str, tint: str) -> str:
-        return style(f"{word:<10}", tint, c)
-
-    for k, (o, n) in result.python.items():
-        lines.append(f"{head('python', 'magenta')}{k} {o} -> {n}")
-    for p in result.added:
-        lines.append(f"{head('added', 'green')}{p.name} {p.version}")
-    for p in result.removed:
-        lines.append(f"{head('removed', 'red')}{p.name} {p.version}")
-    for ch in result.changed:
-        if ch.kind in ("upgrade", "downgrade", "local"):
-            note = " (local label)" if ch.kind == "local" else ""
-            facts = _build_words(ch) if ch.kind == "local" else ""
-            lines.append(f"{head(ch.kind if ch.kind != 'local' else 'version', 'yellow')}{ch.name} "
-                         f"{ch.old_version} -> {ch.new_version}{note}" + (f": {facts}" if facts else ""))
-    for ch in result.changed:
-        if ch.kind == "build":
-            lines.append(f"{head('build', 'red')}{ch.name} {ch.new_version}: {_build_words(ch)}")
-    for ch in result.changed:
-        if ch.modified_files or ch.missing_files:
-            counts = [f"{len(ch.modified_files)} file(s) differ"] if ch.modified_files else []
-            counts += [f"{len(ch.missing_files)} deleted or put back"] if ch.missing_files else []
-            lines.append(f"{head('edited', 'red')}{ch.name} {ch.new_version}: " + ", ".join(counts))
-            lines += _files_line("~", ch.modified_files, c, "red")
-            lines += _files_line("-", ch.missing_files, c, "red")
-    for ch in result.changed:
-        if ch.mode_files:
-            lines.append(f"{head('mode', 'yellow')}{ch.name} {ch.new_version}: "
-                         f"{len(ch.mode_files)} file(s) gained or lost the execute bit")
-            lines += _files_line("x", ch.mode_files, c, "yellow")
-    for k, (o, n) in result.host.items():
-        lines.append(f"{head('host', 'cyan')}{k} {o} -> {n}")
-    env = result.env
-    for k, v in (env.get("added") or {}).items():
-        lines.append(f"{head('env', 'cyan')}+{k}={v}")
-    for k, v in (env.get("removed") or {}).items():
-        lines.append(f"{head('env', 'cyan')}-{k}={v}")
-    for k, (o, n) in (env.get("changed") or {}).items():
-        lines.append(f"{head('env', 'cyan')}{k}: {o} -> {n}")
-    return "\n".join(lines)
-
-
-def contents_note(vault, sid: str, doc: dict, *, changed: bool) -> str | None:
+def contents_note(vault, sid: str, doc: Snapshot | dict, *, changed: bool) -> str | None:
     """What a comparison with snapshot ``doc`` could not know: a lock-only snapshot recorded no file contents,
     so its packages were compared with full snapshots of the same builds (``diff.content_states``) where the
     vault holds one, by version and build only where not. None for a full snapshot."""
-    if not doc.get("lock_only"):
+    doc = loose_snapshot(doc)
+    if not doc.lock_only:
         return None
-    total = len(doc.get("packages") or [])
+    total = len(doc.packages)
     known = len(content_states(vault, doc))
     if known == total:
         return f"baseline {sid[:12]} is lock-only: file contents compared with full snapshots of the same builds"

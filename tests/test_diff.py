@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from envvault.diff import diff_snapshots, render_text
+from envvault.commands.diff_text import render_text
+from envvault.diff import diff_snapshots
 from fixtures import catalogue as C
 from fixtures import uv_install
 from tests.evtools import ev, ev_env, ev_json

@@ -88,7 +88,7 @@ class _CliUI:
     def show_diff(self, diff, before: str, after: str) -> None:
         if self.as_json:
             return
-        from envvault.diff import render_text
+        from envvault.commands.diff_text import render_text
 
         if diff.environment_empty:
             _say(f"snapshot {after[:12]} taken: nothing changed")

@@ -16,13 +16,15 @@ import click
 from envvault.cli import cli
 from envvault.commands.snapshots import json_option, open_vault, resolve_ref, venv_option
 from envvault.errors import UsageError
+from envvault.model.snapshot import Snapshot
 from envvault.output import Progress, emit_json, human_bytes, style
 from envvault.vault.store import Vault
 
 __all__ = ["resolve_side", "resolve_snapshot"]
 
 
-def resolve_side(vault: Vault, arg: str, *, venv: str | None = None, other: str | None = None) -> tuple[str, dict]:
+def resolve_side(vault: Vault, arg: str, *, venv: str | None = None,
+                 other: str | None = None) -> tuple[str, Snapshot | dict]:
     """One side of a diff as (label, document): ``current`` (the live environment, nothing written to the
     vault), a path to a pylock.toml, or what :func:`envvault.refs.resolve_arg` takes (a snapshot id / prefix /
     tag / ``latest``, a stamped checkpoint file or folder). ``other``: for ``current`` without ``--venv`` and
@@ -36,7 +38,7 @@ def resolve_side(vault: Vault, arg: str, *, venv: str | None = None, other: str 
     return label, doc
 
 
-def _stored_side(vault: Vault, arg: str) -> tuple[str, dict, str | None]:
+def _stored_side(vault: Vault, arg: str) -> tuple[str, Snapshot | dict, str | None]:
     """A side that is not ``current``: (label, document, the environment it names or None)."""
     from envvault.refs import is_lockfile, resolve_arg
 
@@ -46,7 +48,7 @@ def _stored_side(vault: Vault, arg: str) -> tuple[str, dict, str | None]:
 
         return str(path), lockfile_document(path), None
     ref = resolve_arg(vault, arg)
-    return ref.label, vault.load_snapshot(ref.sid).doc, ref.venv
+    return ref.label, vault.load_snapshot(ref.sid).snapshot, ref.venv
 
 
 def current_target(venv: str | None, named: str | None) -> Path:
@@ -73,7 +75,7 @@ def resolve_snapshot(vault: Vault, arg: str):
 
 
 def _render_diff(result) -> None:
-    from envvault.diff import render_text
+    from envvault.commands.diff_text import render_text
 
     text = render_text(result)
     if text:
@@ -142,11 +144,11 @@ def status(ctx, venv, against, as_json, exit_code):
     vault = open_vault(ctx)
     if against:  # without --venv and an active venv: the environment the snapshot names
         sid = resolve_ref(vault, against)
-        target = current_target(venv, vault.load_snapshot(sid).doc.get("venv"))
+        target = current_target(venv, vault.load_snapshot(sid).snapshot.venv)
     else:
         target = find_target(venv)
         sid = baseline_snapshot(vault, target)
-    snap = vault.load_snapshot(sid).doc
+    snap = vault.load_snapshot(sid).snapshot
     broken = interrupted_restore(target)
     if broken:
         click.echo(f"warning: a restore of {broken[:12]} onto {target} was interrupted; run "
@@ -156,7 +158,7 @@ def status(ctx, venv, against, as_json, exit_code):
     note = contents_note(vault, sid, snap, changed=not result.empty)
     if as_json:
         emit_json({"venv": str(target), "snapshot": sid, "interrupted_restore": broken,
-                   "contents_recorded": not snap.get("lock_only"), **result.to_json()})
+                   "contents_recorded": not snap.lock_only, **result.to_json()})
     elif result.empty:
         click.echo(f"{target}: unchanged since snapshot {style(sid[:12], 'yellow')}" + (f" ({note})" if note else ""))
     else:
@@ -173,7 +175,7 @@ def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None 
 
     if venv is not None:
         return find_target(venv)
-    recorded = vault.load_snapshot(sid).doc.get("venv")
+    recorded = vault.load_snapshot(sid).snapshot.venv
     for candidate in (named, recorded):
         if candidate and Path(candidate).is_dir():
             return find_target(candidate)
@@ -211,7 +213,8 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, as_json
     ref = resolve_snapshot(vault, snapshot_id)
     sid = ref.sid
     target = Path(into).absolute() if into else _restore_target(vault, sid, venv, ref.venv)
-    total = (vault.load_snapshot(sid).doc.get("stats") or {}).get("bytes") or 1
+    stats = vault.load_snapshot(sid).snapshot.stats
+    total = (stats.bytes if stats is not None else 0) or 1
     bar = Progress("restore", total, enabled=not as_json)
     try:
         result = restore_snapshot(vault, sid, target, backup=not no_backup, dry_run=dry_run,
@@ -287,7 +290,8 @@ def _render_restore(result, doc: dict) -> None:
 
 def _diff_lines(diff_json: dict) -> list[str]:
     """Text for a diff given as JSON (what plans and results carry)."""
-    from envvault.diff import DiffResult, PackageChange, PackageRef, render_text
+    from envvault.commands.diff_text import render_text
+    from envvault.diff import DiffResult, PackageChange, PackageRef
 
     if not diff_json:
         return []

@@ -9,6 +9,7 @@ import click
 
 from envvault.cli import cli
 from envvault.env.probe import find_target
+from envvault.model.snapshot import Host, Snapshot
 from envvault.output import Progress, emit_json, human_bytes, style
 from envvault.vault.store import Vault
 
@@ -25,33 +26,33 @@ def open_vault(ctx: click.Context, create: bool = False) -> Vault:
     return vault
 
 
-def torch_label(doc: dict) -> str:
-    for p in doc.get("packages", ()):
-        if p["name"] == "torch":
-            info = p.get("build_info") or {}
-            label = p["version"]
-            if info.get("version") and info["version"] != p["version"]:
-                label += f" ({info['version']})"
-            if info.get("cuda"):
-                label += f" cuda {info['cuda']}"
-            return label
-    return ""
+def torch_label(snap: Snapshot) -> str:
+    p = snap.package("torch")
+    if p is None:
+        return ""
+    info = p.build_info or {}
+    label = p.version
+    if info.get("version") and info["version"] != p.version:
+        label += f" ({info['version']})"
+    if info.get("cuda"):
+        label += f" cuda {info['cuda']}"
+    return label
 
 
-def snapshot_row(sid: str, doc: dict) -> dict:
+def snapshot_row(sid: str, snap: Snapshot) -> dict:
     return {
         "id": sid,
         "short_id": sid[:12],
-        "created": doc.get("created"),
-        "message": doc.get("message", ""),
-        "trigger": doc.get("trigger"),
-        "venv": doc.get("venv"),
-        "python": (doc.get("python") or {}).get("version"),
-        "packages": len(doc.get("packages", ())),
-        "torch": torch_label(doc) or None,
-        "lock_only": doc.get("lock_only", False),
-        "new_bytes": (doc.get("stats") or {}).get("new_bytes"),
-        "caches": len(doc.get("caches") or ()),
+        "created": snap.created if "created" not in snap.absent else None,
+        "message": snap.message,
+        "trigger": snap.trigger,
+        "venv": snap.venv,
+        "python": snap.python.version,
+        "packages": len(snap.packages),
+        "torch": torch_label(snap) or None,
+        "lock_only": snap.lock_only,
+        "new_bytes": snap.stats.new_bytes if snap.stats is not None and "new_bytes" not in snap.stats.absent else None,
+        "caches": len(snap.caches or ()),
     }
 
 
@@ -121,13 +122,13 @@ def list_(ctx, venv, show_all, as_json):
     snaps = vault.snapshots()
     if not show_all and (venv or _active_venv()):
         target = str(find_target(venv))
-        snaps = [s for s in snaps if s.doc.get("venv") == target]
+        snaps = [s for s in snaps if s.snapshot.venv == target]
     tags_by_id: dict[str, list[str]] = {}
     for name, sid in vault.tags().items():
         tags_by_id.setdefault(sid, []).append(name)
     rows = []
     for s in snaps:
-        row = snapshot_row(s.id, s.doc)
+        row = snapshot_row(s.id, s.snapshot)
         row["tags"] = sorted(tags_by_id.get(s.id, []))
         rows.append(row)
     if as_json:
@@ -166,35 +167,36 @@ def show(ctx, snapshot_id, as_json):
     """
     vault = open_vault(ctx)
     ref = vault.load_snapshot(resolve_ref(vault, snapshot_id))
-    doc = ref.doc
+    snap = ref.snapshot
     if as_json:
-        emit_json({"id": ref.id, **doc})
+        emit_json({"id": ref.id, **snap.to_dict()})
         return
-    py = doc["python"]
-    host = doc.get("host") or {}
+    py = snap.python
+    host = snap.host or Host()
     click.echo(f"snapshot {style(ref.id, 'yellow')}")
-    click.echo(f"created  {doc['created']}  ({doc.get('trigger')})  {doc.get('message', '')}")
-    click.echo(f"venv     {doc['venv']}")
-    if py.get("version"):
-        click.echo(f"python   {py['implementation']} {py['version']} {py['abi']} {py['platform']}")
+    click.echo(f"created  {snap.created}  ({snap.trigger})  {snap.message}")
+    click.echo(f"venv     {snap.venv}")
+    if py.version:
+        click.echo(f"python   {py.implementation} {py.version} {py.abi} {py.platform}")
     else:
         click.echo("python   (a cache-only snapshot)")
-    gpus = ", ".join(g["name"] for g in host.get("gpus") or []) or "no GPU seen"
-    click.echo(f"host     {host.get('hostname')} {host.get('os')} {host.get('arch')} glibc {host.get('glibc')}; {gpus}"
-               + (f"; driver {host['driver']}" if host.get("driver") else ""))
-    if doc.get("env"):
-        click.echo("env      " + " ".join(f"{k}={v}" for k, v in doc["env"].items()))
-    click.echo(f"packages {len(doc['packages'])}" + (" (lock only)" if doc.get("lock_only") else ""))
-    for p in doc["packages"]:
+    gpus = ", ".join(g.name for g in host.gpus or ()) or "no GPU seen"
+    click.echo(f"host     {host.hostname} {host.os} {host.arch} glibc {host.glibc}; {gpus}"
+               + (f"; driver {host.driver}" if host.driver else ""))
+    if snap.env:
+        click.echo("env      " + " ".join(f"{k}={v}" for k, v in snap.env.items()))
+    click.echo(f"packages {len(snap.packages)}" + (" (lock only)" if snap.lock_only else ""))
+    for p in snap.packages:
         extra = ""
-        info = p.get("build_info") or {}
+        info = p.build_info or {}
         if info:
             extra = "  " + " ".join(f"{k}={v}" for k, v in info.items() if v not in (None, False))
-        mod = style(f"  {len(p['modified'])} file(s) edited in place", "red") if p.get("modified") else ""
-        click.echo(f"  {p['name']:<32} {p['version']:<22} build {p['build_id'][:12]}{extra}{mod}")
-    for c in doc.get("caches") or ():
-        click.echo(f"cache    {c.get('kind')} {c.get('root')}: {c.get('files')} files, {human_bytes(c.get('bytes', 0))}")
-    for w in doc.get("warnings", ()):
+        mod = style(f"  {len(p.modified)} file(s) edited in place", "red") if p.modified else ""
+        click.echo(f"  {p.name:<32} {p.version:<22} build {p.build_id[:12]}{extra}{mod}")
+    for c in snap.caches or ():
+        click.echo(f"cache    {c.kind or None} {c.root or None}: {c.files if 'files' not in c.absent else None} files, "
+                   f"{human_bytes(c.bytes)}")
+    for w in snap.warnings:
         click.echo(f"warning  {w}")
 
 

@@ -40,7 +40,7 @@ def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str]
     while there are at most ``keep + slack`` of them (so gc runs once per ``slack`` snapshots, not each time)."""
     if keep < 1:
         raise ValueError("keep must be at least 1")
-    auto = [s for s in snapshots if s.doc.get("venv") == venv and s.doc.get("trigger") in AUTOMATIC_TRIGGERS]
+    auto = [s for s in snapshots if s.snapshot.venv == venv and s.snapshot.trigger in AUTOMATIC_TRIGGERS]
     if len(auto) <= keep + slack:
         return []
     auto.sort(key=lambda s: (s.created, s.id), reverse=True)
@@ -71,7 +71,7 @@ def apply_retention(vault: Vault, venv: Path, *, keep: int, slack: int | None = 
     snapshots = vault.snapshots()
     slack = keep // 2 if slack is None else slack
     drop = plan_retention(snapshots, str(venv), set(vault.tags().values()), keep, slack)
-    mine = sum(1 for s in snapshots if s.doc.get("venv") == str(venv))
+    mine = sum(1 for s in snapshots if s.snapshot.venv == str(venv))
     if not drop or not _forget(vault, drop):
         return RetentionResult(venv=str(venv), kept=mine, forgotten=())
     report = None

@@ -21,6 +21,7 @@ from envvault.env.probe import find_target
 from envvault.errors import EnvvaultError, UsageError
 from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
+from envvault.model.snapshot import Snapshot, as_snapshot
 from envvault.vault.fsutil import read_regular
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def run_command(argv: tuple[str, ...], env: Mapping[str, str], *, stdout_to_stde
     return (128 - rc if rc < 0 else rc), started
 
 
-def _installed(doc: dict, prefix: Path, provenance: dict) -> dict[str, Installed]:
+def _installed(doc: Snapshot | dict, prefix: Path, provenance: dict) -> dict[str, Installed]:
     from packaging.utils import canonicalize_name
 
     sites = _sites(doc, prefix)
@@ -136,17 +137,17 @@ def _installed(doc: dict, prefix: Path, provenance: dict) -> dict[str, Installed
                 stem, version = entry[: -len(".dist-info")].rsplit("-", 1)
                 dist_infos[(canonicalize_name(stem), version)] = site / entry
     out = {}
-    for p in doc.get("packages", ()):
-        prov = provenance.get(p["name"]) or {}
-        known = {prov["sha256"]} if prov.get("sha256") and prov.get("build_id") == p.get("build_id") else set()
-        out[p["name"]] = Installed(name=p["name"], version=p["version"], build_id=p.get("build_id") or "",
-                                   dist_info=dist_infos.get((p["name"], p["version"])), known_sha256=frozenset(known))
+    for p in as_snapshot(doc).packages:
+        prov = provenance.get(p.name) or {}  # pip's report, as guard/provenance.py records it
+        known = {prov["sha256"]} if prov.get("sha256") and prov.get("build_id") == p.build_id else set()
+        out[p.name] = Installed(name=p.name, version=p.version, build_id=p.build_id,
+                                dist_info=dist_infos.get((p.name, p.version)), known_sha256=frozenset(known))
     return out
 
 
-def _sites(doc: dict, prefix: Path) -> list[Path]:
-    py = doc.get("python") or {}
-    return list(dict.fromkeys(prefix / py[k] for k in ("purelib", "platlib") if py.get(k)))
+def _sites(doc: Snapshot | dict, prefix: Path) -> list[Path]:
+    py = as_snapshot(doc).python
+    return list(dict.fromkeys(prefix / d for d in (py.purelib, py.platlib) if d))
 
 
 def _pointer(vault: Vault, target: Path) -> Path:
@@ -160,13 +161,13 @@ def _previous_provenance(vault: Vault, target: Path) -> dict:
     other snapshot is read); without the pointer, of the newest snapshot of ``target`` that has one."""
     try:
         sid = json.loads(read_regular(_pointer(vault, target), 1 << 20, "guard pointer"))["last"]
-        prov = vault.load_snapshot(sid).doc.get("provenance")
-        return prov if isinstance(prov, dict) else {}
+        prov = vault.load_snapshot(sid).snapshot.provenance
+        return dict(prov) if prov is not None else {}
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
         pass
     for ref in vault.snapshots():
-        if ref.doc.get("venv") == str(target) and isinstance(ref.doc.get("provenance"), dict):
-            return ref.doc["provenance"]
+        if ref.snapshot.venv == str(target) and ref.snapshot.provenance is not None:
+            return dict(ref.snapshot.provenance)
     return {}
 
 

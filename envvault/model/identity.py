@@ -185,14 +185,15 @@ def lock_fingerprint(python_version: str, packages: Iterable[tuple[str, str, str
     return fingerprint(python_version, [{"name": n, "version": v, "state_id": b} for n, v, b in packages])
 
 
-def same_build(a: dict, b: dict) -> bool | None:
-    """Of two package summaries: True when they hold one build, False when two, None when their ids cannot
-    tell (a side without ids, such as a foreign pylock, or ids of two identity versions)."""
-    if not a.get("build_id") or not b.get("build_id") or a.get("identity", 1) != b.get("identity", 1):
+def same_build(a, b) -> bool | None:
+    """Of two package summaries (``model.snapshot.PackageSummary``): True when they hold one build, False when
+    two, None when their ids cannot tell (a side without ids, such as a foreign pylock, or ids of two identity
+    versions)."""
+    if not a.build_id or not b.build_id or a.identity != b.identity:
         return None
-    if a["build_id"] != b["build_id"]:
+    if a.build_id != b.build_id:
         return False
-    sa, sb = a.get("scripts"), b.get("scripts")
+    sa, sb = a.scripts, b.scripts
     return not (sa and sb and sa != sb)
 
 

@@ -24,7 +24,7 @@ from envvault.model.encoding import canonical_json
 
 __all__ = ["FORMAT", "Snapshot", "PackageSummary", "PythonInfo", "Host", "Gpu", "Stats", "CacheEntry", "GuardInfo",
            "parse_snapshot", "parse_package_summary", "snapshot_problems", "build_snapshot", "is_id", "as_snapshot",
-           "as_python", "as_package",
+           "as_python", "as_package", "loose_snapshot",
            "tag_name_problem"]
 
 FORMAT = 1
@@ -395,6 +395,36 @@ def parse_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
 def as_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
     """``doc`` itself when it is a ``Snapshot``, else parsed (for callers still holding the dict)."""
     return doc if isinstance(doc, Snapshot) else parse_snapshot(doc, where)
+
+
+def loose_snapshot(doc: Any) -> Snapshot:
+    """A ``Snapshot`` from an environment document that is no stored snapshot (the live scan of
+    ``diff.current_document``, a pylock.toml read by ``diff.lockfile_document``): what does not fit is left
+    at its default instead of refused (a package without ids gets ``""``), and a part that is null or absent
+    (``python``, ``host``, ``env``) is named in ``absent``, so a comparison leaves it out."""
+    if isinstance(doc, Snapshot):
+        return doc
+    if not isinstance(doc, dict):
+        return Snapshot(absent=frozenset(k.name for k in Snapshot.KEYS))
+    kw, absent, extra = load_fields(doc, Snapshot.KEYS, "", [])
+    nulls = {k for k in ("python", "host", "env", "stats", "caches") if doc.get(k) is None}
+    raw = doc.get("packages")
+    kw["packages"] = tuple(_loose_package(p) for p in raw if isinstance(p, dict)) if isinstance(raw, list) else ()
+    return Snapshot(**kw, extra=extra, absent=absent | nulls)
+
+
+def _loose_id(v, where, problems) -> str:
+    return v or ""
+
+
+# A document that is no stored snapshot may name ids envvault did not compute (a pylock.toml's), or none.
+_LOOSE_PACKAGE_KEYS = tuple(Key(k.name, check_opt_str, False, "", load=_loose_id)
+                            if k.name in ("build_id", "state_id", "manifest") else k for k in PackageSummary.KEYS)
+
+
+def _loose_package(obj: dict) -> PackageSummary:
+    kw, absent, extra = load_fields(obj, _LOOSE_PACKAGE_KEYS, "", [])
+    return PackageSummary(**kw, extra=extra, absent=absent)
 
 
 def as_python(python: Any) -> PythonInfo:

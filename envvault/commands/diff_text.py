@@ -1,0 +1,82 @@
+"""A ``diff.DiffResult`` as lines for people (the renderer; ``diff`` computes, this writes text)."""
+
+from __future__ import annotations
+
+from envvault.diff import DiffResult, PackageChange, build_facts
+from envvault.output import style
+
+__all__ = ["render_text"]
+
+_LIST_LIMIT = 8  # files listed per package in text; JSON lists them all
+
+
+def _build_words(c: PackageChange) -> str:
+    facts = build_facts(c.old_build_info, c.new_build_info)
+    words = []
+    keys = ("cuda", "hip", "git_version", "version", "debug") if c.kind == "build" else ("cuda", "hip", "git_version")
+    for key in keys:
+        if key in facts:
+            o, n = facts[key]
+            if key == "git_version":
+                o, n = (o or "none")[:7], (n or "none")[:7]
+                key = "git"
+            words.append(f"{key} {o} -> {n}")
+    if not words and c.build_changed:
+        words.append(f"build {(c.old_build_id or '?')[:12]} -> {(c.new_build_id or '?')[:12]}")
+    return ", ".join(words)
+
+
+def _files_line(label: str, files: tuple[str, ...], colour: bool, tint: str) -> list[str]:
+    shown = list(files[:_LIST_LIMIT])
+    more = len(files) - len(shown)
+    lines = [f"    {style(label, tint, colour)} {f}" for f in shown]
+    if more:
+        lines.append(f"    ... and {more} more (--json lists all)")
+    return lines
+
+
+def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
+    """Lines for people, in the order: interpreter, added/removed, versions, builds, edits, host, env."""
+    lines: list[str] = []
+    c = colour
+
+    def head(word: str, tint: str) -> str:
+        return style(f"{word:<10}", tint, c)
+
+    for k, (o, n) in result.python.items():
+        lines.append(f"{head('python', 'magenta')}{k} {o} -> {n}")
+    for p in result.added:
+        lines.append(f"{head('added', 'green')}{p.name} {p.version}")
+    for p in result.removed:
+        lines.append(f"{head('removed', 'red')}{p.name} {p.version}")
+    for ch in result.changed:
+        if ch.kind in ("upgrade", "downgrade", "local"):
+            note = " (local label)" if ch.kind == "local" else ""
+            facts = _build_words(ch) if ch.kind == "local" else ""
+            lines.append(f"{head(ch.kind if ch.kind != 'local' else 'version', 'yellow')}{ch.name} "
+                         f"{ch.old_version} -> {ch.new_version}{note}" + (f": {facts}" if facts else ""))
+    for ch in result.changed:
+        if ch.kind == "build":
+            lines.append(f"{head('build', 'red')}{ch.name} {ch.new_version}: {_build_words(ch)}")
+    for ch in result.changed:
+        if ch.modified_files or ch.missing_files:
+            counts = [f"{len(ch.modified_files)} file(s) differ"] if ch.modified_files else []
+            counts += [f"{len(ch.missing_files)} deleted or put back"] if ch.missing_files else []
+            lines.append(f"{head('edited', 'red')}{ch.name} {ch.new_version}: " + ", ".join(counts))
+            lines += _files_line("~", ch.modified_files, c, "red")
+            lines += _files_line("-", ch.missing_files, c, "red")
+    for ch in result.changed:
+        if ch.mode_files:
+            lines.append(f"{head('mode', 'yellow')}{ch.name} {ch.new_version}: "
+                         f"{len(ch.mode_files)} file(s) gained or lost the execute bit")
+            lines += _files_line("x", ch.mode_files, c, "yellow")
+    for k, (o, n) in result.host.items():
+        lines.append(f"{head('host', 'cyan')}{k} {o} -> {n}")
+    env = result.env
+    for k, v in (env.get("added") or {}).items():
+        lines.append(f"{head('env', 'cyan')}+{k}={v}")
+    for k, v in (env.get("removed") or {}).items():
+        lines.append(f"{head('env', 'cyan')}-{k}={v}")
+    for k, (o, n) in (env.get("changed") or {}).items():
+        lines.append(f"{head('env', 'cyan')}{k}: {o} -> {n}")
+    return "\n".join(lines)
