@@ -22,7 +22,7 @@ _COMMANDS = {
     "snap": "snapshots", "list": "snapshots", "show": "snapshots", "export": "snapshots", "verify": "snapshots",
     "diff": "restore", "status": "restore", "restore": "restore", "tag": "restore", "untag": "restore",
     "gc": "restore", "guard": "guard", "shell-hook": "guard", "cache": "caches", "inspect": "torch",
-    "torch": "torch",
+    "torch": "torch", "sync": "sync",
 }
 
 

@@ -97,8 +97,9 @@ class FaultProxy:
         self.rate = rate
         self.faults = True
         self.forbid = False  # answer every request 403 InvalidAccessKeyId (a wrong credential)
+        self.refuse: bytes | None = None  # cut any connection whose request holds these bytes (counts["refused"])
         self.rng = random.Random(seed)
-        self.counts = {"connections": 0, "500": 0, "cut": 0}
+        self.counts = {"connections": 0, "500": 0, "cut": 0, "refused": 0}
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -144,12 +145,15 @@ class FaultProxy:
         if cut_after is not None:
             self.counts["cut"] += 1
 
-        def pump(src: socket.socket, dst: socket.socket, budget: int | None) -> None:
+        def pump(src: socket.socket, dst: socket.socket, budget: int | None, inspect: bool = False) -> None:
             sent = 0
             try:
                 while True:
                     data = src.recv(65536)
                     if not data:
+                        break
+                    if inspect and self.refuse is not None and self.refuse in data:
+                        self.counts["refused"] += 1
                         break
                     if budget is not None and sent + len(data) > budget:
                         dst.sendall(data[: max(budget - sent, 0)])
@@ -165,7 +169,7 @@ class FaultProxy:
                     pass
                 s.close()
 
-        threading.Thread(target=pump, args=(conn, up, cut_after), daemon=True).start()
+        threading.Thread(target=pump, args=(conn, up, cut_after, True), daemon=True).start()
         pump(up, conn, None)
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ by rename, and a file evicted under a reader is fetched again.
 Layout under ``cache_root()`` (``$ENVVAULT_CACHE_DIR``, else ``$XDG_CACHE_HOME/envvault``, else
 ``~/.cache/envvault``)::
 
-    vaults/<key>/objects/{packs,index,snapshots}/<aa>/<name>
+    vaults/<key>/objects/{packs,index,snapshots}/<aa>/<name>     <key>: from the vault_id of its config.json
     vaults/<key>/{state,tmp,locks}/          the vault's machine-local state (envvault/vault/state.py)
 """
 

@@ -106,22 +106,61 @@ def have_client() -> bool:
 
 
 def open_vault(vault_cls: Any, url: str, *, create: bool = False) -> Any:
-    """The Vault at ``url`` (called by ``Vault.open``): objects in the bucket, an :class:`ObjectCache` and the
-    machine-local state in this node's cache folder for that vault (``envvault/vault/objcache.py``)."""
-    from envvault.vault.objcache import ObjectCache, vault_cache_dir
+    """The Vault at ``url`` (called by ``Vault.open``): objects in the bucket; an :class:`ObjectCache` and the
+    machine-local state in this node's cache folder for that vault, named by the vault's ``vault_id`` (the
+    same vault reached through another endpoint shares it; a different vault under the same name does not)."""
+    from envvault.vault.objcache import ObjectCache, cache_root, vault_cache_dir
     from envvault.vault.state import LocalState
 
     parsed = parse_s3_url(url)
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-    home = vault_cache_dir(f"{endpoint}|{parsed}")
+    backend = S3Backend(str(parsed))
+    vid = _vault_id(backend)
+    if vid is None:
+        if not create:
+            raise NotFoundError(f"no vault at {backend.location}; run `envvault snap` first or pass --vault")
+        scratch = cache_root() / "tmp"
+        vault_cls.from_backend(backend, LocalState(scratch, scratch, scratch), create=True)  # writes config.json
+        vid = _vault_id(backend)
+    home = vault_cache_dir(vid or f"{os.environ.get('AWS_ENDPOINT_URL', '')}|{parsed}")
     state = LocalState(home / "state", home / "tmp", home / "locks")
     try:
         for sub in ("state", "tmp", "locks", "objects"):
             (home / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as err:
         raise StorageError(f"cannot make the local cache {home}: {err.strerror or err}; set ENVVAULT_CACHE_DIR")
-    backend = S3Backend(str(parsed), cache=ObjectCache(home / "objects"))
+    backend.cache = ObjectCache(home / "objects")
+    backend.on_gc_epoch = lambda value: _follow_gc_epoch(state, value)
     return vault_cls.from_backend(backend, state, create=create)
+
+
+def _vault_id(backend: "S3Backend") -> str | None:
+    """The vault's ``vault_id`` ("" when config.json is damaged), None when there is no config.json."""
+    import json
+
+    try:
+        doc = json.loads(backend.load("config", "config", limit=1 << 20))
+    except Missing:
+        return None
+    except (ValueError, CorruptError):
+        return ""
+    vid = doc.get("vault_id") if isinstance(doc, dict) else None
+    return vid if isinstance(vid, str) and re.fullmatch(r"[0-9a-f]{32}", vid) else ""
+
+
+def _follow_gc_epoch(state: Any, value: str) -> None:
+    """A gc ran somewhere since this node last looked: forget this node's stat caches (they name objects
+    without asking the index) and move the local epoch on, so a scan that loaded one cannot save it back."""
+    seen = state.read("remote-gc-epoch", 4096)
+    if seen is not None and seen.decode("ascii", "replace") == value:
+        return
+    try:
+        state.write_in_place("gc-epoch", f"{time.time_ns()}\n".encode())
+    except FileNotFoundError:
+        pass
+    for name in state.names():
+        if name.startswith("stat-"):
+            state.remove(name)
+    state.write("remote-gc-epoch", value.encode(), durable=False)
 
 
 # -- the backend -----------------------------------------------------------------------------------------
@@ -240,7 +279,8 @@ class S3Backend:
         self.cache = cache
         self.requests = 0  # calls made to the bucket (tests and `--debug` figures)
         self._lost: list[str] = []  # locks whose object vanished while held (gc called them stale)
-        self._held: dict[str, dict] = {}
+        # Called with the bucket's gc epoch once the vault lock is held (open_vault: drop stale stat caches).
+        self.on_gc_epoch: Callable[[str], None] | None = None
 
     # -- names ----------------------------------------------------------------------------------
     def key(self, kind: str, name: str) -> str:
@@ -298,12 +338,15 @@ class S3Backend:
             raise StorageError(f"{self.location}: the lock {self._lost[0]} was taken away (stale by "
                                "docs/format.md's rule) while this command ran; nothing was committed, run it again")
         ob, exc = _ob(), _exc()
+        # Content-named kinds are never rewritten: create-if-absent even when not asked (same name, same bytes).
+        create = exclusive or kind in ("packs", "index", "snapshots")
         try:
             self._call(f"writing {key}", lambda: ob.put(self.store, key, bytes(data),
-                                                        mode="create" if exclusive else "overwrite",
+                                                        mode="create" if create else "overwrite",
                                                         use_multipart=False))
         except exc.AlreadyExistsError + exc.PreconditionError:
-            return False
+            if exclusive:
+                return False
         except exc.NotSupportedError:  # a store without conditional writes: best effort
             if exclusive and self._exists(key):
                 return False
@@ -471,6 +514,7 @@ class S3Backend:
                 return
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 2.0)
+        self._after_lock(exclusive)
         stop = threading.Event()
         refresher = threading.Thread(target=self._refresh, args=(key, body, me, stop), daemon=True)
         refresher.start()
@@ -483,6 +527,25 @@ class S3Backend:
                 self._call(f"deleting {key}", lambda: ob.delete(self.store, key))
             except StorageError:
                 pass  # it goes stale
+
+    def _after_lock(self, exclusive: bool) -> None:
+        """The gc epoch (docs/format.md, "Object storage"): an exclusive holder moves it on before it deletes
+        anything; a shared holder tells ``on_gc_epoch`` what it holds (the node drops its stat caches when it
+        changed)."""
+        ob, exc = _ob(), _exc()
+        if exclusive:
+            value = uuid.uuid4().hex.encode()
+            self._call("writing gc-epoch", lambda: ob.put(self.store, "gc-epoch", value, use_multipart=False))
+            if self.on_gc_epoch is not None:
+                self.on_gc_epoch(value.decode())
+            return
+        if self.on_gc_epoch is None:
+            return
+        try:
+            value = bytes(self._call("reading gc-epoch", lambda: ob.get(self.store, "gc-epoch").bytes()))
+        except exc.NotFoundError:
+            value = b""
+        self.on_gc_epoch(value.decode("ascii", "replace")[:64])
 
     def _put_lock(self, key: str, body: dict) -> None:
         import json
