@@ -20,7 +20,7 @@ from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError
 from envvault.model.encoding import parse_json
 from envvault.model.journal import Journal, parse_journal
 from envvault.safepaths import FinalTree, env_key
-from envvault.vault.fsutil import flocked, fsync_dir, read_regular, storage_error
+from envvault.vault.fsutil import fsync_dir, read_regular, storage_error
 from envvault.vault.store import Vault
 
 __all__ = [
@@ -174,7 +174,7 @@ def recover(target: Path, journal: Journal) -> None:
 def target_lock(vault: Vault, target: Path) -> Iterator[bool]:
     """Hold ``locks/restore-<key>.lock`` of ``target`` without waiting: yields False when another process
     (a restore running now) holds it."""
-    with flocked(vault.root / "locks" / f"restore-{env_key(target)}.lock", exclusive=True, wait=False) as held:
+    with vault.state.lock(f"restore-{env_key(target)}", exclusive=True, wait=False) as held:
         yield held
 
 

@@ -40,7 +40,7 @@ def _resolve(vault, ref: str) -> str:
         for s in vault.snapshots():
             if any(isinstance(c, dict) and c.get("manifest") for c in s.doc.get("caches") or ()):
                 return s.id
-        raise NotFoundError(f"no snapshot with compile caches in {vault.root}; run `envvault cache snap` first")
+        raise NotFoundError(f"no snapshot with compile caches in {vault.location}; run `envvault cache snap` first")
     return vault.resolve(ref)
 
 

@@ -10,12 +10,10 @@ nothing else.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from envvault.vault.fsutil import flocked, storage_error
 from envvault.vault.store import SnapshotRef, Vault
 
 __all__ = ["AUTOMATIC_TRIGGERS", "RetentionResult", "plan_retention", "apply_retention"]
@@ -50,16 +48,11 @@ def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str]
 def _forget(vault: Vault, ids: list[str]) -> bool:
     """Delete the snapshot files of ``ids`` under the exclusive vault lock, taken without waiting: while
     another snap or restore runs, retention waits for the next guarded command instead."""
-    with flocked(vault.root / "locks" / "vault.lock", exclusive=True, wait=False) as held:
+    with vault.lock(exclusive=True, wait=False) as held:
         if not held:
             return False
         for sid in ids:
-            try:
-                os.unlink(vault.root / "snapshots" / f"{sid}.json")
-            except FileNotFoundError:
-                pass
-            except OSError as err:
-                raise storage_error(err, vault.root / "snapshots") from None
+            vault.delete_snapshot(sid)  # a StorageError (read-only, permission) says what to do
         return True
 
 

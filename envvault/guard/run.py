@@ -175,7 +175,7 @@ def _remember(vault: Vault, target: Path, sid: str) -> None:
     from envvault.vault.fsutil import atomic_write
 
     try:
-        atomic_write(_pointer(vault, target), json.dumps({"last": sid}).encode(), tmp_dir=vault.root / "tmp",
+        atomic_write(_pointer(vault, target), json.dumps({"last": sid}).encode(), tmp_dir=vault.state.tmp_dir,
                      durable=False)
     except EnvvaultError:
         pass  # only a cache: the next guard falls back to reading the snapshots

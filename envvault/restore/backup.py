@@ -5,10 +5,10 @@ from; with ``--no-backup`` that state comes from a check scan instead."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from envvault.diff import current_document
+from envvault.errors import EnvvaultError
 from envvault.vault.store import Vault
 
 __all__ = ["take_backup", "scan_now", "discard_backup"]
@@ -35,6 +35,6 @@ def discard_backup(vault: Vault, sid: str | None) -> None:
     """Drop a backup this run made but did not need (its objects become garbage for gc)."""
     if sid:
         try:
-            os.unlink(vault.root / "snapshots" / f"{sid}.json")
-        except OSError:
+            vault.delete_snapshot(sid)
+        except EnvvaultError:
             pass

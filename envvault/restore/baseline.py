@@ -27,7 +27,7 @@ def record_restored(vault: Vault, target: Path, sid: str) -> None:
     """Remember that ``target`` now holds snapshot ``sid``. Never fails the caller."""
     try:
         data = json.dumps({"snapshot": sid, "venv": str(target), "at": _now()}).encode()
-        atomic_write(_marker(vault, target), data, tmp_dir=vault.root / "tmp")
+        atomic_write(_marker(vault, target), data, tmp_dir=vault.state.tmp_dir)
     except EnvvaultError:
         pass
 
@@ -41,12 +41,12 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     try:
         marker = json.loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))
         sid, at = marker["snapshot"], marker["at"]
-        if isinstance(sid, str) and (vault.root / "snapshots" / f"{sid}.json").exists() and (best is None or at > best[0]):
+        if isinstance(sid, str) and vault.has_snapshot(sid) and (best is None or at > best[0]):
             best = (at, sid)
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
         pass
     if best is None:
-        raise NotFoundError(f"no snapshot of {target} in {vault.root}; run `envvault snap` first")
+        raise NotFoundError(f"no snapshot of {target} in {vault.location}; run `envvault snap` first")
     return best[1]
 
 
