@@ -219,3 +219,45 @@ def test_records_are_frozen_and_to_dict_gives_copies():
     out["packages"][0]["name"] = "changed"
     out["host"]["gpus"].clear()
     assert snap.packages[0].name == "torch" and snap.to_dict()["host"]["gpus"]
+
+
+def test_the_vault_loads_records_and_refuses_a_hostile_manifest_on_load(tmp_path):
+    from envvault.vault.store import Vault
+    from tests.attacks.craft import init_vault, put_manifest, put_snapshot
+
+    root = init_vault(tmp_path / "vault")
+    good = next(d for d in SAMPLES if _kind(d) == "dist")
+    bad = _manifest_with({"path": "../outside.py", "record": "../../../../outside.py", "state": "ok"})
+    good_id, bad_id = put_manifest(root, good), put_manifest(root, bad)
+    sid = put_snapshot(root, _snapshot_doc())
+    vault = Vault.open(root)
+    ref = vault.load_snapshot(sid)
+    assert ref.id == sid and isinstance(ref.snapshot, Snapshot) and ref.snapshot.to_json() == (root / "snapshots" / f"{sid}.json").read_bytes()
+    assert vault.load_manifest(good_id) == parse_dist_manifest(good)
+    with pytest.raises(RefusedError, match=r"refusing manifest [0-9a-f]{12}: files\[1\]\.path '\.\./outside\.py' contains '\.\.'"):
+        vault.load_manifest(bad_id)
+
+
+def test_loose_documents_and_builds():
+    from envvault.diff import diff_snapshots
+    from envvault.model.identity import same_build
+    from envvault.model.snapshot import loose_snapshot
+
+    lock = {"kind": "lockfile", "venv": None, "python": None, "host": None, "env": None,
+            "packages": [{"name": "x", "version": "1", "build_id": None, "state_id": None, "identity": 1}]}
+    snap = loose_snapshot(lock)
+    assert snap.packages[0].build_id == "" and {"python", "host", "env"} <= snap.absent
+    full = parse_snapshot(_snapshot_doc())
+    torch = full.packages[0]
+    assert same_build(torch, torch) is True
+    assert same_build(torch, PackageSummary(**{**_fields(torch), "build_id": "f" * 64})) is False
+    assert same_build(torch, PackageSummary(**{**_fields(torch), "identity": 1})) is None
+    r = diff_snapshots(full, lock)
+    assert [p.name for p in r.added] == ["x"] and [p.name for p in r.removed] == ["torch"]
+    assert not r.python and not r.host and not r.env  # the lockfile side has none of them
+
+
+def _fields(p: PackageSummary) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}

@@ -2,7 +2,7 @@
 records.
 
 ``parse_dist_manifest(doc, where)`` is the one validating parser, run on every manifest loaded by id
-(``Vault.load_manifest``), so in-place restore, ``restore --into``, export and diff all get the same check:
+(``Vault.load_manifest``), so in-place restore, ``restore --into`` and export all get the same check:
 a path that is absolute, holds ``..`` or NUL (``path``, ``dist_info``), or a RECORD path that is absolute,
 holds NUL, a backslash or a ``..`` after its leading ones (``record``) is a RefusedError (exit 3) naming
 every such file with its place; any other problem (wrong types) a CorruptError (exit 5) naming each. Where
