@@ -62,6 +62,8 @@ class LocalBackend:
     # -- writing -------------------------------------------------------------------------------
     def save(self, kind: str, name: str, data: bytes, *, exclusive: bool = False) -> bool:
         path = self.path(kind, name)
+        if kind == "packs":
+            self._pack_folder(path)
         if not exclusive:
             atomic_write(path, data, tmp_dir=self.tmp_dir, mode=0o600)
             return True
@@ -93,11 +95,18 @@ class LocalBackend:
     def save_file(self, kind: str, name: str, local_path: Path) -> None:
         """Rename the finished (and fsynced) ``local_path``, which lies on the vault's filesystem, into place."""
         path = self.path(kind, name)
+        if kind == "packs":
+            self._pack_folder(path)
         try:
-            if kind == "packs":
-                path.parent.mkdir(mode=0o700, exist_ok=True)
             os.replace(local_path, path)
             fsync_dir(path.parent)
+        except OSError as err:
+            raise storage_error(err, path) from None
+
+    @staticmethod
+    def _pack_folder(path: Path) -> None:
+        try:
+            path.parent.mkdir(mode=0o700, exist_ok=True)
         except OSError as err:
             raise storage_error(err, path) from None
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, StorageError, UsageError
 from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json
 from envvault.vault.backend import Backend, Missing, ReadFailed
-from envvault.vault.local import VAULT_DIRS, VAULT_ENTRIES, LocalBackend
+from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
 from envvault.vault.state import LocalState
 from envvault.vault.s3 import vault_url
