@@ -1,0 +1,12 @@
+"""Taking a snapshot of an environment: ``take.py`` (the snap: scan, cache hook, objects, then the snapshot
+document, the commit point), ``scan.py`` (the environment read through its reader, fast path from the stat
+cache), ``manifests.py`` (one distribution's manifest and summary)."""
+
+from __future__ import annotations
+
+from envvault.model.identity import fingerprint  # noqa: F401 - re-exported: diff asks snap for it
+
+from .scan import scan_environment, statcache_for
+from .take import CacheHook, SnapResult, take_snapshot
+
+__all__ = ["take_snapshot", "SnapResult", "CacheHook", "scan_environment", "statcache_for", "fingerprint"]

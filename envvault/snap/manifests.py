@@ -1,0 +1,214 @@
+"""One distribution's manifest (docs/format.md, "Distribution manifest"): every RECORD row checked against
+the file on disk (hashed through the ``Ingester``, stat-cached), scripts normalised, installer-generated
+rows told apart (``envvault.model.identity``), build, state and scripts ids; and the package summary a
+snapshot lists for it."""
+
+from __future__ import annotations
+
+import os
+import stat as statmod
+from typing import TYPE_CHECKING
+
+from envvault.env.probe import Interpreter
+from envvault.errors import EnvironmentProblem
+from envvault.model.identity import (
+    IDENTITY_VERSION,
+    LAUNCHER_HEAD,
+    is_bytecode,
+    is_generated,
+    is_script,
+    script_digest,
+    scripts_id,
+    state_id,
+)
+from envvault.vault.ingest import Ingester, StatCache
+from envvault.vault.store import FORMAT, Vault
+
+if TYPE_CHECKING:
+    from envvault.env.dists import InstalledDist
+
+__all__ = ["ManifestBuilder", "summary_of"]
+
+
+# A python script bigger than this is hashed as it is (its shebang left in): none such is known.
+_SCRIPT_READ_LIMIT = 16 << 20
+
+
+class ManifestBuilder:
+    """Builds the distribution manifests of one scan (``mode``: "full" hashes and stores, "check" hashes
+    only, "lock" reads RECORD only), collecting its warnings."""
+
+    def __init__(self, vault: Vault, interp: Interpreter, ingester: Ingester, cache: StatCache, mode: str):
+        self.vault = vault
+        self.interp = interp
+        self.prefix = interp.prefix
+        self._base = f"{interp.prefix}/"
+        self.ing = ingester
+        self.cache = cache
+        self.mode = mode  # "full": hash and store; "check": hash only; "lock": RECORD only
+        self.warnings: list[str] = []
+
+    def file_entry(self, dist: InstalledDist, rec) -> dict | None:
+        absolute = os.path.normpath(f"{dist.site}/{rec.path}")
+        if not absolute.startswith(self._base):
+            self.warnings.append(f"{dist.display}: {rec.path} lies outside the environment; not stored")
+            return None
+        rel = absolute[len(self._base):]
+        entry = {"path": rel, "record": rec.path}
+        if rec.digest is not None:
+            entry["sha256" if rec.algo == "sha256" else f"record_{rec.algo}"] = rec.digest
+        if rec.size is not None:
+            entry["size"] = rec.size
+        if is_bytecode(rec.path):
+            entry["state"] = "ok"
+            return entry
+        if self.mode == "lock":
+            entry["state"] = "unchecked"
+            return entry
+        try:
+            st = os.lstat(absolute)
+        except FileNotFoundError:
+            entry["state"] = "missing"
+            return entry
+        except OSError as err:
+            raise EnvironmentProblem(f"cannot stat {absolute}: {err.strerror}") from None
+        if statmod.S_ISDIR(st.st_mode):
+            return None  # virtualenv's seeder lists folders; manifest() reports them
+        entry["mode"] = st.st_mode & 0o7777
+        if statmod.S_ISLNK(st.st_mode):
+            entry["link"] = os.readlink(absolute)
+            entry["state"] = "ok"
+            return entry
+        hit = self.cache.lookup(rel, st)
+        if hit is not None and (self.mode == "check" or hit[2] is not None):
+            sha, chunks = hit[1], hit[2]
+        else:
+            fd = self.ing.ingest(absolute, st.st_size)
+            sha, chunks = fd.sha256, fd.chunks
+            self.cache.put(rel, st, sha, chunks)
+        if self.mode == "full":
+            entry["chunks"] = chunks
+        entry["size"] = st.st_size
+        if rec.algo == "sha256" and rec.digest is not None:
+            if sha != rec.digest:
+                entry["state"] = "modified"
+                entry["record_sha256"] = rec.digest
+                entry["sha256"] = sha
+            else:
+                entry["state"] = "ok"
+        else:
+            entry["state"] = "unhashed"
+            entry["sha256"] = sha
+        return entry
+
+    def manifest(self, dist: InstalledDist) -> dict:
+        files = []
+        modified = []
+        layout = dist.layout(self.interp.scripts)
+        folders, unhashed, scripts = [], [], []
+        scripts_known = self.mode != "lock"
+        for rec in dist.record or ():
+            entry = self.file_entry(dist, rec)
+            if entry is None:
+                if os.path.isdir(os.path.normpath(f"{dist.site}/{rec.path}")):
+                    folders.append(rec.path)
+                continue
+            files.append(entry)
+            if entry["state"] == "modified":
+                modified.append((entry["path"], entry["sha256"]))
+            generated = is_generated(rec, layout)
+            script = is_script(rec.path, layout) and not generated
+            if generated and is_script(rec.path, layout):
+                entry["generated"] = True  # a launcher named in entry_points.txt
+            digest = None
+            if script and self.mode != "lock":
+                digest = self._script(entry, layout, rec)
+                if digest == "":
+                    entry["generated"] = True  # a launcher by its content
+                elif digest is None:
+                    scripts_known = False  # an edited or missing script: its build cannot be told
+                elif digest:
+                    scripts.append((os.path.basename(rec.path), digest))
+            if rec.algo is None and not generated and (digest or not script):  # launchers are the installer's
+                unhashed.append(rec.path)
+        self._report_rows(dist, folders, unhashed, [f["record"] for f in files if f["state"] == "missing"])
+        build = dist.build_id(self.interp.scripts)
+        from envvault.env.dists import build_info  # email, packaging: the fast path never needs them
+
+        return {
+            "kind": "dist",
+            "format": FORMAT,
+            "name": dist.name,
+            "version": dist.version,
+            "dist_info": dist.dist_info.relative_to(self.prefix).as_posix(),
+            "installer": dist.installer,
+            "requested": dist.requested,
+            "wheel": dist.wheel,
+            "direct_url": dist.direct_url,
+            "record": "ok" if dist.record is not None else "missing",
+            "build_id": build,
+            "state_id": state_id(build, modified),
+            "scripts": scripts_id(scripts) if scripts_known else None,
+            "build_info": build_info(dist),
+            "files": files,
+        }
+
+    def _script(self, entry: dict, layout, rec) -> str | None:
+        """The normalised digest of a script in the scripts folder; "" for a launcher the installer wrote
+        (generated, by its content); None when the script is edited or missing."""
+        if entry["state"] not in ("ok", "unhashed") or "link" in entry:
+            return None
+        absolute = f"{self._base}{entry['path']}"
+        try:
+            with open(absolute, "rb") as fh:
+                head = fh.read(LAUNCHER_HEAD)
+                if is_generated(rec, layout, head):
+                    return ""
+                if not head.startswith(b"#!") or entry.get("size", 0) > _SCRIPT_READ_LIMIT:
+                    return entry["sha256"]
+                return script_digest(head + fh.read())
+        except OSError:
+            return None
+
+    def _report_rows(self, dist: InstalledDist, folders: list[str], unhashed: list[str], missing: list[str]) -> None:
+        """One warning per kind of RECORD row that does not describe a file as it should."""
+        for rows, what in (
+            (folders, "names folders, not files (left out)"),
+            (unhashed, "gives no hash (stored as found)"),
+            (missing, "lists files that are gone (recorded as missing)"),
+        ):
+            if rows:
+                shown = ", ".join(sorted(rows)[:3]) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
+                self.warnings.append(f"{dist.display}: RECORD {what}: {shown}")
+
+
+def summary_of(man: dict, oid: str) -> dict:
+    """The package summary a snapshot lists for manifest ``man`` stored as ``oid``."""
+    files = man["files"]
+    counted = [f for f in files if f.get("state") != "missing" and not is_bytecode(f["record"])]
+    return {
+        "name": man["name"],
+        "version": man["version"],
+        "build_id": man["build_id"],
+        "state_id": man["state_id"],
+        "identity": IDENTITY_VERSION,
+        "scripts": man["scripts"],
+        "manifest": oid,
+        "installer": man["installer"],
+        "requested": man["requested"],
+        "record": man["record"],
+        "build_info": man["build_info"],
+        "files": sum(1 for f in counted),
+        "size": sum(f.get("size") or 0 for f in counted),
+        "modified": sorted(f["path"] for f in files if f.get("state") == "modified"),
+        "missing": sorted(f["path"] for f in files if f.get("state") == "missing"),
+        "exec": _exec_files(counted),
+    }
+
+
+def _exec_files(files: list[dict]) -> list[str] | None:
+    """Paths of the files with an execute bit (docs/format.md, "exec"); None when no mode was recorded."""
+    if not any("mode" in f for f in files):
+        return None
+    return sorted(f["path"] for f in files
+                  if "link" not in f and not f.get("generated") and (f.get("mode") or 0) & 0o111)

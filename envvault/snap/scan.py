@@ -1,0 +1,167 @@
+"""Scanning an environment through its reader (``envvault.env.reader``): each distribution from the stat
+cache when RECORD, METADATA and every stored file keep the stats of the last scan (an unchanged environment
+is re-scanned from metadata alone), else read (``envvault.env.dists``) and built into a manifest
+(``manifests.py``). Three modes: ``full`` (hash and store), ``check`` (hash only: status, diff current),
+``lock`` (dist-info only)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from envvault.env.probe import Interpreter
+from envvault.env.reader import reader_for
+from envvault.model.encoding import canonical_json, object_id
+from envvault.vault.ingest import Ingester, StatCache, stat_key
+from envvault.vault.store import Vault
+
+from .manifests import ManifestBuilder, summary_of
+
+if TYPE_CHECKING:
+    from envvault.env.dists import InstalledDist
+
+__all__ = ["scan_environment", "statcache_for"]
+
+
+def statcache_for(vault: Vault, target: Path) -> StatCache:
+    from envvault.safepaths import env_key
+
+    return StatCache(vault.state_path(f"stat-{env_key(target)}"))
+
+
+def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
+    """True when RECORD and every stored file still have the stats recorded at the last snap."""
+    base = f"{prefix}/"
+    lstat = os.lstat
+    try:
+        if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
+            return False
+        if group.get("meta_stat") != stat_key(os.stat(dist_info / "METADATA")):
+            return False
+        for rel, key in zip(group["files"], group["stats"]):
+            st = lstat(base + rel)
+            if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns] != key:
+                return False
+        if any(os.path.lexists(base + rel) for rel in group.get("missing", ())):
+            return False
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
+def scan_environment(
+    vault: Vault,
+    prefix: Path,
+    *,
+    mode: str,
+    writer=None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Interpreter, list[dict], list[str], StatCache, Ingester, dict]:
+    """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
+    hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
+    queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
+    from envvault.journal import JOURNAL_NAME
+
+    if os.path.lexists(os.path.join(prefix, JOURNAL_NAME)):  # a killed restore: clean what it half-made first
+        from envvault.journal import settle_interrupted
+
+        settle_interrupted(vault, prefix)
+    cache = statcache_for(vault, prefix)
+    reader = reader_for(prefix, cache)
+    interp = reader.interpreter()
+    ing = Ingester(writer, vault.has, store=mode == "full")
+    builder = ManifestBuilder(vault, interp, ing, cache, mode)
+    mkey = "manifest_" + mode
+    packages: list[dict] = []
+    slow: list[InstalledDist] = []
+    warnings: list[str] = []
+    for dist_info, site in reader.dist_entries():
+        key = dist_info.relative_to(prefix).as_posix()
+        group = cache.groups.get(key)
+        # Ids in the stat cache are trusted without consulting the index: the cache is saved only after
+        # a commit, and gc deletes every stat cache before it removes anything.
+        if mode != "lock" and group and group.get(mkey) and _group_fresh(group, prefix, dist_info):
+            summary = dict(group["summary"], manifest=group[mkey])
+            packages.append(summary)
+            cache.touch(group["files"])
+            continue
+        if mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
+            packages.append(dict(group["lock"]["summary"]))
+            continue
+        dist = reader.read(dist_info, site)
+        if dist is not None:
+            slow.append(dist)
+    if progress is not None and hasattr(progress, "set_total"):
+        progress.set_total(sum(e.size or 0 for d in slow for e in (d.record or ())))
+    done = 0
+    for dist in slow:
+        if dist.kind == "egg-link":
+            warnings.append(f"{dist.display} is an old-style editable ({dist.dist_info.name}): its files live "
+                            f"outside the environment, in {dist.target or '?'}, and are not stored")
+        elif dist.record is None:
+            warnings.append(f"{dist.display} has no RECORD ({dist.kind} install): its files are not stored; reinstall it with pip to make it restorable")
+        man = builder.manifest(dist)
+        data = canonical_json(man)
+        oid = object_id(data)
+        if writer is not None and not vault.has(oid) and not writer.queued(oid):
+            writer.add(oid, data, "m")
+        summary = summary_of(man, oid)
+        packages.append(summary)
+        if dist.record is not None:
+            try:
+                _remember_group(cache, dist, prefix, man, summary, mode, oid)
+            except OSError:
+                pass
+        done += sum(e.size or 0 for e in (dist.record or ()))
+        if progress:
+            progress(done)
+    packages.sort(key=lambda p: (p["name"], p["version"]))
+    warnings = builder.warnings + warnings
+    stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
+    return interp, packages, warnings, cache, ing, stats
+
+
+def _lock_fresh(lock: dict, dist_info: Path) -> bool:
+    try:
+        return (stat_key(os.stat(dist_info / "RECORD")) == lock["record_stat"]
+                and stat_key(os.stat(dist_info / "METADATA")) == lock["meta_stat"])
+    except (OSError, KeyError):
+        return False
+
+
+def _remember_group(cache: StatCache, dist, prefix: Path, man: dict, summary: dict, mode: str, oid: str) -> None:
+    """Record what this scan learnt about one distribution, for the fast path of the next one.
+
+    A group holds the stats of the distribution's files and, per mode, the manifest built from exactly
+    those stats; manifests of other modes survive only while the stats are unchanged.
+    """
+    key = dist.dist_info.relative_to(prefix).as_posix()
+    old = cache.groups.get(key) or {}
+    record_stat = stat_key(os.stat(dist.dist_info / "RECORD"))
+    meta_stat = stat_key(os.stat(dist.dist_info / "METADATA"))
+    if mode == "lock":
+        group = dict(old)
+        group["lock"] = {"record_stat": record_stat, "meta_stat": meta_stat, "summary": summary}
+        cache.set_group(key, group)
+        return
+    stored = [f["path"] for f in man["files"] if f["path"] in cache.files and "mode" in f and "link" not in f]
+    stats = [cache.files[rel][0] for rel in stored]
+    missing = [f["path"] for f in man["files"] if f.get("state") == "missing"]
+    group = {
+        "record_stat": record_stat,
+        "meta_stat": meta_stat,
+        "files": stored,
+        "stats": stats,
+        # Files that were missing must still be missing (a restore, or a user, may put them back).
+        "missing": missing,
+        "summary": {k: v for k, v in summary.items() if k != "manifest"},
+        "manifest_" + mode: oid,
+    }
+    unchanged = all(old.get(k) == group[k] for k in ("record_stat", "meta_stat", "files", "stats", "missing"))
+    for k in ("manifest_full", "manifest_check"):
+        if unchanged and k in old and k not in group:
+            group[k] = old[k]
+    if "lock" in old:
+        group["lock"] = old["lock"]
+    cache.set_group(key, group)
