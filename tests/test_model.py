@@ -261,3 +261,19 @@ def _fields(p: PackageSummary) -> dict:
     import dataclasses
 
     return {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
+
+
+def test_the_fast_path_of_todays_summaries_reads_what_the_generic_one_reads():
+    from envvault.model._fields import load_fields
+    from envvault.model.snapshot import _fast_package, parse_package_summary
+
+    p = dict(_snapshot_doc()["packages"][0], exec=["lib/python3.11/site-packages/torch/bin/torch_shm_manager"])
+    assert len(p) == 16
+    fast = _fast_package(p)
+    kw, absent, extra = load_fields(p, PackageSummary.KEYS, "", [])
+    assert fast is not None and fast == PackageSummary(**kw, extra=extra, absent=absent) and fast.to_dict() == p
+    for key, bad in (("build_id", "nothex"), ("files", True), ("modified", [1]), ("exec", "x"), ("requested", 1)):
+        problems: list[str] = []
+        assert _fast_package(dict(p, **{key: bad})) is None
+        parse_package_summary(dict(p, **{key: bad}), "packages[0].", problems)
+        assert [q.split(":")[0] for q in problems] == [f"packages[0].{key}"]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from envvault.errors import CorruptError
 
-__all__ = ["Key", "Rule", "load_fields", "dump_fields", "plain", "raise_problems", "is_id",
+__all__ = ["Key", "Rule", "NO_EXTRA", "load_fields", "dump_fields", "plain", "raise_problems", "is_id",
            "check_str", "check_opt_str", "check_int", "check_opt_int", "check_num", "check_bool", "check_hex_id",
            "check_opt_hex_id", "check_dict", "check_opt_dict", "check_str_list", "check_opt_str_list",
            "check_str_map", "check_list", "check_opt_list", "check_any"]
@@ -24,6 +24,30 @@ __all__ = ["Key", "Rule", "load_fields", "dump_fields", "plain", "raise_problems
 _ID = re.compile(r"[0-9a-f]{64}")
 
 Rule = Callable[[Any], "str | None"]
+
+
+class _NoExtra(Mapping):
+    """The ``extra`` of a record whose document had no unknown keys: empty, immutable, shared."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "{}"
+
+
+NO_EXTRA: Mapping[str, Any] = _NoExtra()
 
 
 def is_id(value: Any) -> bool:
@@ -38,7 +62,7 @@ def check_any(v: Any) -> str | None:
 
 
 def check_str(v: Any) -> str | None:
-    return None if isinstance(v, str) else "expected a string"
+    return None if type(v) is str or isinstance(v, str) else "expected a string"
 
 
 def check_opt_str(v: Any) -> str | None:
@@ -46,7 +70,7 @@ def check_opt_str(v: Any) -> str | None:
 
 
 def check_int(v: Any) -> str | None:
-    return None if isinstance(v, int) and not isinstance(v, bool) else "expected an integer"
+    return None if type(v) is int or isinstance(v, int) and not isinstance(v, bool) else "expected an integer"
 
 
 def check_opt_int(v: Any) -> str | None:
@@ -61,8 +85,11 @@ def check_bool(v: Any) -> str | None:
     return None if isinstance(v, bool) else "expected true or false"
 
 
+_ID_MATCH = _ID.fullmatch
+
+
 def check_hex_id(v: Any) -> str | None:
-    return None if is_id(v) else "expected a 64-hex string"
+    return None if type(v) is str and _ID_MATCH(v) is not None else "expected a 64-hex string"
 
 
 def check_opt_hex_id(v: Any) -> str | None:
@@ -86,6 +113,8 @@ def check_opt_list(v: Any) -> str | None:
 
 
 def check_str_list(v: Any) -> str | None:
+    if type(v) is list and (not v or all(type(x) is str for x in v)):
+        return None
     return None if isinstance(v, list) and all(isinstance(x, str) for x in v) else "expected a list of strings"
 
 
@@ -103,6 +132,13 @@ def check_str_map(v: Any) -> str | None:
 def plain(value: Any) -> Any:
     """A JSON value as plain dicts and lists (records written with ``to_dict``, tuples as lists), copied so
     that a caller editing the result never edits a record."""
+    t = type(value)
+    if t is str or t is int or t is float or t is bool or value is None:
+        return value
+    if t is dict:
+        return {k: plain(v) for k, v in value.items()}
+    if t is tuple or t is list:
+        return [plain(v) for v in value]
     if isinstance(value, Mapping):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -126,14 +162,13 @@ class Key:
     """One document key of a record: ``name`` in the document, ``attr`` on the record (same unless given),
     ``check`` its checker, ``required``, ``default`` (the field's value when the key is absent or wrong),
     ``load`` turning a checked value into the field's (``(value, where, problems) -> field``; a nested
-    record's parser), ``dump`` the reverse (default: ``plain``)."""
+    record's parser). Written back with ``plain``."""
 
     name: str
     check: Rule = check_any
     required: bool = False
     default: Any = None
     load: Callable[[Any, str, list[str]], Any] | None = None
-    dump: Callable[[Any], Any] | None = None
     attr: str = ""
 
     @property
@@ -150,29 +185,44 @@ STRS = seq(strs)
 OPT_STRS = seq(opt_strs)
 
 
+_PLANS: dict[int, tuple[tuple, frozenset[str]]] = {}
+
+
+def _plan(keys: tuple[Key, ...]) -> tuple[tuple, frozenset[str]]:
+    got = _PLANS.get(id(keys))
+    if got is None:
+        got = (tuple((k.name, k.field, k.check, k.required, k.default, k.load) for k in keys),
+               frozenset(k.name for k in keys))
+        _PLANS[id(keys)] = got
+    return got
+
+
 def load_fields(obj: Mapping[str, Any], keys: tuple[Key, ...], where: str,
                 problems: list[str]) -> tuple[dict[str, Any], frozenset[str], dict[str, Any]]:
     """The record's keyword arguments from ``obj`` (every problem appended to ``problems`` with its place,
     ``where`` ending in ``.`` or empty), the known keys the document lacks, and its unknown keys."""
+    plan, known = _plan(keys)
     kwargs: dict[str, Any] = {}
     absent = []
-    for key in keys:
-        if key.name not in obj:
-            if key.required:
-                problems.append(f"{where}{key.name}: missing")
-            absent.append(key.name)
-            kwargs[key.field] = key.default
+    for name, attr, check, required, default, load in plan:
+        if name not in obj:
+            if required:
+                problems.append(f"{where}{name}: missing")
+            absent.append(name)
+            kwargs[attr] = default
             continue
-        value = obj[key.name]
-        why = key.check(value)
+        value = obj[name]
+        why = check(value)
         if why:
-            problems.append(f"{where}{key.name}: {why}")
-            kwargs[key.field] = key.default
+            problems.append(f"{where}{name}: {why}")
+            kwargs[attr] = default
             continue
-        kwargs[key.field] = key.load(value, f"{where}{key.name}", problems) if key.load else value
-    known = {k.name for k in keys}
-    extra = {k: v for k, v in obj.items() if k not in known}
-    return kwargs, frozenset(absent), extra
+        kwargs[attr] = load(value, where + name, problems) if load else value
+    extra = {k: v for k, v in obj.items() if k not in known} if len(obj) > len(plan) - len(absent) else {}
+    return kwargs, frozenset(absent) if absent else _NONE, extra
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 def dump_fields(record: Any, keys: tuple[Key, ...]) -> dict[str, Any]:
@@ -180,13 +230,14 @@ def dump_fields(record: Any, keys: tuple[Key, ...]) -> dict[str, Any]:
     still hold their default), then its unknown ones."""
     out: dict[str, Any] = {}
     absent = record.absent
-    for key in keys:
-        value = getattr(record, key.field)
-        if key.name in absent and value == key.default:
+    for name, attr, _check, _required, default, _load in _plan(keys)[0]:
+        value = getattr(record, attr)
+        if absent and name in absent and value == default:
             continue
-        out[key.name] = key.dump(value) if key.dump else plain(value)
-    for k, v in record.extra.items():
-        out.setdefault(k, plain(v))
+        out[name] = plain(value)
+    if record.extra:
+        for k, v in record.extra.items():
+            out.setdefault(k, plain(v))
     return out
 
 

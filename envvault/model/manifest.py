@@ -17,7 +17,8 @@ from typing import Any, Mapping
 
 from envvault.errors import RefusedError, UsageError
 from envvault.model._fields import (
-    OPT_STRS, Key, check_bool, check_dict, check_hex_id, check_int, check_list, check_opt_dict, check_opt_str,
+    NO_EXTRA, OPT_STRS, Key, check_bool, check_dict, check_hex_id, check_int, check_list, check_opt_dict,
+    check_opt_str,
     check_str, dump_fields, is_id, load_fields, raise_problems,
 )
 from envvault.model.paths import path_problem, record_path_problem
@@ -72,7 +73,7 @@ class FileEntry:
     link: str | None = None
     generated: bool = False
     record_sha256: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = (Key("path", required=True, default=""), Key("record", required=True, default=""),
@@ -145,7 +146,7 @@ class DistManifest:
     record: str = "ok"
     scripts: str | None = None
     build_info: Mapping[str, Any] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = (Key("kind", _check_kind, default="dist"), Key("format", check_int, default=FORMAT),

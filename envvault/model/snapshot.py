@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 from envvault.errors import UsageError
 from envvault.model._fields import (
-    OPT_STRS, STRS, Key, check_bool, check_dict, check_hex_id, check_int, check_list, check_num, check_opt_dict,
+    NO_EXTRA, OPT_STRS, STRS, Key, check_bool, check_dict, check_hex_id, check_int, check_list, check_num,
+    check_opt_dict,
     check_opt_hex_id, check_opt_int, check_opt_list, check_opt_str, check_opt_str_list, check_str, check_str_list,
     check_str_map, dump_fields, is_id, load_fields, raise_problems,
 )
@@ -94,7 +95,7 @@ class PythonInfo:
     scripts: str | None = None
     base_prefix: str | None = None
     pyvenv_cfg: Mapping[str, Any] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = tuple(Key(k, check_opt_str) for k in _PY_PATHS) + (Key("pyvenv_cfg", check_opt_dict),)
@@ -123,7 +124,7 @@ class Gpu:
     name: str = ""
     compute_cap: str | None = None
     memory: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = (Key("name", check_str, True, ""), Key("compute_cap", check_opt_str), Key("memory", check_opt_str))
@@ -147,7 +148,7 @@ class Host:
     gpus: tuple[Gpu, ...] | None = None
     driver: str | None = None
     nvidia_smi: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = (Key("hostname", check_opt_str), Key("os", check_opt_str), Key("arch", check_opt_str),
@@ -171,7 +172,7 @@ class Stats:
     new_bytes: int | float = 0
     new_objects: int | float = 0
     seconds: int | float = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = tuple(Key(k, check_num, default=0) for k in ("files", "bytes", "new_bytes", "new_objects", "seconds"))
@@ -201,7 +202,7 @@ class CacheEntry:
     warnings: tuple[str, ...] = ()
     seconds: int | float | None = None
     reused: bool | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = (Key("kind", check_str, default=""), Key("root", check_str, default=""), Key("reason", check_opt_str),
@@ -229,7 +230,7 @@ class GuardInfo:
     command: tuple[str, ...] = ()
     exit_code: int | None = None
     before: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = (Key("phase", check_str, True, ""), Key("command", check_str_list, default=(), load=STRS),
@@ -266,7 +267,7 @@ class PackageSummary:
     installer: str | None = None
     record: str = "ok"
     requested: bool = False
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = (Key("name", check_str, True, ""), Key("version", check_str, True, ""),
@@ -283,11 +284,54 @@ class PackageSummary:
         return (self.name, self.version)
 
 
+_PACKAGE_KEYS = frozenset(k.name for k in PackageSummary.KEYS)
+_ID_MATCH = re.compile(r"[0-9a-f]{64}").fullmatch
+
+
+def _strs_or_none(v: Any) -> tuple[str, ...] | None:
+    """``v`` as a tuple when it is a list of strings, else None."""
+    if type(v) is list and all(type(x) is str for x in v):
+        return tuple(v)
+    return None
+
+
+def _fast_package(obj: dict) -> PackageSummary | None:
+    """The summary every snapshot of today's format holds (every key, each of its type, nothing more), read
+    without the generic engine (loading every snapshot is what ``list`` and ``status`` pay); None for
+    anything else, which the generic parser then reads and reports."""
+    if len(obj) != 16 or not _PACKAGE_KEYS.issuperset(obj):
+        return None
+    g = obj.__getitem__
+    name, version, build, state, man = g("name"), g("version"), g("build_id"), g("state_id"), g("manifest")
+    identity, scripts, info, files, size = g("identity"), g("scripts"), g("build_info"), g("files"), g("size")
+    installer, record, requested, exe = g("installer"), g("record"), g("requested"), g("exec")
+    modified, missing = _strs_or_none(g("modified")), _strs_or_none(g("missing"))
+    ok = (type(name) is str and type(version) is str and type(build) is str and _ID_MATCH(build) is not None
+          and type(state) is str and _ID_MATCH(state) is not None and type(man) is str and _ID_MATCH(man) is not None
+          and type(identity) is int and (scripts is None or type(scripts) is str)
+          and (info is None or type(info) is dict) and type(files) is int and type(size) is int
+          and (installer is None or type(installer) is str) and type(record) is str and type(requested) is bool
+          and modified is not None and missing is not None)
+    if not ok:
+        return None
+    if exe is not None:
+        exe = _strs_or_none(exe)
+        if exe is None:
+            return None
+    return PackageSummary(name=name, version=version, build_id=build, state_id=state, manifest=man,
+                          identity=identity, scripts=scripts, build_info=info, files=files, size=size,
+                          modified=modified, missing=missing, exec=exe, installer=installer, record=record,
+                          requested=requested)
+
+
 def parse_package_summary(obj: Any, where: str, problems: list[str]) -> PackageSummary | None:
     """One package summary; problems (placed under ``where``, e.g. ``packages[3].``) are appended."""
     if not isinstance(obj, dict):
         problems.append(f"{where.rstrip('.')}: expected an object")
         return None
+    fast = _fast_package(obj)
+    if fast is not None:
+        return fast
     kw, absent, extra = load_fields(obj, PackageSummary.KEYS, where, problems)
     return PackageSummary(**kw, extra=extra, absent=absent)
 
@@ -328,7 +372,7 @@ class Snapshot:
     tool: Mapping[str, Any] | None = None
     guard: GuardInfo | None = None
     provenance: Mapping[str, Any] | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
     KEYS = (
