@@ -146,15 +146,15 @@ def test_into_keeps_system_site_packages_and_editable(shaped, restored):
 def test_into_verification_compares_provenance_and_pyvenv(shaped, restored):
     from envvault.restore import into
 
-    snap = ev_json(shaped["vault"], "show", shaped["sid"])
     from envvault.vault.store import Vault
 
     vault = Vault.open(shaped["vault"])
-    pkgs = snap["packages"]
-    manifests = {p["manifest"]: vault.get_json(p["manifest"]) for p in pkgs}
+    snap = vault.load_snapshot(shaped["sid"]).snapshot
+    pkgs = snap.packages
+    manifests = {p.manifest: vault.load_manifest(p.manifest) for p in pkgs}
     provenance = into._provenance_of(vault, pkgs, manifests)
-    wanted = into._pyvenv_wanted(snap["python"])
-    assert into._provenance_differences(restored, snap["python"], provenance) == []
+    wanted = into._pyvenv_wanted(snap.python)
+    assert into._provenance_differences(restored, snap.python, provenance) == []
     assert into._pyvenv_differences(restored, wanted) == []
     requested = _dist_info(restored, "depleaf") / "REQUESTED"
     requested.write_bytes(b"")
@@ -162,7 +162,7 @@ def test_into_verification_compares_provenance_and_pyvenv(shaped, restored):
     (restored / "pyvenv.cfg").write_text(cfg.replace("include-system-site-packages = true",
                                                      "include-system-site-packages = false"))
     try:
-        assert [d for d in into._provenance_differences(restored, snap["python"], provenance)] == [
+        assert [d for d in into._provenance_differences(restored, snap.python, provenance)] == [
             f"{_dist_info(restored, 'depleaf').name}/REQUESTED differs from the snapshot's"]
         assert into._pyvenv_differences(restored, wanted) == [
             "pyvenv.cfg include-system-site-packages is 'false', the snapshot had 'true'"]

@@ -417,10 +417,11 @@ def test_into_builds_a_fresh_venv_whose_scripts_run(tmp_path, make_venv, wheelho
 
 def test_into_names_a_missing_python_version():
     from envvault.errors import NotFoundError
+    from envvault.model.snapshot import PythonInfo
     from envvault.restore.uv import find_python
 
     with pytest.raises(NotFoundError, match="no Python 3.99.1 is available"):
-        find_python({"version": "3.99.1", "base_prefix": "/nonexistent"})
+        find_python(PythonInfo(version="3.99.1", base_prefix="/nonexistent"))
 
 
 # -- lock-only snapshots -------------------------------------------------------------------------------

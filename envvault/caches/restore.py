@@ -28,13 +28,14 @@ from typing import Literal, Mapping, Sequence
 from ..errors import NotFoundError, StorageError, UsageError
 from .. import materialize
 from ..materialize import FileSpec, refuse_escapes
+from ..model.snapshot import CacheEntry, Snapshot, as_snapshot
 from ..safepaths import FinalTree
 from ..vault.fsutil import makedirs_recording
 from ..vault.ingest import b64_sha256
 from ..vault.store import ObjectReader
 from .discover import inductor_cache_dir, triton_cache_dir
 from .fingerprint import Fingerprint, Mismatch, compare
-from .manifest import CacheManifest, ManifestFile, parse_manifest
+from ..model.cache import CacheManifest, ManifestFile, parse_manifest
 from .walk import walk_cache
 
 __all__ = ["CacheRestoreEntry", "CacheRestoreResult", "restore_snapshot_caches", "select_caches", "cache_roots"]
@@ -92,18 +93,18 @@ class CacheRestoreResult:
                 "warnings": list(self.warnings)}
 
 
-def select_caches(doc: dict, select: Sequence[str] = ()) -> list[dict]:
+def select_caches(snapshot: Snapshot | dict, select: Sequence[str] = ()) -> list[CacheEntry]:
     """The snapshot's cache entries that have a manifest, limited to ``select`` (kinds or archived roots)."""
-    entries = [c for c in doc.get("caches") or () if isinstance(c, dict) and isinstance(c.get("manifest"), str)]
+    entries = [c for c in as_snapshot(snapshot).caches or () if c.manifest]
     if not select:
         return entries
     roots = {os.path.abspath(os.path.expanduser(s)) for s in select if "/" in s or s.startswith("~")}
-    return [c for c in entries if c.get("kind") in select or c.get("root") in roots]
+    return [c for c in entries if c.kind in select or c.root in roots]
 
 
 def restore_snapshot_caches(
     vault,
-    doc: dict,
+    snapshot: Snapshot | dict,
     *,
     venv: Path | None = None,
     mode: Mode = "merge",
@@ -113,7 +114,7 @@ def restore_snapshot_caches(
     dry_run: bool = False,
     env: Mapping[str, str] = os.environ,
 ) -> CacheRestoreResult:
-    """Restore the caches archived in snapshot ``doc`` (all, or those ``select`` names by kind or root).
+    """Restore the caches archived in ``snapshot`` (all, or those ``select`` names by kind or root).
 
     Each goes back to the root it was archived from, or to ``to`` (only when one cache is selected). The
     archived root is the vault's word, so it is used only when it lies in a cache directory of this
@@ -127,7 +128,7 @@ def restore_snapshot_caches(
     """
     if mode not in ("merge", "replace"):
         raise UsageError(f"unknown cache restore mode {mode!r}: use merge or replace")
-    chosen = select_caches(doc, select)
+    chosen = select_caches(snapshot, select)
     if select and not chosen:
         raise NotFoundError(f"no cache matching {', '.join(select)} in this snapshot; see `envvault cache list ID`")
     if to is not None and len(chosen) != 1:
@@ -139,7 +140,7 @@ def restore_snapshot_caches(
         reader = ObjectReader(vault)
         manifests = []
         for entry in chosen:  # every manifest is checked before any cache is written
-            mid = entry["manifest"]
+            mid = entry.manifest
             manifests.append((mid, parse_manifest(vault.get_json(mid), f"cache manifest {mid[:12]}")))
         plans = []
         for mid, manifest in manifests:
@@ -197,7 +198,7 @@ def _trusted(root: str, trusted: set[str]) -> bool:
 def _target_fingerprint(venv: Path | None, env: Mapping[str, str]) -> tuple[Fingerprint | None, str | None]:
     if venv is None:
         return None, "no environment to check the caches' fingerprints against; pass --venv PATH"
-    from .snap import environment_fingerprint
+    from .snap_fingerprint import environment_fingerprint
 
     fp, why = environment_fingerprint(Path(venv), None, env)
     return (Fingerprint.from_dict(fp) if fp else None), why

@@ -35,8 +35,8 @@ def record_restored(vault: Vault, target: Path, sid: str) -> None:
 def baseline_snapshot(vault: Vault, target: Path) -> str:
     """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none."""
     target = Path(target)
-    snaps = [s for s in vault.snapshots() if s.doc.get("venv") == str(target)]
-    own = [s for s in snaps if s.doc.get("trigger") != "restore-backup"] or snaps
+    snaps = [s for s in vault.snapshots() if s.snapshot.venv == str(target)]
+    own = [s for s in snaps if s.snapshot.trigger != "restore-backup"] or snaps
     best = (own[0].created, own[0].id) if own else None
     try:
         marker = json.loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))

@@ -8,20 +8,29 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
+from envvault.model.snapshot import PackageSummary, PythonInfo, as_package, as_python
 from envvault.restore.plan import CurrentDist, is_pyc
 from envvault.vault.ingest import b64_sha256
 
-__all__ = ["read_current", "Layout", "protected_dirs"]
+__all__ = ["read_current", "scan_records", "Layout", "protected_dirs"]
 
 
-def read_current(prefix: Path, interp, packages: list[dict], wanted: list[dict] | None = None) -> list[CurrentDist]:
+def scan_records(doc: dict) -> tuple[PythonInfo, tuple[PackageSummary, ...]]:
+    """The interpreter and package summaries of a scan in snapshot shape (a backup's document, or
+    ``diff.current_document``'s, which is no full snapshot: no host or env facts), as records."""
+    return as_python(doc.get("python")), tuple(as_package(p) for p in doc.get("packages") or ())
+
+
+def read_current(prefix: Path, interp: "Layout", packages: Sequence[PackageSummary],
+                 wanted: Sequence[PackageSummary] = ()) -> list[CurrentDist]:
     """Pair each package summary of a scan with its RECORD, as ``CurrentDist`` records for the planner.
     Unhashed RECORD rows (RECORD itself) are hashed only for packages not identical to one in ``wanted``
     (the snapshot's packages): those are the only ones a restore may rewrite."""
     from envvault.env.dists import scan_dists
 
-    same = {(p["name"], p["version"], p.get("build_id"), p.get("state_id")) for p in wanted or ()}
+    same = {(p.name, p.version, p.build_id, p.state_id) for p in wanted}
     base = f"{prefix}/"
     dists = scan_dists([interp.purelib, interp.platlib])
     by_key: dict[tuple[str, str], list] = {}
@@ -29,13 +38,13 @@ def read_current(prefix: Path, interp, packages: list[dict], wanted: list[dict] 
         by_key.setdefault((d.name, d.version), []).append(d)
     out = []
     for p in packages:
-        cands = by_key.get((p["name"], p["version"])) or []
+        cands = by_key.get((p.name, p.version)) or []
         d = cands.pop(0) if cands else None
         if d is None or d.record is None:
             out.append(CurrentDist(p, None, {}, has_record=False))
             continue
-        untouched = (p["name"], p["version"], p.get("build_id"), p.get("state_id")) in same
-        bad = set(p.get("modified") or ()) | set(p.get("missing") or ())
+        untouched = (p.name, p.version, p.build_id, p.state_id) in same
+        bad = set(p.modified) | set(p.missing)
         files: dict[str, str | None] = {}
         site = f"{d.site}/"
         for e in d.record:
@@ -65,18 +74,18 @@ def _sha_of_small(path: str, limit: int = 64 << 20) -> str | None:
 
 @dataclass(frozen=True)
 class Layout:
-    """The install paths of an environment, from a document's ``python`` section (no second probe)."""
+    """The install paths of an environment, from a scan's ``python`` record (no second probe)."""
 
     purelib: Path
     platlib: Path
     scripts: Path
 
     @classmethod
-    def of(cls, prefix: Path, python: dict) -> "Layout":
-        def at(key: str, default: str) -> Path:
-            value = Path(python.get(key) or default)
-            return value if value.is_absolute() else prefix / value
-        return cls(at("purelib", "lib"), at("platlib", python.get("purelib") or "lib"), at("scripts", "bin"))
+    def of(cls, prefix: Path, python: PythonInfo) -> "Layout":
+        def at(value: str | None, default: str) -> Path:
+            path = Path(value or default)
+            return path if path.is_absolute() else prefix / path
+        return cls(at(python.purelib, "lib"), at(python.platlib, python.purelib or "lib"), at(python.scripts, "bin"))
 
 
 def protected_dirs(target: Path, interp: Layout) -> set[str]:

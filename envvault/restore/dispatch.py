@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from envvault.model.snapshot import Snapshot
 from envvault.restore.baseline import record_restored
 from envvault.restore.result import RestoreResult, Strategy
 from envvault.vault.store import Vault
@@ -18,13 +19,13 @@ from envvault.vault.store import Vault
 __all__ = ["restore_snapshot", "strategy_for"]
 
 
-def strategy_for(doc: dict, *, into: bool) -> Strategy:
-    """The strategy that restores ``doc``: ``--into`` first, then lock-only, else in place."""
+def strategy_for(snapshot: Snapshot, *, into: bool) -> Strategy:
+    """The strategy that restores ``snapshot``: ``--into`` first, then lock-only, else in place."""
     if into:
         from envvault.restore.into import restore_into
 
         return restore_into
-    if doc.get("lock_only"):
+    if snapshot.lock_only:
         from envvault.restore.uv import restore_lock_only
 
         return restore_lock_only
@@ -52,24 +53,24 @@ def restore_snapshot(
     """
     started = time.monotonic()
     ref = vault.load_snapshot(sid)
-    doc = ref.doc
+    snapshot = ref.snapshot
     env_target = Path(into or target).absolute()
-    if caches and doc.get("caches") and not dry_run:
+    if caches and snapshot.caches and not dry_run:
         # Validate the cache manifests (paths, roots) before the environment is touched: a hostile cache
         # manifest must not leave a half-finished restore behind.
-        _restore_caches(vault, doc, env_target, True)
-    strategy = strategy_for(doc, into=into is not None)
-    result = strategy(vault, ref.id, doc, env_target, backup=backup, dry_run=dry_run, progress=progress)
+        _restore_caches(vault, snapshot, env_target, True)
+    strategy = strategy_for(snapshot, into=into is not None)
+    result = strategy(vault, ref.id, snapshot, env_target, backup=backup, dry_run=dry_run, progress=progress)
     if result.verified and not result.dry_run:
         record_restored(vault, env_target, ref.id)
     cache_result = None
-    if caches and doc.get("caches"):
-        cache_result = _restore_caches(vault, doc, env_target, dry_run)
+    if caches and snapshot.caches:
+        cache_result = _restore_caches(vault, snapshot, env_target, dry_run)
     return replace(result, caches=cache_result, seconds=round(time.monotonic() - started, 3))
 
 
-def _restore_caches(vault: Vault, doc: dict, target: Path, dry_run: bool) -> dict:
+def _restore_caches(vault: Vault, snapshot: Snapshot, target: Path, dry_run: bool) -> dict:
     """The snapshot's compile caches, through ``envvault.caches.restore`` (staged, inside each cache root)."""
     from envvault.caches.restore import restore_snapshot_caches
 
-    return restore_snapshot_caches(vault, doc, venv=target, dry_run=dry_run).to_json()
+    return restore_snapshot_caches(vault, snapshot, venv=target, dry_run=dry_run).to_json()

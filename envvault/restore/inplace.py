@@ -20,9 +20,10 @@ from envvault.crashpoints import crash_point
 from envvault.diff import current_document, diff_snapshots
 from envvault.errors import RefusedError, UsageError
 from envvault.model.journal import Journal
+from envvault.model.snapshot import Snapshot
 from envvault.restore.apply import commit_plan, populate_statcache, stage_plan, undo_staging
 from envvault.restore.backup import discard_backup, scan_now
-from envvault.restore.current import Layout, protected_dirs, read_current
+from envvault.restore.current import Layout, protected_dirs, read_current, scan_records
 from envvault.journal import Paths, clean_temps, read_journal, recover, remove_journal, target_lock, write_journal
 from envvault.materialize import refuse_escapes
 from envvault.restore.plan import check_python, make_plan
@@ -43,9 +44,9 @@ def exclusive_target(vault: Vault, target: Path) -> Iterator[None]:
         yield
 
 
-def restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool,
+def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *, backup: bool, dry_run: bool,
                      progress: Progress | None = None) -> RestoreResult:
-    """Restore ``doc`` (snapshot ``sid``) onto the environment ``target`` (a ``restore.result.Strategy``)."""
+    """Restore ``snapshot`` (id ``sid``) onto the environment ``target`` (a ``restore.result.Strategy``)."""
     if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists():
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     with vault.lock(), (nullcontext() if dry_run else exclusive_target(vault, target)):
@@ -61,10 +62,11 @@ def restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup:
         if resumed:
             backup_id = journal.backup
         try:
-            check_python(doc["python"], now_doc["python"])
-            interp = Layout.of(target, now_doc["python"])
-            current = read_current(target, interp, now_doc["packages"], doc.get("packages"))
-            plan = make_plan(sid, doc, now_doc, current, vault.get_json,
+            now_python, now_packages = scan_records(now_doc)
+            check_python(snapshot.python, now_python)
+            interp = Layout.of(target, now_python)
+            current = read_current(target, interp, now_packages, snapshot.packages)
+            plan = make_plan(sid, snapshot, now_doc, current, vault.load_manifest,
                              pending_removals=list(earlier.removals) + list(earlier.writes))
             paths = Paths(target)
             # Every entry decided against the tree as the restore leaves it (its own symlinks included).
@@ -113,13 +115,13 @@ def restore_in_place(vault: Vault, sid: str, doc: dict, target: Path, *, backup:
         crash_point("committed")
         clock.lap("commit")
         after = current_document(vault, target, facts=False)
-        remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
+        remaining = diff_snapshots(after, snapshot.to_dict(), vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         remove_journal(target)
         crash_point("verified")
         clock.lap("verify")
     warnings = list(plan.warnings)
-    if doc.get("venv") and doc["venv"] != str(target) and any(w.path.startswith(interp_scripts_rel(doc)) for w in plan.writes):
-        warnings.append(f"the snapshot was taken of {doc['venv']}: scripts restored into bin/ keep that "
+    if snapshot.venv and snapshot.venv != str(target) and any(w.path.startswith(_scripts_rel(snapshot)) for w in plan.writes):
+        warnings.append(f"the snapshot was taken of {snapshot.venv}: scripts restored into bin/ keep that "
                         "environment's interpreter in their first line; use --into for a relocated copy")
     for k, (o, n) in remaining.python.items():
         warnings.append(f"python {k} is {o}, the snapshot had {n}")
@@ -142,6 +144,5 @@ class _Clock:
         self._last = now
 
 
-def interp_scripts_rel(doc: dict) -> str:
-    scripts = (doc.get("python") or {}).get("scripts") or "bin"
-    return scripts.rstrip("/") + "/"
+def _scripts_rel(snapshot: Snapshot) -> str:
+    return (snapshot.python.scripts or "bin").rstrip("/") + "/"

@@ -8,7 +8,9 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
+from envvault.model.manifest import DistManifest
 from envvault.model.record import format_record, parse_record
+from envvault.model.snapshot import PythonInfo
 
 __all__ = ["find_dist_info", "read_record", "reapply_state", "replace_file"]
 
@@ -17,14 +19,14 @@ def read_record(text: str) -> list[list[str]]:
     return [e.to_row() for e in parse_record(text)[0]]
 
 
-def reapply_state(vault, dest: Path, python: dict, man: dict) -> None:
+def reapply_state(vault, dest: Path, python: PythonInfo, man: DistManifest) -> None:
     """Make edited / deleted files as they were at snapshot time, with the RECORD rows the snapshot had."""
-    di = man["dist_info"]
+    di = man.dist_info or ""
     record_rel = f"{PurePosixPath(di).name}/RECORD"
-    original = next((f for f in man["files"] if f["record"] == record_rel and f.get("chunks") is not None), None)
+    original = next((f for f in man.files if f.record == record_rel and f.chunks is not None), None)
     if original is None:
         return
-    old_rows = {row[0]: row for row in read_record(b"".join(vault.get(c) for c in original["chunks"]).decode("utf-8"))}
+    old_rows = {row[0]: row for row in read_record(b"".join(vault.get(c) for c in original.chunks).decode("utf-8"))}
     new_dist_info = find_dist_info(dest, python, PurePosixPath(di).name)
     if new_dist_info is None:
         return
@@ -32,14 +34,14 @@ def reapply_state(vault, dest: Path, python: dict, man: dict) -> None:
     record_path = new_dist_info / "RECORD"
     rows = read_record(record_path.read_text(encoding="utf-8"))
     by_path = {row[0]: i for i, row in enumerate(rows)}
-    for f in man["files"]:
-        if f.get("state") not in ("modified", "missing"):
+    for f in man.files:
+        if f.state not in ("modified", "missing"):
             continue
-        rec = f["record"]
+        rec = f.record
         old = old_rows.get(rec)
         if old is None:
             continue
-        if f["state"] == "missing":
+        if f.state == "missing":
             try:
                 os.unlink(os.path.normpath(site / rec))
             except FileNotFoundError:
@@ -63,11 +65,11 @@ def _dist_key(dist_info_name: str) -> str:
     return f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}"
 
 
-def find_dist_info(dest: Path, python: dict, name: str) -> Path | None:
+def find_dist_info(dest: Path, python: PythonInfo, name: str) -> Path | None:
     """The dist-info folder the installer wrote for the snapshot's ``name`` (purelib or platlib; a wheel from
     an index may spell the name another way)."""
-    for key in ("purelib", "platlib"):
-        candidate = dest / python.get(key, "lib") / name
+    for lib in (python.purelib, python.platlib):
+        candidate = dest / (lib or "lib") / name
         if candidate.is_dir():
             return candidate
     found = list(dest.glob(f"lib*/python*/site-packages/{name}"))

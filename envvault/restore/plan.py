@@ -1,19 +1,22 @@
 """Plan an in-place restore: which files to write, which to delete, which to leave alone. Pure: no I/O.
 
-The plan is computed from the snapshot document, the snapshot's manifests (read through a callable, so a
-plan never touches the environment) and the environment's current state (``CurrentDist`` records, built by
-``envvault.restore.current.read_current``). ``--dry-run`` prints exactly this plan.
+The plan is computed from the snapshot (a ``model.snapshot.Snapshot``), the snapshot's manifests (``DistManifest``
+records read through a callable, so a plan never touches the environment) and the environment's current state
+(its scan, and ``CurrentDist`` records built by ``envvault.restore.current.read_current``). ``--dry-run``
+prints exactly this plan.
 """
 
 from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from envvault.diff import DiffResult, diff_snapshots, exec_change
 from envvault.errors import RefusedError
 from envvault.model.identity import is_bytecode
+from envvault.model.manifest import DistManifest
+from envvault.model.snapshot import PackageSummary, PythonInfo, Snapshot
 from envvault.safepaths import link_target_problem, path_problem
 
 __all__ = ["CurrentDist", "FileWrite", "Plan", "make_plan", "check_python", "check_rel_path", "is_pyc"]
@@ -24,14 +27,14 @@ class CurrentDist:
     """One installed distribution as it is now. ``files`` maps every RECORD path (relative to the
     environment) to its sha256 (urlsafe b64) when the bytes on disk are known to match it, else None."""
 
-    summary: dict  # the scan's package summary (name, version, build_id, state_id, modified, missing)
+    summary: PackageSummary  # the scan's
     dist_info: str | None  # relative to the environment; None when unknown
     files: dict[str, str | None]
     has_record: bool = True
 
     @property
     def name(self) -> str:
-        return self.summary["name"]
+        return self.summary.name
 
 
 @dataclass(frozen=True)
@@ -99,23 +102,18 @@ is_pyc = is_bytecode  # the one rule, in envvault.model.identity
 check_rel_path = path_problem  # the one rule, in envvault.safepaths
 
 
-def check_python(snapshot_python: dict, current_python: dict) -> None:
+def check_python(snapshot_python: PythonInfo, current_python: PythonInfo) -> None:
     """Refuse an in-place restore across interpreters whose installed files are not interchangeable."""
-    def minor(v: str | None) -> str:
-        return ".".join((v or "").split(".")[:2])
-
+    snap, cur = snapshot_python, current_python
     problems = []
-    if snapshot_python.get("implementation") != current_python.get("implementation"):
-        problems.append(f"implementation {snapshot_python.get('implementation')} vs {current_python.get('implementation')}")
-    if minor(snapshot_python.get("version")) != minor(current_python.get("version")):
-        problems.append(f"Python {snapshot_python.get('version')} vs {current_python.get('version')}")
-    elif snapshot_python.get("abi") != current_python.get("abi") or (
-        snapshot_python.get("soabi") and current_python.get("soabi") and snapshot_python["soabi"] != current_python["soabi"]
-    ):
-        problems.append(f"ABI {snapshot_python.get('soabi') or snapshot_python.get('abi')} vs "
-                        f"{current_python.get('soabi') or current_python.get('abi')}")
-    if snapshot_python.get("platform") != current_python.get("platform"):
-        problems.append(f"platform {snapshot_python.get('platform')} vs {current_python.get('platform')}")
+    if snap.implementation != cur.implementation:
+        problems.append(f"implementation {snap.implementation} vs {cur.implementation}")
+    if _minor(snap.version) != _minor(cur.version):
+        problems.append(f"Python {snap.version} vs {cur.version}")
+    elif snap.abi != cur.abi or (snap.soabi and cur.soabi and snap.soabi != cur.soabi):
+        problems.append(f"ABI {snap.soabi or snap.abi} vs {cur.soabi or cur.abi}")
+    if snap.platform != cur.platform:
+        problems.append(f"platform {snap.platform} vs {cur.platform}")
     if problems:
         raise RefusedError(
             "refusing to restore in place: the snapshot was taken with " + "; ".join(problems) +
@@ -123,39 +121,50 @@ def check_python(snapshot_python: dict, current_python: dict) -> None:
         )
 
 
-def _same(snap: dict, cur: dict) -> bool:
+def _minor(v: str | None) -> str:
+    return ".".join((v or "").split(".")[:2])
+
+
+def exec_differs(a: PackageSummary, b: PackageSummary) -> tuple[str, ...]:
+    """``diff.exec_change`` of two package summaries (files whose execute bit differs)."""
+    return exec_change({"exec": None if a.exec is None else list(a.exec)},
+                       {"exec": None if b.exec is None else list(b.exec)})
+
+
+def _same(snap: PackageSummary, cur: PackageSummary) -> bool:
     return (
-        snap.get("version") == cur.get("version")
-        and snap.get("build_id") == cur.get("build_id")
-        and snap.get("state_id") == cur.get("state_id")
-        and set(snap.get("missing") or ()) == set(cur.get("missing") or ())
-        and not exec_change(snap, cur)
+        snap.version == cur.version
+        and snap.build_id == cur.build_id
+        and snap.state_id == cur.state_id
+        and set(snap.missing) == set(cur.missing)
+        and not exec_differs(snap, cur)
     )
 
 
 def make_plan(
     snapshot_id: str,
-    snapshot: dict,
+    snapshot: Snapshot,
     current_doc: dict,
-    current: list[CurrentDist],
-    manifest_of: Callable[[str], dict],
+    current: Sequence[CurrentDist],
+    manifest_of: Callable[[str], DistManifest],
     *,
     pending_removals: Iterable[str] = (),
 ) -> Plan:
-    """Decide the restore of ``snapshot`` onto the environment described by ``current_doc``/``current``.
+    """Decide the restore of ``snapshot`` onto the environment described by ``current_doc`` (its scan, in
+snapshot shape, for the diff) and ``current``.
 
     ``pending_removals``: files an interrupted restore had planned to delete (from its journal); they are
     deleted now unless the snapshot owns them. Raises ``RefusedError`` listing every unsafe manifest path.
     """
-    diff = diff_snapshots(current_doc, snapshot, old_label="current", new_label=snapshot_id[:12], scope="environment")
+    diff = diff_snapshots(current_doc, snapshot.to_dict(), old_label="current", new_label=snapshot_id[:12], scope="environment")
     cur_by_name: dict[str, list[CurrentDist]] = {}
     for c in current:
         cur_by_name.setdefault(c.name, []).append(c)
 
     untouched: list[CurrentDist] = []
-    to_install: list[tuple[dict, CurrentDist | None]] = []
-    for p in snapshot.get("packages") or ():
-        cands = cur_by_name.get(p["name"], [])
+    to_install: list[tuple[PackageSummary, CurrentDist | None]] = []
+    for p in snapshot.packages:
+        cands = cur_by_name.get(p.name, [])
         twin = next((c for c in cands if _same(p, c.summary)), None)
         if twin is not None:
             cands.remove(twin)
@@ -181,22 +190,22 @@ def make_plan(
     dist_infos: list[str] = []
     replaced: list[CurrentDist] = []
     for p, cur in to_install:
-        label = f"{p['name']} {p['version']}"
-        chmod = set(exec_change(p, cur.summary)) if cur is not None else set()
+        label = f"{p.name} {p.version}"
+        chmod = set(exec_differs(p, cur.summary)) if cur is not None else set()
         if cur is not None:
             replaced.append(cur)
-        if p.get("record") == "missing":
+        if p.record == "missing":
             warnings.append(f"{label} was installed without RECORD: its files are not in the vault, so it cannot be restored")
             if cur is not None:
                 kept_paths.update(cur.files)
                 owned.update(cur.files)
                 replaced.remove(cur)
             continue
-        man = manifest_of(p["manifest"])
+        man = manifest_of(p.manifest)
         install_names.append(label)
-        mdi = man.get("dist_info")
-        for i, f in enumerate(man.get("files") or ()):
-            path = f.get("path")
+        mdi = man.dist_info
+        for i, f in enumerate(man.files):
+            path = f.path
             why = check_rel_path(path)
             if why is not None:
                 problems.append(f"{label}: files[{i}].path {path!r} {why}")
@@ -204,30 +213,29 @@ def make_plan(
             if is_pyc(path):
                 owned.add(path)
                 continue
-            state = f.get("state")
-            if state == "missing":
+            if f.state == "missing":
                 absent.add(path)
                 continue
-            if "link" in f:
-                lp = link_target_problem(path, f["link"])
+            if f.link is not None:
+                lp = link_target_problem(path, f.link)
                 if lp is not None:
                     problems.append(f"{label}: files[{i}].path {path!r} {lp}")
                     continue
-                writes.append(FileWrite(path, (), 0, None, 0o777, f["link"], p["name"]))
+                writes.append(FileWrite(path, (), 0, None, 0o777, f.link, p.name))
                 owned.add(path)
                 continue
-            chunks = f.get("chunks")
+            chunks = f.chunks
             if chunks is None:
                 warnings.append(f"{label}: {path} has no stored content (lock-only or damaged manifest)")
                 continue
-            mode = int(f.get("mode") or 0o644) & 0o7777
+            mode = int(f.mode or 0o644) & 0o7777
             owned.add(path)
-            if known.get(path) is not None and known[path] == f.get("sha256"):
+            if known.get(path) is not None and known[path] == f.sha256:
                 keeps.append((path, mode))
                 if path in chmod:
                     modes.append((path, mode))
                 continue
-            writes.append(FileWrite(path, tuple(chunks), int(f.get("size") or 0), f.get("sha256"), mode, None, p["name"]))
+            writes.append(FileWrite(path, tuple(chunks), int(f.size or 0), f.sha256, mode, None, p.name))
         if isinstance(mdi, str) and check_rel_path(mdi) is None:
             owned.add(mdi)
             dist_infos.append(mdi)
@@ -238,9 +246,9 @@ def make_plan(
     removals: set[str] = set()
     remove_names: list[str] = []
     for c in leaving:
-        remove_names.append(f"{c.summary['name']} {c.summary['version']}")
+        remove_names.append(f"{c.summary.name} {c.summary.version}")
         if not c.has_record:
-            warnings.append(f"{c.summary['name']} {c.summary['version']} was installed without RECORD: its files are unknown, so they stay")
+            warnings.append(f"{c.summary.name} {c.summary.version} was installed without RECORD: its files are unknown, so they stay")
     for c in leaving + replaced:
         removals.update(c.files)
     removals.update(absent)

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from envvault.model.snapshot import Snapshot
 
 __all__ = ["RestoreResult", "Strategy"]
 
 
 class Strategy(Protocol):
-    """Restore snapshot ``sid`` (its document ``doc``) at ``target``: the environment to change, or the new
+    """Restore snapshot ``sid`` (its record ``snapshot``) at ``target``: the environment to change, or the new
     folder for ``--into``. ``backup``: snapshot an environment before changing it (ignored where there is
     none); ``dry_run``: plan only, change nothing; ``progress(bytes_done)`` where the strategy writes bytes
     itself. Raises ``EnvvaultError``s; returns what it did."""
 
-    def __call__(self, vault, sid: str, doc: dict, target: Path, *, backup: bool, dry_run: bool,
+    def __call__(self, vault, sid: str, snapshot: "Snapshot", target: Path, *, backup: bool, dry_run: bool,
                  progress: Callable[[int], None] | None = None) -> "RestoreResult": ...
 
 
