@@ -12,6 +12,7 @@ a symlink leads is decided against the final tree (``envvault.safepaths.FinalTre
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -95,12 +96,49 @@ class FileEntry:
         return self.chunks is not None
 
 
+_FILE_KEYS = frozenset(k.name for k in FileEntry.KEYS)
+_ABSENT_BY_SHAPE: dict[tuple[str, ...], frozenset[str]] = {}
+_ID_MATCH = re.compile(r"[0-9a-f]{64}").fullmatch
+
+
+def _fast_file(obj: dict) -> FileEntry | None:
+    """A file entry of the shapes snaps write (known keys, each of its type, safe paths), read without the
+    generic engine: a torch manifest holds 12,000 of them. None for anything else (the generic parser then
+    reads and reports it)."""
+    shape = tuple(obj)
+    absent = _ABSENT_BY_SHAPE.get(shape)
+    if absent is None:
+        if not _FILE_KEYS.issuperset(shape) or len(_ABSENT_BY_SHAPE) > 256:
+            return None
+        absent = _ABSENT_BY_SHAPE[shape] = _FILE_KEYS.difference(shape)
+    g = obj.get
+    path, record, state, sha, size, mode = g("path"), g("record"), g("state", "ok"), g("sha256"), g("size"), g("mode")
+    chunks, link, generated, rsha = g("chunks"), g("link"), g("generated", False), g("record_sha256")
+    if (type(path) is not str or type(record) is not str or path_problem(path) is not None
+            or record_path_problem(record) is not None or state not in STATES
+            or (sha is not None and type(sha) is not str) or (rsha is not None and type(rsha) is not str)
+            or (size is not None and (type(size) is not int or size < 0))
+            or (mode is not None and (type(mode) is not int or not 0 <= mode <= 0o177777))
+            or (link is not None and (type(link) is not str or not link or "\x00" in link))
+            or type(generated) is not bool):
+        return None
+    if chunks is not None:
+        if type(chunks) is not list or not all(type(c) is str and _ID_MATCH(c) is not None for c in chunks):
+            return None
+        chunks = tuple(chunks)
+    return FileEntry(path=path, record=record, state=state, sha256=sha, size=size, mode=mode, chunks=chunks,
+                     link=link, generated=generated, record_sha256=rsha, absent=absent)
+
+
 def parse_file_entry(obj: Any, where: str, problems: list[str], unsafe: list[str]) -> FileEntry | None:
     """One file of a manifest; wrong types go to ``problems``, unsafe paths to ``unsafe`` (``where`` is its
     place, ``files[3]``)."""
     if not isinstance(obj, dict):
         problems.append(f"{where}: expected an object")
         return None
+    fast = _fast_file(obj)
+    if fast is not None:
+        return fast
     path, record = obj.get("path"), obj.get("record")
     bad = False
     why = path_problem(path)
