@@ -171,6 +171,8 @@ _SUFFIX = {"packs": ".pack", "index": ".idx", "snapshots": ".json", "tags": "", 
 _CONFIG_NAMES = {"config": "config.json", "settings": "settings.json"}
 # Attempts of one call after obstore's own retries (5xx, dropped connections) gave up, with backoff.
 RETRIES = int(os.environ.get("ENVVAULT_S3_RETRIES", "6"))
+# A command that fetched this many snapshot documents one by one leaves a bundle of them for the next node.
+BUNDLE_MIN = 32
 
 
 def _ob():
@@ -281,6 +283,10 @@ class S3Backend:
         self._lost: list[str] = []  # locks whose object vanished while held (gc called them stale)
         # Called with the bucket's gc epoch once the vault lock is held (open_vault: drop stale stat caches).
         self.on_gc_epoch: Callable[[str], None] | None = None
+        # Snapshot bundles (docs/format.md, "Object storage"): what this process listed and fetched.
+        self._listed_snapshots: set[str] | None = None
+        self._snapshot_fetches = 0
+        self._bundles: dict[str, frozenset] | None = None  # bundle name -> the snapshot ids it holds
 
     # -- names ----------------------------------------------------------------------------------
     def key(self, kind: str, name: str) -> str:
@@ -353,6 +359,8 @@ class S3Backend:
             self._call(f"writing {key}", lambda: ob.put(self.store, key, bytes(data), use_multipart=False))
         if self.cache is not None and kind in ("index", "snapshots"):
             self.cache.put_bytes(kind, name, data)
+        if kind == "snapshots" and self._listed_snapshots is not None:
+            self._listed_snapshots.add(name)
         return True
 
     def save_file(self, kind: str, name: str, local_path: Path) -> None:
@@ -380,10 +388,20 @@ class S3Backend:
         key = self.key(kind, name)
         if self.cache is not None and kind in ("packs", "index", "snapshots"):
             where = self.where(kind, name)
-            for attempt in range(3):
+            if kind == "snapshots":
+                # A cached document is used only while the bucket lists it (gc elsewhere may have deleted it).
+                if self._listed_snapshots is None or name not in self._listed_snapshots:
+                    if name not in self.list("snapshots"):
+                        raise Missing(f"snapshots {name} not found in {self.location}")
+            for attempt in range(4):
                 data = self.cache.read(kind, name, offset, length, limit, where)
                 if data is not None:
                     return data
+                if kind == "snapshots" and self._bundles is None:
+                    self._load_bundles()
+                    continue
+                if kind == "snapshots":
+                    self._count_snapshot_fetch()
                 try:
                     self._fetch_into_cache(kind, name, key, limit if kind != "packs" else None)
                 except CorruptError:
@@ -482,7 +500,89 @@ class S3Backend:
                 continue
             if name:
                 out.append(name)
+        if kind == "snapshots":
+            self._listed_snapshots = set(out)
         return out
+
+    # -- snapshot bundles --------------------------------------------------------------------------
+    def _load_bundles(self) -> None:
+        """Fill the cache from every bundle not seen yet (each doc checked against its id)."""
+        import json
+
+        from envvault.model.encoding import object_id
+
+        self._bundles = {}
+        if self.cache is None:
+            return
+        try:
+            metas = self._list_meta("bundles/")
+        except StorageError:
+            return
+        for meta in metas:
+            name = meta["path"][len("bundles/"):]
+            if not name.endswith(".json") or not _ID.match(name[:-5]):
+                continue
+            bid = name[:-5]
+            seen = self.cache.path("bundles", bid)
+            try:
+                if seen.exists():
+                    self._bundles[bid] = frozenset(json.loads(seen.read_bytes()))
+                    continue
+                data = bytes(self._call(f"reading {meta['path']}", lambda: _ob().get(self.store, meta["path"]).bytes()))
+                if object_id(data) != bid or len(data) > DEFAULT_LIMIT:
+                    continue
+                docs = json.loads(data).get("snapshots", {})
+                held = []
+                for sid, text in docs.items():
+                    raw = text.encode() if isinstance(text, str) else b""
+                    if _ID.match(sid) and object_id(raw) == sid:
+                        self.cache.put_bytes("snapshots", sid, raw)
+                        held.append(sid)
+                self._bundles[bid] = frozenset(held)
+                self.cache.put_bytes("bundles", bid, json.dumps(sorted(held)).encode())
+            except (StorageError, ValueError, AttributeError, OSError) + _exc().NotFoundError:
+                continue
+
+    def _count_snapshot_fetch(self) -> None:
+        self._snapshot_fetches += 1
+        if self._snapshot_fetches == BUNDLE_MIN:
+            import atexit
+
+            atexit.register(self.write_bundle)
+
+    def write_bundle(self) -> str | None:
+        """Write one bundle of every listed snapshot this node holds in its cache, when it saves
+        ``BUNDLE_MIN`` or more GETs to the next node; delete the bundles it makes redundant. An optimisation:
+        any failure leaves things as they were."""
+        import json
+
+        from envvault.model.encoding import canonical_json, object_id
+
+        if self.cache is None or self._listed_snapshots is None:
+            return None
+        try:
+            docs = {}
+            for sid in sorted(self._listed_snapshots):
+                data = self.cache.read("snapshots", sid, 0, None, DEFAULT_LIMIT, sid)
+                if data is not None and object_id(data) == sid:
+                    docs[sid] = data.decode("utf-8")
+            covered = set().union(*self._bundles.values()) if self._bundles else set()
+            if len(set(docs) - covered) < BUNDLE_MIN:
+                return None
+            data = canonical_json({"format": 1, "snapshots": docs})
+            bid = object_id(data)
+            key = f"bundles/{bid}.json"
+            try:
+                self._call(f"writing {key}", lambda: _ob().put(self.store, key, data, mode="create",
+                                                               use_multipart=False))
+            except _exc().AlreadyExistsError + _exc().PreconditionError:
+                pass
+            for old, held in (self._bundles or {}).items():
+                if old != bid and held <= set(docs):
+                    self._call(f"deleting bundles/{old}.json", lambda: _ob().delete(self.store, f"bundles/{old}.json"))
+            return bid
+        except (StorageError, OSError, UnicodeDecodeError):
+            return None
 
     def remove(self, kind: str, name: str) -> bool:
         key = self.key(kind, name)
@@ -491,6 +591,8 @@ class S3Backend:
         self._call(f"deleting {key}", lambda: _ob().delete(self.store, key))
         if self.cache is not None and kind in ("packs", "index", "snapshots"):
             self.cache.discard(kind, name)
+        if kind == "snapshots" and self._listed_snapshots is not None:
+            self._listed_snapshots.discard(name)
         return True
 
     # -- locks (docs/format.md, "Object storage") ------------------------------------------------------
