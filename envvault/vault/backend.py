@@ -30,7 +30,7 @@ Contract every backend keeps:
   failure reading is a :class:`ReadFailed` (a ``StorageError`` carrying the system's word in ``why``); a
   failed write is a ``StorageError`` (full disk, read-only, permission) that says what to do.
 - ``list(kind)`` returns the names present (in no particular order), ``[]`` for an empty or absent kind;
-  entries that cannot be such objects (temp files, wrong suffix, links) are not listed.
+  entries that cannot be such objects (temp files, another suffix) are not listed.
 - ``remove`` deletes one object; it returns False when there was none.
 - ``lock(name, exclusive=..., wait=...)`` is a context manager that yields True once the lock is held, or
   False at once when ``wait=False`` and another holder has it. Snaps and restores hold ``vault`` shared, gc
@@ -50,7 +50,7 @@ from typing import Protocol, runtime_checkable
 
 from envvault.errors import NotFoundError, StorageError
 
-__all__ = ["Backend", "KINDS", "ObjectInfo", "Missing", "ReadFailed", "DEFAULT_LIMIT", "check_kind"]
+__all__ = ["Backend", "KINDS", "ObjectInfo", "Missing", "ReadFailed", "DEFAULT_LIMIT", "check_kind", "check_name"]
 
 KINDS = ("config", "packs", "index", "snapshots", "tags", "locks")
 DEFAULT_LIMIT = 512 << 20  # the largest document a vault reads whole (MAX_DOC_BYTES)
@@ -78,6 +78,14 @@ def check_kind(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown backend kind {kind!r}")
     return kind
+
+
+def check_name(name: str) -> str:
+    """``name`` when it can name an object (one path component, never ``.``/``..``), else a ValueError: the
+    vault chooses every name (ids, checked tag names), so a bad one is a bug, never a path."""
+    if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", ".."):
+        raise ValueError(f"bad object name {name!r}")
+    return name
 
 
 @runtime_checkable

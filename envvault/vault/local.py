@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from envvault.errors import UsageError
-from envvault.vault.backend import DEFAULT_LIMIT, Missing, ObjectInfo, ReadFailed, check_kind
+from envvault.vault.backend import DEFAULT_LIMIT, Missing, ObjectInfo, ReadFailed, check_kind, check_name
 from envvault.vault.fsutil import (atomic_write, flocked, fsync_dir, link_refused, read_regular, read_regular_at,
                                    storage_error, tmp_name)
 
@@ -34,8 +34,7 @@ class LocalBackend:
     # -- names ---------------------------------------------------------------------------------
     def path(self, kind: str, name: str) -> Path:
         check_kind(kind)
-        if not name or "/" in name or "\0" in name or name in (".", ".."):
-            raise ValueError(f"bad object name {name!r}")
+        check_name(name)
         if kind == "config":
             return self.root / f"{name}.json"
         if kind == "packs":

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from envvault.errors import CorruptError
-from envvault.vault.backend import DEFAULT_LIMIT, Missing, ObjectInfo, check_kind
+from envvault.vault.backend import DEFAULT_LIMIT, Missing, ObjectInfo, check_kind, check_name
 
 __all__ = ["MemoryBackend"]
 
@@ -23,10 +23,7 @@ class MemoryBackend:
         self._holders: dict[str, int] = {}  # lock name -> readers (> 0) or -1 for a writer
 
     def _key(self, kind: str, name: str) -> tuple[str, str]:
-        check_kind(kind)
-        if not name or "/" in name or "\0" in name or name in (".", ".."):
-            raise ValueError(f"bad object name {name!r}")
-        return kind, name
+        return check_kind(kind), check_name(name)
 
     def where(self, kind: str, name: str) -> str:
         return f"{self.location}{kind}/{name}"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from envvault.errors import CorruptError
+from envvault.vault.backend import check_name
 from envvault.vault.fsutil import atomic_write, flocked, read_regular, storage_error, write_nofollow
 
 __all__ = ["LocalState"]
@@ -41,9 +42,7 @@ class LocalState:
 
     def path(self, name: str) -> Path:
         """The file ``name`` (a flat name such as ``stat-<key>`` or ``restored-<key>.json``)."""
-        if not name or "/" in name or name in (".", ".."):
-            raise ValueError(f"bad state name {name!r}")
-        return self.dir / name
+        return self.dir / check_name(name)
 
     def read(self, name: str, limit: int = 1 << 20, what: str | None = None) -> bytes | None:
         """The bytes of ``name``, or None when it is absent, unreadable, not a regular file or over ``limit``
