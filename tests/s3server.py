@@ -99,7 +99,7 @@ class FaultProxy:
         self.forbid = False  # answer every request 403 InvalidAccessKeyId (a wrong credential)
         self.refuse: bytes | None = None  # cut any connection whose request holds these bytes (counts["refused"])
         self.rng = random.Random(seed)
-        self.counts = {"connections": 0, "500": 0, "cut": 0, "refused": 0}
+        self.counts = {"connections": 0, "500": 0, "cut": 0, "refused": 0, "requests": 0, "bytes_down": 0}
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -152,9 +152,13 @@ class FaultProxy:
                     data = src.recv(65536)
                     if not data:
                         break
-                    if inspect and self.refuse is not None and self.refuse in data:
-                        self.counts["refused"] += 1
-                        break
+                    if inspect:
+                        self.counts["requests"] += data.count(b" HTTP/1.1\r\n")
+                        if self.refuse is not None and self.refuse in data:
+                            self.counts["refused"] += 1
+                            break
+                    else:
+                        self.counts["bytes_down"] += len(data)
                     if budget is not None and sent + len(data) > budget:
                         dst.sendall(data[: max(budget - sent, 0)])
                         break

@@ -220,3 +220,27 @@ def test_listing_1000_snapshots_costs_few_requests(aws, tmp_path):
     assert c.load("snapshots", object_id(late)) == late
     with pytest.raises(Missing):
         c.load("snapshots", gone)
+
+
+def test_credentials_region_and_endpoint_from_a_profile(aws, tmp_path, monkeypatch):
+    creds, conf = tmp_path / "credentials", tmp_path / "config"
+    creds.write_text("[default]\naws_access_key_id = nope\naws_secret_access_key = nope\n"
+                     "[team]\naws_access_key_id = team-key\naws_secret_access_key = team-secret\n")
+    conf.write_text(f"[profile team]\nregion = eu-west-1\nendpoint_url = {aws.url}\n")
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(conf))
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    bucket = aws.bucket()
+    b = S3Backend(f"s3://{bucket}/p")
+    cfg = {str(k).lower(): v for k, v in b.store.config.items()}
+    assert cfg.get("aws_access_key_id", cfg.get("access_key_id")) == "team-key", cfg.keys()
+    assert cfg.get("aws_region", cfg.get("region")) == "eu-west-1"
+    b.save("tags", "t", b"x")  # reaches moto through the profile's endpoint_url
+    assert aws.keys(bucket) == ["p/tags/t"]
+    monkeypatch.setenv("AWS_PROFILE", "missing")
+    from envvault.errors import UsageError
+
+    with pytest.raises(UsageError, match="profile 'missing'"):
+        S3Backend(f"s3://{bucket}/p")
