@@ -61,19 +61,28 @@ def test_commands_on_a_bucket(s3_server, bucket, tmp_path, make_venv, wheelhouse
     assert jrun(b, "show", first[:10])["id"] == first
     diff = jrun(b, "diff", first, second)
     assert "smallpkg" in json.dumps(diff)
+    # restore in place on node B (its own journal lock and markers), export from the bucket
+    out = run(b, "restore", first, "--venv", venv)
+    assert "verified" in out.stdout, out.stdout + out.stderr
+    assert list(Path(venv).glob("lib/python3*/site-packages/smallpkg*"))
+    st = jrun(b, "status", "--venv", venv)
+    assert st["snapshot"] == first and st["empty"], st
+    run(b, "export", first, "-o", tmp_path / "export" / "pylock.toml")
+    assert (tmp_path / "export" / "pylock.toml").is_file()
+    assert list((tmp_path / "export").rglob("*.whl"))
+    uv_pip(venv, "uninstall", "smallpkg")
     run(b, "tag", first, "known-good")
     assert jrun(a, "list")["snapshots"][-1]["tags"] == ["known-good"]
     assert "ok" in run(b, "verify").stdout
-    res = jrun(b, "gc", "--keep-last", "1")
-    assert res["kept_snapshots"] == 2 and res["removed_snapshots"] == []  # the tagged one stays
+    res = jrun(b, "gc")
+    assert res["removed_snapshots"] == [] and res["kept_snapshots"] == 3  # first, second, the restore's backup
     run(b, "untag", "known-good")
     res = jrun(a, "gc", "--keep-last", "1")
-    assert res["removed_snapshots"] == [first]
-    assert [s["id"] for s in jrun(b, "list")["snapshots"]] == [second]
+    assert first in res["removed_snapshots"] and len(res["removed_snapshots"]) == 2
+    kept = [s["id"] for s in jrun(b, "list", "--all")["snapshots"]]
+    assert len(kept) == 1 and first not in kept
     assert "ok" in run(a, "verify").stdout
-    # status of the environment on node A against the bucket
-    st = jrun(a, "status", "--venv", venv)
-    assert st["snapshot"] == second and st["empty"], st
+    assert not [k for k in s3_server.keys(bucket) if k.endswith(f"{first}.json")]
 
 
 def test_second_read_on_a_node_is_local(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
