@@ -66,7 +66,7 @@ def _choose(vault: Vault, keep_last: int | None) -> tuple[list, list]:
     per_venv: dict[str, int] = {}
     keep, drop = [], []
     for s in snaps:
-        venv = str(s.doc.get("venv"))
+        venv = str(s.snapshot.venv)
         per_venv[venv] = per_venv.get(venv, 0) + 1
         (keep if s.id in tagged or per_venv[venv] <= keep_last else drop).append(s)
     return keep, drop
@@ -108,7 +108,7 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
         problems: dict = {}
         live: set[str] = set()
         for s in keep:
-            live |= referenced_objects(vault, s.doc, problems, s.id)
+            live |= referenced_objects(vault, s.snapshot, problems, s.id)
         if problems:
             raise CorruptError(
                 f"{len(problems)} manifest(s) of kept snapshots cannot be read; gc stops so it cannot delete what "
