@@ -7,7 +7,6 @@ were edited in place, to name exactly the files whose bytes differ.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -383,31 +382,10 @@ def build_facts(old: dict | None, new: dict | None) -> dict:
 
 
 def current_document(vault, prefix: Path, *, save_cache: bool = True, facts: bool = True) -> dict:
-    """The live environment at ``prefix`` in snapshot shape (packages, python, host, env), read without
-    writing to the vault. Files are hashed against RECORD (stat-cached under the vault's ``state/``, which
-    ``save_cache`` keeps warm for the next call). ``facts=False`` leaves host and environment variables out
-    (None), which spares nvidia-smi when only the environment is compared."""
-    from envvault.snap import fingerprint, scan_environment
+    """The live environment as a document: ``envvault.snap.scan_current`` (the scan lives in snap)."""
+    from envvault.snap import scan_current
 
-    interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check")
-    if save_cache:
-        if getattr(cache, "_files", None) is not None:
-            cache.touch(list(cache.files))  # keep file entries other scans (cache trees) rely on
-        cache.save()
-    return {
-        "kind": "current",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "venv": str(prefix),
-        "lock_only": False,
-        "python": interp.to_dict(),
-        "host": _host_facts() if facts else None,
-        "env": _relevant_env() if facts else None,
-        "packages": packages,
-        "caches": [],
-        "fingerprint": fingerprint(interp.version, packages),
-        "warnings": warnings,
-        "stats": stats,
-    }
+    return scan_current(vault, prefix, save_cache=save_cache, facts=facts)
 
 
 def lockfile_document(path: Path) -> dict:
@@ -449,18 +427,6 @@ def lockfile_document(path: Path) -> dict:
     ev = (data.get("tool") or {}).get("envvault") or {}
     python = {"version": ev["python"], "abi": ev.get("abi")} if ev.get("python") else None
     return {"kind": "lockfile", "venv": None, "python": python, "host": None, "env": None, "packages": packages}
-
-
-def _host_facts() -> dict:
-    from envvault.env.host import host_facts
-
-    return host_facts()
-
-
-def _relevant_env() -> dict:
-    from envvault.env.host import relevant_env
-
-    return relevant_env()
 
 
 def contents_note(vault, sid: str, doc: Snapshot | dict, *, changed: bool) -> str | None:

@@ -9,43 +9,52 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import EnvironmentProblem, NotFoundError
-from ..model.encoding import canonical_json
 from ..vault.ingest import Ingester, StatCache
 from .archive import archive_cache
 from .discover import usable_kinds
 from .roots import locations_to_snap
 from .snap_fingerprint import environment_fingerprint
 
+if TYPE_CHECKING:
+    from ..model.snapshot import Snapshot
+
 __all__ = ["CacheSnapResult", "CacheHook", "make_cache_hook", "take_cache_snapshot"]
 
 
 @dataclass(frozen=True)
 class CacheSnapResult:
-    """A committed cache-only snapshot."""
+    """A committed cache-only snapshot: its id and the validated record."""
 
     id: str
-    doc: dict
+    snapshot: Snapshot
+
+    @cached_property
+    def doc(self) -> dict:
+        return self.snapshot.to_dict()
 
     def to_json(self) -> dict:
-        d = self.doc
+        s = self.snapshot
         return {
             "id": self.id,
             "short_id": self.id[:12],
-            "created": d["created"],
-            "message": d["message"],
-            "venv": d["venv"],
-            "caches": d["caches"],
-            "new_bytes": d["stats"]["new_bytes"],
-            "new_objects": d["stats"]["new_objects"],
-            "seconds": d["stats"]["seconds"],
-            "warnings": d["warnings"],
+            "created": s.created,
+            "message": s.message,
+            "venv": s.venv,
+            "caches": [c.to_dict() for c in s.caches or ()],
+            "new_bytes": s.stats.new_bytes,
+            "new_objects": s.stats.new_objects,
+            "seconds": s.stats.seconds,
+            "warnings": list(s.warnings),
         }
 
 
+# What an environment's snap calls inside its transaction: (vault, the snap's ingester, its stat cache) ->
+# the snapshot's cache entries.
 CacheHook = Callable[[Any, Ingester, StatCache], "list[dict]"]
 
 
@@ -108,54 +117,46 @@ def take_cache_snapshot(
     snapshot file (the commit point), as every snap."""
     from envvault import __version__
     from envvault.env.host import host_facts, relevant_env
-    from envvault.vault.store import FORMAT as VAULT_FORMAT
+    from envvault.model.snapshot import build_snapshot
     from envvault.vault.store import _now
+    from envvault.vault.transaction import snapshot_transaction
 
     started = time.monotonic()
-    statcache = StatCache(vault.state_path("stat-caches"))
+    statcache = vault.stat_cache("stat-caches")
     hook = make_cache_hook(vault, venv, extra_dirs, env=env, discover=discover, use_torch_python=use_torch_python,
                            usable_only=False)
-    with vault.lock():
-        writer = vault.writer()
-        try:
-            ingester = Ingester(writer, vault.has)
-            caches = hook(vault, ingester, statcache)
-            writer.flush()
-        except BaseException:
-            writer.abort()
-            raise
-        writer.close()
+    with snapshot_transaction(vault) as txn:
+        caches = hook(vault, Ingester(txn.writer, vault.has), statcache)
+        txn.flush()
         warnings = [w for c in caches for w in c["warnings"]]
         if not caches:
             warnings.append("no compile cache found: nothing was archived (see `envvault cache list --where`)")
-        doc = {
-            "format": VAULT_FORMAT,
-            "kind": "cache-snapshot",
-            "created": _now(),
-            "message": message,
-            "trigger": "cache-snap",
-            "argv": list(argv if argv is not None else sys.argv),
-            "venv": str(venv) if venv else None,
-            "lock_only": False,
+        snapshot = build_snapshot(
+            kind="cache-snapshot",
+            created=_now(),
+            message=message,
+            trigger="cache-snap",
+            argv=list(argv if argv is not None else sys.argv),
+            venv=str(venv) if venv else None,
+            lock_only=False,
             # No interpreter (every field null): an environment restore of this snapshot refuses, as for an
             # interpreter that differs, instead of removing every package the snapshot does not list.
-            "python": dict.fromkeys(("implementation", "version", "abi", "soabi", "platform")),
-            "host": host_facts(),
-            "env": relevant_env(),
-            "packages": [],
-            "caches": caches,
-            "fingerprint": None,
-            "warnings": warnings,
-            "stats": {
+            python=dict.fromkeys(("implementation", "version", "abi", "soabi", "platform")),
+            host=host_facts(),
+            env=relevant_env(),
+            packages=[],
+            caches=caches,
+            fingerprint=None,
+            warnings=warnings,
+            stats={
                 "files": sum(c["files"] for c in caches),
                 "bytes": sum(c["bytes"] for c in caches),
-                "new_bytes": writer.written_bytes,
-                "new_objects": writer.written_objects,
+                "new_bytes": txn.written_bytes,
+                "new_objects": txn.written_objects,
                 "seconds": round(time.monotonic() - started, 3),
             },
-            "tool": {"envvault": __version__},
-        }
-        doc["stats"]["new_bytes"] += len(canonical_json(doc))
-        sid = vault.commit_snapshot(doc)
+            tool={"envvault": __version__},
+        )
+        sid = txn.commit(snapshot)
     statcache.save()
-    return CacheSnapResult(sid, doc)
+    return CacheSnapResult(sid, snapshot)

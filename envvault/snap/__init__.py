@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from envvault.model.identity import fingerprint  # noqa: F401 - re-exported: diff asks snap for it
 
-from .scan import scan_environment, statcache_for
-from .take import CacheHook, SnapResult, take_snapshot
+from .scan import scan_current, scan_environment, statcache_for
+from .take import SnapResult, take_snapshot
 
-__all__ = ["take_snapshot", "SnapResult", "CacheHook", "scan_environment", "statcache_for", "fingerprint"]
+__all__ = ["take_snapshot", "SnapResult", "scan_environment", "scan_current", "statcache_for", "fingerprint"]

@@ -21,13 +21,46 @@ from .manifests import ManifestBuilder, summary_of
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
 
-__all__ = ["scan_environment", "statcache_for"]
+__all__ = ["scan_environment", "scan_current", "statcache_for"]
 
 
 def statcache_for(vault: Vault, target: Path) -> StatCache:
+    """The stat cache of the environment at ``target`` (one per real path: ``stat-<key>``)."""
     from envvault.safepaths import env_key
 
-    return StatCache(vault.state_path(f"stat-{env_key(target)}"))
+    return vault.stat_cache(f"stat-{env_key(target)}")
+
+
+def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: bool = True) -> dict:
+    """The live environment at ``prefix`` in snapshot shape (packages, python, host, env), read without
+    writing to the vault. Files are hashed against RECORD (stat-cached under the vault's ``state/``, which
+    ``save_cache`` keeps warm for the next call). ``facts=False`` leaves host and environment variables out
+    (None), which spares nvidia-smi when only the environment is compared."""
+    import time
+
+    from envvault.model.identity import fingerprint
+
+    interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check")
+    if save_cache:
+        if getattr(cache, "_files", None) is not None:
+            cache.touch(list(cache.files))  # keep file entries other scans (cache trees) rely on
+        cache.save()
+    if facts:
+        from envvault.env.host import host_facts, relevant_env
+    return {
+        "kind": "current",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "venv": str(prefix),
+        "lock_only": False,
+        "python": interp.to_dict(),
+        "host": host_facts() if facts else None,
+        "env": relevant_env() if facts else None,
+        "packages": packages,
+        "caches": [],
+        "fingerprint": fingerprint(interp.version, packages),
+        "warnings": warnings,
+        "stats": stats,
+    }
 
 
 def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:

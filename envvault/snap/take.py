@@ -6,45 +6,54 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from envvault import __version__
 from envvault.crashpoints import crash_point
 from envvault.env.host import host_facts, relevant_env
-from envvault.model.encoding import canonical_json
 from envvault.model.identity import fingerprint
-from envvault.vault.ingest import Ingester, StatCache
-from envvault.vault.store import FORMAT, Vault, _now
+from envvault.model.snapshot import Snapshot, build_snapshot
+from envvault.vault.store import Vault
+from envvault.vault.store import _now as now
+from envvault.vault.transaction import snapshot_transaction
 
 from .scan import scan_environment
 
-__all__ = ["take_snapshot", "SnapResult", "CacheHook"]
+if TYPE_CHECKING:
+    from envvault.caches.snap import CacheHook
 
-CacheHook = Callable[[Vault, Ingester, StatCache], "list[dict]"]
-
+__all__ = ["take_snapshot", "SnapResult"]
 
 @dataclass(frozen=True)
 class SnapResult:
+    """A committed snapshot: its id and the validated record (``doc``: its dict, for readers not yet on
+    the record)."""
+
     id: str
-    doc: dict
+    snapshot: Snapshot
+
+    @cached_property
+    def doc(self) -> dict:
+        return self.snapshot.to_dict()
 
     def to_json(self) -> dict:
-        d = self.doc
+        s = self.snapshot
         return {
             "id": self.id,
             "short_id": self.id[:12],
-            "created": d["created"],
-            "message": d["message"],
-            "venv": d["venv"],
-            "packages": len(d["packages"]),
-            "files": d["stats"]["files"],
-            "bytes": d["stats"]["bytes"],
-            "new_bytes": d["stats"]["new_bytes"],
-            "new_objects": d["stats"]["new_objects"],
-            "lock_only": d["lock_only"],
-            "fingerprint": d["fingerprint"],
-            "warnings": d["warnings"],
+            "created": s.created,
+            "message": s.message,
+            "venv": s.venv,
+            "packages": len(s.packages),
+            "files": s.stats.files,
+            "bytes": s.stats.bytes,
+            "new_bytes": s.stats.new_bytes,
+            "new_objects": s.stats.new_objects,
+            "lock_only": s.lock_only,
+            "fingerprint": s.fingerprint,
+            "warnings": list(s.warnings),
         }
 
 
@@ -60,50 +69,41 @@ def take_snapshot(
     cache_hook: CacheHook | None = None,
     extra: dict | None = None,
 ) -> SnapResult:
-    """Snapshot ``prefix`` into ``vault``. Objects first, then the snapshot file (the commit point)."""
+    """Snapshot ``prefix`` into ``vault`` in one snapshot transaction: objects first, then the snapshot
+    document (the commit point)."""
     started = time.monotonic()
-    with vault.lock():
-        writer = vault.writer()
-        try:
-            interp, packages, warnings, cache, ing, stats = scan_environment(
-                vault, prefix, mode="lock" if lock_only else "full", writer=writer, progress=progress
-            )
-            caches = cache_hook(vault, ing, cache) if cache_hook else []
-            writer.flush()
-        except BaseException:
-            writer.abort()
-            raise
-        writer.close()
+    with snapshot_transaction(vault) as txn:
+        interp, packages, warnings, cache, ing, stats = scan_environment(
+            vault, prefix, mode="lock" if lock_only else "full", writer=txn.writer, progress=progress
+        )
+        caches = cache_hook(vault, ing, cache) if cache_hook else []
+        txn.flush()
         crash_point("snap_objects")
-        doc = {
-            "format": FORMAT,
-            "kind": "snapshot",
-            "created": _now(),
-            "message": message,
-            "trigger": trigger,
-            "argv": list(argv if argv is not None else sys.argv),
-            "venv": str(prefix),
-            "lock_only": lock_only,
-            "python": interp.to_dict(),
-            "host": host_facts(),
-            "env": relevant_env(),
-            "packages": packages,
-            "caches": caches,
-            "fingerprint": fingerprint(interp.version, packages),
-            "warnings": warnings + [f"cache {c.get('kind')} {c.get('root')}: {w}" for c in caches
-                                    for w in c.get("warnings", ())],
-            "stats": {
+        snapshot = build_snapshot(
+            created=now(),
+            message=message,
+            trigger=trigger,
+            argv=list(argv if argv is not None else sys.argv),
+            venv=str(prefix),
+            lock_only=lock_only,
+            python=interp.to_dict(),
+            host=host_facts(),
+            env=relevant_env(),
+            packages=packages,
+            caches=caches,
+            fingerprint=fingerprint(interp.version, packages),
+            warnings=warnings + [f"cache {c.get('kind')} {c.get('root')}: {w}" for c in caches
+                                 for w in c.get("warnings", ())],
+            stats={
                 "files": stats["files"],
                 "bytes": stats["bytes"],
-                "new_bytes": writer.written_bytes,
-                "new_objects": writer.written_objects,
+                "new_bytes": txn.written_bytes,
+                "new_objects": txn.written_objects,
                 "seconds": round(time.monotonic() - started, 3),
             },
-            "tool": {"envvault": __version__},
-        }
-        if extra:
-            doc.update(extra)
-        doc["stats"]["new_bytes"] += len(canonical_json(doc))
-        sid = vault.commit_snapshot(doc)
+            tool={"envvault": __version__},
+            extra=extra,
+        )
+        sid = txn.commit(snapshot)
     cache.save()
-    return SnapResult(sid, doc)
+    return SnapResult(sid, snapshot)
