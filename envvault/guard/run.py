@@ -21,7 +21,7 @@ from envvault.env.probe import find_target
 from envvault.errors import EnvvaultError, UsageError
 from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
-from envvault.model.snapshot import Snapshot, as_snapshot
+from envvault.model.snapshot import Snapshot
 from envvault.vault.fsutil import read_regular
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def run_command(argv: tuple[str, ...], env: Mapping[str, str], *, stdout_to_stde
     return (128 - rc if rc < 0 else rc), started
 
 
-def _installed(doc: Snapshot | dict, prefix: Path, provenance: dict) -> dict[str, Installed]:
+def _installed(doc: Snapshot, prefix: Path, provenance: dict) -> dict[str, Installed]:
     from packaging.utils import canonicalize_name
 
     sites = _sites(doc, prefix)
@@ -137,7 +137,7 @@ def _installed(doc: Snapshot | dict, prefix: Path, provenance: dict) -> dict[str
                 stem, version = entry[: -len(".dist-info")].rsplit("-", 1)
                 dist_infos[(canonicalize_name(stem), version)] = site / entry
     out = {}
-    for p in as_snapshot(doc).packages:
+    for p in doc.packages:
         prov = provenance.get(p.name) or {}  # pip's report, as guard/provenance.py records it
         known = {prov["sha256"]} if prov.get("sha256") and prov.get("build_id") == p.build_id else set()
         out[p.name] = Installed(name=p.name, version=p.version, build_id=p.build_id,
@@ -145,8 +145,8 @@ def _installed(doc: Snapshot | dict, prefix: Path, provenance: dict) -> dict[str
     return out
 
 
-def _sites(doc: Snapshot | dict, prefix: Path) -> list[Path]:
-    py = as_snapshot(doc).python
+def _sites(doc: Snapshot, prefix: Path) -> list[Path]:
+    py = doc.python
     return list(dict.fromkeys(prefix / d for d in (py.purelib, py.platlib) if d))
 
 
@@ -259,7 +259,7 @@ def guard(
                                       **({"provenance": prov_before} if prov_before else {})})
         timings["snapshot_before"] = time.monotonic() - t
         t = time.monotonic()
-        installed = _installed(before.doc, target, prov_before)
+        installed = _installed(before.snapshot, target, prov_before)
         if dry is None:
             plan = Plan(source=None, error="not a pip or uv command")
         else:
@@ -303,7 +303,7 @@ def guard(
     t = time.monotonic()
     fresh = report_provenance(plan.installs, pip_indexes(cmd, env, target)) if cmd.tool == "pip" else {}
     merged = {**prov_before, **fresh}
-    prov_after = carry(merged, current_builds(target, _sites(before.doc, target), merged)) if merged else {}
+    prov_after = carry(merged, current_builds(target, _sites(before.snapshot, target), merged)) if merged else {}
     after = take_snapshot(vault, target, message=f"after: {cmd.display} (exit {rc})", trigger=TRIGGER,
                           argv=record_argv,
                           extra={"guard": {"phase": "after", "command": list(cmd.argv), "exit_code": rc,
@@ -311,7 +311,7 @@ def guard(
                                  **({"provenance": prov_after} if prov_after else {})})
     timings["snapshot_after"] = time.monotonic() - t
     _remember(vault, target, after.id)
-    diff = diff_snapshots(before.doc, after.doc, vault=vault, old_label=before.id[:12], new_label=after.id[:12],
+    diff = diff_snapshots(before.snapshot, after.snapshot, vault=vault, old_label=before.id[:12], new_label=after.id[:12],
                           scope="environment")
     ui.show_diff(diff, before.id, after.id)
     base.update(after=after.id, diff=diff, command_exit=rc)
