@@ -363,7 +363,7 @@ class Snapshot:
     lock_only: bool = False
     python: PythonInfo = field(default_factory=PythonInfo)
     host: Host | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = NO_EXTRA
     packages: tuple[PackageSummary, ...] = ()
     caches: tuple[CacheEntry, ...] | None = ()
     fingerprint: str | None = None
@@ -382,7 +382,7 @@ class Snapshot:
         Key("venv", check_opt_str, True), Key("lock_only", check_bool, default=False),
         Key("python", check_dict, True, PythonInfo(), load=_nested(_parse_python)),
         Key("host", check_dict, load=_nested(_parse_host)),
-        Key("env", check_str_map, default={}),
+        Key("env", check_str_map, default=NO_EXTRA),
         Key("packages", check_list, True, (), load=_packages),
         Key("caches", check_opt_list, default=(),
             load=lambda v, w, p: None if v is None else _nested_list(_parse_cache)(v, w, p)),

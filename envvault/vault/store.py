@@ -68,7 +68,8 @@ class SnapshotRef:
 
     @cached_property
     def doc(self) -> dict:
-        """TRANSITIONAL: the document as a dict (``snapshot.to_dict()``), for readers not yet on the record."""
+        """The document as a plain dict (``snapshot.to_dict()``, cached): for tests that forge documents; code reads
+        ``snapshot``."""
         return self.snapshot.to_dict()
 
 
