@@ -64,7 +64,7 @@ def _checkpoint_file(vault, path: Path) -> Ref:
 def _venv_of(vault, sid: str, stamp: Stamp | None) -> str | None:
     if stamp is not None and stamp.venv:
         return stamp.venv
-    return vault.load_snapshot(sid).doc.get("venv")
+    return vault.load_snapshot(sid).snapshot.venv
 
 
 # -- folders -----------------------------------------------------------------------------------------
