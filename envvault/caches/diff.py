@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.cache import parse_manifest
+from ..model.snapshot import CacheEntry, Snapshot, as_snapshot
 from .entries import entry_key, summarise_entries
 
 __all__ = ["FingerprintRow", "CachePair", "CacheDiff", "diff_caches", "fingerprint_rows"]
@@ -89,22 +90,23 @@ def fingerprint_rows(a: dict | None, b: dict | None) -> tuple[FingerprintRow, ..
                  if ra.get(k) is not None or rb.get(k) is not None)
 
 
-def diff_caches(vault, doc_a: dict, doc_b: dict, *, label_a: str = "A", label_b: str = "B") -> CacheDiff:
-    """Compare the caches of two snapshot documents; reads (and validates) their manifests."""
-    a = [c for c in doc_a.get("caches") or () if isinstance(c, dict)]
-    b = [c for c in doc_b.get("caches") or () if isinstance(c, dict)]
-    pairs: list[tuple[dict | None, dict | None]] = []
+def diff_caches(vault, doc_a: Snapshot | dict, doc_b: Snapshot | dict, *, label_a: str = "A",
+                label_b: str = "B") -> CacheDiff:
+    """Compare the caches of two snapshots; reads (and validates) their manifests."""
+    a = list(as_snapshot(doc_a).caches or ())
+    b = list(as_snapshot(doc_b).caches or ())
+    pairs: list[tuple[CacheEntry | None, CacheEntry | None]] = []
     rest_b = list(b)
     unpaired_a = []
     for ca in a:
-        match = next((cb for cb in rest_b if cb.get("kind") == ca.get("kind") and cb.get("root") == ca.get("root")), None)
+        match = next((cb for cb in rest_b if cb.kind == ca.kind and cb.root == ca.root), None)
         if match is None:
             unpaired_a.append(ca)
         else:
             rest_b.remove(match)
             pairs.append((ca, match))
     for ca in unpaired_a:
-        match = next((cb for cb in rest_b if cb.get("kind") == ca.get("kind")), None)
+        match = next((cb for cb in rest_b if cb.kind == ca.kind), None)
         if match is not None:
             rest_b.remove(match)
         pairs.append((ca, match))
@@ -112,17 +114,17 @@ def diff_caches(vault, doc_a: dict, doc_b: dict, *, label_a: str = "A", label_b:
     return CacheDiff(a=label_a, b=label_b, pairs=tuple(_pair(vault, ca, cb) for ca, cb in pairs))
 
 
-def _pair(vault, ca: dict | None, cb: dict | None) -> CachePair:
-    kind = (ca or cb or {}).get("kind", "?")
+def _pair(vault, ca: CacheEntry | None, cb: CacheEntry | None) -> CachePair:
+    kind = (ca or cb).kind or "?"
     files_a, files_b = _files(vault, ca), _files(vault, cb)
     ents_a = _by_entry(kind, files_a)
     ents_b = _by_entry(kind, files_b)
     changed = sorted(k for k in ents_a.keys() & ents_b.keys() if ents_a[k] != ents_b[k])
     return CachePair(
         kind=kind,
-        root_a=ca.get("root") if ca else None,
-        root_b=cb.get("root") if cb else None,
-        fingerprint=fingerprint_rows((ca or {}).get("fingerprint"), (cb or {}).get("fingerprint")),
+        root_a=ca.root if ca else None,
+        root_b=cb.root if cb else None,
+        fingerprint=fingerprint_rows(ca.fingerprint if ca else None, cb.fingerprint if cb else None),
         entries_a=summarise_entries(kind, list(files_a)),
         entries_b=summarise_entries(kind, list(files_b)),
         only_a=tuple(sorted(ents_a.keys() - ents_b.keys())),
@@ -132,10 +134,10 @@ def _pair(vault, ca: dict | None, cb: dict | None) -> CachePair:
     )
 
 
-def _files(vault, entry: dict | None) -> dict[str, tuple]:
-    if not entry or not isinstance(entry.get("manifest"), str):
+def _files(vault, entry: CacheEntry | None) -> dict[str, tuple]:
+    if entry is None or entry.manifest is None:
         return {}
-    mid = entry["manifest"]
+    mid = entry.manifest
     manifest = parse_manifest(vault.get_json(mid), f"cache manifest {mid[:12]}")
     return {f.path: (f.sha256 or f.target, f.mode) for f in manifest.files if f.kind != "dir"}
 

@@ -116,15 +116,10 @@ def usable_kinds(venv: Path) -> frozenset[str] | None:
     (``<name>/__init__.py``) in its own site-packages, plus ``user``. None when it cannot be told from the
     venv's files: no site-packages found, or ``include-system-site-packages = true`` (a reader may come
     from the base interpreter)."""
-    cfg = venv / "pyvenv.cfg"
-    try:
-        text = cfg.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() == "include-system-site-packages" and value.strip().lower() == "true":
-            return None
+    from envvault.env.probe import read_pyvenv_cfg
+
+    if read_pyvenv_cfg(venv).get("include-system-site-packages", "").lower() == "true":
+        return None
     sites = [p for p in sorted(venv.glob("lib/python3*/site-packages")) if p.is_dir()]
     if not sites:
         return None

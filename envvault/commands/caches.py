@@ -38,7 +38,7 @@ def _resolve(vault, ref: str) -> str:
     """id / prefix / tag, or ``latest``: the newest snapshot that holds caches."""
     if ref == "latest":
         for s in vault.snapshots():
-            if any(isinstance(c, dict) and c.get("manifest") for c in s.doc.get("caches") or ()):
+            if any(c.manifest for c in s.snapshot.caches or ()):
                 return s.id
         raise NotFoundError(f"no snapshot with compile caches in {vault.location}; run `envvault cache snap` first")
     return vault.resolve(ref)
@@ -171,11 +171,10 @@ def cache_list(ctx, snapshot_id, where, venv, as_json):
     snaps = [vault.load_snapshot(_resolve(vault, snapshot_id))] if snapshot_id else vault.snapshots()
     rows = []
     for s in snaps:
-        for c in s.doc.get("caches") or ():
-            if not isinstance(c, dict):
-                continue
-            rows.append({"snapshot": s.id, "short_id": s.id[:12], "created": s.doc.get("created"),
-                         "message": s.doc.get("message", ""), **{k: c.get(k) for k in (
+        for entry in s.snapshot.caches or ():
+            c = entry.to_dict()
+            rows.append({"snapshot": s.id, "short_id": s.id[:12], "created": s.snapshot.created,
+                         "message": s.snapshot.message, **{k: c.get(k) for k in (
                              "kind", "root", "manifest", "files", "bytes", "entries", "fingerprint", "warnings")}})
     doc["caches"] = rows
     if as_json:
@@ -230,8 +229,8 @@ def cache_restore(ctx, snapshot_id, venv, kinds, roots, to, merge, archived_root
     target = _venv(venv)  # a bad --venv is told before the vault is read
     vault = _vault(ctx)
     sid = _resolve(vault, snapshot_id)
-    doc = vault.load_snapshot(sid).doc
-    result = restore_snapshot_caches(vault, doc, venv=target, mode="merge" if merge else "replace",
+    snapshot = vault.load_snapshot(sid).snapshot
+    result = restore_snapshot_caches(vault, snapshot, venv=target, mode="merge" if merge else "replace",
                                      select=list(kinds) + [os.path.abspath(os.path.expanduser(r)) for r in roots],
                                      to=Path(to) if to else None, archived_roots=archived_roots, dry_run=dry_run)
     if as_json:
@@ -265,7 +264,7 @@ def cache_diff(ctx, a, b, show_all, as_json):
 
     vault = _vault(ctx)
     sa, sb = vault.resolve(a), vault.resolve(b)
-    result = diff_caches(vault, vault.load_snapshot(sa).doc, vault.load_snapshot(sb).doc,
+    result = diff_caches(vault, vault.load_snapshot(sa).snapshot, vault.load_snapshot(sb).snapshot,
                          label_a=sa[:12], label_b=sb[:12])
     if as_json:
         emit_json({"a_id": sa, "b_id": sb, **result.to_json()})

@@ -131,6 +131,8 @@ def _python_of(prefix: Path) -> Path | None:
 
 
 def read_pyvenv_cfg(prefix: Path) -> dict:
+    """``pyvenv.cfg`` as ``{key: value}`` (both stripped; the last of a repeated key wins, as in ``site``);
+    empty when it cannot be read. The one reader of that file (snapshots, cache fingerprints, usable caches)."""
     out: dict[str, str] = {}
     try:
         text = (prefix / "pyvenv.cfg").read_text(encoding="utf-8", errors="replace")

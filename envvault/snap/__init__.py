@@ -4,9 +4,7 @@ cache), ``manifests.py`` (one distribution's manifest and summary)."""
 
 from __future__ import annotations
 
-from envvault.model.identity import fingerprint  # noqa: F401 - re-exported: diff asks snap for it
-
 from .scan import scan_current, scan_environment, statcache_for
 from .take import SnapResult, take_snapshot
 
-__all__ = ["take_snapshot", "SnapResult", "scan_environment", "scan_current", "statcache_for", "fingerprint"]
+__all__ = ["take_snapshot", "SnapResult", "scan_environment", "scan_current", "statcache_for"]
