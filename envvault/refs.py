@@ -54,7 +54,7 @@ def _named(vault, arg: str) -> Ref:
 
 def _checkpoint_file(vault, path: Path) -> Ref:
     from envvault.torch.directories import read_checkpoint
-    from envvault.torch.naming import snapshot_of
+    from envvault.torch.resolve import snapshot_of
 
     sid = snapshot_of(vault, path)
     stamp = read_checkpoint(path).stamp
@@ -119,7 +119,7 @@ def _has_own_checkpoint(d: Path) -> bool:
 def _checkpoint_folder(vault, d: Path) -> Ref:
     """The one snapshot the stamps in folder ``d`` name. Files stamped alike are resolved once; when they
     resolve to different snapshots, one line names the files and the snapshot each names (exit 4)."""
-    from envvault.torch.naming import snapshot_of
+    from envvault.torch.resolve import snapshot_of
 
     parts = _stamped_parts(d)
     if not parts:

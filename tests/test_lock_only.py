@@ -261,6 +261,6 @@ def test_stamps_never_name_the_backup_of_a_damaged_environment(tmp_path):
     v = Vault.open(vault)
     backups = [r for r in v.snapshots() if r.doc.get("trigger") == "restore-backup"]
     assert len(backups) == 1 and backups[0].doc["created"] > v.load_snapshot(good).doc["created"]
-    fp = lock_fingerprint(v.load_snapshot(good).doc)
-    assert lock_fingerprint(backups[0].doc) == fp  # what makes the choice matter
+    fp = lock_fingerprint(v.load_snapshot(good).snapshot)
+    assert lock_fingerprint(backups[0].snapshot) == fp  # what makes the choice matter
     assert find_snapshot(v, fp, str(venv)) == (good, False)

@@ -97,3 +97,37 @@ def test_index_entries_parse_or_are_left_out():
     assert parse_stamp_index(doc, "0.2.0").snapshots == {}  # another envvault's index reads as empty
     with pytest.raises(CorruptError, match=r"e\[1\]: expected true or false"):
         parse_index_entry(["ab" * 32, "yes", "", "/v", None, 0, ""], "e")
+
+
+def _safetensors_with_stamp(path: Path, stamp: str) -> Path:
+    header = json.dumps({"__metadata__": {"format": "pt", "envvault": stamp},
+                         "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    return path
+
+
+def test_readers_ignore_a_malformed_stamp_and_restore_names_why(tmp_path):
+    from envvault.errors import UsageError
+    from envvault.torch.directories import read_checkpoint
+    from envvault.torch.resolve import snapshot_of
+    from envvault.vault.store import Vault
+
+    bad = {**_format_sample(), "snapshot": "8f3a1c2d", "venv": "../../elsewhere"}
+    ckpt = _safetensors_with_stamp(tmp_path / "w.safetensors", json.dumps(bad))
+    info = read_checkpoint(ckpt)
+    assert info.stamp is None and info.stamp_source is None and info.to_dict()["stamp"] is None
+    assert "snapshot: expected a 64-hex id" in info.stamp_problem and "venv: expected an absolute path" in info.stamp_problem
+    assert any(n.endswith("stamp ignored") for n in info.notes), info.notes
+    with pytest.raises(UsageError, match="snapshot: expected a 64-hex id"):
+        snapshot_of(Vault.open(tmp_path / "vault", create=True), ckpt)
+
+    good = _safetensors_with_stamp(tmp_path / "g.safetensors", json.dumps(_format_sample()))
+    assert read_checkpoint(good).stamp == parse_stamp(_format_sample())
+
+
+def test_inspect_escapes_control_characters_a_stamp_may_carry():
+    from envvault.commands.torch import _stamp_lines
+
+    stamp = parse_stamp({**_format_sample(), "argv": ["train.py", "\x1b]0;owned\x07"], "cwd": "/runs/a\nb"})
+    lines = dict(_stamp_lines(stamp))
+    assert "\x1b" not in lines["argv"] and "\\x1b" in lines["argv"] and "\n" not in lines["cwd"]

@@ -41,7 +41,7 @@ INDEX_VERSION = 4
 
 # Sizes a stamp may have (a real one is a few KiB; records and sidecars are read up to 1 MiB anyway).
 MAX_TEXT = 1024  # tool, torch, cuda, python, host, time, git branch, package names and versions
-MAX_PATH = 4096  # venv, vault, executable, cwd, git root (PATH_MAX)
+MAX_PATH = 4096  # venv, vault location, executable, cwd, git root (PATH_MAX)
 MAX_ARG = 128 << 10  # one argv entry or env value (the kernel's MAX_ARG_STRLEN)
 MAX_ARGV = 10_000
 MAX_ENV = 4096
@@ -282,8 +282,9 @@ def parse_stamp(doc: object, where: str = "stamp") -> Stamp:
         values[key] = _text(doc, key, key, problems)
     for key in ("snapshot", "fingerprint"):
         values[key] = _text(doc, key, key, problems, pattern=_ID, what="a 64-hex id")
-    for key in ("vault", "venv", "cwd"):
+    for key in ("venv", "cwd"):
         values[key] = _path(doc, key, key, problems)
+    values["vault"] = _text(doc, "vault", "vault", problems, limit=MAX_PATH)  # a path, or s3://bucket/prefix
     values["executable"] = _text(doc, "executable", "executable", problems, limit=MAX_PATH, single_line=False)
     values["snapshot_lock_only"] = _flag(doc, "snapshot_lock_only", "snapshot_lock_only", problems)
     argv = doc.get("argv")

@@ -1,6 +1,6 @@
-"""Which vault snapshot names an environment, both ways: for a stamping process, the snapshot of the
-environment it started with (found through the stamp index, else a lock-only snapshot taken now and a detached
-``envvault snap`` that stores the files); for a stamped checkpoint, the snapshot its stamp names.
+"""Which vault snapshot names the environment a stamping process started with: found through the stamp
+index, else a lock-only snapshot taken now and a detached ``envvault snap`` that stores the files. The way
+back, from a stamped checkpoint to its snapshot, is :mod:`envvault.torch.resolve`.
 
 Among snapshots of one lock-level fingerprint the order is docs/format.md's: a full one before a lock-only
 one, one without missing files before one with (the lock-level fingerprint reads dist-info only, so a
@@ -14,15 +14,13 @@ import logging
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from envvault.errors import EnvvaultError, NotFoundError, UsageError
+from envvault.errors import EnvvaultError
 from envvault.torch import stamp_index
 from envvault.torch.environment import EnvState
 
-__all__ = ["find_snapshot", "ensure_snapshot", "spawn_full_snapshot", "snapshot_of"]
+__all__ = ["find_snapshot", "ensure_snapshot", "spawn_full_snapshot"]
 
 
 def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str, bool] | None:
@@ -35,18 +33,6 @@ def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str
         return None
     _rank, sid = max(matches)
     return sid, facts[sid].lock_only
-
-
-@contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    from envvault.vault.fsutil import flocked, storage_error
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise storage_error(err, path) from None
-    with flocked(path, exclusive=True):
-        yield
 
 
 def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool = True,
@@ -64,16 +50,18 @@ def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool
         return found
     from envvault.snap import take_snapshot  # at the first stamp only (stamping starts with the interpreter)
 
-    with _flock(vault.root / "locks" / f"stamp-{state.fingerprint}.lock"):
+    vault.state.ensure_locks_dir()
+    with vault.state.lock(f"stamp-{state.fingerprint}"):
         found = find_snapshot(vault, state.fingerprint, state.prefix)
         if found:
             return found
         result = take_snapshot(vault, prefix, lock_only=True, trigger="stamp", argv=list(sys.argv),
                                message=f"for checkpoint stamps (pid {os.getpid()})")
-        if result.doc.get("fingerprint") != state.fingerprint:
+        # Indexes the new snapshot for the processes waiting on the lock, too.
+        taken = stamp_index.snapshot_facts(vault).get(result.id)
+        if taken is None or taken.lock_fingerprint != state.fingerprint:
             raise EnvvaultError(f"{prefix} changed before it could be vaulted (snapshot {result.id[:12]} has "
                                 "another fingerprint); the stamp names no snapshot")
-        stamp_index.snapshot_facts(vault)  # index the new snapshot for the processes waiting on the lock
         if full_snapshot:
             try:
                 spawn_full_snapshot(vault, prefix, state.fingerprint, runtime_path or [])
@@ -89,51 +77,13 @@ def spawn_full_snapshot(vault, prefix: Path, fingerprint: str, runtime_path: lis
     stderr goes to ``state/stamp-snap.log`` in the vault."""
     from envvault.env.untrusted import boot_code  # the current folder off sys.path: it may hold a json.py
 
-    log = vault.state_path("stamp-snap.log")
+    log = vault.state.path("stamp-snap.log")
     # The environment stays the training process's (the snapshot records it); envvault's own import path
     # goes on the command line instead of PYTHONPATH.
     env = {k: v for k, v in os.environ.items() if k != "ENVVAULT_STAMP"}
     boot = boot_code(runtime_path)
-    cmd = [sys.executable, "-c", boot, "--vault", str(vault.root), "snap", "--venv", str(prefix),
+    cmd = [sys.executable, "-c", boot, "--vault", vault.location, "snap", "--venv", str(prefix),
            "--no-caches", "-m", f"files for checkpoint stamps ({fingerprint[:12]})"]
     # sh starts the snap in the background and exits at once: the snap is re-parented, never a zombie here.
     subprocess.run(["/bin/sh", "-c", 'exec 2>>"$0"; "$@" </dev/null >/dev/null &', str(log), *cmd],
                    env=env, start_new_session=True, check=True, timeout=30)
-
-
-# --- from a checkpoint back to its snapshot --------------------------------------------------------------
-
-
-def snapshot_of(vault, path: Path) -> str:
-    """The id of the snapshot a stamped checkpoint (file or directory) names, in ``vault``.
-
-    A stamp that names a lock-only snapshot resolves to a full snapshot with the same fingerprint and venv
-    when the vault holds one (same distributions, files stored: restores without rebuilding wheels). A stamp
-    without a snapshot (the vault could not be written at save time) resolves through its fingerprint.
-    Raises :class:`NotFoundError` with one line naming the id and the vault searched, :class:`UsageError`
-    for a stamp that is not one envvault reads.
-    """
-    from envvault.torch.directories import read_checkpoint
-
-    info = read_checkpoint(path)
-    stamp = info.stamp
-    if stamp is None and info.stamp_problem:
-        raise UsageError(f"{path}: {info.stamp_problem}")
-    if stamp is None:
-        raise NotFoundError(f"{path} carries no envvault stamp (saved without stamping); name a snapshot instead")
-    sid, fp = stamp.snapshot, stamp.fingerprint
-    better = find_snapshot(vault, fp, stamp.venv) if fp else None
-    if sid is None:
-        if better:
-            return better[0]
-        raise NotFoundError(f"{path}: its stamp names no snapshot (the vault was not writable when it was saved) "
-                            f"and {vault.root} holds none with fingerprint {fp or 'unknown'}")
-    if sid in set(vault.snapshot_ids()):
-        # A lock-only snapshot stores no files: a full one of the same environment (same lock-level
-        # fingerprint and venv: the detached snap of the first stamp, or any later one) restores better.
-        named = stamp_index.snapshot_facts(vault).get(sid)
-        if better and not better[1] and better[0] != sid and named is not None and named.lock_only:
-            return better[0]
-        return sid
-    hint = f"; it was written to {stamp.vault} (pass --vault)" if stamp.vault and stamp.vault != str(vault.root) else ""
-    raise NotFoundError(f"snapshot {sid} named by {path.name} is not in {vault.root}{hint}")

@@ -18,6 +18,7 @@ from pathlib import Path
 from envvault.model.stamp import Drift, Stamp
 from envvault.torch import environment as envstate
 from envvault.torch import naming, stamp_doc
+from envvault.torch.hook import runtime_path
 
 __all__ = ["Session", "warn", "forget_warnings", "SNAPSHOT_RETRY_S"]
 
@@ -89,7 +90,7 @@ class Session:
             warnings.append(f"cannot read the environment {self.prefix}: {err}")
         self.drift_signature = now.signature if now else self.start_signature
         self.drift = envstate.drift_between(self.start, self.start_signature, now, self.drift_signature)
-        root = str(self.vault.root) if self.vault else None
+        root = self.vault.location if self.vault else None
         self.base = stamp_doc.base_stamp(state=self.start, snapshot=None, vault_root=root, prefix=self.prefix,
                                          warnings=warnings)
         self._snapshot()
@@ -114,13 +115,11 @@ class Session:
         found, problem = None, None
         try:
             if envstate.dist_signature(self.prefix, self.sites) == self.start.signature:
-                from envvault.torch.hook import runtime_path
-
                 found = naming.ensure_snapshot(self.vault, self.prefix, self.start, full_snapshot=self.full_snapshot,
                                                runtime_path=runtime_path())
             else:
                 found = naming.find_snapshot(self.vault, self.start.fingerprint)
-                problem = None if found else (f"{self.vault.root} holds no snapshot of the environment this process "
+                problem = None if found else (f"{self.vault.location} holds no snapshot of the environment this process "
                                               "started with, and it has changed on disk since")
         except Exception as err:  # noqa: BLE001
             problem = str(err)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 from types import MappingProxyType
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from envvault import __version__
 from envvault.errors import EnvvaultError
 from envvault.model import identity
 from envvault.model.stamp import IndexedSnapshot, IndexedState, StampIndex, parse_stamp_index
+
+if TYPE_CHECKING:
+    from envvault.model.snapshot import Snapshot
 
 __all__ = ["load", "save", "remember_state", "snapshot_facts", "indexed_snapshot", "lock_fingerprint"]
 
@@ -27,22 +30,19 @@ _MAX_BYTES = 64 << 20
 
 def load(vault) -> StampIndex:
     """The index as stored (entries that do not parse left out), or an empty one."""
-    from envvault.vault.fsutil import read_regular
-
+    raw = vault.state.read(INDEX_NAME, _MAX_BYTES, "stamp index")
     try:
-        doc = json.loads(read_regular(vault.state_path(INDEX_NAME), _MAX_BYTES, "stamp index"))
-    except (OSError, ValueError, EnvvaultError):
+        doc = json.loads(raw) if raw is not None else None
+    except ValueError:
         doc = None
     return parse_stamp_index(doc, __version__)
 
 
 def save(vault, index: StampIndex) -> None:
     """Replace the index (not durably: a cache); a vault that cannot be written keeps the old one."""
-    from envvault.vault.fsutil import atomic_write
-
     data = json.dumps(index.to_dict(), separators=(",", ":")).encode()
     try:
-        atomic_write(vault.state_path(INDEX_NAME), data, tmp_dir=vault.root / "tmp", durable=False)
+        vault.state.write(INDEX_NAME, data, durable=False)
     except EnvvaultError:
         pass  # the next process does the work again
 
@@ -56,26 +56,22 @@ def remember_state(vault, key: str, state: IndexedState) -> None:
     save(vault, StampIndex(index.tool, index.snapshots, MappingProxyType(kept)))
 
 
-def lock_fingerprint(doc: dict) -> str | None:
+def lock_fingerprint(snapshot: Snapshot) -> str | None:
     """A snapshot's lock-level fingerprint (what stamps carry): its fingerprint with each package's build id
     in place of its state id. Equal to ``fingerprint`` for a lock-only snapshot and for a full one without
     edits; a full snapshot of an environment with edited files (an appended CA in certifi) differs only here.
     None for a snapshot without one (a cache-only snapshot)."""
-    python = doc.get("python") or {}
-    packages = doc.get("packages")
-    if doc.get("fingerprint") is None or not isinstance(packages, list) or not python.get("version"):
+    if snapshot.fingerprint is None or not snapshot.python.version:
         return None
-    try:
-        return identity.lock_fingerprint(python["version"], [(p["name"], p["version"], p["build_id"]) for p in packages])
-    except (KeyError, TypeError):
-        return None
+    return identity.lock_fingerprint(snapshot.python.version,
+                                     [(p.name, p.version, p.build_id) for p in snapshot.packages])
 
 
-def indexed_snapshot(doc: dict) -> IndexedSnapshot:
-    """The facts the index keeps of a (validated) snapshot document."""
-    missing = sum(len(p.get("missing") or ()) for p in doc.get("packages") or () if isinstance(p, dict))
-    return IndexedSnapshot(doc.get("fingerprint"), bool(doc.get("lock_only")), str(doc.get("created", "")),
-                           str(doc.get("venv", "")), lock_fingerprint(doc), missing, str(doc.get("trigger", "")))
+def indexed_snapshot(snapshot: Snapshot) -> IndexedSnapshot:
+    """The facts the index keeps of a snapshot."""
+    return IndexedSnapshot(snapshot.fingerprint, snapshot.lock_only, snapshot.created, snapshot.venv or "",
+                           lock_fingerprint(snapshot), sum(len(p.missing) for p in snapshot.packages),
+                           snapshot.trigger or "")
 
 
 def snapshot_facts(vault) -> Mapping[str, IndexedSnapshot]:
@@ -87,10 +83,10 @@ def snapshot_facts(vault) -> Mapping[str, IndexedSnapshot]:
     changed = len(known) != len(index.snapshots)
     for sid in ids - known.keys():
         try:
-            doc = vault.load_snapshot(sid).doc
+            snapshot = vault.load_snapshot(sid).snapshot
         except EnvvaultError:
             continue
-        known[sid] = indexed_snapshot(doc)
+        known[sid] = indexed_snapshot(snapshot)
         changed = True
     if changed:
         save(vault, StampIndex(index.tool, MappingProxyType(known), index.states))
