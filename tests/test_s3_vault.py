@@ -33,7 +33,7 @@ def node(s3_server, tmp_path: Path, name: str, url: str, endpoint: str | None = 
 
 
 def run(env: dict, *args, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    return ev(Path(env["ENVVAULT_HOME"]), *args, env=env, check=check, **kw)
+    return ev(Path(env.get("ENVVAULT_HOME", ".")), *args, env=env, check=check, **kw)
 
 
 def jrun(env: dict, *args, **kw) -> dict:
@@ -237,3 +237,28 @@ def test_missing_bucket_and_wrong_credentials(s3_server, tmp_path):  # noqa: F81
         assert len(proc.stderr.strip().splitlines()) == 1
     finally:
         proxy.close()
+
+
+def test_a_stamped_checkpoint_finds_its_bucket_on_another_node(s3_server, bucket, tmp_path, make_venv,  # noqa: F811
+                                                               wheelhouse):
+    """The stamp carries the vault's URL (no credentials): on node B, without --vault or ENVVAULT_HOME,
+    `envvault restore step_690.pt` and `envvault diff step_690.pt ...` open that bucket."""
+    import torch
+
+    url = f"s3://{bucket}/stamped"
+    a = node(s3_server, tmp_path, "a", url)
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = jrun(a, "snap", "--no-caches", "--venv", venv)["id"]
+    ckpt = tmp_path / "step_690.pt"
+    torch.save({"w": torch.zeros(2), "envvault": {"format": 1, "snapshot": sid, "vault": url, "host": "node-a",
+                                                  "torch": "2.13.0"}}, ckpt)
+    b = node(s3_server, tmp_path, "b", url)
+    b.pop("ENVVAULT_HOME")
+    out = jrun(b, "restore", ckpt, "--into", tmp_path / "fresh", "--dry-run")
+    assert out["restored"] == sid, out
+    assert "no differences" in run(b, "diff", ckpt, sid).stdout
+    # with --vault naming another vault, the stamp does not override it
+    proc = run(b, "--vault", str(tmp_path / "elsewhere"), "restore", ckpt, "--into", tmp_path / "x", "--dry-run",
+               check=False)
+    assert proc.returncode == 4 and "no vault at" in proc.stderr, proc.stderr

@@ -66,6 +66,32 @@ def current_target(venv: str | None, named: str | None) -> Path:
     return find_target(venv)
 
 
+def _open_for(ctx: click.Context, *args: str) -> Vault:
+    """The vault of --vault / $ENVVAULT_HOME; without either, the bucket a stamped checkpoint among ``args``
+    was written to, so `envvault restore step_690.pt` on another node finds it (H6, issue 12)."""
+    if not ctx.obj.get("vault_path"):
+        url = next(filter(None, map(_stamp_url, args)), None)
+        if url:
+            ctx.obj["vault_path"] = url
+    return open_vault(ctx)
+
+
+def _stamp_url(arg: str) -> str | None:
+    """The s3:// URL of the vault a stamped checkpoint file or folder names, else None."""
+    from envvault.errors import EnvvaultError
+
+    try:
+        if not Path(arg).exists():
+            return None
+        from envvault.torch.directories import read_checkpoint
+        from envvault.vault.s3 import vault_url
+
+        stamp = read_checkpoint(Path(arg)).stamp
+        return vault_url(stamp.vault) if stamp is not None and stamp.vault else None
+    except (EnvvaultError, OSError, ValueError):  # the resolver reports an unreadable checkpoint itself
+        return None
+
+
 def resolve_snapshot(vault: Vault, arg: str):
     """A snapshot for restore (:class:`envvault.refs.Ref`): id / prefix / tag / ``latest``, or a stamped
     checkpoint file or folder."""
@@ -106,7 +132,7 @@ def diff(ctx, old, new, venv, as_json, exit_code):
     """
     from envvault.diff import diff_snapshots
 
-    vault = open_vault(ctx)
+    vault = _open_for(ctx, old, new)
     stored = {arg: _stored_side(vault, arg) for arg in (old, new) if arg != "current"}
     named = next((s[2] for s in stored.values() if s[2]), None)  # for `current`: the environment named
     old_label, old_doc = stored[old][:2] if old in stored else resolve_side(vault, old, venv=venv, other=named)
@@ -209,7 +235,7 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, as_json
     """
     from envvault.restore.dispatch import restore_snapshot
 
-    vault = open_vault(ctx)
+    vault = _open_for(ctx, snapshot_id)
     ref = resolve_snapshot(vault, snapshot_id)
     sid = ref.sid
     target = Path(into).absolute() if into else _restore_target(vault, sid, venv, ref.venv)
