@@ -45,7 +45,8 @@ class _LazyGroup(click.Group):
     "vault_path",
     envvar="ENVVAULT_HOME",
     type=click.Path(file_okay=False),
-    help="Vault directory (default: $ENVVAULT_HOME, else $XDG_DATA_HOME/envvault).",
+    help="Vault directory, or s3://BUCKET/PREFIX with the s3 extra (default: $ENVVAULT_HOME, else "
+    "$XDG_DATA_HOME/envvault).",
 )
 @click.pass_context
 def cli(ctx: click.Context, vault_path: str | None) -> None:

@@ -214,10 +214,13 @@ def test_faulty_network(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # 
         b = node(s3_server, tmp_path, "b", url, endpoint=proxy.url)
         assert [s["id"] for s in jrun(b, "list")["snapshots"]] == [sid]
         assert "ok" in run(b, "verify").stdout
+        c = node(s3_server, tmp_path, "c", url, endpoint=proxy.url)  # restore on a node with an empty cache
+        out = run(c, "restore", sid, "--into", tmp_path / "restored")
+        assert "verified" in out.stdout, out.stdout + out.stderr
         assert proxy.counts["500"] + proxy.counts["cut"] > 0, proxy.counts
     finally:
         proxy.close()
-    clean = node(s3_server, tmp_path, "c", url)
+    clean = node(s3_server, tmp_path, "d", url)
     assert "ok" in run(clean, "verify").stdout
 
 
