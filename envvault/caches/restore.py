@@ -1,53 +1,36 @@
-"""Restoring archived compile caches: staged, verified, then renamed into place, inside the cache root only.
+"""Restoring archived compile caches (docs/format.md, "Restoring caches"): which caches of a snapshot, to
+which roots (only those this environment uses, unless told), what each cache's fingerprint means for the
+environment that will use it (warnings), and what was done. The work on one cache root (plan, stage,
+rename, delete) is ``restore_tree.py``'s; files go through the one materializer (``envvault/materialize.py``).
 
-Order of work, for every cache of a snapshot before anything is written: parse and validate each manifest
-(paths, symlinks; see ``manifest.parse_manifest``), check that no folder on the way to a file is a symlink
-leading out of the cache root, and plan what to write. Then per cache: create folders, write every file
-to ``<dir>/.<name>.envvault-<pid>.tmp`` (checking each object's BLAKE3 and the file's sha256), and only when
-all are staged, rename them into place: kernels and other files first, Inductor's ``fxgraph/`` and
-``aotautograd/`` entries last, so a compile running meanwhile never finds an entry whose kernels are
-missing. A failure before the renames removes every temp file and every folder this run created.
-
-``merge`` (the default) adds what is missing and never overwrites: a file is put in place with ``link`` +
-``unlink``, which fails rather than replace one that appeared meanwhile. ``replace`` makes the root hold
-exactly the archived files: others are removed, differing ones replaced (``locks/`` and files being
-written, ``*.tmp``, are left alone). Like torch's own cache writes, files are not fsynced: a killed restore
-leaves only complete files under final names, a power cut may lose some (torch then recompiles).
+Every manifest is parsed and validated (``model.cache.parse_manifest``) and every cache planned (entries
+decided against the final tree) before any cache is written.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import stat as statmod
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from ..errors import NotFoundError, StorageError, UsageError
-from .. import materialize
-from ..materialize import FileSpec, refuse_escapes
+from ..errors import NotFoundError, UsageError
+from ..model.cache import CacheManifest, parse_manifest
 from ..model.snapshot import CacheEntry, Snapshot, as_snapshot
-from ..safepaths import FinalTree
-from ..vault.fsutil import makedirs_recording
-from ..vault.ingest import b64_sha256
 from ..vault.store import ObjectReader
 from .discover import inductor_cache_dir, triton_cache_dir
 from .fingerprint import Fingerprint, Mismatch, compare
-from ..model.cache import CacheManifest, ManifestFile, parse_manifest
-from .walk import walk_cache
+from .restore_tree import Mode, execute_tree, plan_tree
 
 __all__ = ["CacheRestoreEntry", "CacheRestoreResult", "restore_snapshot_caches", "select_caches", "cache_roots"]
 
-Mode = Literal["merge", "replace"]
 # Components of a fingerprint each kind of cache depends on (None: all of them).
 _COMPONENTS: dict[str, tuple[str, ...]] = {
     "triton": ("triton", "gpu", "python", "env:TRITON"),
     "cuda": ("gpu",),
     "torch_extensions": ("torch", "torch_build", "python"),
 }
-_LAST = ("fxgraph/", "aotautograd/")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,14 +132,14 @@ def restore_snapshot_caches(
                                 "reason": "not a cache directory of this environment"})
                 continue
             dest = Path(os.path.abspath(to)) if to is not None else Path(manifest.root)
-            plans.append(_plan(manifest, mid, dest, mode))
+            plans.append(plan_tree(manifest, mid, dest, mode))
         results = []
         for plan in plans:
             started = time.monotonic()
             warnings = _where_torch_looks(plan.manifest.cache_kind, plan.dest, env) + plan.warnings
             mismatches = _mismatches(plan.manifest, target_fp)
             if not dry_run:
-                _execute(plan, reader)
+                execute_tree(plan, reader)
             results.append(CacheRestoreEntry(
                 kind=plan.manifest.cache_kind, root=str(plan.dest), archived_root=plan.manifest.root,
                 manifest=plan.mid, mode=mode, dry_run=dry_run,
@@ -230,177 +213,5 @@ def _where_torch_looks(kind: str, dest: Path, env: Mapping[str, str]) -> list[st
     return []
 
 
-# -- planning (reads the destination, writes nothing) ----------------------------------------------
-
-
-@dataclass
-class _Plan:
-    manifest: CacheManifest
-    mid: str
-    dest: Path
-    mode: Mode
-    writes: list[ManifestFile] = field(default_factory=list)
-    links: list[ManifestFile] = field(default_factory=list)
-    dirs: list[ManifestFile] = field(default_factory=list)
-    removals: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    keep_dirs: set[str] = field(default_factory=set)
-    kept: int = 0
-    raced: int = 0  # merge: appeared while we staged, so left as found
-
-
-def _plan(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> _Plan:
-    plan = _Plan(manifest=manifest, mid=mid, dest=dest, mode=mode)
-    disk = FinalTree(dest, where="the cache root")  # as it is now; the final tree is checked below
-    parents: dict[str, str | None] = {"": None}
-
-    def parent_problem(rel_dir: str) -> str | None:
-        # None: every existing folder on the way is a folder (or a symlink that stays inside the root).
-        if rel_dir in parents:
-            return parents[rel_dir]
-        up = rel_dir.rpartition("/")[0]
-        why = parent_problem(up)
-        if why is None:
-            path = os.path.join(dest, rel_dir)
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                st = None
-            except OSError as err:
-                raise StorageError(f"cannot read {path}: {err.strerror}") from None
-            if st is not None and statmod.S_ISLNK(st.st_mode):
-                # One leading out is refused with the final tree below; here only "not a folder".
-                if disk.resolve(rel_dir) is not None and not os.path.isdir(path):
-                    why = f"{rel_dir} is not a folder"
-            elif st is not None and not statmod.S_ISDIR(st.st_mode):
-                why = f"{rel_dir} is a file where the archive has a folder"
-        parents[rel_dir] = why
-        return why
-
-    wanted: set[str] = set()
-    for f in manifest.files:
-        wanted.add(f.path)
-        why = parent_problem(f.path.rpartition("/")[0])
-        if why is not None:
-            if why not in plan.warnings:
-                plan.warnings.append(f"{dest}: left out what lies under {why}")
-            continue
-        path = os.path.join(dest, f.path)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            st = None
-        if f.kind == "dir":
-            if st is None:
-                plan.dirs.append(f)
-            elif not statmod.S_ISDIR(st.st_mode):
-                plan.warnings.append(f"{dest}: left {f.path} as it is (the archive has a folder there)")
-            continue
-        if st is None:
-            (plan.writes if f.kind == "file" else plan.links).append(f)
-        elif statmod.S_ISDIR(st.st_mode):
-            plan.warnings.append(f"{dest}: left the folder {f.path} as it is (the archive has a file there)")
-        elif mode == "merge" or _same(path, st, f):
-            plan.kept += 1
-        else:
-            (plan.writes if f.kind == "file" else plan.links).append(f)
-    # Every entry written, decided against the cache root as the restore leaves it (its symlinks included).
-    refuse_escapes(dest, f"refusing to restore into {dest}", links={f.path: f.target for f in plan.links},
-                   entries=[f.path for f in plan.writes], dirs=[f.path for f in plan.dirs], where="the cache root")
-    if mode == "replace" and os.path.isdir(dest):
-        implied = {p.rsplit("/", n)[0] for p in wanted for n in range(1, p.count("/") + 1)}
-        plan.keep_dirs = implied | wanted
-        for cf in walk_cache(dest):
-            if cf.path not in wanted and not (cf.is_dir and (cf.path in implied or cf.path == "locks")):
-                parts = cf.path.split("/")
-                if any("/".join(parts[:n]) in wanted and n < len(parts) for n in range(1, len(parts))):
-                    continue
-                plan.removals.append(cf.path)
-    return plan
-
-
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _same(path: str, st: os.stat_result, f: ManifestFile) -> bool:
-    if f.kind == "link":
-        return statmod.S_ISLNK(st.st_mode) and os.readlink(path) == f.target
-    if not statmod.S_ISREG(st.st_mode) or st.st_size != f.size or st.st_mode & 0o777 != f.mode & 0o777:
-        return False
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            while block := fh.read(1 << 20):
-                h.update(block)
-    except OSError:
-        return False
-    return b64_sha256(h.digest()) == f.sha256
-
-
-# -- execution --------------------------------------------------------------------------------------
-
-
-def _execute(plan: _Plan, reader: ObjectReader) -> None:
-    dest = plan.dest
-    pid = os.getpid()
-    created: list[str] = []
-    try:
-        _makedirs(str(dest), created)
-        for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""}):
-            _makedirs(os.path.join(dest, rel), created)
-        specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
-        staged = materialize.stage(reader, dest, specs, lambda final: _tmp_path(final, pid), workers=_WORKERS)
-    except BaseException:
-        for d in reversed(created):
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
-        raise
-    # Every file is staged and verified: from here on only renames, kernels first, graph entries last.
-    merge = plan.mode == "merge"
-    staged.sort(key=lambda s: (s.spec.path.startswith(_LAST), s.spec.path))
-    for s in staged:
-        if not materialize.place(s, keep_existing=merge):
-            plan.raced += 1
-    for f in plan.links:
-        final = os.path.join(dest, f.path)
-        if not materialize.place_link(f.target, final, lambda p: _tmp_path(p, pid), keep_existing=merge):
-            plan.raced += 1
-    for f in plan.dirs:
-        path = os.path.join(dest, f.path)
-        mine: list[str] = []
-        _makedirs(path, mine)
-        if mine:
-            os.chmod(path, f.mode & 0o777)
-    for rel in sorted(plan.removals, reverse=True):
-        path = os.path.join(dest, rel)
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                os.rmdir(path)
-            else:
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            plan.warnings.append(f"{dest}: could not remove {rel}: {err.strerror}")
-    emptied = {rel.rsplit("/", n)[0] for rel in plan.removals for n in range(1, rel.count("/") + 1)}
-    for rel in sorted(emptied - plan.keep_dirs, key=lambda r: (-r.count("/"), r)):
-        try:
-            os.rmdir(os.path.join(dest, rel))  # only when nothing is left in it
-        except OSError:
-            pass
-
-
-_RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a stale temp file) apart
-_WORKERS = max(1, min(8, os.cpu_count() or 1))
-
-
-def _tmp_path(final: str, pid: int) -> str:
-    head, name = os.path.split(final)
-    return os.path.join(head, f".{name}.envvault-{pid}-{_RUN}.tmp")
-
-
-def _makedirs(path: str, created: list[str]) -> None:
-    makedirs_recording(path, created, lambda p: StorageError(f"cannot create folder {path}: {p} is in the way"))

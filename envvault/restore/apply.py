@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from envvault.crashpoints import crash_point
-from envvault.errors import EnvironmentProblem
 from envvault import materialize
+from envvault.errors import EnvironmentProblem
 from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
 from envvault.materialize import FileSpec, Staged
 from envvault.restore.plan import FileWrite, Plan

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from envvault.diff import current_document
+from envvault.model.snapshot import Snapshot, loose_snapshot
 from envvault.errors import EnvvaultError
 from envvault.vault.store import Vault
 
@@ -22,13 +23,13 @@ def take_backup(vault: Vault, target: Path, sid: str):
                          argv=["envvault", "restore", sid])
 
 
-def scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[dict, str | None]:
+def scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[Snapshot, str | None]:
     """The environment's state and the backup's id: from a backup snapshot (one read of every new file)
-    or, without ``backup``, a check scan (no id)."""
+    or, without ``backup``, a check scan (no id; no host or env facts: ``loose_snapshot``)."""
     if backup:
         snap = take_backup(vault, target, sid)
-        return snap.doc, snap.id
-    return current_document(vault, target, facts=False), None
+        return loose_snapshot(snap.doc), snap.id
+    return loose_snapshot(current_document(vault, target, facts=False)), None
 
 
 def discard_backup(vault: Vault, sid: str | None) -> None:

@@ -10,17 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from envvault.model.snapshot import PackageSummary, PythonInfo, as_package, as_python
+from envvault.model.snapshot import PackageSummary, PythonInfo
 from envvault.restore.plan import CurrentDist, is_pyc
 from envvault.vault.ingest import b64_sha256
 
-__all__ = ["read_current", "scan_records", "Layout", "protected_dirs"]
-
-
-def scan_records(doc: dict) -> tuple[PythonInfo, tuple[PackageSummary, ...]]:
-    """The interpreter and package summaries of a scan in snapshot shape (a backup's document, or
-    ``diff.current_document``'s, which is no full snapshot: no host or env facts), as records."""
-    return as_python(doc.get("python")), tuple(as_package(p) for p in doc.get("packages") or ())
+__all__ = ["read_current", "Layout", "protected_dirs"]
 
 
 def read_current(prefix: Path, interp: "Layout", packages: Sequence[PackageSummary],

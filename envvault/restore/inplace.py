@@ -19,13 +19,13 @@ from typing import Callable, Iterator
 from envvault.crashpoints import crash_point
 from envvault.diff import current_document, diff_snapshots
 from envvault.errors import RefusedError, UsageError
+from envvault.journal import Paths, clean_temps, read_journal, recover, remove_journal, target_lock, write_journal
+from envvault.materialize import refuse_escapes
 from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
 from envvault.restore.apply import commit_plan, populate_statcache, stage_plan, undo_staging
 from envvault.restore.backup import discard_backup, scan_now
-from envvault.restore.current import Layout, protected_dirs, read_current, scan_records
-from envvault.journal import Paths, clean_temps, read_journal, recover, remove_journal, target_lock, write_journal
-from envvault.materialize import refuse_escapes
+from envvault.restore.current import Layout, protected_dirs, read_current
 from envvault.restore.plan import check_python, make_plan
 from envvault.restore.result import RestoreResult
 from envvault.vault.store import Vault
@@ -57,16 +57,15 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         earlier = journal or Journal(snapshot=None)
         take_backup = backup and not dry_run and not resumed
         clock = _Clock()
-        now_doc, backup_id = scan_now(vault, target, sid, take_backup)
+        now, backup_id = scan_now(vault, target, sid, take_backup)
         clock.lap("backup" if take_backup else "scan")
         if resumed:
             backup_id = journal.backup
         try:
-            now_python, now_packages = scan_records(now_doc)
-            check_python(snapshot.python, now_python)
-            interp = Layout.of(target, now_python)
-            current = read_current(target, interp, now_packages, snapshot.packages)
-            plan = make_plan(sid, snapshot, now_doc, current, vault.load_manifest,
+            check_python(snapshot.python, now.python)
+            interp = Layout.of(target, now.python)
+            current = read_current(target, interp, now.packages, snapshot.packages)
+            plan = make_plan(sid, snapshot, now, current, vault.load_manifest,
                              pending_removals=list(earlier.removals) + list(earlier.writes))
             paths = Paths(target)
             # Every entry decided against the tree as the restore leaves it (its own symlinks included).
@@ -115,7 +114,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         crash_point("committed")
         clock.lap("commit")
         after = current_document(vault, target, facts=False)
-        remaining = diff_snapshots(after, snapshot.to_dict(), vault=vault, old_label="current", new_label=sid[:12], scope="environment")
+        remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         remove_journal(target)
         crash_point("verified")
         clock.lap("verify")

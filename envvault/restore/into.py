@@ -92,7 +92,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
                 shutil.rmtree(dest, ignore_errors=True)
             raise
     after = current_document(vault, dest, facts=False)
-    remaining = diff_snapshots(after, snapshot.to_dict(), vault=vault, old_label=str(dest), new_label=sid[:12], scope="environment")
+    remaining = diff_snapshots(after, snapshot, vault=vault, old_label=str(dest), new_label=sid[:12], scope="environment")
     python_ok = not any(k in remaining.python for k in ("implementation", "abi", "soabi", "platform"))
     for k, (o, n) in remaining.python.items():
         warnings.append(f"python {k} is {o}, the snapshot had {n}")
@@ -120,7 +120,7 @@ def _rebuild_all(vault, python: PythonInfo, packages: tuple[PackageSummary, ...]
         man = vault.load_manifest(p.manifest)  # refuses paths that leave the environment
         _check_links(p, man)
         manifests[p.manifest] = man
-        path, _sha, _size = rebuild_wheel(vault, man.to_dict(), python.to_dict(), wheel_dir)
+        path, _sha, _size = rebuild_wheel(vault, man, python, wheel_dir)
         out.append(path)
         done += p.size
         if progress:

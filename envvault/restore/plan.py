@@ -125,38 +125,32 @@ def _minor(v: str | None) -> str:
     return ".".join((v or "").split(".")[:2])
 
 
-def exec_differs(a: PackageSummary, b: PackageSummary) -> tuple[str, ...]:
-    """``diff.exec_change`` of two package summaries (files whose execute bit differs)."""
-    return exec_change({"exec": None if a.exec is None else list(a.exec)},
-                       {"exec": None if b.exec is None else list(b.exec)})
-
-
 def _same(snap: PackageSummary, cur: PackageSummary) -> bool:
     return (
         snap.version == cur.version
         and snap.build_id == cur.build_id
         and snap.state_id == cur.state_id
         and set(snap.missing) == set(cur.missing)
-        and not exec_differs(snap, cur)
+        and not exec_change(snap, cur)
     )
 
 
 def make_plan(
     snapshot_id: str,
     snapshot: Snapshot,
-    current_doc: dict,
+    now: Snapshot,
     current: Sequence[CurrentDist],
     manifest_of: Callable[[str], DistManifest],
     *,
     pending_removals: Iterable[str] = (),
 ) -> Plan:
-    """Decide the restore of ``snapshot`` onto the environment described by ``current_doc`` (its scan, in
-snapshot shape, for the diff) and ``current``.
+    """Decide the restore of ``snapshot`` onto the environment described by ``now`` (its scan) and
+    ``current`` (the scan's distributions with their RECORDs).
 
     ``pending_removals``: files an interrupted restore had planned to delete (from its journal); they are
     deleted now unless the snapshot owns them. Raises ``RefusedError`` listing every unsafe manifest path.
     """
-    diff = diff_snapshots(current_doc, snapshot.to_dict(), old_label="current", new_label=snapshot_id[:12], scope="environment")
+    diff = diff_snapshots(now, snapshot, old_label="current", new_label=snapshot_id[:12], scope="environment")
     cur_by_name: dict[str, list[CurrentDist]] = {}
     for c in current:
         cur_by_name.setdefault(c.name, []).append(c)
@@ -191,7 +185,7 @@ snapshot shape, for the diff) and ``current``.
     replaced: list[CurrentDist] = []
     for p, cur in to_install:
         label = f"{p.name} {p.version}"
-        chmod = set(exec_differs(p, cur.summary)) if cur is not None else set()
+        chmod = set(exec_change(p, cur.summary)) if cur is not None else set()
         if cur is not None:
             replaced.append(cur)
         if p.record == "missing":

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from envvault.errors import EnvironmentProblem, NotFoundError, RefusedError, UsageError
-from envvault.model.snapshot import PythonInfo, Snapshot
+from envvault.model.snapshot import PythonInfo, Snapshot, loose_snapshot
 from envvault.restore.installed import reapply_state
 from envvault.restore.result import RestoreResult
 
@@ -127,7 +127,7 @@ def check_lock_sources(vault, sid: str, snapshot: Snapshot):
     ``NotFoundError`` (exit 4) listing every package without one, before anything slow or any change."""
     from envvault.lock.sources import resolve_sources
 
-    sources = resolve_sources(vault, snapshot.to_dict())
+    sources = resolve_sources(vault, snapshot)
     unknown = _unknown(sources)
     if unknown:
         raise NotFoundError(
@@ -142,7 +142,7 @@ def _write_pylock(snapshot: Snapshot, entries: list[dict], out: Path) -> None:
 
     from envvault.lock.export import pylock_document
 
-    lock = pylock_document(snapshot.to_dict(), entries)
+    lock = pylock_document(snapshot, entries)
     minor = ".".join((snapshot.python.version or "").split(".")[:2])
     lock["requires-python"] = f"=={minor}.*"
     out.write_text(tomli_w.dumps(lock))
@@ -156,7 +156,7 @@ def resolve_lock_sources(vault, sid: str, snapshot: Snapshot, work: Path, source
 
     if sources is None:
         sources = check_lock_sources(vault, sid, snapshot)
-    entries = pylock_entries(vault, sid, snapshot.to_dict(), sources, work / "pylock.wheels", work)
+    entries = pylock_entries(vault, sid, snapshot, sources, work / "pylock.wheels", work)
     for e in entries:  # an edited stored copy: after install, its RECORD rows go back to the build's
         copy = e["copy"]
         if copy is not None and copy.edited:
@@ -197,17 +197,15 @@ def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, back
     get it reinstalled), else at build level only. A ``result.Strategy`` (uv reports no progress)."""
     from envvault.diff import current_document, diff_snapshots
     from envvault.lock.sources import describe
-    from envvault.restore.current import scan_records
     from envvault.restore.plan import check_python
 
     if not (target / "bin" / "python").exists():
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     sources = check_lock_sources(vault, sid, snapshot)
-    doc = snapshot.to_dict()  # for diff_snapshots, which compares documents
     with vault.lock():
-        now = current_document(vault, target, facts=False)
-        check_python(snapshot.python, scan_records(now)[0])
-        plan = diff_snapshots(now, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
+        now = loose_snapshot(current_document(vault, target, facts=False))
+        check_python(snapshot.python, now.python)
+        plan = diff_snapshots(now, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         reinstall = sorted({c.name for c in plan.changed if c.old_version == c.new_version})
         touched = {p.name for p in plan.added} | {c.name for c in plan.changed}
         warnings = tuple(w for s in sources if s.package.name in touched for w in [describe(s)] if w)
@@ -225,9 +223,9 @@ def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, back
                 backup_id = take_backup(vault, target, sid).id
             info = sync_from_lock(sid, snapshot, entries, target / "bin" / "python", reinstall=reinstall, work=work,
                                   installed=touched)
-        after = current_document(vault, target, facts=False)
-        remaining = diff_snapshots(after, doc, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
-    written = [p for p in scan_records(after)[1] if p.name in touched]
+        after = loose_snapshot(current_document(vault, target, facts=False))
+        remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
+    written = [p for p in after.packages if p.name in touched]
     return RestoreResult(
         sid, str(target), "lock", backup_id, len(plan.changed) + len(plan.added) + len(plan.removed),
         remaining.packages_empty, False, plan={**planned, **info},

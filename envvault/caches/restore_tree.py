@@ -1,0 +1,215 @@
+"""One cache root of a cache restore (docs/format.md, "Restoring caches", steps 2 to 4): plan against the
+destination as it is (``plan_tree``: what to write, keep and, with ``replace``, remove; every entry decided
+against the final tree, a symlink on the way that leads out refusing the restore), then act
+(``execute_tree``): create folders, stage every file through the materializer (``envvault/materialize.py``:
+``<dir>/.<name>.envvault-<pid>-<run>.tmp``, BLAKE3 per object, size and sha256 per file) and only when all
+are staged, rename them into place: kernels and other files first, Inductor's ``fxgraph/`` and
+``aotautograd/`` entries last, so a compile running meanwhile never finds an entry whose kernels are missing.
+A failure before the renames removes every temp file and every folder this run created.
+
+``merge`` (the default) adds what is missing and never overwrites: a file is put in place with ``link`` +
+``unlink``, which fails rather than replace one that appeared meanwhile. ``replace`` makes the root hold
+exactly the archived files: others are removed, differing ones replaced (``locks/`` and files being
+written, ``*.tmp``, are left alone). Like torch's own cache writes, files are not fsynced: a killed restore
+leaves only complete files under final names, a power cut may lose some (torch then recompiles).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat as statmod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .. import materialize
+from ..errors import StorageError
+from ..materialize import FileSpec, refuse_escapes
+from ..model.cache import CacheManifest, ManifestFile
+from ..safepaths import FinalTree
+from ..vault.fsutil import makedirs_recording
+from ..vault.ingest import b64_sha256
+from ..vault.store import ObjectReader
+from .walk import walk_cache
+
+__all__ = ["Mode", "TreePlan", "plan_tree", "execute_tree"]
+
+Mode = Literal["merge", "replace"]
+_LAST = ("fxgraph/", "aotautograd/")
+
+
+# -- planning (reads the destination, writes nothing) ----------------------------------------------
+
+
+@dataclass
+class TreePlan:
+    """What restoring one cache into ``dest`` writes, keeps and removes (and, after it ran, ``raced``)."""
+
+    manifest: CacheManifest
+    mid: str
+    dest: Path
+    mode: Mode
+    writes: list[ManifestFile] = field(default_factory=list)
+    links: list[ManifestFile] = field(default_factory=list)
+    dirs: list[ManifestFile] = field(default_factory=list)
+    removals: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    keep_dirs: set[str] = field(default_factory=set)
+    kept: int = 0
+    raced: int = 0  # merge: appeared while we staged, so left as found
+
+
+def plan_tree(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> TreePlan:
+    """Plan the restore of ``manifest`` into ``dest``; ``RefusedError`` when an entry would lead out."""
+    plan = TreePlan(manifest=manifest, mid=mid, dest=dest, mode=mode)
+    disk = FinalTree(dest, where="the cache root")  # as it is now; the final tree is checked below
+    parents: dict[str, str | None] = {"": None}
+
+    def parent_problem(rel_dir: str) -> str | None:
+        # None: every existing folder on the way is a folder (or a symlink that stays inside the root).
+        if rel_dir in parents:
+            return parents[rel_dir]
+        up = rel_dir.rpartition("/")[0]
+        why = parent_problem(up)
+        if why is None:
+            path = os.path.join(dest, rel_dir)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                st = None
+            except OSError as err:
+                raise StorageError(f"cannot read {path}: {err.strerror}") from None
+            if st is not None and statmod.S_ISLNK(st.st_mode):
+                # One leading out is refused with the final tree below; here only "not a folder".
+                if disk.resolve(rel_dir) is not None and not os.path.isdir(path):
+                    why = f"{rel_dir} is not a folder"
+            elif st is not None and not statmod.S_ISDIR(st.st_mode):
+                why = f"{rel_dir} is a file where the archive has a folder"
+        parents[rel_dir] = why
+        return why
+
+    wanted: set[str] = set()
+    for f in manifest.files:
+        wanted.add(f.path)
+        why = parent_problem(f.path.rpartition("/")[0])
+        if why is not None:
+            if why not in plan.warnings:
+                plan.warnings.append(f"{dest}: left out what lies under {why}")
+            continue
+        path = os.path.join(dest, f.path)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if f.kind == "dir":
+            if st is None:
+                plan.dirs.append(f)
+            elif not statmod.S_ISDIR(st.st_mode):
+                plan.warnings.append(f"{dest}: left {f.path} as it is (the archive has a folder there)")
+            continue
+        if st is None:
+            (plan.writes if f.kind == "file" else plan.links).append(f)
+        elif statmod.S_ISDIR(st.st_mode):
+            plan.warnings.append(f"{dest}: left the folder {f.path} as it is (the archive has a file there)")
+        elif mode == "merge" or _same(path, st, f):
+            plan.kept += 1
+        else:
+            (plan.writes if f.kind == "file" else plan.links).append(f)
+    # Every entry written, decided against the cache root as the restore leaves it (its symlinks included).
+    refuse_escapes(dest, f"refusing to restore into {dest}", links={f.path: f.target for f in plan.links},
+                   entries=[f.path for f in plan.writes], dirs=[f.path for f in plan.dirs], where="the cache root")
+    if mode == "replace" and os.path.isdir(dest):
+        implied = {p.rsplit("/", n)[0] for p in wanted for n in range(1, p.count("/") + 1)}
+        plan.keep_dirs = implied | wanted
+        for cf in walk_cache(dest):
+            if cf.path not in wanted and not (cf.is_dir and (cf.path in implied or cf.path == "locks")):
+                parts = cf.path.split("/")
+                if any("/".join(parts[:n]) in wanted and n < len(parts) for n in range(1, len(parts))):
+                    continue
+                plan.removals.append(cf.path)
+    return plan
+
+
+def _same(path: str, st: os.stat_result, f: ManifestFile) -> bool:
+    if f.kind == "link":
+        return statmod.S_ISLNK(st.st_mode) and os.readlink(path) == f.target
+    if not statmod.S_ISREG(st.st_mode) or st.st_size != f.size or st.st_mode & 0o777 != f.mode & 0o777:
+        return False
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+    except OSError:
+        return False
+    return b64_sha256(h.digest()) == f.sha256
+
+
+# -- execution --------------------------------------------------------------------------------------
+
+
+def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
+    """Carry out ``plan``; a failure before the renames leaves the root as it was."""
+    dest = plan.dest
+    pid = os.getpid()
+    created: list[str] = []
+    try:
+        _makedirs(str(dest), created)
+        for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""}):
+            _makedirs(os.path.join(dest, rel), created)
+        specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
+        staged = materialize.stage(reader, dest, specs, lambda final: _tmp_path(final, pid), workers=_WORKERS)
+    except BaseException:
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        raise
+    # Every file is staged and verified: from here on only renames, kernels first, graph entries last.
+    merge = plan.mode == "merge"
+    staged.sort(key=lambda s: (s.spec.path.startswith(_LAST), s.spec.path))
+    for s in staged:
+        if not materialize.place(s, keep_existing=merge):
+            plan.raced += 1
+    for f in plan.links:
+        final = os.path.join(dest, f.path)
+        if not materialize.place_link(f.target, final, lambda p: _tmp_path(p, pid), keep_existing=merge):
+            plan.raced += 1
+    for f in plan.dirs:
+        path = os.path.join(dest, f.path)
+        mine: list[str] = []
+        _makedirs(path, mine)
+        if mine:
+            os.chmod(path, f.mode & 0o777)
+    for rel in sorted(plan.removals, reverse=True):
+        path = os.path.join(dest, rel)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            plan.warnings.append(f"{dest}: could not remove {rel}: {err.strerror}")
+    emptied = {rel.rsplit("/", n)[0] for rel in plan.removals for n in range(1, rel.count("/") + 1)}
+    for rel in sorted(emptied - plan.keep_dirs, key=lambda r: (-r.count("/"), r)):
+        try:
+            os.rmdir(os.path.join(dest, rel))  # only when nothing is left in it
+        except OSError:
+            pass
+
+
+_RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a stale temp file) apart
+_WORKERS = max(1, min(8, os.cpu_count() or 1))
+
+
+def _tmp_path(final: str, pid: int) -> str:
+    head, name = os.path.split(final)
+    return os.path.join(head, f".{name}.envvault-{pid}-{_RUN}.tmp")
+
+
+def _makedirs(path: str, created: list[str]) -> None:
+    makedirs_recording(path, created, lambda p: StorageError(f"cannot create folder {path}: {p} is in the way"))
