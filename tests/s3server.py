@@ -7,7 +7,6 @@ proxy (``FaultProxy``) that stands between envvault and the server and returns 5
 
 from __future__ import annotations
 
-import os
 import random
 import socket
 import subprocess

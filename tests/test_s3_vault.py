@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from evtools import ROOT, ev, ev_env, ev_json
+from evtools import ev, ev_env, ev_json
 from fixtures import catalogue as C
 from fixtures import uv_install, uv_pip
 from s3server import FaultProxy, s3_server  # noqa: F401 - the fixture

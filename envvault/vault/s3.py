@@ -13,12 +13,8 @@ from the profile ``AWS_PROFILE`` (default ``default``) of ``~/.aws/credentials``
 from __future__ import annotations
 
 import os
-import random
 import re
-import socket
-import threading
 import time
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
@@ -309,6 +305,8 @@ class S3Backend:
     def _call(self, what: str, fn: Callable[[], _T]) -> _T:
         """``fn()`` with retries and backoff on what may pass (timeouts, 5xx, cut connections); an error that
         will not pass (credentials, a missing bucket) is one StorageError line at once."""
+        import random
+
         exc = _exc()
         delay = 0.2
         for attempt in range(RETRIES):
@@ -554,8 +552,6 @@ class S3Backend:
         """Write one bundle of every listed snapshot this node holds in its cache, when it saves
         ``BUNDLE_MIN`` or more GETs to the next node; delete the bundles it makes redundant. An optimisation:
         any failure leaves things as they were."""
-        import json
-
         from envvault.model.encoding import canonical_json, object_id
 
         if self.cache is None or self._listed_snapshots is None:
@@ -598,6 +594,11 @@ class S3Backend:
     # -- locks (docs/format.md, "Object storage") ------------------------------------------------------
     @contextmanager
     def lock(self, name: str, *, exclusive: bool, wait: bool = True) -> Iterator[bool]:
+        import random
+        import socket
+        import threading
+        import uuid
+
         if not name or "/" in name or name.startswith("."):
             raise ValueError(f"bad lock name {name!r}")
         me = f"{name}-{uuid.uuid4().hex}"
@@ -634,6 +635,8 @@ class S3Backend:
         """The gc epoch (docs/format.md, "Object storage"): an exclusive holder moves it on before it deletes
         anything; a shared holder tells ``on_gc_epoch`` what it holds (the node drops its stat caches when it
         changed)."""
+        import uuid
+
         ob, exc = _ob(), _exc()
         if exclusive:
             value = uuid.uuid4().hex.encode()
@@ -659,6 +662,7 @@ class S3Backend:
     def _conflict(self, name: str, me: str, exclusive: bool) -> str | None:
         """Another live lock object of ``name`` that excludes this one (removing stale ones on the way)."""
         import json
+        import socket
 
         mine_re = re.compile(rf"^locks/({re.escape(name)}-[0-9a-f]{{32}})\.json$")
         metas = {}
@@ -690,7 +694,7 @@ class S3Backend:
                 return other
         return None
 
-    def _refresh(self, key: str, body: dict, me: str, stop: threading.Event) -> None:
+    def _refresh(self, key: str, body: dict, me: str, stop: Any) -> None:
         while not stop.wait(LOCK_REFRESH_SECONDS):
             try:
                 if not self._exists(key):
