@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Protocol
 
 from envvault.env.probe import Interpreter
 from envvault.env.reader import reader_for
@@ -21,7 +21,16 @@ from .manifests import ManifestBuilder, summary_of
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
 
-__all__ = ["scan_environment", "scan_current", "statcache_for"]
+__all__ = ["scan_environment", "scan_current", "statcache_for", "ScanProgress"]
+
+
+class ScanProgress(Protocol):
+    """What a scan reports to: the bytes it will read, once known (``set_total``), then the bytes done
+    (``envvault.output.Progress`` is one)."""
+
+    def set_total(self, total: int) -> None: ...
+
+    def __call__(self, done: int) -> None: ...
 
 
 def statcache_for(vault: Vault, target: Path) -> StatCache:
@@ -89,7 +98,7 @@ def scan_environment(
     *,
     mode: str,
     writer=None,
-    progress: Callable[[int], None] | None = None,
+    progress: ScanProgress | None = None,
 ) -> tuple[Interpreter, list[dict], list[str], StatCache, Ingester, dict]:
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
@@ -125,7 +134,7 @@ def scan_environment(
         dist = reader.read(dist_info, site)
         if dist is not None:
             slow.append(dist)
-    if progress is not None and hasattr(progress, "set_total"):
+    if progress is not None:
         progress.set_total(sum(e.size or 0 for d in slow for e in (d.record or ())))
     done = 0
     for dist in slow:

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from envvault import __version__
 from envvault.crashpoints import crash_point
@@ -19,7 +19,7 @@ from envvault.vault.store import Vault
 from envvault.vault.store import _now as now
 from envvault.vault.transaction import snapshot_transaction
 
-from .scan import scan_environment
+from .scan import ScanProgress, scan_environment
 
 if TYPE_CHECKING:
     from envvault.caches.snap import CacheHook
@@ -65,7 +65,7 @@ def take_snapshot(
     lock_only: bool = False,
     trigger: str = "manual",
     argv: list[str] | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: ScanProgress | None = None,
     cache_hook: CacheHook | None = None,
     extra: dict | None = None,
 ) -> SnapResult:
