@@ -11,7 +11,6 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import Callable
 
 from envvault.crashpoints import crash_point
 from envvault import materialize
@@ -19,12 +18,11 @@ from envvault.errors import EnvironmentProblem
 from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
 from envvault.materialize import FileSpec, Staged
 from envvault.restore.plan import FileWrite, Plan
+from envvault.restore.result import Progress
 from envvault.vault.fsutil import makedirs_recording, storage_error
 from envvault.vault.store import ObjectReader, Vault
 
 __all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache"]
-
-Progress = Callable[[int], None]
 
 
 def _spec(w: FileWrite) -> FileSpec:
@@ -44,8 +42,8 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
             raise EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
         makedirs_recording(full, created, lambda p: EnvironmentProblem(
             f"{p} is in the way: the snapshot needs a directory there; move it and run again"))
-    if progress is not None and hasattr(progress, "total"):
-        progress.total = max(plan.bytes, 1)  # a Progress bar: now the real amount is known
+    if progress is not None:
+        progress.set_total(plan.bytes)  # now the real amount is known
     return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], lambda f: tmp_for(f, pid),
                              progress=progress)
 

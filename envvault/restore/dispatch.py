@@ -9,11 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from envvault.model.snapshot import Snapshot
 from envvault.restore.baseline import record_restored
-from envvault.restore.result import RestoreResult, Strategy
+from envvault.restore.result import Progress, RestoreResult, Strategy
 from envvault.vault.store import Vault
 
 __all__ = ["restore_snapshot", "strategy_for"]
@@ -42,7 +41,7 @@ def restore_snapshot(
     backup: bool = True,
     dry_run: bool = False,
     into: Path | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Progress | None = None,
     caches: bool = True,
 ) -> RestoreResult:
     """Restore snapshot ``sid`` onto the environment ``target`` (or, with ``into``, into a new venv there).

@@ -14,7 +14,7 @@ import os
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from envvault.crashpoints import crash_point
 from envvault.diff import current_document, diff_snapshots
@@ -27,12 +27,10 @@ from envvault.restore.apply import commit_plan, populate_statcache, stage_plan, 
 from envvault.restore.backup import discard_backup, scan_now
 from envvault.restore.current import Layout, protected_dirs, read_current
 from envvault.restore.plan import check_python, make_plan
-from envvault.restore.result import RestoreResult
+from envvault.restore.result import Progress, RestoreResult
 from envvault.vault.store import Vault
 
 __all__ = ["restore_in_place", "exclusive_target"]
-
-Progress = Callable[[int], None]
 
 
 @contextmanager

@@ -6,12 +6,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from envvault.model.snapshot import Snapshot
 
-__all__ = ["RestoreResult", "Strategy"]
+__all__ = ["RestoreResult", "Strategy", "Progress"]
+
+
+class Progress(Protocol):
+    """Where a restore reports the bytes it has written (``output.Progress``, the CLI's bar, is one)."""
+
+    def __call__(self, done: int) -> None: ...
+
+    def set_total(self, total: int) -> None:
+        """The amount to expect, once the restore knows it (after planning)."""
 
 
 class Strategy(Protocol):
@@ -21,7 +30,7 @@ class Strategy(Protocol):
     itself. Raises ``EnvvaultError``s; returns what it did."""
 
     def __call__(self, vault, sid: str, snapshot: "Snapshot", target: Path, *, backup: bool, dry_run: bool,
-                 progress: Callable[[int], None] | None = None) -> "RestoreResult": ...
+                 progress: Progress | None = None) -> "RestoreResult": ...
 
 
 @dataclass(frozen=True)
