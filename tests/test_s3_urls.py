@@ -9,7 +9,7 @@ import pytest
 
 from evtools import assert_one_line_error, ev, ev_env
 from envvault.errors import UsageError
-from envvault.vault.s3 import parse_s3_url, vault_url
+from envvault.vault.location import parse_s3_url, vault_url
 
 
 def test_parse_s3_url():

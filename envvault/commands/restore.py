@@ -84,7 +84,7 @@ def _stamp_url(arg: str) -> str | None:
         if not Path(arg).exists():
             return None
         from envvault.torch.directories import read_checkpoint
-        from envvault.vault.s3 import vault_url
+        from envvault.vault.location import vault_url
 
         stamp = read_checkpoint(Path(arg)).stamp
         return vault_url(stamp.vault) if stamp is not None and stamp.vault else None

@@ -1,8 +1,7 @@
 """A vault on S3-compatible object storage (``--vault s3://BUCKET/PREFIX``): :class:`S3Backend`.
 
-The client is obstore (``pip install 'envvault[s3]'``; why obstore: docs/format.md, "Object storage"). It is
-imported only when an ``s3://`` vault is opened, so this module also answers, without the extra installed,
-which vault locations are URLs (``vault_url``) and refuses the ones envvault cannot open with one line.
+The client is obstore (``pip install 'envvault[s3]'``; why obstore: docs/format.md, "Object storage"),
+imported only when an ``s3://`` vault is used. Which locations are URLs: ``envvault/vault/location.py``.
 
 Endpoint and credentials come from the standard AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``), read by obstore, and
@@ -21,84 +20,14 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from envvault.errors import CorruptError, NotFoundError, StorageError, UsageError
 from envvault.vault.backend import DEFAULT_LIMIT, Missing, ObjectInfo, ReadFailed, check_kind
+from envvault.vault.location import S3Url, parse_s3_url
 
-__all__ = ["S3Backend", "vault_url", "parse_s3_url", "S3Url", "have_client", "LOCK_STALE_SECONDS",
-           "LOCK_REFRESH_SECONDS"]
-
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-EXTRA_HINT = "install the s3 extra: pip install 'envvault[s3]'"
+__all__ = ["S3Backend", "open_vault", "LOCK_STALE_SECONDS", "LOCK_REFRESH_SECONDS"]
 
 # Lock objects (docs/format.md, "Object storage"): a holder rewrites its lock object every
 # LOCK_REFRESH_SECONDS; one not rewritten for LOCK_STALE_SECONDS (by the server's clock) is stale.
 LOCK_REFRESH_SECONDS = 300.0
 LOCK_STALE_SECONDS = 1800.0
-
-
-def vault_url(location: str | os.PathLike | None) -> str | None:
-    """``location`` when it is a URL envvault opens (``s3://BUCKET[/PREFIX]``), None when it is a local path.
-
-    A URL of another scheme, a malformed ``s3://`` URL, or ``s3://`` without the s3 extra installed is a
-    UsageError (one line, exit 2): a URL never becomes a local folder named ``s3:``."""
-    if location is None or isinstance(location, os.PathLike):
-        return None
-    text = str(location).strip()
-    m = _SCHEME.match(text)
-    if not m:
-        return None
-    scheme = m.group(1).lower()
-    if scheme != "s3":
-        raise UsageError(f"unsupported vault URL {_redact(text)!r}: envvault opens a local folder or "
-                         "s3://BUCKET/PREFIX")
-    parse_s3_url(text)
-    if not have_client():
-        raise UsageError(f"{_redact(text)} is an S3 vault and the S3 client is not installed; {EXTRA_HINT}")
-    return text
-
-
-class S3Url:
-    __slots__ = ("bucket", "prefix")
-
-    def __init__(self, bucket: str, prefix: str):
-        self.bucket = bucket
-        self.prefix = prefix  # "" or "a/b" (no leading or trailing slash)
-
-    def __str__(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
-
-
-def parse_s3_url(text: str) -> S3Url:
-    """``s3://BUCKET[/PREFIX]`` split and checked (UsageError naming the problem)."""
-    m = _SCHEME.match(text)
-    if not m or m.group(1).lower() != "s3":
-        raise UsageError(f"{_redact(text)!r} is not an s3:// URL")
-    rest = text[m.end():]
-    if "@" in rest.split("/", 1)[0]:
-        raise UsageError("an s3:// vault URL holds no credentials; set AWS_ACCESS_KEY_ID and "
-                         "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
-    if "?" in rest or "#" in rest:
-        raise UsageError(f"vault URL {text!r}: query strings and fragments are not supported")
-    bucket, _, prefix = rest.partition("/")
-    if not _BUCKET.match(bucket) or ".." in bucket:
-        raise UsageError(f"vault URL {text!r}: {bucket!r} is not a valid bucket name (3-63 characters: "
-                         "lowercase letters, digits, '.' and '-')")
-    parts = [p for p in prefix.split("/") if p]
-    if any(p in (".", "..") or "\0" in p for p in parts):
-        raise UsageError(f"vault URL {text!r}: the prefix may not hold '.' or '..' parts")
-    return S3Url(bucket, "/".join(parts))
-
-
-def _redact(text: str) -> str:
-    """A URL without anything that looks like credentials (user:password@)."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1***@", text)
-
-
-def have_client() -> bool:
-    try:
-        import obstore  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def open_vault(vault_cls: Any, url: str, *, create: bool = False) -> Any:

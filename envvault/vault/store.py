@@ -21,7 +21,7 @@ from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
 from envvault.vault.state import LocalState
-from envvault.vault.s3 import vault_url
+from envvault.vault.location import vault_url
 from envvault.model.manifest import DistManifest, parse_dist_manifest
 from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_problem
 
