@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from envvault.errors import CorruptError
-from envvault.model.stamp import (
+from envvault.model.stamp import parse_stamp
+from envvault.model.stamp_index import (
     INDEX_VERSION,
     IndexedSnapshot,
     IndexedState,
     StampIndex,
     parse_index_entry,
-    parse_stamp,
     parse_stamp_index,
 )
 

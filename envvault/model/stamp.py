@@ -1,5 +1,4 @@
-"""Checkpoint stamps and the stamp index entries: typed records, one validating parser each (docs/format.md,
-"Checkpoint stamps").
+"""Checkpoint stamps: the typed record and its validating parser (docs/format.md, "Checkpoint stamps").
 
 A stamp arrives inside a stranger's checkpoint, so :func:`parse_stamp` is the gate every reader goes through
 (``inspect``, ``diff CKPT``, ``restore CKPT``, checkpoint folders): types, sizes, ids and paths are checked and
@@ -7,9 +6,6 @@ every problem is named with its place (``git.commit: expected a 40- or 64-hex st
 on a stamp. ``Stamp.to_dict`` gives the document back as it was: the keys it had, those this envvault does not
 know included.
 
-The stamp index (``state/stamp-index.json``) is a machine-local cache: :func:`parse_stamp_index` keeps the
-entries that parse and drops the rest (a dropped entry is computed again), and an index written by another
-envvault version reads as empty.
 
 Pure: plain values in, records out; standard library only (the checkpoint readers run without envvault's
 dependencies installed).
@@ -26,9 +22,8 @@ from typing import Any, Mapping
 from envvault.errors import CorruptError
 
 __all__ = [
-    "STAMP_FORMAT", "STAMP_KEY", "STAMP_RECORD", "SIDECAR_NAME", "INDEX_VERSION", "GitState", "DriftChange", "Drift", "Stamp", "parse_stamp",
-    "IndexedSnapshot", "IndexedState", "StampIndex", "parse_index_entry", "parse_state_entry",
-    "parse_stamp_index",
+    "STAMP_FORMAT", "STAMP_KEY", "STAMP_RECORD", "SIDECAR_NAME", "GitState", "DriftChange", "Drift", "Stamp",
+    "parse_stamp",
 ]
 
 STAMP_FORMAT = 1
@@ -36,8 +31,6 @@ STAMP_FORMAT = 1
 STAMP_KEY = "envvault"  # top-level key of a dict checkpoint; key in safetensors __metadata__
 STAMP_RECORD = "extra/envvault.json"  # record under the torch zip's <prefix>/
 SIDECAR_NAME = "envvault.json"  # file in a checkpoint directory
-# 3: identity version 2 (build ids leave scripts out); 4: missing files and trigger kept.
-INDEX_VERSION = 4
 
 # Sizes a stamp may have (a real one is a few KiB; records and sidecars are read up to 1 MiB anyway).
 MAX_TEXT = 1024  # tool, torch, cuda, python, host, time, git branch, package names and versions
@@ -143,7 +136,9 @@ class Stamp:
         return out
 
 
-class _Problems(list):
+class Problems(list):
+    """Problems found while parsing, each ``place: what``; ``raise_if_any`` lists up to ten."""
+
     def add(self, at: str, what: str) -> None:
         self.append(f"{at}: {what}")
 
@@ -153,7 +148,7 @@ class _Problems(list):
             raise CorruptError(f"{where}: " + "; ".join(self[:_MAX_PROBLEMS]) + more)
 
 
-def _text(doc: Mapping, key: str, at: str, problems: _Problems, *, limit: int = MAX_TEXT,
+def _text(doc: Mapping, key: str, at: str, problems: Problems, *, limit: int = MAX_TEXT,
           single_line: bool = True, pattern: re.Pattern | None = None, what: str = "a string") -> str | None:
     value = doc.get(key)
     if value is None:
@@ -171,7 +166,7 @@ def _text(doc: Mapping, key: str, at: str, problems: _Problems, *, limit: int = 
     return None
 
 
-def _path(doc: Mapping, key: str, at: str, problems: _Problems) -> str | None:
+def _path(doc: Mapping, key: str, at: str, problems: Problems) -> str | None:
     """An absolute path or None; a folder name may hold any character but NUL (renderers escape them)."""
     value = _text(doc, key, at, problems, limit=MAX_PATH, single_line=False, what="an absolute path")
     if value is not None and (not value.startswith("/") or "\0" in value):
@@ -180,7 +175,7 @@ def _path(doc: Mapping, key: str, at: str, problems: _Problems) -> str | None:
     return value
 
 
-def _flag(doc: Mapping, key: str, at: str, problems: _Problems) -> bool | None:
+def _flag(doc: Mapping, key: str, at: str, problems: Problems) -> bool | None:
     value = doc.get(key)
     if value is not None and not isinstance(value, bool):
         problems.add(at, "expected true, false or null")
@@ -188,7 +183,7 @@ def _flag(doc: Mapping, key: str, at: str, problems: _Problems) -> bool | None:
     return value
 
 
-def _strings(value: Any, at: str, problems: _Problems, *, count: int, limit: int) -> tuple[str, ...] | None:
+def _strings(value: Any, at: str, problems: Problems, *, count: int, limit: int) -> tuple[str, ...] | None:
     if not isinstance(value, list):
         problems.add(at, "expected a list of strings")
         return None
@@ -202,7 +197,7 @@ def _strings(value: Any, at: str, problems: _Problems, *, count: int, limit: int
     return tuple(value)
 
 
-def _env(value: Any, problems: _Problems) -> Mapping[str, str] | None:
+def _env(value: Any, problems: Problems) -> Mapping[str, str] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -218,7 +213,7 @@ def _env(value: Any, problems: _Problems) -> Mapping[str, str] | None:
     return MappingProxyType(dict(value))
 
 
-def _git(value: Any, problems: _Problems) -> GitState | None:
+def _git(value: Any, problems: Problems) -> GitState | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -234,7 +229,7 @@ def _git(value: Any, problems: _Problems) -> GitState | None:
     return GitState(root, commit, branch, dirty) if len(problems) == before else None
 
 
-def _drift(value: Any, problems: _Problems) -> Drift | None:
+def _drift(value: Any, problems: Problems) -> Drift | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -271,7 +266,7 @@ def parse_stamp(doc: object, where: str = "stamp") -> Stamp:
     problem with its place; a stamp of a newer format is one of them."""
     if not isinstance(doc, dict):
         raise CorruptError(f"{where}: expected a JSON object, not {type(doc).__name__}")
-    problems = _Problems()
+    problems = Problems()
     fmt = doc.get("format")
     if type(fmt) is not int or fmt < 1:
         problems.add("format", "expected a positive integer")
@@ -299,126 +294,3 @@ def parse_stamp(doc: object, where: str = "stamp") -> Stamp:
     extra = {k: v for k, v in doc.items() if k not in _KNOWN}
     absent = frozenset(k for k in _KNOWN if k not in doc)
     return Stamp(format=fmt, extra=MappingProxyType(json.loads(json.dumps(extra))), absent=absent, **values)
-
-
-# --- the stamp index -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class IndexedSnapshot:
-    """What the stamp index remembers of one snapshot (snapshot files never change). On disk a list:
-    ``[fingerprint, lock_only, created, venv, lock-level fingerprint, missing files, trigger]``."""
-
-    fingerprint: str | None
-    lock_only: bool
-    created: str
-    venv: str
-    lock_fingerprint: str | None
-    missing: int
-    trigger: str
-
-    def to_json(self) -> list:
-        return [self.fingerprint, self.lock_only, self.created, self.venv, self.lock_fingerprint, self.missing,
-                self.trigger]
-
-    def rank(self) -> tuple:
-        """Larger is better among snapshots of one lock-level fingerprint (docs/format.md): a full one, then
-        one without missing files, then one not taken as a restore's backup, then the newest."""
-        return (not self.lock_only, self.missing == 0, self.trigger != "restore-backup", self.created)
-
-
-@dataclass(frozen=True, slots=True)
-class IndexedState:
-    """A remembered environment state: its lock-level fingerprint and ``(name, version, build id)`` per
-    package. On disk ``[fingerprint, [[name, version, build id], ...]]``."""
-
-    fingerprint: str
-    packages: tuple[tuple[str, str, str], ...]
-
-    def to_json(self) -> list:
-        return [self.fingerprint, [list(p) for p in self.packages]]
-
-
-def _id_or_none(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and _ID.fullmatch(value) is not None)
-
-
-def parse_index_entry(obj: object, where: str) -> IndexedSnapshot:
-    """One ``snapshots`` entry of the stamp index; :class:`CorruptError` naming every problem."""
-    if not isinstance(obj, list) or len(obj) != 7:
-        raise CorruptError(f"{where}: expected a list of 7 values")
-    fp, lock_only, created, venv, lock_fp, missing, trigger = obj
-    problems = _Problems()
-    if not _id_or_none(fp):
-        problems.add(f"{where}[0]", "expected a 64-hex id or null")
-    if not isinstance(lock_only, bool):
-        problems.add(f"{where}[1]", "expected true or false")
-    for i, v in ((2, created), (3, venv), (6, trigger)):
-        if not isinstance(v, str) or len(v) > MAX_PATH:
-            problems.add(f"{where}[{i}]", "expected a string")
-    if not _id_or_none(lock_fp):
-        problems.add(f"{where}[4]", "expected a 64-hex id or null")
-    if type(missing) is not int or missing < 0:
-        problems.add(f"{where}[5]", "expected a count")
-    problems.raise_if_any(where)
-    return IndexedSnapshot(fp, lock_only, created, venv, lock_fp, missing, trigger)
-
-
-def parse_state_entry(obj: object, where: str) -> IndexedState:
-    """One ``states`` entry of the stamp index; :class:`CorruptError` naming every problem."""
-    if not isinstance(obj, list) or len(obj) != 2:
-        raise CorruptError(f"{where}: expected [fingerprint, packages]")
-    fp, raw = obj
-    problems = _Problems()
-    if not isinstance(fp, str) or not _ID.fullmatch(fp):
-        problems.add(f"{where}[0]", "expected a 64-hex id")
-    packages = []
-    if not isinstance(raw, list):
-        problems.add(f"{where}[1]", "expected a list of [name, version, build id]")
-    else:
-        for i, p in enumerate(raw):
-            if (not isinstance(p, list) or len(p) != 3
-                    or not all(isinstance(s, str) and len(s) <= MAX_TEXT for s in p)):
-                problems.add(f"{where}[1][{i}]", "expected [name, version, build id]")
-            else:
-                packages.append(tuple(p))
-    problems.raise_if_any(where)
-    return IndexedState(fp, tuple(packages))
-
-
-@dataclass(frozen=True, slots=True)
-class StampIndex:
-    """``state/stamp-index.json``: ``{"tool", "version", "snapshots": {id: entry}, "states": {key: entry}}``
-    (``states`` oldest first)."""
-
-    tool: str
-    snapshots: Mapping[str, IndexedSnapshot]
-    states: Mapping[str, IndexedState]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"tool": self.tool, "version": INDEX_VERSION,
-                "snapshots": {sid: e.to_json() for sid, e in self.snapshots.items()},
-                "states": {key: e.to_json() for key, e in self.states.items()}}
-
-
-def parse_stamp_index(doc: object, tool: str) -> StampIndex:
-    """The index written by envvault ``tool``: an index of another tool or index version, or not an index,
-    reads as empty; entries that do not parse are left out (each is computed again). Never raises."""
-    if not isinstance(doc, dict) or doc.get("tool") != tool or doc.get("version") != INDEX_VERSION:
-        doc = {}
-    snapshots: dict[str, IndexedSnapshot] = {}
-    raw = doc.get("snapshots")
-    for sid, entry in raw.items() if isinstance(raw, dict) else ():
-        try:
-            if _ID.fullmatch(sid):
-                snapshots[sid] = parse_index_entry(entry, f"snapshots[{sid[:12]}]")
-        except CorruptError:
-            pass
-    states: dict[str, IndexedState] = {}
-    raw = doc.get("states")
-    for key, entry in raw.items() if isinstance(raw, dict) else ():
-        try:
-            states[key] = parse_state_entry(entry, f"states[{key[:12]}]")
-        except CorruptError:
-            pass
-    return StampIndex(tool, MappingProxyType(snapshots), MappingProxyType(states))

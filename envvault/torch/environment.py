@@ -18,7 +18,8 @@ from pathlib import Path
 
 from envvault.errors import EnvvaultError
 from envvault.model.identity import lock_fingerprint
-from envvault.model.stamp import Drift, DriftChange, IndexedState
+from envvault.model.stamp import Drift, DriftChange
+from envvault.model.stamp_index import IndexedState
 from envvault.torch import stamp_index
 
 __all__ = ["Signature", "EnvState", "dist_signature", "python_version", "state_from_cache", "environment_state",

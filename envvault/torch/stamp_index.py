@@ -4,7 +4,7 @@
 once per vault, not once per process); ``states``: the lock-level state of recently seen environments, keyed
 by their dist-info signature (at most 64, oldest dropped first). A cache (docs/format.md): deleting it costs
 only speed, an unreadable one or one another envvault version wrote reads as empty, and a failed write is
-ignored. Records and their parser: :mod:`envvault.model.stamp`.
+ignored. Records and their parser: :mod:`envvault.model.stamp_index`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Mapping
 from envvault import __version__
 from envvault.errors import EnvvaultError
 from envvault.model import identity
-from envvault.model.stamp import IndexedSnapshot, IndexedState, StampIndex, parse_stamp_index
+from envvault.model.stamp_index import IndexedSnapshot, IndexedState, StampIndex, parse_stamp_index
 
 if TYPE_CHECKING:
     from envvault.model.snapshot import Snapshot
