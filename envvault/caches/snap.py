@@ -9,7 +9,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -32,10 +31,6 @@ class CacheSnapResult:
 
     id: str
     snapshot: Snapshot
-
-    @cached_property
-    def doc(self) -> dict:
-        return self.snapshot.to_dict()
 
     def to_json(self) -> dict:
         s = self.snapshot

@@ -16,7 +16,7 @@ __all__ = ["take_backup", "scan_now", "discard_backup"]
 
 
 def take_backup(vault: Vault, target: Path, sid: str):
-    """Snapshot ``target`` before restoring ``sid`` onto it; returns the snap's result (``.id``, ``.doc``)."""
+    """Snapshot ``target`` before restoring ``sid`` onto it; returns the snap's result (``.id``, ``.snapshot``)."""
     from envvault.snap import take_snapshot
 
     return take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}", trigger="restore-backup",
@@ -28,7 +28,7 @@ def scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[Snapsh
     or, without ``backup``, a check scan (no id; no host or env facts: ``loose_snapshot``)."""
     if backup:
         snap = take_backup(vault, target, sid)
-        return loose_snapshot(snap.doc), snap.id
+        return snap.snapshot, snap.id
     return loose_snapshot(current_document(vault, target, facts=False)), None
 
 

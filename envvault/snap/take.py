@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,15 +27,10 @@ __all__ = ["take_snapshot", "SnapResult"]
 
 @dataclass(frozen=True)
 class SnapResult:
-    """A committed snapshot: its id and the validated record (``doc``: its dict, for readers not yet on
-    the record)."""
+    """A committed snapshot: its id and the validated record."""
 
     id: str
     snapshot: Snapshot
-
-    @cached_property
-    def doc(self) -> dict:
-        return self.snapshot.to_dict()
 
     def to_json(self) -> dict:
         s = self.snapshot
