@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.machine import cpython
+from fixtures.trees import installed_content
 from fixtures.venvs import find_uv, isolated_env, site_packages
 from fixtures.wheels import build_wheel
 from tests.evtools import ev, ev_env
@@ -92,28 +91,6 @@ class Shape:
         _run([python or self.python, "-c", code])
 
 
-def _content(root: Path, *, skip_installer_files: bool = False) -> dict[str, tuple]:
-    """Every file (sha256 + permission bits) and symlink under root, without bytecode."""
-    out: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            full = Path(dirpath, name)
-            rel = str(full.relative_to(root))
-            if name.endswith((".pyc", ".pyo")) or ".envvault" in name:
-                continue
-            if skip_installer_files and ".dist-info/" in rel + "/" and name in (
-                    "RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"):
-                continue
-            st = full.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("l", os.readlink(full))
-            else:
-                import hashlib
-                out[rel] = ("f", hashlib.sha256(full.read_bytes()).hexdigest(), st.st_mode & 0o777)
-    return out
-
-
 def _provenance(venv: Path) -> dict[str, dict]:
     """Per dist-info: INSTALLER, REQUESTED (present or not), direct_url.json (parsed)."""
     out = {}
@@ -144,7 +121,7 @@ def cycle(tmp: Path, shape: Shape, *, edit: str, delete: str, chmod: str | None,
     executable that loses its x bit)."""
     vault = tmp / "vault"
     venv = shape.venv
-    before = _content(venv)
+    before = installed_content(venv)
     prov_before = _provenance(venv)
 
     first = json.loads(ev(vault, "snap", "--venv", venv, "-m", "first", "--json").stdout)
@@ -179,7 +156,7 @@ def cycle(tmp: Path, shape: Shape, *, edit: str, delete: str, chmod: str | None,
     # Restore in place.
     rs = ev(vault, "restore", "good", "--venv", venv)
     assert "verified" in rs.stdout and "NOT verified" not in rs.stdout, rs.stdout
-    after = _content(venv)
+    after = installed_content(venv)
     assert after == before, _tree_delta(before, after)
     assert _provenance(venv) == prov_before
     ev(vault, "status", "--venv", venv, "--exit-code")
@@ -208,8 +185,8 @@ def cycle(tmp: Path, shape: Shape, *, edit: str, delete: str, chmod: str | None,
 
 def _assert_same_site(venv: Path, other: Path) -> None:
     """site-packages of both hold the same bytes and modes (bytecode and installer records aside)."""
-    a = _content(site_packages(venv), skip_installer_files=True)
-    b = _content(site_packages(other), skip_installer_files=True)
+    a = installed_content(site_packages(venv), skip_installer_files=True)
+    b = installed_content(site_packages(other), skip_installer_files=True)
     # uv venv (like virtualenv) writes its distutils shim for Pythons before 3.10: the venv's, no package's.
     for shim in ("_virtualenv.py", "_virtualenv.pth"):
         if shim not in a:

@@ -4,39 +4,17 @@ a second restore on node B reads no pack from the bucket."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from fixtures.trees import installed_content
 from s3server import FaultProxy, s3_server  # noqa: F401 - the fixture
 from test_s3_vault import jrun, node, run
 
 pytestmark = pytest.mark.torch
-
-
-def _content(root: Path, *, skip_installer_files: bool = False) -> dict[str, tuple]:
-    """Every file (sha256 + permission bits) and symlink under root, bytecode aside."""
-    out: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            full = Path(dirpath, name)
-            rel = str(full.relative_to(root))
-            if name.endswith((".pyc", ".pyo")) or ".envvault" in name:
-                continue
-            if skip_installer_files and ".dist-info/" in rel + "/" and name in (
-                    "RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"):
-                continue
-            st = full.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("l", os.readlink(full))
-            else:
-                out[rel] = ("f", hashlib.sha256(full.read_bytes()).hexdigest(), st.st_mode & 0o777)
-    return out
 
 
 def _site(venv: Path) -> Path:
@@ -57,7 +35,7 @@ def test_torch_venv_across_two_nodes(s3_server, torch_venv, tmp_path):  # noqa: 
     restored = tmp_path / "restored"
     out = run(b, "restore", sid, "--into", restored)
     assert "verified" in out.stdout, out.stdout + out.stderr
-    want, got = _content(_site(torch_venv), skip_installer_files=True), _content(_site(restored),
+    want, got = installed_content(_site(torch_venv), skip_installer_files=True), installed_content(_site(restored),
                                                                                    skip_installer_files=True)
     assert want.keys() == got.keys(), sorted(want.keys() ^ got.keys())[:20]
     assert want == got, [k for k in want if want[k] != got[k]][:20]
@@ -67,7 +45,7 @@ def test_torch_venv_across_two_nodes(s3_server, torch_venv, tmp_path):  # noqa: 
     assert proc.returncode == 0 and proc.stdout.split() == ["2.13.0+cpu", "9.0"], proc.stderr[-2000:]
 
     out = run(b, "cache", "restore", csid, "--to", tmp_path / "inductor-b", "--venv", restored)
-    assert _content(tmp_path / "inductor-b") == _content(cache), out.stdout + out.stderr
+    assert installed_content(tmp_path / "inductor-b") == installed_content(cache), out.stdout + out.stderr
 
     # Second restore on node B: every pack read is refused by the proxy, so it can only come from B's cache.
     proxy = FaultProxy(s3_server.port, rate=0.0)
@@ -79,4 +57,4 @@ def test_torch_venv_across_two_nodes(s3_server, torch_venv, tmp_path):  # noqa: 
         assert proxy.counts["refused"] == 0 and proxy.counts["connections"] > 0
     finally:
         proxy.close()
-    assert _content(_site(tmp_path / "again"), skip_installer_files=True) == want
+    assert installed_content(_site(tmp_path / "again"), skip_installer_files=True) == want
