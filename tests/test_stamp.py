@@ -330,10 +330,10 @@ def test_lock_level_fingerprint_equals_a_full_snapshots(tmp_path):
     full = take_snapshot(vault, venv, message="full")
     signature = environment.dist_signature(venv, sites)
     from_full_cache = environment.state_from_cache(vault, venv, signature)  # only full-scan groups so far
-    assert from_full_cache is not None and from_full_cache.fingerprint == full.doc["fingerprint"]
+    assert from_full_cache is not None and from_full_cache.fingerprint == full.snapshot.fingerprint
     assert [p[0] for p in from_full_cache.packages] == ["alpha", "beta"]
     cold = environment.environment_state(Vault.open(tmp_path / "cold", create=True), venv, sites)
-    assert cold.fingerprint == full.doc["fingerprint"] and cold.packages == from_full_cache.packages
+    assert cold.fingerprint == full.snapshot.fingerprint and cold.packages == from_full_cache.packages
     assert naming.find_snapshot(vault, cold.fingerprint) == (full.id, False)
     assert naming.find_snapshot(vault, cold.fingerprint, str(venv)) == (full.id, False)
     assert naming.find_snapshot(vault, cold.fingerprint, str(tmp_path / "a-copy-elsewhere")) is None
