@@ -1,0 +1,225 @@
+"""Issue 11's figures on the GPU host's own venv, each beside its anchor in the same run.
+
+Run on the device machine from the repository root (``bash bench/gpu_env_run.sh``): its ``python3`` is a real
+pip-installed venv (torch 2.11.0+cu130, 197 packages, about 69,000 files, 7.3 GB), with no network and no
+``zstd`` CLI, so the anchors compress with Python's ``zstandard`` (level 3, every core) behind ``tar``.
+envvault and its dependencies come as cp312 wheels in ``.whl/`` (envvault's own wheel built fresh).
+
+Rows (median of ``--repeat`` runs where the row is cheap enough; the page cache is warmed first, for both):
+
+- first full snap vs ``tar -cf - VENV | zstd -3 -T0``; vault bytes vs that archive's bytes
+- second snap, unchanged, and ``status`` unchanged vs ``pip freeze``; ``--lock-only`` snap vs ``uv pip freeze``
+- restore after ``rm -rf site-packages/torch``, ``--no-backup`` and with the default backup, vs
+  ``zstd -dc | tar -x`` of torch; ``status`` right after that restore
+- ``restore --into`` a new venv vs ``uv pip install --offline --no-deps`` of the exported wheels; ``export``
+- the H200 compile cache (``--cache-tar``): ``cache snap`` and ``cache restore`` vs tar|zstd and zstd -dc|tar
+
+With ``--profile``, the first snap, a restore and ``--into`` also run under cProfile (the main thread's
+cumulative and own times, top rows, in ``profile_*.txt``) and ``status`` under ``-X importtime``.
+Everything goes to ``$OUT/gpu_env_run.json``, rewritten after every row, so a timeout keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+
+OUT = os.environ.get("OUT") or os.path.abspath("bench/out")
+W = "/tmp/gev"
+# Overridable for a local dry run: EV/UV (the commands), TOOL_PY (a python with envvault and zstandard).
+EV = os.environ.get("EV", "/tmp/site/bin/envvault")
+UV = os.environ.get("UV", "/tmp/site/bin/uv")
+TOOL_PY = os.environ.get("TOOL_PY", "python3")
+ZSTD_C = ("import sys, zstandard; zstandard.ZstdCompressor(level=3, threads=-1)"
+          ".copy_stream(sys.stdin.buffer, sys.stdout.buffer)")
+ZSTD_D = "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(sys.stdin.buffer, sys.stdout.buffer)"
+
+result: dict = {"machine": {}, "rows": [], "steps": [], "errors": []}
+
+
+def save() -> None:
+    with open(os.path.join(OUT, "gpu_env_run.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def sh(cmd: str, *, env: dict | None = None, want: int | None = 0, name: str = "", cwd: str = W) -> dict:
+    """Run one shell command; its wall time, exit code, peak RSS of the process tree's largest member and
+    output tails become a step."""
+    t = time.perf_counter()
+    p = subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd)
+    out, err = p.communicate()
+    wall = time.perf_counter() - t
+    step = {"name": name or cmd[:60], "cmd": cmd, "rc": p.returncode, "wall_s": round(wall, 3),
+            "stdout_tail": out.decode(errors="replace")[-800:], "stderr_tail": err.decode(errors="replace")[-800:]}
+    if want is not None and p.returncode != want:
+        result["errors"].append(f"{step['name']}: exit {p.returncode} (want {want}): {step['stderr_tail'][-300:]}")
+    result["steps"].append(step)
+    save()
+    return step
+
+
+def peak_rss_mb(cmd: str) -> float:
+    """Peak RSS (MB) of one command run under GNU time-like accounting: wait4 on the bash child."""
+    p = subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=W)
+    _, _, ru = os.wait4(p.pid, 0)
+    return round(ru.ru_maxrss / 1024, 1)
+
+
+def timed(name: str, cmd: str, repeat: int, *, before: str | None = None, want: int | None = 0) -> list[float]:
+    walls = []
+    for i in range(repeat):
+        if before:
+            sh(before, name=f"{name}: setup {i + 1}", want=None)
+            os.sync()
+        walls.append(sh(cmd, name=f"{name} {i + 1}", want=want)["wall_s"])
+    return walls
+
+
+def row(figure: str, ours: list[float], anchor: list[float] | None, anchor_name: str, goal: str, **extra) -> None:
+    med = statistics.median(ours)
+    r = {"figure": figure, "envvault_s": med, "runs": ours, "anchor": anchor_name, "goal": goal, **extra}
+    if anchor:
+        am = statistics.median(anchor)
+        r.update(anchor_s=am, anchor_runs=anchor, ratio=round(med / am, 2) if am else None)
+    result["rows"].append(r)
+    save()
+    print(f"{figure:58s} {med:8.2f} s  {anchor_name}: "
+          f"{(str(r.get('anchor_s')) + ' s') if anchor else '-':>10}  ratio {r.get('ratio', '-')}  goal {goal}",
+          flush=True)
+
+
+def profile(name: str, args: str, before: str | None = None) -> None:
+    """One command under cProfile (main thread): cumulative and own time, top 40 each."""
+    if before:
+        sh(before, name=f"profile {name}: setup", want=None)
+    prof = os.path.join(W, f"{name}.prof")
+    sh(f"{TOOL_PY} -m cProfile -o {prof} -m envvault {args}", name=f"profile {name}", want=None)
+    import io
+    import pstats
+    buf = io.StringIO()
+    try:
+        st = pstats.Stats(prof, stream=buf)
+        st.sort_stats("cumulative").print_stats(40)
+        st.sort_stats("tottime").print_stats(30)
+    except Exception as err:  # a profile that failed to write is a note, not a stop
+        buf.write(f"no profile: {err!r}\n")
+    with open(os.path.join(OUT, f"profile_{name}.txt"), "w") as f:
+        f.write(buf.getvalue())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--cache-tar", default="")
+    ap.add_argument("--skip", default="", help="comma-separated row groups to skip: snap,fast,restore,into,cache")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    os.makedirs(OUT, exist_ok=True)
+    shutil.rmtree(W, ignore_errors=True)
+    os.makedirs(W)
+    venv = sys.prefix
+    sp = sysconfig.get_paths()["purelib"]
+    base = getattr(sys, "_base_executable", sys.executable)
+    os.environ.update(ENVVAULT_HOME=f"{W}/vault")
+    if "EV" not in os.environ:  # the carried wheels, installed by gpu_env_run.sh
+        os.environ.update(PYTHONPATH="/tmp/site", PATH=f"/tmp/site/bin:{os.environ['PATH']}")
+    os.environ.pop("VIRTUAL_ENV", None)
+    result["machine"] = {"cores": os.cpu_count(), "venv": venv, "python": sys.version.split()[0],
+                         "files": sum(len(f) for _, _, f in os.walk(venv)), "repeat": a.repeat}
+    save()
+    r = a.repeat
+
+    # Warm the page cache for everyone: read the venv once.
+    sh(f"tar -cf - -C {venv} . | cat >/dev/null", name="warm page cache")
+
+    if "snap" not in skip:
+        anchor = timed("anchor tar|zstd -3 venv", f"tar -cf - -C {venv} . | {TOOL_PY} -c '{ZSTD_C}' >{W}/venv.tar.zst", r)
+        if a.profile:
+            profile("snap_full", f"snap --venv {venv} -m profiled", before=f"rm -rf {W}/vault")
+        snaps = timed("first full snap", f"{EV} snap --venv {venv} -m full", r, before=f"rm -rf {W}/vault")
+        row("first full snap (page cache warm)", snaps, anchor, "tar | zstd -3 on all cores", "<= 1.0x",
+            rss_mb=peak_rss_mb(f"rm -rf {W}/vault && {EV} snap --venv {venv} -m rss"))
+        vb = int(subprocess.run(["du", "-sb", f"{W}/vault"], capture_output=True, text=True).stdout.split()[0])
+        ab = os.path.getsize(f"{W}/venv.tar.zst")
+        result["rows"].append({"figure": "vault bytes", "envvault_bytes": vb, "anchor_bytes": ab,
+                               "ratio": round(vb / ab, 3), "goal": "<= 1.0x"})
+        print(f"vault bytes {vb / 1e9:.2f} GB  archive {ab / 1e9:.2f} GB  ratio {vb / ab:.3f}", flush=True)
+        sh(f"{EV} tag latest full", name="tag full")
+    else:
+        sh(f"{EV} snap --venv {venv} -m full && {EV} tag latest full", name="snap (setup)")
+
+    if "fast" not in skip:
+        freeze = timed("pip freeze", f"{sys.executable} -m pip freeze", r)
+        row("second snap, unchanged", timed("second snap", f"{EV} snap --venv {venv} -m again", r), freeze,
+            "pip freeze", "<= 0.15x")
+        row("status, unchanged", timed("status", f"{EV} status --venv {venv} --exit-code", r), freeze,
+            "pip freeze", "<= 0.15x")
+        uvf = timed("uv pip freeze", f"{UV} pip freeze --python {sys.executable}", r)
+        row("--lock-only snap", timed("lock-only snap", f"{EV} snap --venv {venv} --lock-only -m lo", r), uvf,
+            "uv pip freeze", "<= 2x")
+        row("diff full current, unchanged", timed("diff", f"{EV} diff full current --exit-code", r), freeze,
+            "pip freeze", "-")
+        if a.profile:
+            sh(f"{TOOL_PY} -X importtime -m envvault status --venv {venv} 2>{OUT}/importtime_status.txt",
+               name="importtime status", want=None)
+            profile("status", f"status --venv {venv}")
+
+    if "restore" not in skip:
+        torch_dir = os.path.join(sp, "torch")
+        sh(f"tar -cf - -C {sp} torch | {TOOL_PY} -c '{ZSTD_C}' >{W}/torch.tar.zst", name="torch archive (setup)")
+        anchor = timed("anchor zstd -dc|tar -x torch", f"{TOOL_PY} -c '{ZSTD_D}' <{W}/torch.tar.zst | tar -xf - -C {sp}",
+                       r, before=f"rm -rf {torch_dir}")
+        if a.profile:
+            profile("restore_torch", f"restore full --venv {venv} --no-backup", before=f"rm -rf {torch_dir}")
+        nb = timed("restore --no-backup", f"{EV} restore full --venv {venv} --no-backup", r, before=f"rm -rf {torch_dir}")
+        row("restore after rm -rf torch, --no-backup", nb, anchor, "zstd -dc | tar -x of torch", "<= 1.0x")
+        bk = timed("restore (backup)", f"{EV} restore full --venv {venv}", r, before=f"rm -rf {torch_dir}")
+        row("restore after rm -rf torch, default backup", bk, anchor, "zstd -dc | tar -x of torch", "<= 1.1x")
+        sh(f"rm -rf {torch_dir} && {EV} restore full --venv {venv} --no-backup", name="restore before status")
+        st = timed("status right after a restore", f"{EV} status --venv {venv} --exit-code", 1)
+        freeze = timed("pip freeze (again)", f"{sys.executable} -m pip freeze", 1)
+        row("status right after a restore", st, freeze, "pip freeze", "<= 0.15x")
+
+    if "into" not in skip:
+        if a.profile:
+            profile("into", f"restore full --into {W}/into-prof")
+        into = timed("restore --into", f"{EV} restore full --into {W}/into", 1, before=f"rm -rf {W}/into")
+        sh(f"{W}/into/bin/python -c 'import torch; print(torch.__version__, torch.cuda.is_available())'",
+           name="torch in --into venv")
+        exp = timed("export", f"{EV} export full -o {W}/exp/pylock.toml", 1, before=f"rm -rf {W}/exp")
+        uvi = timed("uv pip install exported wheels",
+                    f"{UV} pip install -q --offline --no-deps --python {W}/uvv/bin/python {W}/exp/pylock.wheels/*.whl",
+                    1, before=f"rm -rf {W}/uvv && {UV} venv -q --python {base} {W}/uvv")
+        row("restore --into whole venv", into, uvi, "uv pip install --offline --no-deps of exported wheels", "<= 1.0x")
+        row("export (all wheels)", exp, None, "", "<= 10 s")
+
+    if "cache" not in skip and a.cache_tar:
+        c = f"{W}/cache"
+        sh(f"rm -rf {c} && mkdir -p {c} && {TOOL_PY} -c '{ZSTD_D}' <{a.cache_tar} | tar -xf - -C {c}", name="cache (setup)")
+        sh(f"tar -cf - -C {c} . | cat >/dev/null", name="warm cache")
+        anchor = timed("anchor tar|zstd cache", f"tar -cf - -C {c} . | {TOOL_PY} -c '{ZSTD_C}' >{W}/cache.tar.zst", r)
+        snaps = timed("cache snap", f"{EV} cache snap --no-discover --cache-dir {c} -m c", r)
+        row("compile cache snap", snaps, anchor, "tar | zstd -3", "<= 1.0x")
+        anchor_r = timed("anchor zstd -dc|tar cache", f"{TOOL_PY} -c '{ZSTD_D}' <{W}/cache.tar.zst | tar -xf - -C {c}", r,
+                         before=f"rm -rf {c} && mkdir -p {c}")
+        rest = timed("cache restore", f"{EV} cache restore --to {c}", r, before=f"rm -rf {c}")
+        row("compile cache restore", rest, anchor_r, "zstd -dc | tar -x", "<= 1.0x")
+
+    sh(f"{EV} verify", name="verify vault", want=0)
+    print("errors:", len(result["errors"]))
+    for e in result["errors"]:
+        print("  ", e[:400])
+    save()
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
