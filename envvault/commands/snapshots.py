@@ -14,9 +14,26 @@ from envvault.output import Progress, emit_json, human_bytes, style
 from envvault.vault.store import Vault
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-venv_option = click.option(
+_venv_only = click.option(
     "--venv", type=click.Path(file_okay=False), help="The environment (default: $VIRTUAL_ENV)."
 )
+
+
+def _choose_python(ctx, param, value):
+    from envvault.env.probe import choose_python
+
+    choose_python(value)
+    return value
+
+
+python_option = click.option(
+    "--python", "python", type=click.Path(dir_okay=False), expose_value=False, callback=_choose_python,
+    help="An interpreter: act on the installation it sees (its site directories, the user site), not a venv.")
+
+
+def venv_option(f):
+    """``--venv`` and ``--python`` (docs/cli.md; the latter reaches ``find_target`` through ``choose_python``)."""
+    return _venv_only(python_option(f))
 
 
 def open_vault(ctx: click.Context, create: bool = False) -> Vault:
@@ -150,7 +167,9 @@ def list_(ctx, venv, show_all, as_json):
 
 def _active_venv() -> bool:
     import os
-    return bool(os.environ.get("VIRTUAL_ENV"))
+
+    from envvault.env.probe import chosen_python
+    return bool(os.environ.get("VIRTUAL_ENV") or chosen_python())
 
 
 @cli.command()

@@ -6,10 +6,40 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from envvault.errors import UsageError
 
-__all__ = ["Interpreter", "find_target", "probe"]
+__all__ = ["Interpreter", "use_system", "system_of", "choose_python", "chosen_python", "find_target", "probe", "probe_system", "system_root"]
+
+# The system environments this process was pointed at (--python, or --venv of an interpreter's prefix):
+# root -> (interpreter, its probe). A system environment is named by its interpreter, not by a folder, so
+# the command line registers it once and every reader of that root (snap, status, restore) finds it here.
+_SYSTEMS: dict[str, tuple[Path, Any]] = {}
+
+
+def use_system(root: Path, exe: Path, interp: Any = None) -> None:
+    """Remember that the environment at ``root`` is the one ``exe`` sees (``system_root``)."""
+    _SYSTEMS[str(root)] = (Path(exe), interp)
+
+
+def system_of(root: Path | str) -> tuple[Path, Any] | None:
+    """``(interpreter, its probe or None)`` registered for ``root`` in this process, or None."""
+    return _SYSTEMS.get(str(root))
+
+
+# ``--python PATH`` of the running command (``choose_python``): ``find_target`` takes it before $VIRTUAL_ENV.
+_CHOSEN: list[str] = []
+
+
+def choose_python(path: str | os.PathLike | None) -> None:
+    """Record the command line's ``--python`` (probed later, by ``find_target``)."""
+    _CHOSEN[:] = [os.fspath(path)] if path is not None else []
+
+
+def chosen_python() -> str | None:
+    return _CHOSEN[0] if _CHOSEN else None
+
 
 # Runs inside the target interpreter: keep it Python 3.8 compatible and import nothing heavy.
 _PROBE = r"""
@@ -47,6 +77,13 @@ class Interpreter:
     platlib: Path
     scripts: Path
     pyvenv_cfg: dict
+    # A system environment's (docs/format.md, "Environment kinds"); a venv keeps the defaults.
+    environment: str = "venv"
+    sys_prefix: Path | None = None
+    sites: tuple[Path, ...] = ()  # the site directories that exist, in the interpreter's order
+    user_site: Path | None = None  # when the user site is enabled, existing or not
+    build: str | None = None  # sys.version
+    interpreter: str | None = None  # the executable's real path
 
     @property
     def minor(self) -> str:
@@ -54,17 +91,20 @@ class Interpreter:
 
     def to_cache(self) -> dict:
         d = {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
+        d["sites"] = [str(p) for p in self.sites]
         d.pop("prefix")
         return d
 
     @classmethod
     def from_cache(cls, prefix: Path, d: dict) -> "Interpreter":
-        paths = ("executable", "purelib", "platlib", "scripts")
-        return cls(prefix=prefix, **{k: Path(v) if k in paths else v for k, v in d.items()})
+        paths = ("executable", "purelib", "platlib", "scripts", "sys_prefix", "user_site")
+        kw = {k: Path(v) if k in paths and v is not None else v for k, v in d.items()}
+        kw["sites"] = tuple(Path(p) for p in kw.get("sites", ()))
+        return cls(prefix=prefix, **kw)
 
     def to_dict(self) -> dict:
         rel = lambda p: _rel(p, self.prefix)  # noqa: E731
-        return {
+        d = {
             "implementation": self.implementation,
             "version": self.version,
             "abi": self.abi,
@@ -77,6 +117,16 @@ class Interpreter:
             "scripts": rel(self.scripts),
             "pyvenv_cfg": self.pyvenv_cfg,
         }
+        if self.environment != "venv":  # venv snapshots keep exactly their old keys
+            d.update({
+                "environment": self.environment,
+                "prefix": rel(self.sys_prefix or self.prefix),
+                "sites": [rel(p) for p in self.sites],
+                "user_site": rel(self.user_site) if self.user_site else None,
+                "build": self.build,
+                "interpreter": self.interpreter,
+            })
+        return d
 
 
 def _rel(path: Path, prefix: Path) -> str:
@@ -86,22 +136,48 @@ def _rel(path: Path, prefix: Path) -> str:
         return str(path)
 
 
-def find_target(venv: str | os.PathLike | None) -> Path:
-    """The environment to act on: ``--venv``, else ``$VIRTUAL_ENV`` (then ``$CONDA_PREFIX``), else a clear
-    error. Only a virtual environment (a folder with ``pyvenv.cfg`` and ``bin/python``) is taken."""
+def find_target(venv: str | os.PathLike | None, python: str | os.PathLike | None = None) -> Path:
+    """The environment to act on: ``--python`` (a system environment: its root, see ``system_root``), else
+    ``--venv``, else ``$VIRTUAL_ENV`` (then ``$CONDA_PREFIX``), else a clear error. A folder with
+    ``pyvenv.cfg`` and ``bin/python`` is a venv; an interpreter's own prefix (its standard library under
+    ``lib/python3*``, no ``pyvenv.cfg``) is taken as ``--python PREFIX/bin/python3``."""
+    if python is None:
+        python = chosen_python()
+    if python is not None:
+        if venv is not None:
+            raise UsageError("pass either --venv or --python, not both")
+        return system_root(python)
     if venv is None:
         venv = os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX")
         if not venv:
-            raise UsageError("no environment given: pass --venv PATH or activate a virtual environment")
+            raise UsageError("no environment given: pass --venv PATH, --python PATH or activate a virtual environment")
     path = Path(venv).expanduser().absolute()
     if not path.is_dir():
         raise UsageError(f"{path} is not a directory; pass --venv with the path of a virtual environment")
-    python = _python_of(path)
-    if python is None:
+    if system_of(path) is not None:  # a root found by --python earlier in this process
+        return path
+    python_exe = _python_of(path)
+    if python_exe is None:
         raise UsageError(f"{path} is not a Python environment (no bin/python and no pyvenv.cfg)")
     if not (path / "pyvenv.cfg").is_file():
-        raise UsageError(_not_a_venv(path, python))
+        if any(path.glob("lib/python3*/os.py")) and not (path / "conda-meta").is_dir():
+            return system_root(python_exe, expect_prefix=path)
+        raise UsageError(_not_a_venv(path, python_exe))
     return path
+
+
+def system_root(python: str | os.PathLike, expect_prefix: Path | None = None) -> Path:
+    """Probe the interpreter ``python`` (isolated, ``probe_system``), remember it for this process
+    (``use_system``) and return its environment's root."""
+    exe = Path(python).expanduser().absolute()
+    if not exe.is_file() or not os.access(exe, os.X_OK):
+        raise UsageError(f"--python {exe}: not an executable file")
+    interp = probe_system(exe)
+    if expect_prefix is not None and Path(interp.sys_prefix).resolve() != expect_prefix.resolve():
+        raise UsageError(f"{expect_prefix} is not a virtual environment (no pyvenv.cfg), and its {exe.name} runs "
+                         f"with prefix {interp.sys_prefix}; pass --python with the interpreter you mean")
+    use_system(interp.prefix, exe, interp)
+    return interp.prefix
 
 
 def _not_a_venv(path: Path, python: Path) -> str:
@@ -115,7 +191,7 @@ def _not_a_venv(path: Path, python: Path) -> str:
     conda = " (a conda environment)" if (path / "conda-meta").is_dir() else ""
     if any(path.glob("lib/python3*/os.py")):
         return (f"{path} is not a virtual environment (no pyvenv.cfg) but an interpreter's own prefix{conda}; "
-                f"snapshots of an interpreter's own prefix are not supported yet: create a venv with "
+                f"conda environments are not supported yet: create a venv with "
                 f"`{python} -m venv DIR` and pass --venv DIR")
     return (f"{path} is not a virtual environment: it has no pyvenv.cfg{conda}, so its bin/python "
             f"({python.resolve()}) runs another installation, not this folder; pass a venv (python -m venv, "
@@ -182,4 +258,91 @@ def probe(prefix: Path) -> Interpreter:
         platlib=Path(info["platlib"]),
         scripts=Path(info["scripts"]),
         pyvenv_cfg=read_pyvenv_cfg(prefix),
+    )
+
+
+# Runs inside a system interpreter with -I -S: no site import (so no .pth file runs), no user or current
+# folder on sys.path. site's functions are still there to ask (-S: importing site does not run main()).
+_SYSTEM_PROBE = r"""
+import json, os, sys, sysconfig, platform, site
+paths = sysconfig.get_paths()
+sites = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+user_on = not os.environ.get("PYTHONNOUSERSITE") and (
+    not hasattr(os, "getuid") or (os.getuid() == os.geteuid() and os.getgid() == os.getegid()))
+print(json.dumps({
+  "implementation": sys.implementation.name,
+  "version": "%d.%d.%d" % sys.version_info[:3],
+  "cache_tag": sys.implementation.cache_tag,
+  "soabi": sysconfig.get_config_var("SOABI"),
+  "platform": sysconfig.get_platform(),
+  "prefix": sys.prefix,
+  "base_prefix": getattr(sys, "base_prefix", sys.prefix),
+  "executable": sys.executable,
+  "build": sys.version,
+  "purelib": paths["purelib"], "platlib": paths["platlib"], "scripts": paths["scripts"],
+  "sites": sites,
+  "user_site": site.getusersitepackages() if user_on else None,
+  "user_base": site.getuserbase() if user_on else None,
+}))
+"""
+
+
+def probe_system(exe: Path) -> Interpreter:
+    """Ask the interpreter ``exe`` about the installation it runs (docs/format.md, "Environment kinds"),
+    isolated: ``-I -S``, relative ``sys.path`` entries dropped (``untrusted.without_cwd``), run from ``/`` with
+    the ``PYTHON*`` variables that change what it imports removed. A venv's interpreter is refused (pass its
+    folder with --venv)."""
+    import subprocess
+
+    from envvault.env.untrusted import without_cwd
+
+    keep = ("PYTHONUSERBASE", "PYTHONNOUSERSITE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") or k in keep}
+    try:
+        out = subprocess.run([str(exe), "-I", "-S", "-c", without_cwd(_SYSTEM_PROBE)], capture_output=True,
+                             text=True, timeout=60, env=env, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise UsageError(f"cannot run {exe}: {err}") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"{exe} does not run as a Python 3 interpreter ({last[:200]})")
+    try:
+        info = json.loads(out.stdout)
+        prefix = Path(info["prefix"])
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"{exe} does not answer like a CPython 3 interpreter") from None
+    if Path(info["base_prefix"]) != prefix:
+        raise UsageError(f"{exe} belongs to the virtual environment {prefix}: pass --venv {prefix}")
+    user_site = Path(info["user_site"]) if info.get("user_site") else None
+    sites: list[Path] = []
+    for p in ([str(user_site)] if user_site else []) + info["sites"] + [info["purelib"], info["platlib"]]:
+        path = Path(os.path.normpath(p))
+        if path not in sites and path.is_dir():
+            sites.append(path)
+    scripts = Path(info["scripts"])
+    anchors = [prefix, scripts, Path(info["purelib"]), Path(info["platlib"]), *map(Path, info["sites"])]
+    if user_site:
+        anchors += [user_site, Path(info["user_base"] or user_site)]
+    root = Path(os.path.commonpath([os.path.normpath(str(p)) for p in anchors]))
+    impl = info["implementation"]
+    major, minor = info["version"].split(".")[:2]
+    return Interpreter(
+        prefix=root,
+        executable=exe,
+        implementation=impl,
+        version=info["version"],
+        abi=f"cp{major}{minor}" if impl == "cpython" else info["cache_tag"],
+        soabi=info["soabi"],
+        platform=info["platform"],
+        base_prefix=info["base_prefix"],
+        purelib=Path(info["purelib"]),
+        platlib=Path(info["platlib"]),
+        scripts=scripts,
+        pyvenv_cfg={},
+        environment="system",
+        sys_prefix=prefix,
+        sites=tuple(sites),
+        user_site=user_site,
+        build=info["build"],
+        interpreter=os.path.realpath(exe),
     )

@@ -1,6 +1,7 @@
 """The environment reader seam: what envvault needs to know about an environment it snapshots, whatever
-kind it is. A virtual environment (``venv.py``) is the one kind today; a conda environment or a system
-Python is one more class with these members, and ``reader_for`` choosing it.
+kind it is. Two kinds: a virtual environment (``venv.py``) and an interpreter's own installation as it sees
+it (``system.py``: every site directory, the user site included); a conda environment would be one more
+class with these members, and ``reader_for`` choosing it.
 
 A reader changes nothing and keeps no state beyond memoised answers. Two kinds of facts:
 
@@ -38,7 +39,7 @@ class Memo(Protocol):
 class EnvironmentReader(Protocol):
     """One environment, read without changing it."""
 
-    kind: str  # "venv"
+    kind: str  # "venv" or "system"
     prefix: Path  # as given (paths in a snapshot are relative to it)
 
     def interpreter(self) -> Interpreter:
@@ -72,7 +73,14 @@ class EnvironmentReader(Protocol):
 
 def reader_for(prefix: Path, memo: Memo | None = None) -> EnvironmentReader:
     """The reader for the environment at ``prefix`` (``find_target`` has already refused what is not a
-    supported environment). Today every target is a virtual environment."""
+    supported environment): the system environment registered for it, else a virtual environment."""
+    from envvault.env.probe import system_of
+
+    hit = system_of(prefix)
+    if hit is not None:
+        from envvault.env.system import SystemReader
+
+        return SystemReader(Path(prefix), hit[0], memo, hit[1])
     from envvault.env.venv import VenvReader
 
     return VenvReader(prefix, memo)

@@ -74,6 +74,7 @@ def _nested_list(parse):
 
 # -- python -------------------------------------------------------------------------------------------------
 
+_SYSTEM_KEYS = ("environment", "prefix", "sites", "user_site", "build", "interpreter")
 _PY_PATHS = ("implementation", "version", "abi", "soabi", "platform", "executable", "platlib", "purelib",
              "scripts", "base_prefix")
 
@@ -95,15 +96,28 @@ class PythonInfo:
     scripts: str | None = None
     base_prefix: str | None = None
     pyvenv_cfg: Mapping[str, Any] | None = None
+    # A system environment's (docs/format.md, "Environment kinds"); absent in a venv's snapshot.
+    environment: str | None = None
+    prefix: str | None = None
+    sites: tuple[str, ...] | None = None
+    user_site: str | None = None
+    build: str | None = None
+    interpreter: str | None = None
     extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
-    KEYS = tuple(Key(k, check_opt_str) for k in _PY_PATHS) + (Key("pyvenv_cfg", check_opt_dict),)
+    KEYS = tuple(Key(k, check_opt_str) for k in _PY_PATHS) + (Key("pyvenv_cfg", check_opt_dict),) + tuple(
+        Key(k, check_opt_str) for k in _SYSTEM_KEYS if k != "sites") + (Key("sites", check_opt_str_list, load=OPT_STRS),)
 
     @classmethod
     def unknown(cls) -> PythonInfo:
         """A cache-only snapshot's: the five interpreter fields, all null, and nothing else."""
-        return cls(absent=frozenset(_PY_PATHS[5:]) | {"pyvenv_cfg"})
+        return cls(absent=frozenset(_PY_PATHS[5:]) | {"pyvenv_cfg"} | frozenset(_SYSTEM_KEYS))
+
+    @property
+    def system(self) -> bool:
+        """True for an interpreter's own installation (``environment`` "system"), False for a venv."""
+        return self.environment == "system"
 
     @property
     def minor(self) -> str | None:
@@ -267,6 +281,7 @@ class PackageSummary:
     installer: str | None = None
     record: str = "ok"
     requested: bool = False
+    site: str | None = None  # a system environment's: the site directory it lies in
     extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
@@ -277,7 +292,8 @@ class PackageSummary:
             Key("files", check_int, default=0), Key("size", check_int, default=0),
             Key("modified", check_str_list, default=(), load=STRS), Key("missing", check_str_list, default=(), load=STRS),
             Key("exec", check_opt_str_list, load=OPT_STRS), Key("installer", check_opt_str),
-            Key("record", check_str, default="ok"), Key("requested", check_bool, default=False))
+            Key("record", check_str, default="ok"), Key("requested", check_bool, default=False),
+            Key("site", check_opt_str))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -299,7 +315,7 @@ def _fast_package(obj: dict) -> PackageSummary | None:
     """The summary every snapshot of today's format holds (every key, each of its type, nothing more), read
     without the generic engine (loading every snapshot is what ``list`` and ``status`` pay); None for
     anything else, which the generic parser then reads and reports."""
-    if len(obj) != 16 or not _PACKAGE_KEYS.issuperset(obj):
+    if len(obj) != 16 or "site" in obj or not _PACKAGE_KEYS.issuperset(obj):
         return None
     g = obj.__getitem__
     name, version, build, state, man = g("name"), g("version"), g("build_id"), g("state_id"), g("manifest")
@@ -321,7 +337,10 @@ def _fast_package(obj: dict) -> PackageSummary | None:
     return PackageSummary(name=name, version=version, build_id=build, state_id=state, manifest=man,
                           identity=identity, scripts=scripts, build_info=info, files=files, size=size,
                           modified=modified, missing=missing, exec=exe, installer=installer, record=record,
-                          requested=requested)
+                          requested=requested, absent=_NO_SITE)
+
+
+_NO_SITE = frozenset({"site"})  # a venv's summary: no site key (docs/format.md, "Environment kinds")
 
 
 def parse_package_summary(obj: Any, where: str, problems: list[str]) -> PackageSummary | None:

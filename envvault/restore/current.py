@@ -25,7 +25,7 @@ def read_current(prefix: Path, interp: "Layout", packages: Sequence[PackageSumma
     from envvault.env.dists import scan_dists
 
     same = {(p.name, p.version, p.build_id, p.state_id) for p in wanted}
-    base = f"{prefix}/"
+    base = f"{str(prefix).rstrip('/')}/"  # a system environment's root may be "/"
     dists = scan_dists([interp.purelib, interp.platlib])
     by_key: dict[tuple[str, str], list] = {}
     for d in dists:

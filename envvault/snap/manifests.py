@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as statmod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from envvault.env.probe import Interpreter
@@ -27,7 +28,27 @@ from envvault.vault.store import FORMAT, Vault
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
 
-__all__ = ["ManifestBuilder", "summary_of"]
+__all__ = ["ManifestBuilder", "summary_of", "DistPlan", "ReadRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """A file a manifest entry waits for: read it (``absolute``, ``st.st_size``), then ``took``."""
+
+    absolute: str
+    rel: str
+    st: os.stat_result
+    entry: dict
+    rec: object
+
+
+@dataclass(frozen=True, slots=True)
+class DistPlan:
+    """One distribution's RECORD rows with their entries (None: left out), and the reads still to do."""
+
+    dist: object
+    rows: list
+    reads: list
 
 
 # A python script bigger than this is hashed as it is (its shebang left in): none such is known.
@@ -42,17 +63,27 @@ class ManifestBuilder:
         self.vault = vault
         self.interp = interp
         self.prefix = interp.prefix
-        self._base = f"{interp.prefix}/"
+        self._base = f"{str(interp.prefix).rstrip('/')}/"  # root "/" of a system environment: not "//"
         self.ing = ingester
         self.cache = cache
         self.mode = mode  # "full": hash and store; "check": hash only; "lock": RECORD only
         self.warnings: list[str] = []
 
     def file_entry(self, dist: InstalledDist, rec) -> dict | None:
+        """One RECORD row's manifest entry, the file read on this thread when the stat cache misses."""
+        entry, need = self.plan_entry(dist, rec)
+        if need is not None:
+            fd = self.ing.ingest(need.absolute, need.st.st_size)
+            self.took(need, fd)
+        return entry
+
+    def plan_entry(self, dist: InstalledDist, rec) -> tuple[dict | None, ReadRequest | None]:
+        """One RECORD row's manifest entry, complete unless the file must be read: then the request to
+        read it, which ``took`` completes the entry from."""
         absolute = os.path.normpath(f"{dist.site}/{rec.path}")
         if not absolute.startswith(self._base):
             self.warnings.append(f"{dist.display}: {rec.path} lies outside the environment; not stored")
-            return None
+            return None, None
         rel = absolute[len(self._base):]
         entry = {"path": rel, "record": rec.path}
         if rec.digest is not None:
@@ -61,31 +92,36 @@ class ManifestBuilder:
             entry["size"] = rec.size
         if is_bytecode(rec.path):
             entry["state"] = "ok"
-            return entry
+            return entry, None
         if self.mode == "lock":
             entry["state"] = "unchecked"
-            return entry
+            return entry, None
         try:
             st = os.lstat(absolute)
         except FileNotFoundError:
             entry["state"] = "missing"
-            return entry
+            return entry, None
         except OSError as err:
             raise EnvironmentProblem(f"cannot stat {absolute}: {err.strerror}") from None
         if statmod.S_ISDIR(st.st_mode):
-            return None  # virtualenv's seeder lists folders; manifest() reports them
+            return None, None  # virtualenv's seeder lists folders; manifest() reports them
         entry["mode"] = st.st_mode & 0o7777
         if statmod.S_ISLNK(st.st_mode):
             entry["link"] = os.readlink(absolute)
             entry["state"] = "ok"
-            return entry
+            return entry, None
         hit = self.cache.lookup(rel, st)
         if hit is not None and (self.mode == "check" or hit[2] is not None):
-            sha, chunks = hit[1], hit[2]
-        else:
-            fd = self.ing.ingest(absolute, st.st_size)
-            sha, chunks = fd.sha256, fd.chunks
-            self.cache.put(rel, st, sha, chunks)
+            self._complete(entry, rec, st, hit[1], hit[2])
+            return entry, None
+        return entry, ReadRequest(absolute, rel, st, entry, rec)
+
+    def took(self, need: ReadRequest, fd) -> None:
+        """Complete the entry of a file read for ``need`` (``fd``: the ingester's FileDigest)."""
+        self.cache.put(need.rel, need.st, fd.sha256, fd.chunks)
+        self._complete(need.entry, need.rec, need.st, fd.sha256, fd.chunks)
+
+    def _complete(self, entry: dict, rec, st, sha: str, chunks) -> None:
         if self.mode == "full":
             entry["chunks"] = chunks
         entry["size"] = st.st_size
@@ -99,16 +135,33 @@ class ManifestBuilder:
         else:
             entry["state"] = "unhashed"
             entry["sha256"] = sha
-        return entry
+
+    def plan(self, dist: InstalledDist) -> DistPlan:
+        """Every RECORD row's entry, with the reads still to do (``ReadRequest``s, each completed by
+        ``took``); ``finish`` then builds the manifest."""
+        rows, reads = [], []
+        for rec in dist.record or ():
+            entry, need = self.plan_entry(dist, rec)
+            rows.append((rec, entry))
+            if need is not None:
+                reads.append(need)
+        return DistPlan(dist, rows, reads)
 
     def manifest(self, dist: InstalledDist) -> dict:
+        """The manifest of ``dist``, its files read on this thread."""
+        plan = self.plan(dist)
+        for need in plan.reads:
+            self.took(need, self.ing.ingest(need.absolute, need.st.st_size))
+        return self.finish(plan)
+
+    def finish(self, plan: DistPlan) -> dict:
+        dist = plan.dist
         files = []
         modified = []
         layout = dist.layout(self.interp.scripts)
         folders, unhashed, scripts = [], [], []
         scripts_known = self.mode != "lock"
-        for rec in dist.record or ():
-            entry = self.file_entry(dist, rec)
+        for rec, entry in plan.rows:
             if entry is None:
                 if os.path.isdir(os.path.normpath(f"{dist.site}/{rec.path}")):
                     folders.append(rec.path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from envvault.env.probe import Interpreter
 from envvault.env.reader import reader_for
@@ -16,7 +16,7 @@ from envvault.model.encoding import canonical_json, object_id
 from envvault.vault.ingest import Ingester, StatCache, stat_key
 from envvault.vault.store import Vault
 
-from .manifests import ManifestBuilder, summary_of
+from .manifests import DistPlan, ManifestBuilder, summary_of
 
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
@@ -74,7 +74,7 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
 
 def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
     """True when RECORD and every stored file still have the stats recorded at the last snap."""
-    base = f"{prefix}/"
+    base = f"{str(prefix).rstrip('/')}/"  # a system environment's root may be "/"
     lstat = os.lstat
     try:
         if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
@@ -112,7 +112,7 @@ def scan_environment(
     cache = statcache_for(vault, prefix)
     reader = reader_for(prefix, cache)
     interp = reader.interpreter()
-    ing = Ingester(writer, vault.has, store=mode == "full")
+    ing = Ingester(writer, vault.has, store=mode == "full", threads=1 if mode == "lock" else None)
     builder = ManifestBuilder(vault, interp, ing, cache, mode)
     mkey = "manifest_" + mode
     packages: list[dict] = []
@@ -136,14 +136,30 @@ def scan_environment(
             slow.append(dist)
     if progress is not None:
         progress.set_total(sum(e.size or 0 for d in slow for e in (d.record or ())))
-    done = 0
     for dist in slow:
         if dist.kind == "egg-link":
             warnings.append(f"{dist.display} is an old-style editable ({dist.dist_info.name}): its files live "
                             f"outside the environment, in {dist.target or '?'}, and are not stored")
         elif dist.record is None:
             warnings.append(f"{dist.display} has no RECORD ({dist.kind} install): its files are not stored; reinstall it with pip to make it restorable")
-        man = builder.manifest(dist)
+    # Files are read on the ingester's reader threads, distribution after distribution, and their objects
+    # stored in this order (then each manifest): the same packs whatever the thread count.
+    planned = _planned(builder, ing, slow)
+    try:
+        _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
+    finally:
+        planned.close()  # on an error, stop the reader threads now
+    packages.sort(key=lambda p: (p["name"], p["version"]))
+    warnings = builder.warnings + warnings
+    stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
+    return interp, packages, warnings, cache, ing, stats
+
+
+def _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress) -> None:
+    done = 0
+    for plan in planned:
+        dist = plan.dist
+        man = builder.finish(plan)
         data = canonical_json(man)
         oid = object_id(data)
         if writer is not None and not vault.has(oid) and not writer.queued(oid):
@@ -158,10 +174,33 @@ def scan_environment(
         done += sum(e.size or 0 for e in (dist.record or ()))
         if progress:
             progress(done)
-    packages.sort(key=lambda p: (p["name"], p["version"]))
-    warnings = builder.warnings + warnings
-    stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
-    return interp, packages, warnings, cache, ing, stats
+
+
+def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[DistPlan]:
+    """Each distribution's plan with every read done, in order; reads run ahead on the reader threads."""
+    if not dists:
+        return
+
+    def items():
+        for dist in dists:
+            plan = builder.plan(dist)
+            yield from plan.reads
+            yield plan  # the marker: every read of this plan comes before it
+
+    def run(item, read):
+        if isinstance(item, DistPlan):
+            return item
+        return item, read(item.absolute, item.st.st_size)
+
+    results = ing.map_ordered(run, items())
+    try:
+        for got in results:
+            if isinstance(got, DistPlan):
+                yield got
+            else:
+                builder.took(*got)
+    finally:
+        results.close()
 
 
 def _lock_fresh(lock: dict, dist_info: Path) -> bool:

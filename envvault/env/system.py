@@ -1,0 +1,153 @@
+"""An interpreter's own installation, read as that interpreter sees it (docs/format.md, "Environment
+kinds"): every site directory (the user site when enabled, the prefix's site-packages, Debian's
+``dist-packages``), each distribution tagged with its installer, ``debian`` where dpkg owns its folder.
+
+The environment's ``prefix`` (its root) is the deepest folder holding the interpreter's prefix and every site
+and scripts folder; paths of the snapshot are relative to it, as a venv's are to the venv. The interpreter's
+answers come from ``probe.probe_system`` (run isolated), memoised while the executable keeps its stats and
+the user-site variables their values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envvault.env.probe import Interpreter, probe_system
+from envvault.errors import UsageError
+
+if TYPE_CHECKING:
+    from envvault.env.dists import InstalledDist
+
+__all__ = ["SystemReader"]
+
+_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+
+
+def _project(entry_name: str) -> str:
+    """The normalised project name of a distribution entry's file name (``six-1.16.0.egg-info``)."""
+    import re
+
+    stem = entry_name.rsplit(".", 1)[0]
+    return re.sub(r"[-_.]+", "-", stem.split("-", 1)[0]).lower()
+
+
+class SystemReader:
+    """``EnvironmentReader`` for the installation the interpreter ``exe`` runs; ``prefix`` is its root."""
+
+    kind = "system"
+
+    def __init__(self, prefix: Path, exe: Path, memo=None, interp: Interpreter | None = None) -> None:
+        self.prefix = Path(prefix)
+        self.exe = Path(exe)
+        self._memo = memo
+        self._fresh = interp  # the probe the command line just made, if any
+        self._interp: Interpreter | None = None
+        self._owners = None
+
+    # -- the interpreter's facts ------------------------------------------------------------------
+
+    def interpreter(self) -> Interpreter:
+        if self._interp is None:
+            interp = self._cached_probe()
+            if interp.prefix != self.prefix:
+                raise UsageError(f"{self.exe} now sees the environment rooted at {interp.prefix}, not {self.prefix}")
+            # Site directories are probed as candidates; the ones that exist now are the environment's.
+            self._interp = dataclasses.replace(interp, sites=tuple(p for p in interp.sites if p.is_dir()))
+        return self._interp
+
+    def _key(self) -> list:
+        from envvault.vault.ingest import stat_key
+
+        real = os.path.realpath(self.exe)
+        return [str(self.prefix), str(self.exe), real, *stat_key(os.stat(real)),
+                os.environ.get("PYTHONUSERBASE"), os.environ.get("PYTHONNOUSERSITE"), os.environ.get("HOME")]
+
+    def _cached_probe(self) -> Interpreter:
+        memo = self._memo
+        try:
+            key = self._key()
+        except OSError:
+            key = None
+        if memo is not None and key is not None:
+            hit = memo.extra.get("probe")
+            if hit and hit.get("key") == key:
+                try:
+                    return Interpreter.from_cache(self.prefix, hit["value"])
+                except (KeyError, TypeError):
+                    pass
+        interp = self._fresh or probe_system(self.exe)
+        if memo is not None and key is not None:
+            memo.extra["probe"] = {"key": key, "value": interp.to_cache()}
+            memo.mark_dirty()
+        return interp
+
+    def site_dirs(self) -> list[Path]:
+        return list(self.interpreter().sites)
+
+    # -- distributions ----------------------------------------------------------------------------
+
+    def dist_entries(self) -> list[tuple[Path, Path]]:
+        """Every site directory's entries; a project already found in an earlier site directory (the user
+        site shadows the system's) is the one Python imports, and the only one listed."""
+        out: list[tuple[Path, Path]] = []
+        seen_sites: set[Path] = set()
+        earlier: set[str] = set()
+        for site in self.site_dirs():
+            if site in seen_sites:
+                continue
+            seen_sites.add(site)
+            here: set[str] = set()
+            try:
+                entries = list(os.scandir(site))
+            except OSError:
+                continue
+            # A dist-info first: Debian ships some projects with both (``cryptography.egg-info`` beside
+            # ``cryptography-38.0.4.dist-info``); the egg-info then adds nothing.
+            entries.sort(key=lambda e: (not e.name.endswith(".dist-info"), e.name))
+            for entry in entries:
+                if not entry.name.endswith(_SUFFIXES):
+                    continue
+                name = _project(entry.name)
+                if name in earlier or (name in here and not entry.name.endswith(".dist-info")):
+                    continue
+                here.add(name)
+                out.append((Path(entry.path), site))
+            earlier |= here
+        out.sort(key=lambda t: (t[0].name, str(t[1])))
+        return out
+
+    def owners(self):
+        """dpkg's owners of the files under this environment's site and scripts folders."""
+        if self._owners is None:
+            from envvault.env.dpkg import owners_under
+
+            interp = self.interpreter()
+            self._owners = owners_under(tuple(str(p) for p in (*interp.sites, interp.scripts)))
+        return self._owners
+
+    def read(self, entry: Path, site: Path) -> InstalledDist | None:
+        from envvault.env.dists import read_any
+
+        dist = read_any(entry, site)
+        if dist is not None and not dist.installer and self.owners().owner(str(entry)):
+            dist = dataclasses.replace(dist, installer="debian")
+        return dist
+
+    def distributions(self) -> list[InstalledDist]:
+        found = (self.read(entry, site) for entry, site in self.dist_entries())
+        return [d for d in found if d is not None]
+
+    # -- the files' facts --------------------------------------------------------------------------
+
+    def python_version(self) -> str | None:
+        return self.interpreter().version
+
+    def site_packages(self) -> Path:
+        interp = self.interpreter()
+        for path in (interp.purelib, *interp.sites):
+            if path.is_dir():
+                return path
+        raise UsageError(f"{self.exe} has no site directory")
