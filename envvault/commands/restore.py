@@ -24,7 +24,7 @@ __all__ = ["resolve_side", "resolve_snapshot"]
 
 
 def resolve_side(vault: Vault, arg: str, *, venv: str | None = None,
-                 other: str | None = None) -> tuple[str, Snapshot | dict]:
+                 other: str | None = None, other_doc=None) -> tuple[str, Snapshot | dict]:
     """One side of a diff as (label, document): ``current`` (the live environment, nothing written to the
     vault), a path to a pylock.toml, or what :func:`envvault.refs.resolve_arg` takes (a snapshot id / prefix /
     tag / ``latest``, a stamped checkpoint file or folder). ``other``: for ``current`` without ``--venv`` and
@@ -32,7 +32,7 @@ def resolve_side(vault: Vault, arg: str, *, venv: str | None = None,
     if arg == "current":
         from envvault.diff import current_document
 
-        target = current_target(venv, other)
+        target = current_target(venv, other, other_doc)
         return f"current ({target})", current_document(vault, target)
     label, doc, _ = _stored_side(vault, arg)
     return label, doc
@@ -51,15 +51,18 @@ def _stored_side(vault: Vault, arg: str) -> tuple[str, Snapshot | dict, str | No
     return ref.label, vault.load_snapshot(ref.sid).snapshot, ref.venv
 
 
-def current_target(venv: str | None, named: str | None) -> Path:
+def current_target(venv: str | None, named: str | None, snapshot=None) -> Path:
     """The environment ``current`` means: ``--venv``, else the active venv (``$VIRTUAL_ENV``), else the one
     the other side names (a snapshot's environment or a checkpoint stamp's) when it still exists, else
     ``$CONDA_PREFIX`` / a clear error (:func:`find_target`)."""
-    from envvault.env.probe import find_target
+    from envvault.env.probe import chosen_python, find_target
 
+    if venv is None and chosen_python():
+        return find_target(None)  # --python
     if venv is None and not os.environ.get("VIRTUAL_ENV") and named:
         if Path(named).is_dir():
-            return find_target(named)
+            system = _system_python(snapshot)
+            return find_target(None, python=system) if system else find_target(named)
         if not os.environ.get("CONDA_PREFIX"):
             raise UsageError(f"`current` would be {named}, the environment the snapshot names, but it does not "
                              "exist; pass --venv PATH or activate a virtual environment")
@@ -135,8 +138,9 @@ def diff(ctx, old, new, venv, as_json, exit_code):
     vault = _open_for(ctx, old, new)
     stored = {arg: _stored_side(vault, arg) for arg in (old, new) if arg != "current"}
     named = next((s[2] for s in stored.values() if s[2]), None)  # for `current`: the environment named
-    old_label, old_doc = stored[old][:2] if old in stored else resolve_side(vault, old, venv=venv, other=named)
-    new_label, new_doc = stored[new][:2] if new in stored else resolve_side(vault, new, venv=venv, other=named)
+    named_doc = next((s[1] for s in stored.values() if s[2]), None)  # a system environment's interpreter
+    old_label, old_doc = stored[old][:2] if old in stored else resolve_side(vault, old, venv=venv, other=named, other_doc=named_doc)
+    new_label, new_doc = stored[new][:2] if new in stored else resolve_side(vault, new, venv=venv, other=named, other_doc=named_doc)
     result = diff_snapshots(old_doc, new_doc, vault=vault, old_label=old_label, new_label=new_label)
     if as_json:
         emit_json(result.to_json())
@@ -170,7 +174,8 @@ def status(ctx, venv, against, as_json, exit_code):
     vault = open_vault(ctx)
     if against:  # without --venv and an active venv: the environment the snapshot names
         sid = resolve_ref(vault, against)
-        target = current_target(venv, vault.load_snapshot(sid).snapshot.venv)
+        against_snap = vault.load_snapshot(sid).snapshot
+        target = current_target(venv, against_snap.venv, against_snap)
     else:
         target = find_target(venv)
         sid = baseline_snapshot(vault, target)
@@ -194,14 +199,27 @@ def status(ctx, venv, against, as_json, exit_code):
         sys.exit(1)
 
 
-def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None = None) -> Path:
-    """--venv, else the environment the argument names (a checkpoint stamp's, else the snapshot's) when it
-    exists, else the active venv."""
-    from envvault.env.probe import find_target
+def _system_python(snapshot) -> str | None:
+    """The interpreter a system environment's snapshot recorded (docs/format.md, "Environment kinds"), when
+    it still exists: the snapshot's ``venv`` is then that interpreter's root, not a venv. None otherwise."""
+    python = getattr(snapshot, "python", None)
+    if python is not None and python.system and python.interpreter and Path(python.interpreter).is_file():
+        return python.interpreter
+    return None
 
-    if venv is not None:
+
+def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None = None) -> Path:
+    """--venv (or --python), else the environment the argument names (a checkpoint stamp's, else the
+    snapshot's; a system environment's through its recorded interpreter) when it exists, else the active venv."""
+    from envvault.env.probe import chosen_python, find_target
+
+    if venv is not None or chosen_python():
         return find_target(venv)
-    recorded = vault.load_snapshot(sid).snapshot.venv
+    snapshot = vault.load_snapshot(sid).snapshot
+    recorded = snapshot.venv
+    system = _system_python(snapshot)
+    if system and recorded and (named in (None, recorded)):
+        return find_target(None, python=system)
     for candidate in (named, recorded):
         if candidate and Path(candidate).is_dir():
             return find_target(candidate)

@@ -34,6 +34,20 @@ def _project(entry_name: str) -> str:
     return re.sub(r"[-_.]+", "-", stem.split("-", 1)[0]).lower()
 
 
+def _is_hex(rec) -> bool:
+    """Debian's packaging writes some RECORDs with hex sha256 digests, not the urlsafe base64 of the spec."""
+    d = rec.digest
+    return rec.algo == "sha256" and d is not None and len(d) == 64 and all(c in "0123456789abcdef" for c in d)
+
+
+def _b64(rec):
+    """``rec`` with its hex sha256 as RECORD's base64, so the file's hash compares with it."""
+    import base64
+
+    digest = base64.urlsafe_b64encode(bytes.fromhex(rec.digest)).rstrip(b"=").decode("ascii")
+    return dataclasses.replace(rec, digest=digest)
+
+
 class SystemReader:
     """``EnvironmentReader`` for the installation the interpreter ``exe`` runs; ``prefix`` is its root."""
 
@@ -132,8 +146,12 @@ class SystemReader:
         from envvault.env.dists import read_any
 
         dist = read_any(entry, site)
-        if dist is not None and not dist.installer and self.owners().owner(str(entry)):
+        if dist is None:
+            return None
+        if not dist.installer and self.owners().owner(str(entry)):
             dist = dataclasses.replace(dist, installer="debian")
+        if dist.record and any(_is_hex(r) for r in dist.record):
+            dist = dataclasses.replace(dist, record=[_b64(r) if _is_hex(r) else r for r in dist.record])
         return dist
 
     def distributions(self) -> list[InstalledDist]:

@@ -26,7 +26,7 @@ def read_current(prefix: Path, interp: "Layout", packages: Sequence[PackageSumma
 
     same = {(p.name, p.version, p.build_id, p.state_id) for p in wanted}
     base = f"{str(prefix).rstrip('/')}/"  # a system environment's root may be "/"
-    dists = scan_dists([interp.purelib, interp.platlib])
+    dists = scan_dists([interp.purelib, interp.platlib, *interp.sites])  # sites: a system environment's
     by_key: dict[tuple[str, str], list] = {}
     for d in dists:
         by_key.setdefault((d.name, d.version), []).append(d)
@@ -73,19 +73,21 @@ class Layout:
     purelib: Path
     platlib: Path
     scripts: Path
+    sites: tuple[Path, ...] = ()  # a system environment's site directories (docs/format.md, "Environment kinds")
 
     @classmethod
     def of(cls, prefix: Path, python: PythonInfo) -> "Layout":
         def at(value: str | None, default: str) -> Path:
             path = Path(value or default)
             return path if path.is_absolute() else prefix / path
-        return cls(at(python.purelib, "lib"), at(python.platlib, python.purelib or "lib"), at(python.scripts, "bin"))
+        return cls(at(python.purelib, "lib"), at(python.platlib, python.purelib or "lib"), at(python.scripts, "bin"),
+                   tuple(at(s, "lib") for s in python.sites or ()))
 
 
 def protected_dirs(target: Path, interp: Layout) -> set[str]:
     """The prefix, site-packages and scripts folders and every folder between: never pruned when empty."""
     keep = {str(target)}
-    for p in (interp.purelib, interp.platlib, interp.scripts):
+    for p in (interp.purelib, interp.platlib, interp.scripts, *interp.sites):
         p = str(p)
         while p.startswith(str(target)) and p not in keep:
             keep.add(p)

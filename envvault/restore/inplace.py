@@ -25,7 +25,9 @@ from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
 from envvault.restore.apply import commit_plan, populate_statcache, stage_plan, undo_staging
 from envvault.restore.backup import discard_backup, scan_now
+from envvault.env.probe import system_of
 from envvault.restore.current import Layout, protected_dirs, read_current
+from envvault.restore.managed import hold_managed
 from envvault.restore.plan import check_python, make_plan
 from envvault.restore.result import Progress, RestoreResult
 from envvault.vault.store import Vault
@@ -45,7 +47,7 @@ def exclusive_target(vault: Vault, target: Path) -> Iterator[None]:
 def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *, backup: bool, dry_run: bool,
                      progress: Progress | None = None) -> RestoreResult:
     """Restore ``snapshot`` (id ``sid``) onto the environment ``target`` (a ``restore.result.Strategy``)."""
-    if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists():
+    if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists() and system_of(target) is None:
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     with vault.lock(), (nullcontext() if dry_run else exclusive_target(vault, target)):
         journal = read_journal(target)
@@ -65,6 +67,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             current = read_current(target, interp, now.packages, snapshot.packages)
             plan = make_plan(sid, snapshot, now, current, vault.load_manifest,
                              pending_removals=list(earlier.removals) + list(earlier.writes))
+            plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
             paths = Paths(target)
             # Every entry decided against the tree as the restore leaves it (its own symlinks included).
             refuse_escapes(target, f"refusing to restore {sid[:12]}",
