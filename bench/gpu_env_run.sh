@@ -10,7 +10,7 @@ OUT=${OUT:-$PWD/bench/out}
 export OUT
 mkdir -p "$OUT"
 rm -rf /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 \
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 \
   || { echo "pip install of the carried wheels failed"; cat "$OUT/pip.log"; exit 1; }
 CACHE=bench/out/inductor-cache.tar.zst
 extra=()
