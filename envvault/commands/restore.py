@@ -235,9 +235,12 @@ def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None 
 @click.option("--into", "into", type=click.Path(file_okay=False), help="Build a new venv at this path instead.")
 @click.option("--no-backup", is_flag=True, help="Do not snapshot the environment before changing it.")
 @click.option("--no-caches", is_flag=True, help="Do not restore compile caches stored with the snapshot.")
+@click.option("--system-site-packages", "share_system", is_flag=True,
+              help="--into of a system Python's snapshot: leave its system-managed (apt) packages to the base "
+                   "interpreter (include-system-site-packages) instead of copying them.")
 @json_option
 @click.pass_context
-def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, as_json):
+def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, share_system, as_json):
     """Put an environment back exactly as a snapshot recorded it, offline, from the vault.
 
     SNAPSHOT_ID is an id, unique prefix, tag, `latest`, or a stamped checkpoint file or folder.
@@ -253,6 +256,12 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, as_json
     """
     from envvault.restore.dispatch import restore_snapshot
 
+    if share_system:
+        if not into:
+            raise UsageError("--system-site-packages goes with --into NEW_PATH")
+        from envvault.restore.managed import share_system_packages
+
+        share_system_packages(True)
     vault = _open_for(ctx, snapshot_id)
     ref = resolve_snapshot(vault, snapshot_id)
     sid = ref.sid

@@ -11,13 +11,14 @@ for reading dpkg's file lists (``envvault.env.dpkg``).
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from pathlib import Path
 from typing import Sequence
 
 from envvault.model.snapshot import Snapshot
 from envvault.restore.plan import CurrentDist, Plan
 
-__all__ = ["hold_managed"]
+__all__ = ["hold_managed", "share_system_packages", "venv_view", "venv_manifest"]
 
 
 def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
@@ -72,3 +73,77 @@ def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
     return dataclasses.replace(plan, writes=writes, removals=removals, remove_dirs=remove_dirs, modes=modes,
                                dist_infos=dist_infos, warnings=tuple(warnings),
                                keeps=tuple(k for k in plan.keeps if owner(k[0]) is None))
+
+
+# -- restore --into of a system environment ------------------------------------------------------------------
+
+_SHARE: list[bool] = [False]
+
+
+def share_system_packages(on: bool) -> None:
+    """``restore --into --system-site-packages``: leave the system-managed packages to the base interpreter
+    (the new venv sees them through ``include-system-site-packages``) instead of copying them."""
+    _SHARE[0] = bool(on)
+
+
+def venv_view(snapshot: Snapshot, manifest_of=None) -> Snapshot:
+    """The snapshot of a system environment as a venv built from it holds it (docs/format.md, "Environment
+    kinds"): every site directory becomes the venv's ``lib/pythonX.Y/site-packages``, every scripts folder
+    ``bin``; with ``share_system_packages`` the ``debian`` packages are left out and pyvenv.cfg says
+    ``include-system-site-packages = true``. State ids name edited files by path: those of a package with
+    edited files are computed again for the moved paths (``manifest_of``: the vault's ``load_manifest``).
+    A venv's snapshot is returned as it is."""
+    python = snapshot.python
+    if not python.system:
+        return snapshot
+    site = f"lib/python{python.minor}/site-packages"
+    scripts = {s for s in (python.scripts, (python.user_site or "").rsplit("/lib/", 1)[0] + "/bin") if s}
+    share = _SHARE[0]
+
+    def move(path: str, p_site: str | None) -> str:
+        if p_site and path.startswith(p_site.rstrip("/") + "/"):
+            return site + path[len(p_site.rstrip("/")):]
+        head, _, name = path.rpartition("/")
+        return f"bin/{name}" if head in scripts else path
+
+    packages = []
+    for p in snapshot.packages:
+        if share and p.installer == "debian":
+            continue
+        state = p.state_id
+        if p.modified and manifest_of is not None and p.record == "ok":
+            from envvault.model.identity import state_id
+
+            man = manifest_of(p.manifest)
+            state = state_id(p.build_id, [(posixpath.normpath(f"{site}/{f.record}"), f.sha256)
+                                          for f in man.files if f.state == "modified" and f.sha256])
+        packages.append(dataclasses.replace(
+            p, state_id=state,
+            modified=tuple(move(x, p.site) for x in p.modified), missing=tuple(move(x, p.site) for x in p.missing),
+            exec=None if p.exec is None else tuple(sorted(move(x, p.site) for x in p.exec))))
+    cfg = {"include-system-site-packages": "true"} if share else {}
+    moved = dataclasses.replace(python, purelib=site, platlib=site, scripts="bin", executable="bin/python",
+                                pyvenv_cfg=cfg)
+    return dataclasses.replace(snapshot, python=moved, packages=tuple(packages))
+
+
+def venv_manifest(man, python):
+    """A system environment's distribution manifest with its paths where a venv (``python``: the
+    ``venv_view``'s) puts them: each file at site-packages + its RECORD path, as an installer does; a path
+    that would leave the venv refuses the restore."""
+    from envvault.errors import RefusedError
+    from envvault.safepaths import path_problem
+
+    site = python.purelib or "lib"
+    files, bad = [], []
+    for i, f in enumerate(man.files):
+        new = posixpath.normpath(f"{site}/{f.record}")
+        why = path_problem(new)
+        if why is not None:
+            bad.append(f"files[{i}].record {f.record!r} {why}")
+            continue
+        files.append(dataclasses.replace(f, path=new))
+    if bad:
+        raise RefusedError(f"refusing to restore {man.name} {man.version}: " + "; ".join(bad[:10]))
+    dist_info = f"{site}/{posixpath.basename(man.dist_info)}" if man.dist_info else man.dist_info
+    return dataclasses.replace(man, files=tuple(files), dist_info=dist_info)

@@ -1,0 +1,242 @@
+"""System Pythons (issue 13): the installation an interpreter sees, snapped and restored like a venv.
+
+Two shapes, each through the whole cycle (snap, second snap, status, break, diff, restore, ``--into``, export):
+
+- a COPY of pyenv's CPython 3.12 (``cp -a`` into a temp folder; the original is never touched, and the test
+  checks that it is not): pip installs into its prefix, a user site (``PYTHONUSERBASE`` in the temp folder),
+  and a package made system-managed by a dpkg admin dir of the test's own (``ENVVAULT_DPKG_ADMINDIR``);
+- Debian's ``/usr/bin/python3`` with apt's ``python3-*`` packages (``.ci/run`` installs python3-six and
+  python3-idna): only the user site (in the temp folder) is changed by pip; a dpkg-owned file is edited and
+  put back byte for byte inside the test, to see that restore reports it and leaves it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures.machine import DEBIAN_PYTHON, cpython
+from fixtures.venvs import isolated_env
+from fixtures.wheels import build_wheel
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+
+
+def _tree_state(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root`` with its size, mtime and mode: a change anywhere shows."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            out[p] = (st.st_size, st.st_mtime_ns, st.st_mode)
+    return out
+
+
+def _wheels(out: Path) -> Path:
+    build_wheel(out, "alpha", "1.0", {"alpha/__init__.py": b"VERSION = '1.0'\n"})
+    build_wheel(out, "alpha", "2.0", {"alpha/__init__.py": b"VERSION = '2.0'\n"})
+    build_wheel(out, "beta", "1.0", {"beta/__init__.py": b"B = 1\n"}, console_scripts={"beta-run": "beta:main"})
+    build_wheel(out, "usersite", "1.0", {"usersite/__init__.py": b"U = 1\n"})
+    build_wheel(out, "aptowned", "1.0", {"aptowned/__init__.py": b"A = 1\n", "aptowned/data.txt": b"apt\n"})
+    return out
+
+
+def _pip(python: Path, env: dict, *args: str) -> None:
+    proc = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "--no-cache-dir", *args],
+                          capture_output=True, text=True, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _packages(doc: dict) -> dict[str, dict]:
+    return {p["name"]: p for p in doc["packages"]}
+
+
+def _names(entries) -> set[str]:
+    return {e["name"] for e in entries}
+
+
+# -- a copy of pyenv's CPython -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pyenv_copy(tmp_path_factory):
+    """(python, env, tmp): a copied pyenv CPython 3.12 with alpha 1.0 (pip), aptowned 1.0 (dpkg-owned in
+    the test's admin dir, no INSTALLER, as Debian ships it) and usersite 1.0 in the user site."""
+    original = cpython("3.12").parent.parent
+    tmp = tmp_path_factory.mktemp("syspy")
+    prefix = tmp / "py"
+    subprocess.run(["cp", "-a", str(original), str(prefix)], check=True)
+    python = prefix / "bin" / "python3.12"
+    ran = subprocess.run([str(python), "-I", "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout.strip() == str(prefix), ran  # runs from its new place
+    wheels = _wheels(tmp / "wheels")
+    (tmp / "home").mkdir()
+    env = isolated_env({"PYTHONUSERBASE": str(tmp / "user"), "HOME": str(tmp / "home"),
+                        "ENVVAULT_DPKG_ADMINDIR": str(tmp / "dpkg"), "PIP_NO_INDEX": "1",
+                        "PIP_FIND_LINKS": str(wheels)})
+    _pip(python, env, "install", "alpha==1.0", "aptowned==1.0")
+    _pip(python, env, "install", "--user", "usersite==1.0")
+    # aptowned as a distribution package ships it: no INSTALLER, its files in dpkg's list.
+    site = prefix / "lib" / "python3.12" / "site-packages"
+    di = site / "aptowned-1.0.dist-info"
+    (di / "INSTALLER").unlink()
+    record = (di / "RECORD").read_text().splitlines()
+    (di / "RECORD").write_text("".join(f"{r}\n" for r in record if not r.startswith("aptowned-1.0.dist-info/INSTALLER")))
+    listed = ["/.", str(site), str(site / "aptowned"), str(di)] + [
+        str(site / r.split(",")[0]) for r in record if not r.startswith("aptowned-1.0.dist-info/INSTALLER")]
+    (tmp / "dpkg" / "info").mkdir(parents=True)
+    (tmp / "dpkg" / "info" / "python3-aptowned.list").write_text("\n".join(listed) + "\n")
+    before_original = _tree_state(original)
+    yield python, env, tmp
+    assert _tree_state(original) == before_original  # the original pyenv build is never touched
+
+
+def test_pyenv_copy_whole_cycle(pyenv_copy):
+    python, env, tmp = pyenv_copy
+    vault = tmp / "vault"
+    venv_env = ev_env(vault, UV_CACHE_DIR=str(tmp / "uv-cache"),
+                      **{k: env[k] for k in ("PYTHONUSERBASE", "HOME", "ENVVAULT_DPKG_ADMINDIR")})
+    home_before = _tree_state(tmp / "home")
+    run = lambda *a, **kw: ev(vault, *a, env=venv_env, **kw)  # noqa: E731
+    run_json = lambda *a, **kw: json.loads(run(*a, "--json", **kw).stdout)  # noqa: E731
+
+    first = run_json("snap", "--python", python, "--no-caches")
+    # The root holds the prefix and the user site: the temp folder.
+    assert first["venv"] == str(tmp)
+    second = run_json("snap", "--python", python, "--no-caches")
+    assert second["fingerprint"] == first["fingerprint"]
+    snap = run_json("show", second["id"])
+    py = snap["python"]
+    assert py["environment"] == "system" and py["prefix"] == "py" and py["version"].startswith("3.12.")
+    assert py["user_site"] == "user/lib/python3.12/site-packages"
+    assert py["sites"] == ["user/lib/python3.12/site-packages", "py/lib/python3.12/site-packages"]
+    assert py["interpreter"] == os.path.realpath(python) and py["build"]
+    pk = _packages(snap)
+    assert pk["alpha"]["installer"] == "pip" and pk["alpha"]["site"] == "py/lib/python3.12/site-packages"
+    assert pk["usersite"]["site"] == "user/lib/python3.12/site-packages"
+    assert pk["aptowned"]["installer"] == "debian"
+    assert run_json("status", "--python", python)["empty"]
+
+    # Break it: pip upgrades and adds in the prefix, removes from the user site, an apt-owned file is edited.
+    _pip(python, env, "install", "alpha==2.0", "beta==1.0")
+    _pip(python, env, "uninstall", "-y", "usersite")
+    owned = tmp / "py" / "lib" / "python3.12" / "site-packages" / "aptowned" / "data.txt"
+    owned.write_text("edited by hand\n")
+    status = run("status", "--python", python, "--json", "--exit-code", check=False)
+    assert status.returncode == 1, status.stderr
+    changes = json.loads(status.stdout)["packages"]
+    assert _names(changes["added"]) == {"beta"} and _names(changes["removed"]) == {"usersite"}
+    assert _names(changes["changed"]) == {"alpha", "aptowned"}
+    diff = run_json("diff", second["id"], "current", "--python", python)["packages"]
+    assert _names(diff["changed"]) == {"alpha", "aptowned"}
+
+    # Restore in place: pip's files back, the dpkg-owned one reported and left as it is.
+    restored = run("restore", second["id"], "--python", python, "--json", check=False)
+    doc = json.loads(restored.stdout)
+    assert restored.returncode == 1 and not doc["verified"], restored.stderr  # aptowned still differs
+    assert any("python3-aptowned" in w and "apt-get install --reinstall python3-aptowned" in w
+               for w in doc["warnings"]), doc["warnings"]
+    assert owned.read_text() == "edited by hand\n"
+    check = subprocess.run([str(python), "-c", "import alpha, usersite, sys; print(alpha.VERSION, usersite.__file__)"],
+                           capture_output=True, text=True, env=env, cwd="/")
+    assert check.returncode == 0 and check.stdout.startswith("1.0 " + str(tmp / "user")), check
+    assert not (tmp / "py" / "bin" / "beta-run").exists()
+    left = json.loads(run("status", "--python", python, "--json", check=False).stdout)["packages"]
+    assert _names(left["changed"]) == {"aptowned"} and not left["added"] and not left["removed"]
+
+    # --into: a fresh venv with the same packages (system-managed ones copied).
+    new = tmp / "moved"
+    into = run_json("restore", second["id"], "--into", new)
+    assert into["verified"], into
+    moved_py = new / "bin" / "python"
+    check = subprocess.run([str(moved_py), "-c", "import alpha, usersite, aptowned; print(alpha.VERSION)"],
+                           capture_output=True, text=True, env=env, cwd="/")
+    assert check.returncode == 0 and check.stdout.strip() == "1.0", check
+
+    # Export, and nothing written outside the temp folder (HOME untouched: no ~/.local, no cache).
+    out = tmp / "export" / "pylock.toml"
+    run("export", second["id"], "-o", out)
+    text = out.read_text()
+    assert 'name = "alpha"' in text and 'name = "usersite"' in text
+    assert _tree_state(tmp / "home") == home_before
+
+
+def test_python_bad_input_is_one_line(tmp_path):
+    vault = tmp_path / "vault"
+    for args, needle in ((["--python", tmp_path / "nope"], "not an executable file"),
+                         (["--python", "/bin/true"], "does not answer like a CPython"),
+                         (["--python", sys.executable], "belongs to the virtual environment"),
+                         (["--python", "/usr/bin/python3", "--venv", tmp_path], "not both")):
+        assert_one_line_error(ev(vault, "snap", *args, "--no-caches", check=False), needle)
+
+
+# -- Debian's /usr/bin/python3 -----------------------------------------------------------------------------
+
+
+def test_debian_python_with_apt_packages_and_user_site(tmp_path):
+    assert DEBIAN_PYTHON.exists()
+    owned = Path("/usr/lib/python3/dist-packages/distro/py.typed")  # python3-distro, a RECORD with sha256
+    owner = subprocess.run(["dpkg", "-S", str(owned)], capture_output=True, text=True)
+    assert owner.returncode == 0 and owner.stdout.startswith("python3-distro:"), owner
+    wheels = _wheels(tmp_path / "wheels")
+    env = isolated_env({"PYTHONUSERBASE": str(tmp_path / "user"), "HOME": str(tmp_path / "home"),
+                        "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_BREAK_SYSTEM_PACKAGES": "1"})
+    (tmp_path / "home").mkdir()
+    vault = tmp_path / "vault"
+    ev_vars = ev_env(vault, PYTHONUSERBASE=env["PYTHONUSERBASE"], HOME=env["HOME"], UV_CACHE_DIR=str(tmp_path / "uv-cache"))
+    run = lambda *a, **kw: ev(vault, *a, env=ev_vars, **kw)  # noqa: E731
+    run_json = lambda *a, **kw: json.loads(run(*a, "--json", **kw).stdout)  # noqa: E731
+    system_dirs = [Path("/usr/lib/python3/dist-packages"), Path("/usr/local/lib/python3.11/dist-packages"),
+                   Path("/usr/local/bin")]
+    before = {d: _tree_state(d) for d in system_dirs if d.exists()}
+    _pip(DEBIAN_PYTHON, env, "install", "--user", "usersite==1.0", "alpha==1.0")
+
+    first = run_json("snap", "--python", DEBIAN_PYTHON, "--no-caches")
+    second = run_json("snap", "--venv", "/usr", "--no-caches")  # the prefix of an interpreter: the same environment
+    assert second["venv"] == first["venv"] == "/" and second["fingerprint"] == first["fingerprint"]
+    snap = run_json("show", second["id"])
+    pk = _packages(snap)
+    for name in ("six", "idna", "distro"):
+        assert pk[name]["installer"] == "debian" and pk[name]["site"] == "usr/lib/python3/dist-packages", pk[name]
+    assert pk["usersite"]["site"] == f"{str(tmp_path)[1:]}/user/lib/python3.11/site-packages"
+    assert pk["alpha"]["installer"] == "pip" and not pk["distro"]["modified"]
+    assert "unchanged" in run("status", "--python", DEBIAN_PYTHON).stdout
+
+    original = owned.read_bytes()
+    stat = owned.stat()
+    try:
+        owned.write_bytes(original + b"# edited\n")
+        _pip(DEBIAN_PYTHON, env, "uninstall", "-y", "usersite")
+        _pip(DEBIAN_PYTHON, env, "install", "--user", "alpha==2.0")
+        changes = run_json("status", "--python", DEBIAN_PYTHON, check=False)["packages"]
+        assert _names(changes["removed"]) == {"usersite"} and _names(changes["changed"]) == {"alpha", "distro"}
+        diff = run_json("diff", second["id"], "current")["packages"]  # the snapshot's interpreter, found again
+        assert _names(diff["changed"]) == {"alpha", "distro"}
+        restored = run("restore", second["id"], "--json", check=False)
+        doc = json.loads(restored.stdout)
+        assert restored.returncode == 1, restored.stderr
+        assert any("apt-get install --reinstall python3-distro" in w for w in doc["warnings"]), doc["warnings"]
+        assert owned.read_bytes() == original + b"# edited\n"  # reported, not touched
+    finally:
+        owned.write_bytes(original)
+        os.utime(owned, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert "unchanged" in run("status", "--python", DEBIAN_PYTHON).stdout
+    check = subprocess.run([str(DEBIAN_PYTHON), "-c", "import alpha, usersite; print(alpha.VERSION)"],
+                           capture_output=True, text=True, env=env, cwd="/")
+    assert check.returncode == 0 and check.stdout.strip() == "1.0", check
+
+    # --into with the system's packages left to the base interpreter.
+    new = tmp_path / "moved"
+    into = run_json("restore", second["id"], "--into", new, "--system-site-packages")
+    assert into["verified"], into
+    check = subprocess.run([str(new / "bin" / "python"), "-c", "import alpha, usersite, six, idna; print(alpha.VERSION)"],
+                           capture_output=True, text=True, env=env, cwd="/")
+    assert check.returncode == 0 and check.stdout.strip() == "1.0", check
+    run("export", second["id"], "-o", tmp_path / "export" / "pylock.toml")
+    assert {d: _tree_state(d) for d in system_dirs if d.exists()} == before  # the system was not written
