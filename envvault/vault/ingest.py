@@ -10,9 +10,13 @@ import base64
 import hashlib
 import json
 import os
+import queue
 import stat as statmod
+import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 import zstandard
 
@@ -57,14 +61,17 @@ class FileDigest:
 class Ingester:
     """Reads files once: sha256 for RECORD checks, blake3 ids, compression via the pack writer.
 
-    ``store=False`` hashes only (lock-only snaps). ``known(oid)`` says whether the vault holds an object.
+    ``store=False`` hashes only (lock-only snaps, status). ``known(oid)`` says whether the vault holds an
+    object. ``ingest`` reads one file on the calling thread; ``map_ordered`` reads many on ``threads`` reader
+    threads (open, read, sha256, FastCDC and BLAKE3 all release the GIL) while the calling thread stores
+    their objects in the order the files were given: the packs are the same bytes whatever the thread count.
     """
 
-    def __init__(self, writer: PackWriter | None, known, *, store: bool = True):
+    def __init__(self, writer: PackWriter | None, known, *, store: bool = True, threads: int | None = None):
         self.writer = writer
         self.known = known
         self.store = store
-        self.bytes_read = 0
+        self.threads = threads if threads is not None else default_readers()
 
     def _put(self, data: bytes) -> str:
         oid = object_id(data)
@@ -72,32 +79,207 @@ class Ingester:
             self.writer.add(oid, data)
         return oid
 
-    def ingest(self, path: Path, size_hint: int, algo: str = "sha256") -> FileDigest:
-        h = hashlib.new(algo)
-        chunks: list[str] = []
+    def ingest(self, path: Path | str, size_hint: int, algo: str = "sha256") -> FileDigest:
+        """Read one file on this thread, storing its new objects at once."""
+        return _read_file(path, size_hint, algo, self.store, self._emit_now)
+
+    def _emit_now(self, oid: str, data: bytes | None) -> None:
+        if data is not None and not self.known(oid) and not self.writer.queued(oid):
+            self.writer.add(oid, data)
+
+    def map_ordered(self, fn: Callable, items: Iterable) -> Iterator:
+        """``fn(item, read)`` for each item on the reader threads, results yielded in the items' order.
+
+        ``read(path, size_hint)`` reads a file as ``ingest`` does; the objects it finds are stored by this
+        (the calling) thread when that item's turn comes, in the order they were read. Bytes read ahead and
+        not yet stored are bounded (``READ_AHEAD`` plus one item's ``HEAD_AHEAD``), so memory stays flat on
+        any environment. An exception raised by ``fn`` is raised here, at that item's turn.
+        """
+        if self.threads <= 1:
+            for item in items:
+                yield fn(item, self.ingest)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self.store:
+            self.known("0" * 64)  # load the vault's index here, not on a reader thread
+        _steady_malloc()
+        budget = _Budget(min(READ_AHEAD, max(16 << 20, self.threads * (2 << 20))), HEAD_AHEAD)
+        window: deque[_Job] = deque()
+        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="envvault-read")
+        it = iter(items)
+        depth = 4 * self.threads + 16
         try:
-            with open(path, "rb") as f:
-                if size_hint < SMALL_FILE:
-                    data = f.read()
+            exhausted = False
+            while True:
+                while not exhausted and len(window) < depth:
+                    try:
+                        item = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    job = _Job()
+                    job.future = pool.submit(self._run_job, fn, item, job, budget)
+                    window.append(job)
+                if not window:
+                    return
+                job = window.popleft()
+                budget.set_head(job)
+                while True:
+                    got = job.queue.get()
+                    if got is _DONE:
+                        break
+                    oid, data = got
+                    try:
+                        self._emit_now(oid, data)
+                    finally:
+                        if data is not None:
+                            budget.release(job, len(data))
+                yield job.future.result()
+        finally:
+            budget.abort()
+            for job in window:
+                job.future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run_job(self, fn: Callable, item, job: "_Job", budget: "_Budget"):
+        store, known = self.store, self.known
+
+        def emit(oid: str, data: bytes | None) -> None:
+            if data is not None and known(oid):
+                data = None  # stored already: hold no bytes for it
+            if data is not None:
+                budget.acquire(job, len(data))
+            job.queue.put((oid, data))
+
+        def read(path, size_hint: int, algo: str = "sha256") -> FileDigest:
+            return _read_file(path, size_hint, algo, store, emit)
+
+        try:
+            return fn(item, read)
+        finally:
+            job.queue.put(_DONE)
+
+
+# Bytes read ahead of the storing thread (all reader threads together: 2 MiB a thread, at least 16 MiB, at
+# most READ_AHEAD), and what the file being stored may hold beyond that (FastCDC's largest chunk is 4 MiB).
+READ_AHEAD = 64 << 20
+HEAD_AHEAD = 8 << 20
+_DONE = object()
+
+
+_MALLOC_SET = False
+
+
+def _steady_malloc() -> None:
+    """Keep glibc's mmap threshold at 256 KiB: chunks of 256 KiB to 4 MiB allocated on one thread and freed
+    on another otherwise raise it (glibc's dynamic threshold) and stay in per-thread arenas, which grows a
+    multi-threaded snap's RSS by tens of MB. A no-op elsewhere."""
+    global _MALLOC_SET
+    if _MALLOC_SET:
+        return
+    _MALLOC_SET = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "gnu_get_libc_version"):
+            libc.mallopt(-3, 256 << 10)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError, ImportError):
+        pass
+
+
+def default_readers() -> int:
+    """Reader threads: one per core (each stage of a read releases the GIL), at most 32."""
+    return max(1, min(os.cpu_count() or 1, 32))
+
+
+def _read_file(path, size_hint: int, algo: str, store: bool, emit) -> FileDigest:
+    """Read ``path`` once: its RECORD-style digest, size and (``store``) blob ids, each blob passed to
+    ``emit(oid, data)`` in file order."""
+    h = hashlib.new(algo)
+    chunks: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            if size_hint < SMALL_FILE:
+                data = f.read()
+                h.update(data)
+                size = len(data)
+                if store and data:
+                    oid = object_id(data)
+                    chunks.append(oid)
+                    emit(oid, data)
+            else:
+                size = 0
+                for ch in _chunker().cut_stream(f):
+                    data = bytes(ch.data)
                     h.update(data)
-                    size = len(data)
-                    if self.store and data:
-                        chunks.append(self._put(data))
-                else:
-                    size = 0
-                    for ch in _chunker().cut_stream(f):
-                        data = bytes(ch.data)
-                        h.update(data)
-                        size += len(data)
-                        if self.store:
-                            chunks.append(self._put(data))
-        except PermissionError:
-            raise EnvironmentProblem(f"cannot read {path}: permission denied; fix its mode or run as its owner") from None
-        except OSError as err:
-            raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
-        self.bytes_read += size
-        digest = b64_sha256(h.digest()) if algo == "sha256" else base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-        return FileDigest(digest, size, chunks if self.store else None)
+                    size += len(data)
+                    if store:
+                        oid = object_id(data)
+                        chunks.append(oid)
+                        emit(oid, data)
+    except PermissionError:
+        raise EnvironmentProblem(f"cannot read {path}: permission denied; fix its mode or run as its owner") from None
+    except OSError as err:
+        raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
+    digest = b64_sha256(h.digest()) if algo == "sha256" else base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+    return FileDigest(digest, size, chunks if store else None)
+
+
+class _Aborted(Exception):
+    """The storing thread stopped: a reader waiting for room gives up."""
+
+
+class _Job:
+    __slots__ = ("queue", "outstanding", "future")
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.outstanding = 0
+        self.future = None
+
+
+class _Budget:
+    """Bytes read and not yet stored. A reader waits for room, except the item being stored (the head),
+    which may always hold ``head`` bytes: it cannot wait for items behind it, so nothing deadlocks."""
+
+    def __init__(self, limit: int, head: int) -> None:
+        self.limit = limit
+        self.head_limit = head
+        self.used = 0
+        self.head: _Job | None = None
+        self.aborted = False
+        self.cv = threading.Condition()
+
+    def acquire(self, job: _Job, n: int) -> None:
+        with self.cv:
+            while True:
+                if self.aborted:
+                    raise _Aborted()
+                if self.used + n <= self.limit:
+                    break
+                if job is self.head and (job.outstanding == 0 or job.outstanding + n <= self.head_limit):
+                    break
+                self.cv.wait()
+            self.used += n
+            job.outstanding += n
+
+    def release(self, job: _Job, n: int) -> None:
+        with self.cv:
+            self.used -= n
+            job.outstanding -= n
+            self.cv.notify_all()
+
+    def set_head(self, job: _Job) -> None:
+        with self.cv:
+            self.head = job
+            self.cv.notify_all()
+
+    def abort(self) -> None:
+        with self.cv:
+            self.aborted = True
+            self.cv.notify_all()
 
 
 class StatCache:

@@ -27,7 +27,8 @@ PACK_MAGIC = b"EVPK\x01\x00\x00\x00"
 FRAME_TARGET = 1 << 20  # small objects are grouped until a frame holds about this much
 PACK_TARGET = 32 << 20  # a pack is closed once its compressed bytes pass this
 MAX_FRAME = 64 << 20  # a frame that claims more is refused as damaged or hostile
-_IN_FLIGHT = 8
+_IN_FLIGHT = 8  # frames compressing at once: at least this many, else two a thread ...
+_IN_FLIGHT_BYTES = 48 << 20  # ... while their uncompressed bytes stay below this
 
 Location = tuple  # (pack_id, frame_offset, frame_length, offset_in_frame, length, kind)
 
@@ -49,7 +50,12 @@ class PackWriter:
         self.on_commit = on_commit
         from concurrent.futures import ThreadPoolExecutor  # not needed by runs that write nothing
 
-        self._pool = ThreadPoolExecutor(max_workers=threads or max(os.cpu_count() or 1, 2))
+        workers = threads or max(os.cpu_count() or 1, 2)
+        self._pool = ThreadPoolExecutor(max_workers=workers)
+        # Frames compressing at once: enough to keep every core busy, few enough to bound memory (a frame
+        # holds at most a 4 MiB chunk or ~1 MiB of small objects).
+        self._in_flight = max(_IN_FLIGHT, 2 * workers)
+        self._pending_bytes = 0
         self._local = threading.local()
         self._pending: deque[tuple] = deque()
         self._frame: list[tuple[str, bytes, str]] = []
@@ -101,7 +107,8 @@ class PackWriter:
         fut = self._pool.submit(self._compress, items)
         meta = [(oid, len(data), kind) for oid, data, kind in items]
         self._pending.append((fut, meta))
-        while len(self._pending) > _IN_FLIGHT:
+        self._pending_bytes += sum(m[1] for m in meta)
+        while len(self._pending) > self._in_flight or self._pending_bytes > _IN_FLIGHT_BYTES:
             self._write_one()
 
     # -- writer side ---------------------------------------------------------------------------
@@ -130,6 +137,7 @@ class PackWriter:
 
     def _write_one(self) -> None:
         fut, meta = self._pending.popleft()
+        self._pending_bytes -= sum(m[1] for m in meta)
         comp = fut.result()
         if self._pack_fd is None:
             self._open_pack()
