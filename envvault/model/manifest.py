@@ -86,6 +86,22 @@ class FileEntry:
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, FileEntry.KEYS)
 
+    @classmethod
+    def scanned(cls, fields: dict[str, Any]) -> "FileEntry":
+        """The entry a scan writes: exactly the keys in ``fields`` (the others stay out of its document), a
+        RECORD digest of another algorithm (``record_md5``) kept as it is."""
+        shape = tuple(fields)
+        absent = _ABSENT_BY_SHAPE.get(shape)
+        if absent is not None:
+            return cls(**fields, absent=absent)
+        absent = _FILE_KEYS.difference(shape)
+        if _FILE_KEYS.issuperset(shape):
+            if len(_ABSENT_BY_SHAPE) <= 256:
+                _ABSENT_BY_SHAPE[shape] = absent
+            return cls(**fields, absent=absent)
+        known = {k: v for k, v in fields.items() if k in _FILE_KEYS}
+        return cls(**known, extra={k: v for k, v in fields.items() if k not in _FILE_KEYS}, absent=absent)
+
     @property
     def is_link(self) -> bool:
         return self.link is not None

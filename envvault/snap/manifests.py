@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as statmod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from envvault.env.probe import Interpreter
@@ -22,8 +22,9 @@ from envvault.model.identity import (
     scripts_id,
     state_id,
 )
+from envvault.model.manifest import FORMAT, DistManifest, FileEntry
 from envvault.vault.ingest import Ingester, StatCache
-from envvault.vault.store import FORMAT, Vault
+from envvault.vault.store import Vault
 
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
@@ -123,7 +124,7 @@ class ManifestBuilder:
 
     def _complete(self, entry: dict, rec, st, sha: str, chunks) -> None:
         if self.mode == "full":
-            entry["chunks"] = chunks
+            entry["chunks"] = None if chunks is None else tuple(chunks)
         entry["size"] = st.st_size
         if rec.algo == "sha256" and rec.digest is not None:
             if sha != rec.digest:
@@ -147,78 +148,81 @@ class ManifestBuilder:
                 reads.append(need)
         return DistPlan(dist, rows, reads)
 
-    def manifest(self, dist: InstalledDist) -> dict:
+    def manifest(self, dist: InstalledDist) -> DistManifest:
         """The manifest of ``dist``, its files read on this thread."""
         plan = self.plan(dist)
         for need in plan.reads:
             self.took(need, self.ing.ingest(need.absolute, need.st.st_size))
         return self.finish(plan)
 
-    def finish(self, plan: DistPlan) -> dict:
+    def finish(self, plan: DistPlan) -> DistManifest:
+        """The manifest of a plan whose reads are all done: each entry's gathered keys become its record
+        (keys a scan did not learn stay out of the document)."""
         dist = plan.dist
-        files = []
+        files: list[FileEntry] = []
         modified = []
         layout = dist.layout(self.interp.scripts)
         folders, unhashed, scripts = [], [], []
         scripts_known = self.mode != "lock"
-        for rec, entry in plan.rows:
-            if entry is None:
+        for rec, kw in plan.rows:
+            if kw is None:
                 if os.path.isdir(os.path.normpath(f"{dist.site}/{rec.path}")):
                     folders.append(rec.path)
                 continue
-            files.append(entry)
-            if entry["state"] == "modified":
-                modified.append((entry["path"], entry["sha256"]))
+            entry = FileEntry.scanned(kw)
+            if entry.state == "modified":
+                modified.append((entry.path, entry.sha256))
             generated = is_generated(rec, layout)
             script = is_script(rec.path, layout) and not generated
-            if generated and is_script(rec.path, layout):
-                entry["generated"] = True  # a launcher named in entry_points.txt
             digest = None
             if script and self.mode != "lock":
                 digest = self._script(entry, layout, rec)
                 if digest == "":
-                    entry["generated"] = True  # a launcher by its content
+                    generated = True  # a launcher by its content
                 elif digest is None:
                     scripts_known = False  # an edited or missing script: its build cannot be told
                 elif digest:
                     scripts.append((os.path.basename(rec.path), digest))
+            if generated and is_script(rec.path, layout):
+                entry = replace(entry, generated=True)  # a launcher: named in entry_points.txt, or by content
+            files.append(entry)
             if rec.algo is None and not generated and (digest or not script):  # launchers are the installer's
                 unhashed.append(rec.path)
-        self._report_rows(dist, folders, unhashed, [f["record"] for f in files if f["state"] == "missing"])
+        self._report_rows(dist, folders, unhashed, [f.record for f in files if f.state == "missing"])
         build = dist.build_id(self.interp.scripts)
         from envvault.env.dists import build_info  # email, packaging: the fast path never needs them
 
-        return {
-            "kind": "dist",
-            "format": FORMAT,
-            "name": dist.name,
-            "version": dist.version,
-            "dist_info": dist.dist_info.relative_to(self.prefix).as_posix(),
-            "installer": dist.installer,
-            "requested": dist.requested,
-            "wheel": dist.wheel,
-            "direct_url": dist.direct_url,
-            "record": "ok" if dist.record is not None else "missing",
-            "build_id": build,
-            "state_id": state_id(build, modified),
-            "scripts": scripts_id(scripts) if scripts_known else None,
-            "build_info": build_info(dist),
-            "files": files,
-        }
+        return DistManifest(
+            kind="dist",
+            format=FORMAT,
+            name=dist.name,
+            version=dist.version,
+            dist_info=dist.dist_info.relative_to(self.prefix).as_posix(),
+            installer=dist.installer,
+            requested=dist.requested,
+            wheel=dist.wheel,
+            direct_url=dist.direct_url,
+            record="ok" if dist.record is not None else "missing",
+            build_id=build,
+            state_id=state_id(build, modified),
+            scripts=scripts_id(scripts) if scripts_known else None,
+            build_info=build_info(dist),
+            files=tuple(files),
+        )
 
-    def _script(self, entry: dict, layout, rec) -> str | None:
+    def _script(self, entry: FileEntry, layout, rec) -> str | None:
         """The normalised digest of a script in the scripts folder; "" for a launcher the installer wrote
         (generated, by its content); None when the script is edited or missing."""
-        if entry["state"] not in ("ok", "unhashed") or "link" in entry:
+        if entry.state not in ("ok", "unhashed") or entry.link is not None:
             return None
-        absolute = f"{self._base}{entry['path']}"
+        absolute = f"{self._base}{entry.path}"
         try:
             with open(absolute, "rb") as fh:
                 head = fh.read(LAUNCHER_HEAD)
                 if is_generated(rec, layout, head):
                     return ""
-                if not head.startswith(b"#!") or entry.get("size", 0) > _SCRIPT_READ_LIMIT:
-                    return entry["sha256"]
+                if not head.startswith(b"#!") or (entry.size or 0) > _SCRIPT_READ_LIMIT:
+                    return entry.sha256
                 return script_digest(head + fh.read())
         except OSError:
             return None
@@ -235,33 +239,32 @@ class ManifestBuilder:
                 self.warnings.append(f"{dist.display}: RECORD {what}: {shown}")
 
 
-def summary_of(man: dict, oid: str) -> dict:
+def summary_of(man: DistManifest, oid: str) -> dict:
     """The package summary a snapshot lists for manifest ``man`` stored as ``oid``."""
-    files = man["files"]
-    counted = [f for f in files if f.get("state") != "missing" and not is_bytecode(f["record"])]
+    files = man.files
+    counted = [f for f in files if f.state != "missing" and not is_bytecode(f.record)]
     return {
-        "name": man["name"],
-        "version": man["version"],
-        "build_id": man["build_id"],
-        "state_id": man["state_id"],
+        "name": man.name,
+        "version": man.version,
+        "build_id": man.build_id,
+        "state_id": man.state_id,
         "identity": IDENTITY_VERSION,
-        "scripts": man["scripts"],
+        "scripts": man.scripts,
         "manifest": oid,
-        "installer": man["installer"],
-        "requested": man["requested"],
-        "record": man["record"],
-        "build_info": man["build_info"],
-        "files": sum(1 for f in counted),
-        "size": sum(f.get("size") or 0 for f in counted),
-        "modified": sorted(f["path"] for f in files if f.get("state") == "modified"),
-        "missing": sorted(f["path"] for f in files if f.get("state") == "missing"),
+        "installer": man.installer,
+        "requested": man.requested,
+        "record": man.record,
+        "build_info": man.build_info,
+        "files": len(counted),
+        "size": sum(f.size or 0 for f in counted),
+        "modified": sorted(f.path for f in files if f.state == "modified"),
+        "missing": sorted(f.path for f in files if f.state == "missing"),
         "exec": _exec_files(counted),
     }
 
 
-def _exec_files(files: list[dict]) -> list[str] | None:
+def _exec_files(files: list[FileEntry]) -> list[str] | None:
     """Paths of the files with an execute bit (docs/format.md, "exec"); None when no mode was recorded."""
-    if not any("mode" in f for f in files):
+    if not any(f.mode is not None for f in files):
         return None
-    return sorted(f["path"] for f in files
-                  if "link" not in f and not f.get("generated") and (f.get("mode") or 0) & 0o111)
+    return sorted(f.path for f in files if f.link is None and not f.generated and (f.mode or 0) & 0o111)

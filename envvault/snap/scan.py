@@ -7,12 +7,14 @@ is re-scanned from metadata alone), else read (``envvault.env.dists``) and built
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol
 
 from envvault.env.probe import Interpreter
 from envvault.env.reader import reader_for
 from envvault.model.encoding import canonical_json, object_id
+from envvault.model.manifest import DistManifest
 from envvault.vault.ingest import Ingester, StatCache, stat_key
 from envvault.vault.store import Vault
 
@@ -140,6 +142,9 @@ def scan_environment(
         if dist.kind == "egg-link":
             warnings.append(f"{dist.display} is an old-style editable ({dist.dist_info.name}): its files live "
                             f"outside the environment, in {dist.target or '?'}, and are not stored")
+        elif dist.record is None and dist.installer == "debian":  # a system environment's (env/system.py)
+            warnings.append(f"{dist.display} is managed by the system package manager and has no RECORD: its "
+                            "files are not stored; restore it with apt")
         elif dist.record is None:
             warnings.append(f"{dist.display} has no RECORD ({dist.kind} install): its files are not stored; reinstall it with pip to make it restorable")
     # Files are read on the ingester's reader threads, distribution after distribution, and their objects
@@ -160,11 +165,13 @@ def _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, p
     for plan in planned:
         dist = plan.dist
         man = builder.finish(plan)
-        data = canonical_json(man)
+        data = canonical_json(man.to_dict())
         oid = object_id(data)
         if writer is not None and not vault.has(oid) and not writer.queued(oid):
             writer.add(oid, data, "m")
         summary = summary_of(man, oid)
+        if builder.interp.environment != "venv":  # its site directory (docs/format.md, "Environment kinds")
+            summary["site"] = posixpath.dirname(man.dist_info)
         packages.append(summary)
         if dist.record is not None:
             try:
@@ -211,7 +218,7 @@ def _lock_fresh(lock: dict, dist_info: Path) -> bool:
         return False
 
 
-def _remember_group(cache: StatCache, dist, prefix: Path, man: dict, summary: dict, mode: str, oid: str) -> None:
+def _remember_group(cache: StatCache, dist, prefix: Path, man: DistManifest, summary: dict, mode: str, oid: str) -> None:
     """Record what this scan learnt about one distribution, for the fast path of the next one.
 
     A group holds the stats of the distribution's files and, per mode, the manifest built from exactly
@@ -226,9 +233,9 @@ def _remember_group(cache: StatCache, dist, prefix: Path, man: dict, summary: di
         group["lock"] = {"record_stat": record_stat, "meta_stat": meta_stat, "summary": summary}
         cache.set_group(key, group)
         return
-    stored = [f["path"] for f in man["files"] if f["path"] in cache.files and "mode" in f and "link" not in f]
+    stored = [f.path for f in man.files if f.path in cache.files and f.mode is not None and f.link is None]
     stats = [cache.files[rel][0] for rel in stored]
-    missing = [f["path"] for f in man["files"] if f.get("state") == "missing"]
+    missing = [f.path for f in man.files if f.state == "missing"]
     group = {
         "record_stat": record_stat,
         "meta_stat": meta_stat,
