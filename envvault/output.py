@@ -9,9 +9,9 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Protocol
 
-__all__ = ["emit_json", "use_colour", "style", "Progress", "human_bytes"]
+__all__ = ["emit_json", "use_colour", "style", "Progress", "ProgressSink", "human_bytes"]
 
 
 def emit_json(doc: Any) -> None:
@@ -46,11 +46,20 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+class ProgressSink(Protocol):
+    """Where long library work (a snap's scan, a restore, a cache restore) reports: the amount to expect
+    once it is known (``set_total``), then the amount done (``sink(done)``). ``Progress`` is one."""
+
+    def set_total(self, total: int) -> None: ...
+
+    def __call__(self, done: int) -> None: ...
+
+
 class Progress:
     """A one-line progress bar on stderr, drawn only when stderr is a TTY and enabled.
 
     Usage: ``p = Progress("snap", total_bytes, enabled=...)``; ``p(done_bytes)``; ``p.close()``.
-    It is a plain callable so library code can take ``progress: Callable[[int], None]``.
+    It is a ``ProgressSink``, which is what library code takes.
     """
 
     def __init__(self, label: str, total: int, *, enabled: bool = True, unit: str = "bytes") -> None:
@@ -87,5 +96,3 @@ class Progress:
             sys.stderr.write("\r" + " " * 79 + "\r")
             sys.stderr.flush()
 
-
-ProgressFn = Callable[[int], None]

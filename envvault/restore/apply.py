@@ -18,7 +18,7 @@ from envvault.errors import EnvironmentProblem
 from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
 from envvault.materialize import FileSpec, Staged
 from envvault.restore.plan import FileWrite, Plan
-from envvault.restore.result import Progress
+from envvault.output import ProgressSink
 from envvault.vault.fsutil import makedirs_recording, storage_error
 from envvault.vault.store import ObjectReader, Vault
 
@@ -29,7 +29,7 @@ def _spec(w: FileWrite) -> FileSpec:
     return FileSpec(w.path, w.chunks, w.size, w.sha256, w.mode, w.link, w.package)
 
 
-def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progress | None,
+def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: ProgressSink | None,
                created: list[str]) -> list[Staged]:
     """Create the folders the writes need (recorded in ``created``) and stage every write. On failure the
     staged files are deleted; the caller removes ``created``."""

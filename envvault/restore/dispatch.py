@@ -12,7 +12,8 @@ from pathlib import Path
 
 from envvault.model.snapshot import Snapshot
 from envvault.restore.baseline import record_restored
-from envvault.restore.result import Progress, RestoreResult, Strategy
+from envvault.output import ProgressSink
+from envvault.restore.result import RestoreResult, Strategy
 from envvault.vault.store import Vault
 
 __all__ = ["restore_snapshot", "strategy_for"]
@@ -41,7 +42,7 @@ def restore_snapshot(
     backup: bool = True,
     dry_run: bool = False,
     into: Path | None = None,
-    progress: Progress | None = None,
+    progress: ProgressSink | None = None,
     caches: bool = True,
 ) -> RestoreResult:
     """Restore snapshot ``sid`` onto the environment ``target`` (or, with ``into``, into a new venv there).

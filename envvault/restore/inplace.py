@@ -29,7 +29,8 @@ from envvault.env.probe import system_of
 from envvault.restore.current import Layout, protected_dirs, read_current
 from envvault.restore.managed import hold_managed
 from envvault.restore.plan import check_python, make_plan
-from envvault.restore.result import Progress, RestoreResult
+from envvault.output import ProgressSink
+from envvault.restore.result import RestoreResult
 from envvault.vault.store import Vault
 
 __all__ = ["restore_in_place", "exclusive_target"]
@@ -45,7 +46,7 @@ def exclusive_target(vault: Vault, target: Path) -> Iterator[None]:
 
 
 def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *, backup: bool, dry_run: bool,
-                     progress: Progress | None = None) -> RestoreResult:
+                     progress: ProgressSink | None = None) -> RestoreResult:
     """Restore ``snapshot`` (id ``sid``) onto the environment ``target`` (a ``restore.result.Strategy``)."""
     if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists() and system_of(target) is None:
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")

@@ -8,19 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from envvault.output import ProgressSink
+
 if TYPE_CHECKING:
     from envvault.model.snapshot import Snapshot
 
-__all__ = ["RestoreResult", "Strategy", "Progress"]
-
-
-class Progress(Protocol):
-    """Where a restore reports the bytes it has written (``output.Progress``, the CLI's bar, is one)."""
-
-    def __call__(self, done: int) -> None: ...
-
-    def set_total(self, total: int) -> None:
-        """The amount to expect, once the restore knows it (after planning)."""
+__all__ = ["RestoreResult", "Strategy"]
 
 
 class Strategy(Protocol):
@@ -30,7 +23,7 @@ class Strategy(Protocol):
     itself. Raises ``EnvvaultError``s; returns what it did."""
 
     def __call__(self, vault, sid: str, snapshot: "Snapshot", target: Path, *, backup: bool, dry_run: bool,
-                 progress: Progress | None = None) -> "RestoreResult": ...
+                 progress: ProgressSink | None = None) -> "RestoreResult": ...
 
 
 @dataclass(frozen=True)

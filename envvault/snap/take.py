@@ -14,11 +14,12 @@ from envvault.crashpoints import crash_point
 from envvault.env.host import host_facts, relevant_env
 from envvault.model.identity import fingerprint
 from envvault.model.snapshot import Snapshot, build_snapshot
+from envvault.output import ProgressSink
 from envvault.vault.store import Vault
 from envvault.vault.store import _now as now
 from envvault.vault.transaction import snapshot_transaction
 
-from .scan import ScanProgress, scan_environment
+from .scan import scan_environment
 
 if TYPE_CHECKING:
     from envvault.caches.snap import CacheHook
@@ -59,7 +60,7 @@ def take_snapshot(
     lock_only: bool = False,
     trigger: str = "manual",
     argv: list[str] | None = None,
-    progress: ScanProgress | None = None,
+    progress: ProgressSink | None = None,
     cache_hook: CacheHook | None = None,
     extra: dict | None = None,
 ) -> SnapResult:
