@@ -296,6 +296,9 @@ def probe_system(exe: Path) -> Interpreter:
 
     from envvault.env.untrusted import without_cwd
 
+    for cfg in (exe.parent / "pyvenv.cfg", exe.parent.parent / "pyvenv.cfg"):  # where site.venv() looks
+        if cfg.is_file():
+            raise UsageError(f"{exe} belongs to the virtual environment {cfg.parent}: pass --venv {cfg.parent}")
     keep = ("PYTHONUSERBASE", "PYTHONNOUSERSITE")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") or k in keep}
     try:
