@@ -159,6 +159,13 @@ def test_pyenv_copy_whole_cycle(pyenv_copy):
                            capture_output=True, text=True, env=env, cwd="/")
     assert check.returncode == 0 and check.stdout.strip() == "1.0", check
 
+    # guard around a `pip install --user` of that interpreter: snapshots before and after, the change named.
+    guarded = run("guard", "--python", python, "--yes", "--json", "--", str(python), "-m", "pip", "install",
+                  "--user", "--no-index", "--find-links", env["PIP_FIND_LINKS"], "beta==1.0")
+    gdoc = json.loads(guarded.stdout)
+    assert gdoc["exit_code"] == 0 and _names(gdoc["diff"]["packages"]["added"]) == {"beta"}, gdoc
+    assert run_json("show", gdoc["after"])["venv"] == str(tmp)
+
     # Export, and nothing written outside the temp folder (HOME untouched: no ~/.local, no cache).
     out = tmp / "export" / "pylock.toml"
     run("export", second["id"], "-o", out)

@@ -11,6 +11,19 @@ from envvault.cli import cli
 from envvault.errors import RefusedError, UsageError
 from envvault.output import emit_json, style
 
+
+def _choose_python(ctx, param, value):
+    from envvault.env.probe import choose_python
+
+    choose_python(value)
+    return value
+
+
+# As commands/snapshots.py's (not imported from there: the shell hook runs guard on every install).
+python_option = click.option(
+    "--python", "python", type=click.Path(dir_okay=False), expose_value=False, callback=_choose_python,
+    help="Guard the installation this interpreter sees (a system Python: pip install --user, sudo pip).")
+
 _KIND_WORDS = {
     "add": ("add", "green"),
     "remove": ("remove", "red"),
@@ -105,6 +118,7 @@ class _CliUI:
 @click.option("--no-restore", is_flag=True, help="Keep whatever a failed or refused command left, for inspection.")
 @click.option("--venv", type=click.Path(file_okay=False),
               help="The environment (default: the one the command's pip or uv would change).")
+@python_option
 @click.option("--save", type=click.Choice(["vault", "venv"]),
               help="Remember --protect/--unprotect in the vault's settings or in <venv>/.envvault.toml.")
 @click.option("--show-protected", is_flag=True, help="Print the protected names and where each comes from.")

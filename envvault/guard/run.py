@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Protocol
 
-from envvault.env.probe import find_target
+from envvault.env.probe import chosen_python, find_target
 from envvault.errors import EnvvaultError, UsageError
 from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
@@ -188,6 +188,8 @@ def _touched(diff: DiffResult, protection: Protection) -> list[str]:
 
 
 def _target_for(cmd: Command, options: GuardOptions, env: Mapping[str, str], cwd: Path) -> Path | None:
+    if options.venv is None and chosen_python():  # --python: the system environment it sees
+        return find_target(None)
     derived = locate_target(cmd, env, cwd) if cmd.known else None
     if options.venv is not None:
         chosen = find_target(options.venv)
@@ -219,6 +221,11 @@ def guard(
     env = dict(os.environ if env is None else env)
     cwd = Path(cwd or os.getcwd())
     cmd = parse_command(argv)
+    if cmd.elsewhere and chosen_python() and "--user" in cmd.args:
+        # --python: the user site is part of the system environment guarded (docs/format.md, "Environment kinds")
+        bare = parse_command([a for a in argv if a != "--user"])
+        if not bare.elsewhere:
+            cmd = replace(bare, argv=tuple(argv))
     if not argv:
         raise UsageError("no command given: envvault guard -- pip install ...")
     child_env = dict(env, **{GUARD_ACTIVE: "1"})
