@@ -48,3 +48,41 @@ def test_snap_after_gc_references_only_stored_objects(tmp_path, make_venv, wheel
     os.sync()
     ev_json(vault, "snap", "--venv", venv)
     assert ev_json(vault, "verify")["ok"]
+
+
+def test_groups_are_stored_packed_and_read_back(tmp_path):
+    """Stat cache version 6: a group's files and stats are two strings; odd paths keep the lists."""
+    import json
+
+    from envvault.vault.ingest import StatCache, group_paths, group_stats_fresh, stat_key
+
+    root = tmp_path / "env"
+    root.mkdir()
+    names = ["a.py", "sub dir/b.so", "c,d.txt", "odd\nname.py"]
+    for n in names:
+        (root / n).parent.mkdir(exist_ok=True)
+        (root / n).write_bytes(b"x" * len(n))
+    keys = [stat_key(os.lstat(root / n)) for n in names]
+    (tmp_path / "state").mkdir()
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "tmp").mkdir()
+    cache = StatCache(tmp_path / "state" / "stat-x")
+    cache.set_group("plain", {"files": names[:3], "stats": keys[:3], "summary": {"name": "p"}})
+    cache.set_group("odd", {"files": names, "stats": keys})
+    cache.save()
+    doc = json.loads((tmp_path / "state" / "stat-x.groups.json").read_bytes())
+    assert doc["version"] == 6
+    plain, odd = doc["groups"]["plain"], doc["groups"]["odd"]
+    assert plain["files"] == "a.py\nsub dir/b.so\nc,d.txt" and isinstance(plain["stats"], str)
+    assert odd["files"] == names and odd["stats"] == keys  # a newline in a path: the lists of version 5
+    again = StatCache(tmp_path / "state" / "stat-x")
+    base = f"{root}/"
+    for key, want in (("plain", names[:3]), ("odd", names)):
+        group = again.groups[key]
+        assert group_paths(group) == want
+        assert group_stats_fresh(base, group)
+    (root / "sub dir/b.so").write_bytes(b"changed!")  # one file's size and mtime move
+    assert not group_stats_fresh(base, again.groups["plain"])
+    assert not group_stats_fresh(base, again.groups["odd"])
+    (root / "a.py").unlink()
+    assert not group_stats_fresh(base, again.groups["plain"])

@@ -24,7 +24,7 @@ import blake3
 
 from ..errors import EnvironmentProblem
 from ..model.encoding import canonical_json, object_id
-from ..vault.ingest import Ingester, StatCache, stat_key
+from ..vault.ingest import Ingester, StatCache, group_paths, group_stats_fresh, stat_key
 from .discover import CacheLocation
 from .entries import summarise_entries
 from .snap_fingerprint import builder_fingerprint
@@ -58,7 +58,7 @@ def archive_cache(
     group = statcache.groups.get(gkey)
     fresh = isinstance(group, dict) and _fresh(root, group)
     if fresh and group.get("env_key") == env_key and isinstance(group.get("entry"), dict):
-        statcache.touch([gkey + "/" + rel for rel in group["files"]])
+        statcache.touch([gkey + "/" + rel for rel in group_paths(group)])
         return dict(group["entry"], seconds=round(time.monotonic() - started, 3), reused=True)
     from concurrent.futures import ThreadPoolExecutor
 
@@ -169,10 +169,8 @@ def _fresh(root: Path, group: dict) -> bool:
             st = lstat(base + rel if rel else str(root))
             if st.st_ctime_ns != ctime or st.st_ino != ino:
                 return False
-        for rel, key in zip(group["files"], group["stats"], strict=True):
-            st = lstat(base + rel)
-            if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns] != key:
-                return False
+        if not group_stats_fresh(base, group):
+            return False
     except (OSError, KeyError, TypeError, ValueError):
         return False
     return True

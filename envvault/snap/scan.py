@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import posixpath
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator
 
 from envvault.env.probe import Interpreter
 from envvault.env.reader import reader_for
 from envvault.model.encoding import canonical_json, object_id
 from envvault.model.manifest import DistManifest
-from envvault.vault.ingest import Ingester, StatCache, stat_key
+from envvault.output import ProgressSink
+from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_paths, group_stats_fresh, stat_key
 from envvault.vault.store import Vault
 
 from .manifests import DistPlan, ManifestBuilder, summary_of
@@ -23,16 +24,7 @@ from .manifests import DistPlan, ManifestBuilder, summary_of
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
 
-__all__ = ["scan_environment", "scan_current", "statcache_for", "ScanProgress"]
-
-
-class ScanProgress(Protocol):
-    """What a scan reports to: the bytes it will read, once known (``set_total``), then the bytes done
-    (``envvault.output.Progress`` is one)."""
-
-    def set_total(self, total: int) -> None: ...
-
-    def __call__(self, done: int) -> None: ...
+__all__ = ["scan_environment", "scan_current", "statcache_for"]
 
 
 def statcache_for(vault: Vault, target: Path) -> StatCache:
@@ -77,16 +69,13 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
 def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
     """True when RECORD and every stored file still have the stats recorded at the last snap."""
     base = f"{str(prefix).rstrip('/')}/"  # a system environment's root may be "/"
-    lstat = os.lstat
     try:
         if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
             return False
         if group.get("meta_stat") != stat_key(os.stat(dist_info / "METADATA")):
             return False
-        for rel, key in zip(group["files"], group["stats"]):
-            st = lstat(base + rel)
-            if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns] != key:
-                return False
+        if not group_stats_fresh(base, group):
+            return False
         if any(os.path.lexists(base + rel) for rel in group.get("missing", ())):
             return False
     except (OSError, KeyError, TypeError, ValueError):
@@ -100,7 +89,7 @@ def scan_environment(
     *,
     mode: str,
     writer=None,
-    progress: ScanProgress | None = None,
+    progress: ProgressSink | None = None,
 ) -> tuple[Interpreter, list[dict], list[str], StatCache, Ingester, dict]:
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
@@ -128,7 +117,7 @@ def scan_environment(
         if mode != "lock" and group and group.get(mkey) and _group_fresh(group, prefix, dist_info):
             summary = dict(group["summary"], manifest=group[mkey])
             packages.append(summary)
-            cache.touch(group["files"])
+            cache.touch(group_paths(group))
             continue
         if mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
             packages.append(dict(group["lock"]["summary"]))
@@ -236,11 +225,12 @@ def _remember_group(cache: StatCache, dist, prefix: Path, man: DistManifest, sum
     stored = [f.path for f in man.files if f.path in cache.files and f.mode is not None and f.link is None]
     stats = [cache.files[rel][0] for rel in stored]
     missing = [f.path for f in man.files if f.state == "missing"]
+    files_field, stats_field = encode_stats(stored, stats)
     group = {
         "record_stat": record_stat,
         "meta_stat": meta_stat,
-        "files": stored,
-        "stats": stats,
+        "files": files_field,
+        "stats": stats_field,
         # Files that were missing must still be missing (a restore, or a user, may put them back).
         "missing": missing,
         "summary": {k: v for k, v in summary.items() if k != "manifest"},

@@ -12,7 +12,9 @@ import json
 import os
 import queue
 import stat as statmod
+import sys
 import threading
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,8 @@ from envvault.model.encoding import MAX_DOC_BYTES, object_id
 from envvault.vault.fsutil import atomic_write, flocked, read_regular
 from envvault.vault.packs import PackWriter
 
-__all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256"]
+__all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256", "encode_stats", "group_paths",
+           "group_stats_fresh"]
 
 SMALL_FILE = 1 << 20  # files below this are one object; larger ones are cut by FastCDC
 _CDC = None
@@ -289,7 +292,7 @@ class StatCache:
     snap) and ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
     """
 
-    VERSION = 5  # 5: identity version 2 (package summaries carry "identity" and "scripts")
+    VERSION = 6  # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats
 
     def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None):
         # ``lock()``: the shared vault lock saves hold; ``tmp_dir``: where saves stage (``Vault.stat_cache``
@@ -355,6 +358,11 @@ class StatCache:
         self._dirty_files = True
 
     def set_group(self, key: str, value: dict) -> None:
+        """Keep ``value`` for ``key``; its ``files`` and ``stats`` lists (paths, stat keys) are stored packed
+        (``encode_stats``), so compare groups with ``group_paths`` / the packed fields."""
+        if isinstance(value.get("files"), list) and isinstance(value.get("stats"), list):
+            value = dict(value)
+            value["files"], value["stats"] = encode_stats(value["files"], value["stats"])
         self.groups[key] = value
         self._dirty_groups = True
 
@@ -385,6 +393,59 @@ class StatCache:
                     atomic_write(self.groups_path, data, tmp_dir=self._tmp_dir, durable=False)
         except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
             pass
+
+
+def encode_stats(paths: list[str], stats: list[list[int]]) -> tuple:
+    """``files`` and ``stats`` of a stat cache group as stored (docs/format.md, "Stat cache"): the paths
+    joined by newlines and the stat keys packed as base64 little-endian int64, or the lists as they are when
+    a path holds a newline or a stat does not fit 64 bits."""
+    if any("\n" in p for p in paths) or len(paths) != len(stats):
+        return list(paths), [list(k) for k in stats]
+    arr = array("q")
+    try:
+        for key in stats:
+            arr.extend(key)
+    except (OverflowError, TypeError):
+        return list(paths), [list(k) for k in stats]
+    if len(arr) != 4 * len(paths):
+        return list(paths), [list(k) for k in stats]
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return "\n".join(paths), base64.b64encode(arr.tobytes()).decode("ascii")
+
+
+def group_paths(group: dict) -> list[str]:
+    """The stored files of a stat cache group, in order."""
+    files = group.get("files")
+    if isinstance(files, str):
+        return files.split("\n") if files else []
+    return list(files or ())
+
+
+def group_stats_fresh(base: str, group: dict) -> bool:
+    """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash) still
+    has the stat key recorded: one ``lstat`` a file, compared packed. False on any error."""
+    files, stats = group.get("files"), group.get("stats")
+    lstat = os.lstat
+    try:
+        if isinstance(files, str) and isinstance(stats, str):
+            want = base64.b64decode(stats, validate=True)
+            now = array("q")
+            add = now.extend
+            if files:
+                for rel in files.split("\n"):
+                    st = lstat(base + rel)
+                    add((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+            if sys.byteorder != "little":
+                now.byteswap()
+            return now.tobytes() == want
+        for rel, key in zip(files, stats, strict=True):
+            st = lstat(base + rel)
+            if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns] != key:
+                return False
+        return True
+    except (OSError, TypeError, ValueError, OverflowError):
+        return False
 
 
 def is_regular(st: os.stat_result) -> bool:
