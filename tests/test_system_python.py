@@ -202,7 +202,9 @@ def test_debian_python_with_apt_packages_and_user_site(tmp_path):
     system_dirs = [Path("/usr/lib/python3/dist-packages"), Path("/usr/local/lib/python3.11/dist-packages"),
                    Path("/usr/local/bin")]
     before = {d: _tree_state(d) for d in system_dirs if d.exists()}
+    run("snap", "--python", DEBIAN_PYTHON, "--no-caches")  # no user site yet: it is seen once it exists
     _pip(DEBIAN_PYTHON, env, "install", "--user", "usersite==1.0", "alpha==1.0")
+    assert _names(run_json("status", "--python", DEBIAN_PYTHON, check=False)["packages"]["added"]) == {"usersite", "alpha"}
 
     first = run_json("snap", "--python", DEBIAN_PYTHON, "--no-caches")
     second = run_json("snap", "--venv", "/usr", "--no-caches")  # the prefix of an interpreter: the same environment

@@ -320,7 +320,7 @@ def probe_system(exe: Path) -> Interpreter:
     sites: list[Path] = []
     for p in ([str(user_site)] if user_site else []) + info["sites"] + [info["purelib"], info["platlib"]]:
         path = Path(os.path.normpath(p))
-        if path not in sites and path.is_dir():
+        if path not in sites:  # candidates: the reader keeps those that exist when it reads
             sites.append(path)
     scripts = Path(info["scripts"])
     anchors = [prefix, scripts, Path(info["purelib"]), Path(info["platlib"]), *map(Path, info["sites"])]

@@ -76,7 +76,7 @@ class SystemReader:
         from envvault.vault.ingest import stat_key
 
         real = os.path.realpath(self.exe)
-        return [str(self.prefix), str(self.exe), real, *stat_key(os.stat(real)),
+        return ["system-probe-2", str(self.prefix), str(self.exe), real, *stat_key(os.stat(real)),
                 os.environ.get("PYTHONUSERBASE"), os.environ.get("PYTHONNOUSERSITE"), os.environ.get("HOME")]
 
     def _cached_probe(self) -> Interpreter:
