@@ -114,17 +114,24 @@ def _wrapped(root: Path) -> Path:
     return v
 
 
-@pytest.mark.parametrize("shape", ["usr", "no-pyvenv-cfg", "conda-like", "pyenv-prefix"])
+@pytest.mark.parametrize("shape", ["no-pyvenv-cfg", "conda-like"])
 def test_snap_refuses_what_is_not_a_venv(world, tmp_path, shape):
-    target = {"usr": lambda: Path("/usr"), "no-pyvenv-cfg": lambda: _no_cfg(tmp_path),
-              "conda-like": lambda: _conda_like(tmp_path), "pyenv-prefix": lambda: BASE_PYTHON.parent.parent}[shape]()
+    target = {"no-pyvenv-cfg": lambda: _no_cfg(tmp_path), "conda-like": lambda: _conda_like(tmp_path)}[shape]()
     proc = _run(world["vault"], "snap", "--venv", target)
     assert proc.returncode == 2, proc
     assert_one_line_error(proc, f"{target} is not a virtual environment", "pyvenv.cfg")
-    own_prefix = shape in ("usr", "pyenv-prefix")
-    assert ("snapshots of an interpreter's own prefix are not supported yet" in proc.stderr) is own_prefix
-    assert ("runs another installation" in proc.stderr) is not own_prefix
+    assert "runs another installation" in proc.stderr
     assert ("conda" in proc.stderr) is (shape == "conda-like")
+
+
+@pytest.mark.parametrize("shape", ["usr", "pyenv-prefix"])
+def test_snap_of_an_interpreters_own_prefix_is_a_system_environment(world, tmp_path, shape):
+    """Issue 13: `--venv /usr` (an interpreter's own prefix) snaps what that interpreter sees, as --python does."""
+    target = {"usr": Path("/usr"), "pyenv-prefix": BASE_PYTHON.parent.parent}[shape]
+    proc = _run(world["vault"], "snap", "--venv", target, "--lock-only", "--no-caches", "--json")
+    assert proc.returncode == 0, proc
+    doc = json.loads(proc.stdout)
+    assert doc["packages"] > 0, doc
 
 
 def test_a_venv_whose_python_runs_another_prefix_is_refused(world, tmp_path):
