@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 __all__ = ["scan_environment", "scan_current", "statcache_for"]
 
+# envvault.journal.JOURNAL_NAME, spelt out: a scan that finds no journal need not import the restore journal
+# (tests/test_snap_fastpath.py checks the two agree).
+JOURNAL_NAME = ".envvault-restore.json"
+
 
 def statcache_for(vault: Vault, target: Path) -> StatCache:
     """The stat cache of the environment at ``target`` (one per real path: ``stat-<key>``)."""
@@ -44,19 +48,20 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
     from envvault.model.identity import fingerprint
 
     interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check")
+    host = host_facts_cached(cache) if facts else None
     if save_cache:
         if getattr(cache, "_files", None) is not None:
             cache.touch(list(cache.files))  # keep file entries other scans (cache trees) rely on
         cache.save()
     if facts:
-        from envvault.env.host import host_facts, relevant_env
+        from envvault.env.host import relevant_env
     return {
         "kind": "current",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "venv": str(prefix),
         "lock_only": False,
         "python": interp.to_dict(),
-        "host": host_facts() if facts else None,
+        "host": host,
         "env": relevant_env() if facts else None,
         "packages": packages,
         "caches": [],
@@ -64,6 +69,17 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
         "warnings": warnings,
         "stats": stats,
     }
+
+
+def host_facts_cached(cache: StatCache) -> dict:
+    """The host's facts, nvidia-smi's answer remembered in the stat cache (``env.host.host_facts``)."""
+    from envvault.env.host import host_facts
+
+    before = cache.extra.get("nvidia")
+    facts = host_facts(cache.extra)
+    if cache.extra.get("nvidia") is not before:
+        cache.mark_dirty()
+    return facts
 
 
 def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
@@ -94,8 +110,6 @@ def scan_environment(
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
     queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
-    from envvault.journal import JOURNAL_NAME
-
     if os.path.lexists(os.path.join(prefix, JOURNAL_NAME)):  # a killed restore: clean what it half-made first
         from envvault.journal import settle_interrupted
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from envvault import __version__
 from envvault.crashpoints import crash_point
-from envvault.env.host import host_facts, relevant_env
+from envvault.env.host import relevant_env
 from envvault.model.identity import fingerprint
 from envvault.model.snapshot import Snapshot, build_snapshot
 from envvault.output import ProgressSink
@@ -19,7 +19,7 @@ from envvault.vault.store import Vault
 from envvault.vault.store import _now as now
 from envvault.vault.transaction import snapshot_transaction
 
-from .scan import scan_environment
+from .scan import host_facts_cached, scan_environment
 
 if TYPE_CHECKING:
     from envvault.caches.snap import CacheHook
@@ -82,7 +82,7 @@ def take_snapshot(
             venv=str(prefix),
             lock_only=lock_only,
             python=interp.to_dict(),
-            host=host_facts(),
+            host=host_facts_cached(cache),
             env=relevant_env(),
             packages=packages,
             caches=caches,

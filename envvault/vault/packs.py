@@ -48,10 +48,9 @@ class PackWriter:
         # Large chunks are mostly shared libraries: a faster level keeps a snap as quick as `tar | zstd`.
         self.level_large = level if level_large is None else level_large
         self.on_commit = on_commit
-        from concurrent.futures import ThreadPoolExecutor  # not needed by runs that write nothing
-
         workers = threads or max(os.cpu_count() or 1, 2)
-        self._pool = ThreadPoolExecutor(max_workers=workers)
+        self._workers = workers
+        self._pool = None  # started by the first frame: a snap that stores nothing imports no thread pool
         # Frames compressing at once: enough to keep every core busy, few enough to bound memory (a frame
         # holds at most a 4 MiB chunk or ~1 MiB of small objects).
         self._in_flight = max(_IN_FLIGHT, 2 * workers)
@@ -104,6 +103,10 @@ class PackWriter:
         return cctx.compress(raw)
 
     def _submit(self, items: list) -> None:
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="envvault-zstd")
         fut = self._pool.submit(self._compress, items)
         meta = [(oid, len(data), kind) for oid, data, kind in items]
         self._pending.append((fut, meta))
@@ -206,10 +209,12 @@ class PackWriter:
             except OSError:
                 pass
             self._pack_fd = None
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 def _unlink_quietly(*paths: Path) -> None:

@@ -1,0 +1,67 @@
+"""The unchanged-environment fast path (issue 11): what a second snap imports and runs, the host facts memo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from fixtures import catalogue as C
+from fixtures import uv_install
+from tests.evtools import ev_env, ev_json
+
+
+def test_journal_name_spelt_out_agrees():
+    from envvault import journal
+    from envvault.snap import scan
+
+    assert scan.JOURNAL_NAME == journal.JOURNAL_NAME
+
+
+def test_nvidia_smi_answer_is_remembered_while_the_driver_stays(monkeypatch):
+    from envvault.env import host
+
+    calls = []
+    key = ["boot-1", "NVRM version 580", ["0000:00:06.0"]]
+    answer = {"gpus": [{"name": "NVIDIA H200", "compute_cap": "9.0", "memory": "143771 MiB"}], "driver": "580"}
+    monkeypatch.setattr(host, "_gpu_key", lambda: list(key))
+    monkeypatch.setattr(host, "_nvidia", lambda: calls.append(1) or dict(answer))
+    memo: dict = {}
+    first = host.host_facts(memo)
+    second = host.host_facts(memo)
+    assert first["gpus"] == second["gpus"] == answer["gpus"] and second["driver"] == "580"
+    assert len(calls) == 1
+    key[2] = ["0000:00:06.0", "0000:00:07.0"]  # another GPU appears: ask again
+    host.host_facts(memo)
+    assert len(calls) == 2
+    assert host.host_facts(None)["gpus"] == answer["gpus"] and len(calls) == 3  # no memo: always asks
+    monkeypatch.setattr(host, "_nvidia", lambda: calls.append(1) or {"nvidia_smi": "failed"})
+    key[0] = "boot-2"
+    assert host.host_facts(memo)["nvidia_smi"] == "failed"
+    assert memo["nvidia"]["key"][0] == "boot-1"  # a failure is not remembered
+
+
+def test_unchanged_snap_imports_no_pool_journal_or_subprocess(tmp_path, make_venv, wheelhouse):
+    venv = make_venv("uv")
+    uv_install(venv, str(wheelhouse[C.SMALL_01]), str(wheelhouse[C.NS_ALPHA]))
+    vault = tmp_path / "vault"
+    first = ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "envvault", "snap", "--venv", str(venv), "--no-caches", "--json"],
+        capture_output=True, text=True, env=ev_env(vault), timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "envvault.snap.scan" in imported  # the measurement sees envvault's own imports
+    for name in ("concurrent.futures", "envvault.journal", "envvault.env.dists", "email"):
+        assert name not in imported, f"an unchanged snap imported {name}"
+    if not any(p.endswith("nvidia-smi") for p in _which_all("nvidia-smi")):
+        assert "subprocess" not in imported
+    assert '"new_objects": 0' in proc.stdout
+    assert first["packages"] == 2
+
+
+def _which_all(name: str) -> list[str]:
+    import os
+
+    return [os.path.join(d, name) for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and os.path.exists(os.path.join(d, name))]
