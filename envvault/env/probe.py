@@ -183,10 +183,10 @@ def system_root(python: str | os.PathLike, expect_prefix: Path | None = None) ->
 def _not_a_venv(path: Path, python: Path) -> str:
     """Why a folder with a bin/python but no pyvenv.cfg is refused, and what to do instead.
 
-    Without pyvenv.cfg the interpreter does not take the folder as its prefix: either the folder is an
-    interpreter's own installation (it holds the standard library: /usr, a pyenv version, a conda
-    environment), which envvault does not snapshot yet, or its bin/python belongs to another
-    installation and would report that one's packages.
+    Without pyvenv.cfg the interpreter does not take the folder as its prefix: either the folder is a conda
+    environment (an interpreter's own installation with conda's metadata, which envvault does not snapshot
+    yet; /usr or a pyenv version is a system environment, ``system_root``), or its bin/python belongs to
+    another installation and would report that one's packages.
     """
     conda = " (a conda environment)" if (path / "conda-meta").is_dir() else ""
     if any(path.glob("lib/python3*/os.py")):
