@@ -184,3 +184,24 @@ def test_error_is_raised_at_its_turn_and_readers_stop(tmp_path):
             seen.append(d)
     assert len(seen) == 7
     assert threading.active_count() <= before  # the reader threads were joined
+
+
+def test_cache_snap_same_packs_with_one_and_four_readers(tmp_path, monkeypatch):
+    from envvault.caches.snap import take_cache_snapshot
+    from envvault.vault import ingest
+    from envvault.vault.store import Vault
+
+    root = tmp_path / "inductor"
+    _tree(root)
+    (root / "fxgraph" / "ab").mkdir(parents=True)
+    (root / "fxgraph" / "ab" / "entry").write_bytes(random.Random(5).randbytes(2_500_000))
+    ids = {}
+    for n in (1, 4):
+        monkeypatch.setattr(ingest, "default_readers", lambda n=n: n)
+        vault = Vault.open(tmp_path / f"v{n}", create=True)
+        res = take_cache_snapshot(vault, extra_dirs=[root], discover=False, argv=["test"])
+        assert not res.snapshot.warnings, res.snapshot.warnings
+        ids[n] = [c.manifest for c in res.snapshot.caches]
+    assert ids[1] == ids[4] and ids[1][0]
+    a, b = _vault_bytes(tmp_path / "v1"), _vault_bytes(tmp_path / "v4")
+    assert a and a == b

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import stat as statmod
-import threading
 import time
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def archive_cache(
     from ..model.cache import CacheManifest, Fingerprint
 
     dirs = _dir_stats(root)
-    with ThreadPoolExecutor(max_workers=_readers()) as pool:
+    with ThreadPoolExecutor(max_workers=1) as pool:
         tree_fp = None
         if fresh and isinstance(group.get("tree_fp"), dict):
             try:
@@ -77,7 +76,7 @@ def archive_cache(
         tree_job = pool.submit(fingerprint_from_tree, root) if tree_fp is None else None
         # ``vault.has`` re-lists index/ on every call; one look at the index serves the whole read.
         known = vault.index().__contains__
-        files, stats, warnings = _read_tree(root, dirs, ingester, known, statcache, gkey + "/", pool)
+        files, stats, warnings = _read_tree(root, dirs, ingester, statcache, gkey + "/")
         if tree_job is not None:
             tree_fp = tree_job.result()
     fp = builder_fingerprint(tree_fp, Fingerprint.from_dict(env_fp) if env_fp else None)
@@ -108,26 +107,6 @@ def archive_cache(
             "tree_fp": tree_fp.to_dict(), "env_key": env_key, "entry": entry,
         })
     return dict(entry, seconds=round(time.monotonic() - started, 3), reused=False)
-
-
-def _readers() -> int:
-    # Reading, hashing and chunking release the GIL; a few threads keep the disk and every core busy.
-    return max(2, min(os.cpu_count() or 1, 6))
-
-
-class _SharedWriter:
-    """One ``PackWriter`` fed by several reading threads (it takes objects from one producer at a time)."""
-
-    def __init__(self, writer) -> None:
-        self._writer = writer
-        self._lock = threading.Lock()
-
-    def add(self, oid: str, data: bytes, kind: str = "b") -> None:
-        with self._lock:
-            self._writer.add(oid, data, kind)
-
-    def queued(self, oid: str) -> bool:
-        return self._writer.queued(oid)
 
 
 def _is_transient_dir(rel: str) -> bool:
@@ -176,7 +155,9 @@ def _fresh(root: Path, group: dict) -> bool:
     return True
 
 
-def _read_tree(root: Path, dirs: list[list], ing: Ingester, known, cache: StatCache, prefix: str, pool):
+def _read_tree(root: Path, dirs: list[list], ing: Ingester, cache: StatCache, prefix: str):
+    """Read every file of the tree on the ingester's reader threads; their objects are stored in the
+    listing's order (the same packs whatever the thread count)."""
     from ..model.cache import ManifestFile
     from .walk import walk_cache
 
@@ -185,14 +166,9 @@ def _read_tree(root: Path, dirs: list[list], ing: Ingester, known, cache: StatCa
     warnings: list[str] = []
     seen: set[str] = set()
     cache.files  # noqa: B018 - load the per-file stat cache before the reading threads share it
-    local = threading.local()
-    shared = _SharedWriter(ing.writer) if ing.writer is not None else None
 
-    def take(rel: str):
-        mine = getattr(local, "ingester", None)
-        if mine is None:
-            mine = local.ingester = Ingester(shared, known, store=ing.store)
-        return rel, _take_file(f"{root}/{rel}", prefix + rel, mine, cache)
+    def take(rel: str, read):
+        return rel, _take_file(f"{root}/{rel}", prefix + rel, read, cache)
 
     pending = walk_cache(root)
     for _ in range(_ROUNDS):
@@ -208,14 +184,19 @@ def _read_tree(root: Path, dirs: list[list], ing: Ingester, known, cache: StatCa
                     files[cf.path] = ManifestFile(path=cf.path, kind="link", mode=cf.mode, target=cf.target)
             else:
                 regular.append(cf.path)
-        for rel, got in pool.map(take, regular):
-            if isinstance(got, str):
-                warnings.append(f"{root}: left out {rel}: {got}")
-            elif got is not None:
-                st, sha, chunks = got
-                files[rel] = ManifestFile(path=rel, kind="file", mode=statmod.S_IMODE(st.st_mode),
-                                          size=st.st_size, sha256=sha, chunks=tuple(chunks))
-                stats.append((rel, stat_key(st)))
+        regular.sort()  # the stored order, hence the packs, do not depend on the listing order
+        results = ing.map_ordered(take, regular)
+        try:
+            for rel, got in results:
+                if isinstance(got, str):
+                    warnings.append(f"{root}: left out {rel}: {got}")
+                elif got is not None:
+                    st, sha, chunks = got
+                    files[rel] = ManifestFile(path=rel, kind="file", mode=statmod.S_IMODE(st.st_mode),
+                                              size=st.st_size, sha256=sha, chunks=tuple(chunks))
+                    stats.append((rel, stat_key(st)))
+        finally:
+            results.close()  # an error: the reader threads stop now
         now = _dir_stats(root)
         if now == dirs:
             pending = []
@@ -236,7 +217,7 @@ def _read_tree(root: Path, dirs: list[list], ing: Ingester, known, cache: StatCa
     return sorted(files.values(), key=lambda f: f.path), stats, warnings
 
 
-def _take_file(path: str, key: str, ing: Ingester, cache: StatCache):
+def _take_file(path: str, key: str, read, cache: StatCache):
     """(stat, sha256, chunks) of a file read whole while it did not change; None when it vanished or is no
     longer a regular file; a reason (str) when it could not be read consistently.
 
@@ -259,7 +240,7 @@ def _take_file(path: str, key: str, ing: Ingester, cache: StatCache):
         if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < _RACY_NS:
             continue
         try:
-            digest = ing.ingest(path, st.st_size)
+            digest = read(path, st.st_size)
         except EnvironmentProblem as err:
             if not os.path.lexists(path):
                 return None

@@ -106,7 +106,7 @@ class Ingester:
 
         if self.store:
             self.known("0" * 64)  # load the vault's index here, not on a reader thread
-        _steady_malloc()
+        stored = 0  # bytes stored so far: past _STEADY_AFTER, pin malloc's threshold (ctypes costs an import)
         budget = _Budget(min(READ_AHEAD, max(16 << 20, self.threads * (2 << 20))), HEAD_AHEAD)
         window: deque[_Job] = deque()
         pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="envvault-read")
@@ -138,6 +138,9 @@ class Ingester:
                     finally:
                         if data is not None:
                             budget.release(job, len(data))
+                            stored += len(data)
+                            if stored > _STEADY_AFTER:
+                                _steady_malloc()
                 yield job.future.result()
         finally:
             budget.abort()
@@ -172,6 +175,7 @@ _DONE = object()
 
 
 _MALLOC_SET = False
+_STEADY_AFTER = 64 << 20
 
 
 def _steady_malloc() -> None:
