@@ -113,7 +113,7 @@ def take_cache_snapshot(
     from envvault import __version__
     from envvault.env.host import host_facts, relevant_env
     from envvault.model.snapshot import build_snapshot
-    from envvault.vault.store import _now
+    from envvault.model.encoding import utc_timestamp
     from envvault.vault.transaction import snapshot_transaction
 
     started = time.monotonic()
@@ -128,7 +128,7 @@ def take_cache_snapshot(
             warnings.append("no compile cache found: nothing was archived (see `envvault cache list --where`)")
         snapshot = build_snapshot(
             kind="cache-snapshot",
-            created=_now(),
+            created=utc_timestamp(),
             message=message,
             trigger="cache-snap",
             argv=list(argv if argv is not None else sys.argv),

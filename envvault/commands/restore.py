@@ -30,10 +30,10 @@ def resolve_side(vault: Vault, arg: str, *, venv: str | None = None,
     tag / ``latest``, a stamped checkpoint file or folder). ``other``: for ``current`` without ``--venv`` and
     without an active venv, the environment the other side names (see :func:`current_target`)."""
     if arg == "current":
-        from envvault.diff import current_document
+        from envvault.snap import scan_current
 
         target = current_target(venv, other, other_doc)
-        return f"current ({target})", current_document(vault, target)
+        return f"current ({target})", scan_current(vault, target)
     label, doc, _ = _stored_side(vault, arg)
     return label, doc
 
@@ -166,7 +166,8 @@ def status(ctx, venv, against, as_json, exit_code):
       envvault status
       envvault status --venv ~/venvs/train --json
     """
-    from envvault.diff import contents_note, current_document, diff_snapshots
+    from envvault.diff import contents_note, diff_snapshots
+    from envvault.snap import scan_current
     from envvault.env.probe import find_target
     from envvault.restore.baseline import baseline_snapshot
     from envvault.journal import interrupted_restore
@@ -184,7 +185,7 @@ def status(ctx, venv, against, as_json, exit_code):
     if broken:
         click.echo(f"warning: a restore of {broken[:12]} onto {target} was interrupted; run "
                    f"`envvault restore {broken[:12]} --venv {target}` to finish it", err=True)
-    now = current_document(vault, target, facts=False)
+    now = scan_current(vault, target, facts=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
     note = contents_note(vault, sid, snap, changed=not result.empty)
     if as_json:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import blake3
 
 from envvault.errors import CorruptError
 
-__all__ = ["canonical_json", "object_id", "parse_json", "short", "MAX_DOC_BYTES"]
+__all__ = ["canonical_json", "object_id", "parse_json", "short", "utc_timestamp", "MAX_DOC_BYTES"]
 
 # A snapshot or manifest larger than this is refused as hostile or damaged.
 MAX_DOC_BYTES = 512 * 1024 * 1024
@@ -34,3 +35,10 @@ def parse_json(data: bytes, what: str) -> Any:
 
 def short(oid: str) -> str:
     return oid[:12]
+
+
+def utc_timestamp() -> str:
+    """Now, as the vault's documents write a time (``created``, a restore marker's ``at``): UTC with
+    microseconds, ``2026-12-01T02:56:00.123456Z``."""
+    now = time.time()  # one clock read: seconds and microseconds must agree
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1e6) % 1000000:06d}Z"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from envvault.diff import current_document
+from envvault.snap import scan_current
 from envvault.model.snapshot import Snapshot, loose_snapshot
 from envvault.errors import EnvvaultError
 from envvault.vault.store import Vault
@@ -29,7 +29,7 @@ def scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[Snapsh
     if backup:
         snap = take_backup(vault, target, sid)
         return snap.snapshot, snap.id
-    return loose_snapshot(current_document(vault, target, facts=False)), None
+    return loose_snapshot(scan_current(vault, target, facts=False)), None
 
 
 def discard_backup(vault: Vault, sid: str | None) -> None:

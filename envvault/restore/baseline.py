@@ -13,7 +13,8 @@ from pathlib import Path
 from envvault.errors import EnvvaultError, NotFoundError
 from envvault.safepaths import env_key
 from envvault.vault.fsutil import atomic_write, read_regular
-from envvault.vault.store import Vault, _now
+from envvault.model.encoding import utc_timestamp
+from envvault.vault.store import Vault
 
 __all__ = ["baseline_snapshot", "record_restored"]
 
@@ -26,7 +27,7 @@ def _marker(vault: Vault, target: Path) -> Path:
 def record_restored(vault: Vault, target: Path, sid: str) -> None:
     """Remember that ``target`` now holds snapshot ``sid``. Never fails the caller."""
     try:
-        data = json.dumps({"snapshot": sid, "venv": str(target), "at": _now()}).encode()
+        data = json.dumps({"snapshot": sid, "venv": str(target), "at": utc_timestamp()}).encode()
         atomic_write(_marker(vault, target), data, tmp_dir=vault.state.tmp_dir)
     except EnvvaultError:
         pass

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from envvault.crashpoints import crash_point
-from envvault.diff import current_document, diff_snapshots
+from envvault.diff import diff_snapshots
 from envvault.errors import RefusedError, UsageError
 from envvault.journal import Paths, clean_temps, read_journal, recover, remove_journal, target_lock, write_journal
 from envvault.materialize import refuse_escapes
@@ -31,6 +31,7 @@ from envvault.restore.managed import hold_managed
 from envvault.restore.plan import check_python, make_plan
 from envvault.output import ProgressSink
 from envvault.restore.result import RestoreResult
+from envvault.snap import scan_current
 from envvault.vault.store import Vault
 
 __all__ = ["restore_in_place", "exclusive_target"]
@@ -115,7 +116,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         populate_statcache(vault, target, staged)
         crash_point("committed")
         clock.lap("commit")
-        after = current_document(vault, target, facts=False)
+        after = scan_current(vault, target, facts=False)
         remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         remove_journal(target)
         crash_point("verified")

@@ -195,7 +195,8 @@ def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, back
     (uv judges by version alone). A lock-only snapshot recorded no file contents: a package is compared with
     the contents a full snapshot of its build recorded (``diff.content_states``; deleted or edited files then
     get it reinstalled), else at build level only. A ``result.Strategy`` (uv reports no progress)."""
-    from envvault.diff import current_document, diff_snapshots
+    from envvault.diff import diff_snapshots
+    from envvault.snap import scan_current
     from envvault.lock.sources import describe
     from envvault.restore.plan import check_python
 
@@ -203,7 +204,7 @@ def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, back
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     sources = check_lock_sources(vault, sid, snapshot)
     with vault.lock():
-        now = loose_snapshot(current_document(vault, target, facts=False))
+        now = loose_snapshot(scan_current(vault, target, facts=False))
         check_python(snapshot.python, now.python)
         plan = diff_snapshots(now, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
         reinstall = sorted({c.name for c in plan.changed if c.old_version == c.new_version})
@@ -223,7 +224,7 @@ def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, back
                 backup_id = take_backup(vault, target, sid).id
             info = sync_from_lock(sid, snapshot, entries, target / "bin" / "python", reinstall=reinstall, work=work,
                                   installed=touched)
-        after = loose_snapshot(current_document(vault, target, facts=False))
+        after = loose_snapshot(scan_current(vault, target, facts=False))
         remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
     written = [p for p in after.packages if p.name in touched]
     return RestoreResult(

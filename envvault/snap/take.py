@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 from envvault import __version__
 from envvault.crashpoints import crash_point
 from envvault.env.host import relevant_env
+from envvault.model.encoding import utc_timestamp as now
 from envvault.model.identity import fingerprint
 from envvault.model.snapshot import Snapshot, build_snapshot
 from envvault.output import ProgressSink
 from envvault.vault.store import Vault
-from envvault.vault.store import _now as now
 from envvault.vault.transaction import snapshot_transaction
 
 from .scan import host_facts_cached, scan_environment

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvvaultError
 from envvault.model.encoding import MAX_DOC_BYTES, object_id
+from envvault.model.snapshot import is_id
 from envvault.vault.backend import Backend, Missing
 from envvault.vault.packs import read_frame
-from envvault.vault.schema import is_id
 from envvault.vault.store import Vault
 from envvault.vault.transaction import pack_writing
 from envvault.vault.verify import referenced_objects

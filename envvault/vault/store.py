@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, StorageError, UsageError
-from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json
+from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json, utc_timestamp
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
@@ -381,7 +380,7 @@ def _write_config(backend: Backend) -> None:
     cfg = {
         "format": FORMAT,
         "vault_id": os.urandom(16).hex(),
-        "created": _now(),
+        "created": utc_timestamp(),
         "zstd_level": 3,
         "zstd_level_large": 2,
     }
@@ -413,8 +412,3 @@ def _check_config(backend: Backend, config: dict | None) -> dict:
             f"this vault was written by a newer envvault (format {config['format']}, this one reads {FORMAT}); upgrade envvault"
         )
     return config
-
-
-def _now() -> str:
-    now = time.time()  # one clock read: seconds and microseconds must agree
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1e6) % 1000000:06d}Z"
