@@ -1,4 +1,5 @@
-"""Issue 3 figures: restore, --into, diff and status on a torch 2.13.0+cpu + numpy venv.
+"""Issue 3 and 11 figures: restore (torch swapped, torch deleted), --into, export, diff and status on a
+torch 2.13.0+cpu + numpy venv.
 
     python bench/bench_restore.py [--venv PATH] [--runs 3]
 """
@@ -75,6 +76,32 @@ def measure(venv: Path, runs: int = 3) -> list[Figure]:
                 w, _ = timed([uv, "pip", "install", "-q", "--no-cache", "--no-deps", "--python",
                               target / "bin" / "python", wheel], env={**os.environ, "UV_NO_CONFIG": "1"})
                 uv_walls.append(w)
+        # Issue 11: torch deleted (rm -rf site-packages/torch), restored; the same anchor, same run.
+        rm_walls, rm_backup_walls, rm_untar, status_after = [], [], [], []
+        for _ in range(runs):
+            shutil.rmtree(sp / "torch")
+            drop_dirty()
+            w, _ = timed(envvault_cmd(vault, "restore", sid, "--venv", copy, "--no-backup", "--no-caches", "--json"), env=env)
+            rm_walls.append(w)
+            w, _ = timed(envvault_cmd(vault, "status", "--venv", copy, "--json"), env=env, check=False)
+            status_after.append(w)
+            shutil.rmtree(sp / "torch")
+            drop_dirty()
+            w, _ = timed(envvault_cmd(vault, "restore", sid, "--venv", copy, "--no-caches", "--json"), env=env)
+            rm_backup_walls.append(w)
+            out = work / "untar"
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            drop_dirty()
+            w, _ = timed(f"zstd -dc '{archive}' | tar -x -C '{out}'")
+            rm_untar.append(w)
+        figs.append(Figure("restore after rm -rf torch (--no-backup): wall (s)", median(rm_walls), "s",
+                           "zstd -dc | tar -x of torch's files", median(rm_untar), "<= 1.0x", 1.0, samples=rm_walls))
+        figs.append(Figure("restore after rm -rf torch, with the backup: wall (s)", median(rm_backup_walls), "s",
+                           "zstd -dc | tar -x of torch's files", median(rm_untar), "<= 1.1x", 1.1,
+                           samples=rm_backup_walls))
+        figs.append(Figure("status right after that restore: wall (s)", median(status_after), "s", "", None,
+                           "no rehash", samples=status_after))
         figs.append(Figure("restore, torch swapped for another build (--no-backup): wall (s)", median(restore_walls),
                            "s", "zstd -dc | tar -x of torch's files", median(untar_walls), "<= 1.0x", 1.0,
                            samples=restore_walls))
@@ -87,7 +114,14 @@ def measure(venv: Path, runs: int = 3) -> list[Figure]:
                                "< 1.0x", 1.0))
         # --into the whole venv vs uv pip install -r of the same set from a warm uv cache
         lock = work / "lock" / "pylock.toml"
-        run(envvault_cmd(vault, "export", sid, "-o", lock, "--json"), env=env)
+        export_walls = []
+        for _ in range(runs):
+            shutil.rmtree(lock.parent, ignore_errors=True)
+            drop_dirty()
+            w, _ = timed(envvault_cmd(vault, "export", sid, "-o", lock, "--json"), env=env)
+            export_walls.append(w)
+        figs.append(Figure("export (every wheel rebuilt): wall (s)", median(export_walls), "s", goal="(device: <= 10 s)",
+                           samples=export_walls))
         wheels = sorted((work / "lock" / "pylock.wheels").glob("*.whl"))
         req = work / "req.txt"
         req.write_text("\n".join(str(w) for w in wheels) + "\n")
@@ -96,7 +130,7 @@ def measure(venv: Path, runs: int = 3) -> list[Figure]:
         run([uv, "venv", "-q", "--python", copy / "bin" / "python", warm_target])
         run([uv, "pip", "install", "-q", "--cache-dir", cache, "--python", warm_target / "bin" / "python", "-r", req],
             env={**os.environ, "UV_NO_CONFIG": "1"})
-        into_walls, uvr_walls = [], []
+        into_walls, uvr_walls, uvoff_walls = [], [], []
         for i in range(runs):
             target = work / f"into{i}"
             drop_dirty()
@@ -108,8 +142,18 @@ def measure(venv: Path, runs: int = 3) -> list[Figure]:
             w, _ = timed([uv, "pip", "install", "-q", "--cache-dir", cache, "--python", t2 / "bin" / "python", "-r", req],
                          env={**os.environ, "UV_NO_CONFIG": "1"})
             uvr_walls.append(w)
+            t3 = work / f"uvoff{i}"  # issue 11's anchor: the exported wheels, offline, no cache to link from
+            run([uv, "venv", "-q", "--python", copy / "bin" / "python", t3])
+            drop_dirty()
+            w, _ = timed([uv, "pip", "install", "-q", "--offline", "--no-deps", "--no-cache", "--python",
+                          t3 / "bin" / "python", *wheels], env={**os.environ, "UV_NO_CONFIG": "1"})
+            uvoff_walls.append(w)
             shutil.rmtree(target, ignore_errors=True)
             shutil.rmtree(t2, ignore_errors=True)
+            shutil.rmtree(t3, ignore_errors=True)
+        figs.append(Figure("restore --into, whole venv vs uv install of the exported wheels: wall (s)",
+                           median(into_walls), "s", "uv pip install --offline --no-deps --no-cache (exported wheels)",
+                           median(uvoff_walls), "<= 1.0x", 1.0, samples=into_walls))
         figs.append(Figure("restore --into, whole venv: wall (s)", median(into_walls), "s",
                            "uv pip install -r (same wheels), warm uv cache", median(uvr_walls), "<= 2x", 2.0,
                            samples=into_walls))

@@ -202,14 +202,14 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
     made: list[Path] = []
     made_dir = not wheel_dir.exists()
     try:
-        for p, man, origin, rebuild in plan:
+        jobs = [(i, man) for i, (_p, man, _o, rebuild) in enumerate(plan) if rebuild]
+        if jobs:
+            wheel_dir.mkdir(parents=True, exist_ok=True)
+        built = rebuild_wheels(vault, doc.python, jobs, wheel_dir, made)
+        for i, (p, man, origin, rebuild) in enumerate(plan):
             entry = {"summary": p, "snapshot": sid, "source": original_source(man), "wheel": None, "origin": origin}
             if rebuild:
-                wheel_dir.mkdir(parents=True, exist_ok=True)
-                existed = (wheel_dir / wheel_filename(man)).exists()
-                path, sha, size = rebuild_wheel(vault, man, doc.python, wheel_dir)
-                if not existed:
-                    made.append(path)
+                path, sha, size = built[i]
                 entry["wheel"] = {"name": path.name, "path": os.path.relpath(path, out.parent), "size": size,
                                   "sha256": sha}
             elif origin is not None and "directory" in origin and not os.path.isdir(origin["directory"]["path"]):
@@ -239,6 +239,39 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
     n_wheels = sum(1 for e in entries if e["wheel"])
     return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
             "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings}
+
+
+def rebuild_wheels(vault: Vault, python, jobs: list[tuple[int, DistManifest]], wheel_dir: Path,
+                   made: list[Path]) -> dict[int, tuple[Path, str, int]]:
+    """Rebuild the wheels of ``jobs`` (key, manifest) in ``wheel_dir`` at once, the largest first, on a
+    thread pool (zstd, hashing and file writes release the GIL); a large file's chunks are decompressed
+    ahead on a second pool. Returns key -> (path, sha256, size); every wheel written that was not there
+    before is appended to ``made`` (also when another fails, so the caller can remove them)."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from envvault.materialize import WORKERS
+
+    existed = {i: (wheel_dir / wheel_filename(man)).exists() for i, man in jobs}
+    order = sorted(jobs, key=lambda j: -sum(f.size or 0 for f in j[1].files))
+    out: dict[int, tuple[Path, str, int]] = {}
+    with ThreadPoolExecutor(WORKERS) as pool, ThreadPoolExecutor(WORKERS) as ahead:
+        futures = {pool.submit(rebuild_wheel, vault, man, python, wheel_dir, ahead=ahead): i for i, man in order}
+        failure: BaseException | None = None
+        for fut in as_completed(futures):
+            i = futures[fut]
+            try:
+                out[i] = fut.result()
+            except BaseException as err:  # the others finish or are cancelled; the first error is raised
+                if failure is None:
+                    failure = err
+                    for other in futures:
+                        other.cancel()
+                continue
+            if not existed[i]:
+                made.append(out[i][0])
+        if failure is not None:
+            raise failure
+    return out
 
 
 def _lock_only_entries(vault: Vault, sid: str, doc: Snapshot, wheel_dir: Path, base: Path, wheels: bool):

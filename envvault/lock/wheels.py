@@ -6,6 +6,8 @@ import hashlib
 import os
 import re
 import zipfile
+from collections import deque
+from concurrent.futures import Executor
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
@@ -21,11 +23,12 @@ from envvault.model.manifest import DistManifest, FileEntry, as_dist_manifest, p
 from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.model.snapshot import PythonInfo, as_python
 from envvault.vault.fsutil import tmp_name
-from envvault.vault.store import Vault
+from envvault.vault.store import ObjectReader, Vault
 
-__all__ = ["check_wheel_source", "rebuild_wheel", "wheel_filename", "wheel_member"]
+__all__ = ["check_wheel_source", "dist_layout", "rebuild_wheel", "wheel_filename", "wheel_member"]
 
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+_AHEAD = 4  # chunks of one large file decompressed ahead of the zip writer
 
 
 def _escape(name: str) -> str:
@@ -86,14 +89,16 @@ def check_wheel_source(man: DistManifest | dict, python: PythonInfo | dict) -> N
     for what, value, ok in checks:
         if not ok:
             raise RefusedError(f"refusing to rebuild the wheel of {shown}: its manifest has an unsafe {what} {value!r}")
+    layout = dist_layout(man, python)
     for f in man.files:
-        member = wheel_member(man, f, python)
+        member = wheel_member(man, f, python, layout)
         if member is not None and _bad_member(member):
             raise RefusedError(f"refusing to rebuild the wheel of {shown}: file {f.record!r} would be the wheel "
                                f"member {member!r}, outside the wheel's folders")
 
 
-def _layout(man: DistManifest, python: PythonInfo, entry_points=()) -> DistLayout:
+def dist_layout(man: DistManifest, python: PythonInfo, entry_points=()) -> DistLayout:
+    """The identity rules' view of an installed distribution (``model.identity.DistLayout``)."""
     di = PurePosixPath(man.dist_info or "")
     return DistLayout.of(di.name, str(di.parent), python.scripts or "bin", entry_points)
 
@@ -106,7 +111,7 @@ def wheel_member(man: DistManifest | dict, f: FileEntry | dict, python: PythonIn
         f = _file_entry(f)
     record = f.record
     di = man.dist_info_name or ""
-    if is_generated(record, layout or _layout(man, python)) and not is_seed_marker(record):
+    if is_generated(record, layout or dist_layout(man, python)) and not is_seed_marker(record):
         return None  # virtualenv's marker is no installer's to rewrite: carried, so the files stay as they were
     if not record.startswith("../"):
         return record
@@ -131,21 +136,38 @@ def _file_entry(f: dict) -> FileEntry:
     return out
 
 
-def _file_bytes(vault: Vault, f: FileEntry) -> Iterator[bytes]:
-    for oid in f.chunks or ():
-        yield vault.get(oid)
+def _file_bytes(reader: ObjectReader, f: FileEntry, ahead: Executor | None = None) -> Iterator[bytes]:
+    """A stored file's chunks in order, each checked against its id. With ``ahead``, a file of several
+    chunks (each its own frame) is decompressed a few chunks ahead on that pool."""
+    chunks = f.chunks or ()
+    if ahead is None or len(chunks) < 2:
+        for oid in chunks:
+            yield reader.get(oid)
+        return
+    pending: deque = deque()
+    it = iter(chunks)
+    for oid in it:
+        pending.append(ahead.submit(reader.get, oid))
+        if len(pending) >= _AHEAD:
+            break
+    while pending:
+        data = pending.popleft().result()
+        nxt = next(it, None)
+        if nxt is not None:
+            pending.append(ahead.submit(reader.get, nxt))
+        yield data
 
 
-def _head(vault: Vault, f: FileEntry) -> bytes:
+def _head(reader: ObjectReader, f: FileEntry) -> bytes:
     """The first bytes of a stored file (its first chunk: at least 256 KiB unless the file is smaller)."""
-    return vault.get(f.chunks[0])[:LAUNCHER_HEAD] if f.chunks else b""
+    return bytes(reader.get(f.chunks[0])[:LAUNCHER_HEAD]) if f.chunks else b""
 
 
-def _console_scripts(vault: Vault, man: DistManifest) -> set[str]:
+def _console_scripts(reader: ObjectReader, man: DistManifest) -> set[str]:
     di = man.dist_info_name
     for f in man.files:
         if f.record == f"{di}/entry_points.txt" and f.chunks is not None:
-            text = b"".join(_file_bytes(vault, f)).decode("utf-8", "replace")
+            text = b"".join(_file_bytes(reader, f)).decode("utf-8", "replace")
             names, section = set(), None
             for line in text.splitlines():
                 line = line.strip()
@@ -158,13 +180,19 @@ def _console_scripts(vault: Vault, man: DistManifest) -> set[str]:
 
 
 def rebuild_wheel(vault: Vault, man: DistManifest | dict, python: PythonInfo | dict,
-                  out_dir: Path) -> tuple[Path, str, int]:
-    """Write ``out_dir/<wheel>``; return (path, sha256 hex, size). Deterministic bytes for one manifest."""
+                  out_dir: Path, *, ahead: Executor | None = None) -> tuple[Path, str, int]:
+    """Write ``out_dir/<wheel>``; return (path, sha256 hex, size). Deterministic bytes for one manifest.
+
+    Members are stored (no compression: the vault's zstd frames are decompressed once and never
+    recompressed); each chunk is checked against its id, and a member's RECORD hash is the one the manifest
+    recorded for those bytes (hashed again only for scripts, whose shebang is normalised). Thread-safe:
+    ``export`` rebuilds several wheels at once; ``ahead`` decompresses a large file's chunks in advance."""
     man, python = as_dist_manifest(man), as_python(python)
     check_wheel_source(man, python)
+    reader = ObjectReader(vault)
     name = wheel_filename(man)
     final = out_dir / name
-    layout = _layout(man, python, _console_scripts(vault, man))
+    layout = dist_layout(man, python, _console_scripts(reader, man))
     di = man.dist_info_name
     record_rows = []
     tmp = tmp_name(out_dir, name)
@@ -175,21 +203,26 @@ def rebuild_wheel(vault: Vault, man: DistManifest | dict, python: PythonInfo | d
                     continue
                 member = wheel_member(man, f, python, layout)
                 script = is_script(f.record, layout) and f.link is None
-                if member is None or script and is_generated(f.record, layout, _head(vault, f)):
+                if member is None or script and is_generated(f.record, layout, _head(reader, f)):
                     continue  # the installer writes launchers afresh (by name or by their shape)
                 info = zipfile.ZipInfo(member, date_time=_ZIP_EPOCH)
                 info.external_attr = (((f.mode or 0o644) & 0o777) | 0o100000) << 16
+                # The recorded sha256 of checked bytes, unless they are a link's text or a rewritten script.
+                known = f.sha256 if f.link is None and not script and f.sha256 and f.size is not None else None
                 h, size = hashlib.sha256(), 0
                 with zf.open(info, "w", force_zip64=(f.size or 0) > (1 << 30)) as out:
-                    pieces = [f.link.encode()] if f.link is not None else _file_bytes(vault, f)
+                    pieces = [f.link.encode()] if f.link is not None else _file_bytes(reader, f, ahead)
                     for i, data in enumerate(pieces):
                         if i == 0 and script:
-                            data = normalise_script(data)
+                            data = normalise_script(bytes(data))
                         out.write(data)
-                        h.update(data)
+                        if known is None:
+                            h.update(data)
                         size += len(data)
-                digest = record_sha256(h.digest())
-                record_rows.append(RecordEntry(member, "sha256", digest, size))
+                if known is not None and size == f.size:
+                    record_rows.append(RecordEntry(member, "sha256", known, size))
+                else:
+                    record_rows.append(RecordEntry(member, "sha256", record_sha256(h.digest()), size))
             record_rows.append(RecordEntry(f"{di}/RECORD", None, None, None))
             info = zipfile.ZipInfo(f"{di}/RECORD", date_time=_ZIP_EPOCH)
             info.external_attr = 0o100644 << 16
@@ -206,4 +239,3 @@ def rebuild_wheel(vault: Vault, man: DistManifest | dict, python: PythonInfo | d
             pass
         raise
     return final, h.hexdigest(), final.stat().st_size
-

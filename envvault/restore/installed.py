@@ -8,11 +8,33 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
+from envvault.model.identity import normalise_script
 from envvault.model.manifest import DistManifest
 from envvault.model.record import format_record, parse_record
 from envvault.model.snapshot import PythonInfo
 
-__all__ = ["find_dist_info", "read_record", "reapply_state", "replace_file"]
+__all__ = ["find_dist_info", "installed_script", "read_record", "reapply_state", "replace_file", "shebang"]
+
+_MAX_SHEBANG = 127  # what Linux reads of a ``#!`` line
+
+
+def shebang(python: str) -> bytes:
+    """The head an installer writes into a script for the interpreter ``python`` (as uv and pip do): one
+    ``#!`` line, or, for a path too long for the kernel or holding a space, a ``/bin/sh`` trampoline."""
+    exe = os.fsencode(python)
+    if len(exe) + 2 > _MAX_SHEBANG or b" " in exe:
+        return b"#!/bin/sh\n'''exec' '" + exe + b"' \"$0\" \"$@\"\n' '''\n"
+    return b"#!" + exe + b"\n"
+
+
+def installed_script(data: bytes, python: str) -> bytes:
+    """A scripts-folder file as an installer writes it for ``python``: a python shebang (the wheel's
+    ``#!python``, or what another installer rewrote it to; launchers included) becomes this interpreter's;
+    any other file is returned as is (the same object)."""
+    wheel = normalise_script(data)
+    if wheel is data:
+        return data
+    return shebang(python) + wheel[len(b"#!python\n"):]
 
 
 def read_record(text: str) -> list[list[str]]:

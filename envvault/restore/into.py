@@ -1,13 +1,18 @@
 """``restore --into NEW_PATH``: a fresh venv built from the snapshot.
 
-uv makes the venv with the snapshot's Python and installs the wheels that ``export`` would rebuild from the
-vault, offline and without dependency resolution, so console-script launchers are written for the new
-interpreter. Files that were edited in place or deleted when the snapshot was taken are then put back in
-that state (bytes and RECORD rows), so the new environment has the snapshot's state ids. Last, each
-distribution's provenance files (``INSTALLER``, ``REQUESTED``, ``direct_url.json``, ``uv_cache.json``) and the
-pyvenv.cfg settings that change behaviour are made as the snapshot recorded them: uv's own (a
-``direct_url.json`` naming the scratch wheel, ``REQUESTED`` on every package) would rewrite history. The
-verification compares them too.
+uv makes the venv with the snapshot's Python; every stored file of every distribution is then written
+straight from the vault into it through the one materializer (``envvault/materialize.py``: pack order,
+parallel, BLAKE3 per object and sha256 per file checked, temp names, then renames), as an installer of the
+wheel ``export`` would rebuild writes it. Only what an installer generates is made afresh: scripts-folder
+files with a python shebang (console-script launchers and ``<name>.data/scripts/`` files) get the new
+interpreter's, and RECORD is the snapshot's with those rows rehashed and the rows of bytecode it does not
+write dropped. Files that were edited in place or deleted when the snapshot was taken are written (or left
+out) as stored, their RECORD rows as the snapshot had them, so the new environment has the snapshot's state
+ids. Each distribution's provenance files (``INSTALLER``, ``REQUESTED``, ``direct_url.json``,
+``uv_cache.json``) and the pyvenv.cfg settings that change behaviour are made as the snapshot recorded them,
+and the verification compares them too. The stat cache learns every file written, so the verification (and
+the next ``status``) stats files instead of re-reading them. A lock-only snapshot is installed by uv from a
+generated lock (``uv.py``).
 """
 
 from __future__ import annotations
@@ -19,19 +24,26 @@ import os
 import shutil
 from pathlib import Path, PurePosixPath
 
-from envvault.diff import current_document, diff_snapshots
-from envvault.errors import RefusedError
+from envvault import materialize
+from envvault.diff import diff_snapshots
+from envvault.snap import scan_current
+from envvault.errors import EnvironmentProblem, RefusedError
+from envvault.materialize import FileSpec, Staged
+from envvault.lock.wheels import dist_layout
+from envvault.model.identity import LAUNCHER_HEAD, is_bytecode, is_script
 from envvault.model.manifest import DistManifest
-from envvault.model.record import format_record
+from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.model.snapshot import PackageSummary, PythonInfo, Snapshot
-from envvault.restore.installed import find_dist_info, read_record, reapply_state, replace_file
+from envvault.restore.managed import venv_manifest, venv_view
+from envvault.restore.installed import find_dist_info, installed_script, read_record, reapply_state, replace_file
 from envvault.restore.result import RestoreResult
+from envvault.vault.fsutil import makedirs_recording
+from envvault.vault.store import ObjectReader
 from envvault.restore.uv import (
     make_venv,
     refuse_nonempty,
     check_lock_sources,
     resolve_lock_sources,
-    run_uv,
     scratch_dir,
     sync_from_lock,
 )
@@ -46,6 +58,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
     if (dest / "pyvenv.cfg").exists() or (dest / "bin" / "python").exists():
         raise RefusedError(f"{dest} is already an environment; --into builds a new one (restore in place with --venv)")
     refuse_nonempty(dest)
+    snapshot = venv_view(snapshot, vault.load_manifest)  # a system environment's, as a venv holds it (restore/managed.py)
     packages = snapshot.packages
     python = snapshot.python
     names = [f"{p.name} {p.version}" for p in packages]
@@ -56,14 +69,23 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
                              plan={"python": python.version, "install": names})
     warnings: list[str] = []
     created = not dest.exists()
+    staged: list[Staged] = []
     with vault.lock(), scratch_dir(vault) as work:
         lock_entries = None
         manifests: dict[str, DistManifest] = {}
-        wheels: list[Path] = []
         if snapshot.lock_only:
             lock_entries = resolve_lock_sources(vault, sid, snapshot, work, sources)
         else:
-            wheels = _rebuild_all(vault, python, packages, work / "wheels", manifests, warnings, progress)
+            for p in packages:  # every manifest read (its paths checked) before the venv is made
+                if p.record != "ok" or not vault.has(p.manifest):
+                    warnings.append(f"{p.name} {p.version}: its files are not in the vault (installed without "
+                                    "RECORD); not installed")
+                    continue
+                man = vault.load_manifest(p.manifest)  # refuses paths that leave the environment
+                if p.site is not None:  # a system environment's: its paths as the venv holds them
+                    man = venv_manifest(man, python)
+                _check_links(p, man)
+                manifests[p.manifest] = man
         venv_warning = make_venv(dest, python)
         if venv_warning:
             warnings.append(venv_warning)
@@ -71,27 +93,27 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
             python_exe = dest / "bin" / "python"
             if lock_entries is not None:
                 sync_from_lock(sid, snapshot, lock_entries, python_exe, reinstall=[], work=work)
-            elif wheels:
-                # A throwaway cache beside the wheels: uv then links files into the venv instead of copying
-                # twice (measured: 5 s instead of 15 s for a torch venv with --no-cache). Never symlinks: that
-                # cache is deleted when the restore ends.
-                run_uv("pip", "install", "--python", str(python_exe), "--offline", "--no-index", "--no-deps",
-                       "--cache-dir", str(work / "uv-cache"), "--link-mode", "hardlink", "--quiet", *map(str, wheels),
-                       what=f"install the snapshot's wheels into {dest}")
-            for p in packages:
-                man = manifests.get(p.manifest)
-                if man is not None and (p.modified or p.missing):
-                    reapply_state(vault, dest, python, man)
+                for p in packages:
+                    man = manifests.get(p.manifest)
+                    if man is not None and (p.modified or p.missing):
+                        reapply_state(vault, dest, python, man)
             provenance = _provenance_of(vault, packages, manifests)
-            for di, wanted in provenance:
-                _apply_provenance(dest, python, di, wanted)
+            if manifests:
+                staged = _write_all(vault, sid, python, packages, dest, manifests, dict(provenance), progress)
+            else:
+                for di, wanted in provenance:
+                    _apply_provenance(dest, python, di, wanted)
             pyvenv = _pyvenv_wanted(python)
             _apply_pyvenv(dest, pyvenv)
+            if staged:
+                from envvault.restore.apply import populate_statcache
+
+                populate_statcache(vault, dest, staged)  # the verification stats, never re-reads
         except BaseException:
             if created:
                 shutil.rmtree(dest, ignore_errors=True)
             raise
-    after = current_document(vault, dest, facts=False)
+    after = scan_current(vault, dest, facts=False)
     remaining = diff_snapshots(after, snapshot, vault=vault, old_label=str(dest), new_label=sid[:12], scope="environment")
     python_ok = not any(k in remaining.python for k in ("implementation", "abi", "soabi", "platform"))
     for k, (o, n) in remaining.python.items():
@@ -101,31 +123,84 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
     verified = remaining.packages_empty and python_ok and not differs
     return RestoreResult(
         sid, str(dest), "into", None, len(packages), verified, False,
-        written_files=sum(p.files for p in packages), written_bytes=sum(p.size for p in packages),
+        written_files=len(staged) if staged else sum(p.files for p in packages),
+        written_bytes=sum(st.spec.size for st in staged) if staged else sum(p.size for p in packages),
         plan={"python": python.version, "install": names},
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
     )
 
 
-def _rebuild_all(vault, python: PythonInfo, packages: tuple[PackageSummary, ...], wheel_dir: Path,
-                 manifests: dict[str, DistManifest], warnings: list, progress) -> list[Path]:
-    from envvault.lock.wheels import rebuild_wheel
-
-    wheel_dir.mkdir(parents=True, exist_ok=True)
-    out, done = [], 0
+def _write_all(vault, sid: str, python: PythonInfo, packages: tuple[PackageSummary, ...], dest: Path,
+               manifests: dict[str, DistManifest], provenance: dict[str, dict], progress) -> list[Staged]:
+    """Write every stored file of ``manifests`` into the new venv at ``dest`` (see the module doc); returns
+    what was written, in place."""
+    reader = ObjectReader(vault)
+    exe = str(dest / (python.scripts or "bin") / "python")
+    specs: list[FileSpec] = []
     for p in packages:
-        if p.record != "ok" or not vault.has(p.manifest):
-            warnings.append(f"{p.name} {p.version}: its files are not in the vault (installed without RECORD); not installed")
-            continue
-        man = vault.load_manifest(p.manifest)  # refuses paths that leave the environment
-        _check_links(p, man)
-        manifests[p.manifest] = man
-        path, _sha, _size = rebuild_wheel(vault, man, python, wheel_dir)
-        out.append(path)
-        done += p.size
-        if progress:
-            progress(done)
-    return out
+        man = manifests.get(p.manifest)
+        if man is not None:
+            specs += _specs_of(reader, p, man, python, exe, provenance.get(PurePosixPath(man.dist_info or "").name))
+    # Every entry decided against the tree as the restore leaves it, before anything is written into it.
+    materialize.refuse_escapes(dest, f"refusing to restore {sid[:12]}",
+                               links={s.path: s.link for s in specs if s.link is not None},
+                               entries=[s.path for s in specs if s.link is None], where="the new environment")
+    made: list[str] = []
+    for d in sorted({os.path.dirname(s.path) for s in specs} - {""}):
+        makedirs_recording(str(dest / d), made, lambda q: EnvironmentProblem(f"{q} is in the way of the new venv"))
+    if progress is not None:
+        progress.set_total(sum(s.size for s in specs))
+    # The venv is new and nothing imports from it yet: files go straight under their final names, as an
+    # installer's would (no temp name, no rename); a failure removes the whole venv (the caller).
+    return materialize.stage(reader, dest, specs, materialize.FINAL_NAME, progress=progress)
+
+
+def _specs_of(reader, p: PackageSummary, man: DistManifest, python: PythonInfo, exe: str,
+              wanted: dict | None) -> list[FileSpec]:
+    """The files of one distribution as an installer of its wheel leaves them (see the module doc)."""
+    def stored(f) -> bytes:
+        return b"".join(bytes(reader.get(c)) for c in f.chunks)
+
+    layout = dist_layout(man, python)
+    di = man.dist_info_name or ""
+    record_rel = f"{di}/RECORD"
+    specs: list[FileSpec] = []
+    rehashed: dict[str, list[str]] = {}
+    record_entry = None
+    for f in man.files:
+        if f.record == record_rel:
+            record_entry = f
+        elif f.link is not None:
+            specs.append(FileSpec(f.path, link=f.link, owner=p.name))
+        elif f.chunks is None:
+            continue  # bytecode (never stored), a file missing at snapshot time, or not stored
+        elif f.chunks and is_script(f.record, layout) and installed_script(
+                head := bytes(reader.get(f.chunks[0])[:LAUNCHER_HEAD]), exe) is not head:
+            data = installed_script(stored(f), exe)
+            sha = record_sha256(hashlib.sha256(data).digest())
+            specs.append(FileSpec(f.path, (), len(data), sha, f.mode or 0o755, None, p.name, data))
+            rehashed[f.record] = RecordEntry(f.record, "sha256", sha, len(data)).to_row()
+        else:
+            specs.append(FileSpec(f.path, tuple(f.chunks), int(f.size or 0), f.sha256, f.mode or 0o644, None, p.name))
+    written = {s.path for s in specs}
+    folder = PurePosixPath(man.dist_info or "")
+    for name, (data, _listed) in (wanted or {}).items():
+        path = str(folder / name)
+        if data is not None and path not in written:  # recorded, but not as a RECORD file (lock facts)
+            specs.append(FileSpec(path, (), len(data), None, 0o644, None, p.name, data))
+    if record_entry is not None and record_entry.chunks is not None:
+        rows = read_record(stored(record_entry).decode("utf-8"))
+    else:  # not stored: the rows the manifest recorded
+        rows = [[f.record, f"sha256={f.sha256}" if f.sha256 else "", "" if f.size is None else str(f.size)]
+                for f in man.files]
+    written_records = {f.record for f in man.files if f.chunks is not None or f.link is not None}
+    rows = [rehashed.get(r[0], r) for r in rows if not (is_bytecode(r[0]) and r[0] not in written_records)]
+    if wanted:
+        rows = _provenance_rows(rows, folder.name, wanted)
+    data = format_record(rows).encode("utf-8")
+    mode = record_entry.mode if record_entry is not None and record_entry.mode else 0o644
+    specs.append(FileSpec(str(folder / "RECORD"), (), len(data), None, mode, None, p.name, data))
+    return specs
 
 
 def _check_links(p: PackageSummary, man: DistManifest) -> None:
@@ -194,7 +269,7 @@ def _apply_provenance(dest: Path, python: PythonInfo, di: str, wanted: dict) -> 
         return
     record_path = folder / "RECORD"
     rows = read_record(record_path.read_text(encoding="utf-8"))
-    for name, (data, listed) in wanted.items():
+    for name, (data, _listed) in wanted.items():
         target = folder / name
         if data is None:
             try:
@@ -203,12 +278,19 @@ def _apply_provenance(dest: Path, python: PythonInfo, di: str, wanted: dict) -> 
                 pass
         else:
             replace_file(target, data)
-        rel = f"{folder.name}/{name}"
+    replace_file(record_path, format_record(_provenance_rows(rows, folder.name, wanted)).encode("utf-8"))
+
+
+def _provenance_rows(rows: list[list[str]], folder: str, wanted: dict) -> list[list[str]]:
+    """RECORD ``rows`` with the provenance files' rows as the snapshot had them: a row for each file that
+    exists and was listed (before RECORD's own row), none for the others."""
+    for name, (data, listed) in wanted.items():
+        rel = f"{folder}/{name}"
         rows = [r for r in rows if r[0] != rel]
         if data is not None and listed:
-            at = next((i for i, r in enumerate(rows) if r[0] == f"{folder.name}/RECORD"), len(rows))
+            at = next((i for i, r in enumerate(rows) if r[0] == f"{folder}/RECORD"), len(rows))
             rows.insert(at, _record_row(rel, data))
-    replace_file(record_path, format_record(rows).encode("utf-8"))
+    return rows
 
 
 def _provenance_differences(dest: Path, python: PythonInfo, provenance: list[tuple[str, dict]]) -> list[str]:

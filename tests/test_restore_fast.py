@@ -1,0 +1,156 @@
+"""Issue 11, the restore half: the materializer's generated files and fresh trees, ``restore --into``
+written straight from the vault (no wheels, no uv install; scripts get the new interpreter; RECORD rows as
+an installer writes them; the stat cache knows every file, so verification never re-reads), and ``export``
+rebuilding wheels in parallel with the same bytes as one at a time."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+
+import pytest
+
+from envvault import materialize
+from envvault.errors import CorruptError
+from envvault.materialize import FileSpec
+from envvault.restore.installed import installed_script, shebang
+from envvault.vault.ingest import b64_sha256
+from fixtures import catalogue as C
+from fixtures.venvs import pip_install
+from tests.evtools import ev, ev_json
+
+
+class _Reader:
+    def __init__(self, blobs: dict[str, bytes]):
+        self.blobs = blobs
+        self.index = {oid: ("pack", i, 0, i, len(b), "b") for i, (oid, b) in enumerate(blobs.items())}
+
+    def get(self, oid: str) -> memoryview:
+        return memoryview(self.blobs[oid])
+
+
+def _sha(data: bytes) -> str:
+    return b64_sha256(hashlib.sha256(data).digest())
+
+
+def _tmp(final: str) -> str:
+    head, name = os.path.split(final)
+    return os.path.join(head, f".{name}.test.tmp")
+
+
+def test_generated_bytes_are_written_and_checked_like_stored_ones(tmp_path):
+    good = b"generated RECORD\n"
+    specs = [FileSpec("a", (), len(good), _sha(good), 0o644, data=good),
+             FileSpec("b", ("o1",), 3, _sha(b"abc"), 0o644)]
+    staged = materialize.stage(_Reader({"o1": b"abc"}), tmp_path, specs, _tmp)
+    for s in staged:
+        materialize.place(s)
+    assert (tmp_path / "a").read_bytes() == good and (tmp_path / "b").read_bytes() == b"abc"
+    lying = FileSpec("c", (), len(good), _sha(b"other"), 0o644, data=good)
+    with pytest.raises(CorruptError):
+        materialize.stage(_Reader({}), tmp_path, [lying], _tmp)
+    assert not (tmp_path / ".c.test.tmp").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_stale_temp_file_is_replaced_never_written_through(tmp_path):
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    (tmp_path / ".f.test.tmp").symlink_to(outside)  # a killed run's leftover (or a planted link)
+    data = b"new bytes"
+    staged = materialize.stage(_Reader({"o": data}), tmp_path, [FileSpec("f", ("o",), len(data), _sha(data))], _tmp)
+    materialize.place(staged[0])
+    assert (tmp_path / "f").read_bytes() == data and outside.read_bytes() == b"keep"
+
+
+def test_a_fresh_tree_is_written_under_final_names(tmp_path):
+    blobs = {f"o{i}": f"file {i}".encode() * 50 for i in range(30)}
+    specs = [FileSpec(f"f{i}", (oid,), len(d), _sha(d)) for i, (oid, d) in enumerate(blobs.items())]
+    staged = materialize.stage(_Reader(blobs), tmp_path, specs, materialize.FINAL_NAME, workers=3)
+    assert sorted(os.listdir(tmp_path)) == sorted(f"f{i}" for i in range(30))
+    assert all(s.tmp == s.final for s in staged)
+
+
+def test_scripts_get_the_new_interpreter_as_installers_write_it():
+    launcher = b"#!/old/venv/bin/python3\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom m import f\n"
+    assert installed_script(launcher, "/new/bin/python") == launcher.replace(b"/old/venv/bin/python3", b"/new/bin/python")
+    long = "/" + "d" * 130 + "/bin/python"
+    out = installed_script(b"#!python\nprint(1)\n", long)
+    assert out == shebang(long) + b"print(1)\n" and out.startswith(b"#!/bin/sh\n'''exec' '")
+    binary = b"\x7fELF\x02\x01"
+    assert installed_script(binary, "/new/bin/python") is binary
+    shell = b"#!/bin/sh\necho hi\n"
+    assert installed_script(shell, "/new/bin/python") is shell
+
+
+def _installed(make_venv, wheelhouse):
+    """A pip venv (pip's launchers, bytecode rows in RECORD) with a console script, headers and data."""
+    venv = make_venv("venv")
+    pip_install(venv, *(str(wheelhouse[k]) for k in (C.TORCH_PLAIN_A, C.SERVING, C.WITH_HEADERS)))
+    return venv
+
+
+def _record(venv, name: str) -> dict[str, str]:
+    di = next(venv.glob(f"lib/python*/site-packages/{name}-*.dist-info"))
+    return {ln.split(",")[0]: ln for ln in (di / "RECORD").read_text().splitlines()}
+
+
+def test_into_writes_from_the_vault_and_status_needs_no_rereading(tmp_path, make_venv, wheelhouse):
+    from envvault.snap.scan import statcache_for
+    from envvault.vault.store import Vault
+
+    venv = _installed(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    new = tmp_path / "new"
+    res = ev_json(vault, "restore", sid, "--into", new)
+    assert res["verified"] is True and res["warnings"] == [], res
+    assert not [f for d, _, fs in os.walk(new) for f in fs if ".envvault-" in f]
+    # Launchers name the new interpreter, and RECORD lists them with their new bytes.
+    launchers = [p for p in (new / "bin").iterdir() if p.is_file() and p.read_bytes().startswith(b"#!")
+                 and b"import sys" in p.read_bytes() and "activate" not in p.name]
+    assert launchers
+    rows = {k: v for name in ("servingpkg", "torchlike") for k, v in _record(new, name).items()}
+    for p in launchers:
+        head = p.read_bytes().split(b"\n", 1)[0]
+        assert head == b"#!" + str(new / "bin" / "python").encode(), head
+        row = rows.get(f"../../../bin/{p.name}")
+        if row is not None:
+            assert row.split(",")[1] == "sha256=" + _sha(p.read_bytes()), row
+    assert not [k for k in rows if k.endswith(".pyc")]  # no bytecode rows for bytecode not written
+    # Every file written is in the stat cache with the stats it has now: status stats, never re-reads.
+    cache = statcache_for(Vault.open(vault), new)
+    site_files = [os.path.relpath(os.path.join(d, f), new) for d, _, fs in os.walk(new / "lib") for f in fs
+                  if not f.endswith(".pyc")]
+    missing = [rel for rel in site_files if rel not in cache.files]
+    assert missing == []
+    st = ev(vault, "status", "--venv", new, "--exit-code")
+    assert st.returncode == 0
+
+
+def test_export_in_parallel_writes_the_bytes_of_one_at_a_time(tmp_path, make_venv, wheelhouse, monkeypatch):
+    from pathlib import Path
+
+    from envvault.lock import export
+    from envvault.vault.store import Vault
+
+    venv = _installed(make_venv, wheelhouse)
+    vault_path = tmp_path / "vault"
+    sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
+    vault = Vault.open(vault_path)
+    export.export_snapshot(vault, sid, Path(tmp_path / "a" / "pylock.toml"))
+    monkeypatch.setattr("envvault.materialize.WORKERS", 1)
+    export.export_snapshot(vault, sid, Path(tmp_path / "b" / "pylock.toml"))
+    a = sorted((tmp_path / "a" / "pylock.wheels").iterdir())
+    b = sorted((tmp_path / "b" / "pylock.wheels").iterdir())
+    assert [p.name for p in a] == [p.name for p in b] and len(a) >= 2
+    for x, y in zip(a, b):
+        assert x.read_bytes() == y.read_bytes(), x.name
+        with zipfile.ZipFile(x) as zf:  # each member's RECORD hash is its bytes'
+            record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+            for line in zf.read(record).decode().splitlines():
+                path, digest, _size = line.rsplit(",", 2)
+                if digest:
+                    assert digest == "sha256=" + _sha(zf.read(path)), path
+    assert json.dumps(sorted(p.name for p in a))
