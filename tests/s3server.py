@@ -60,12 +60,20 @@ class S3Server:
 
     def keys(self, bucket: str, prefix: str = "") -> list[str]:
         import obstore
+
+        return sorted(m["path"] for batch in obstore.list(self._store(bucket), prefix or None) for m in batch)
+
+    def delete(self, bucket: str, key: str) -> None:
+        import obstore
+
+        obstore.delete(self._store(bucket), key)
+
+    def _store(self, bucket: str):
         from obstore.store import S3Store
 
-        store = S3Store(bucket, endpoint=self.url, region=self.REGION, access_key_id=self.KEY,
-                        secret_access_key=self.SECRET, client_options={"allow_http": True},
-                        virtual_hosted_style_request=False)
-        return sorted(m["path"] for batch in obstore.list(store, prefix or None) for m in batch)
+        return S3Store(bucket, endpoint=self.url, region=self.REGION, access_key_id=self.KEY,
+                       secret_access_key=self.SECRET, client_options={"allow_http": True},
+                       virtual_hosted_style_request=False)
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -217,7 +217,7 @@ def test_verify_names_damage_and_gc_collects_through_the_backend(vault):
     assert collect_garbage(vault).removed_packs == 1 and "e" * 64 not in vault.backend.list("packs")
     (pack,) = [p for p in vault.backend.list("packs") if fresh.index()[_id(b"new" * 1000)][0] == p]
     vault.backend.save("packs", pack, vault.backend.load("packs", pack)[:-8])
-    report = verify_vault(Vault(vault.backend, vault.config, vault.state))
+    report = verify_vault(Vault(vault.backend, vault.config, vault.state), read_data=True)
     assert not report["ok"] and report["problems"][0]["snapshots"] == [new]
 
 

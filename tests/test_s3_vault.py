@@ -91,7 +91,7 @@ def test_second_read_on_a_node_is_local(s3_server, bucket, tmp_path, make_venv, 
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.TORCH_CU128])
     jrun(a, "snap", "--no-caches", "--venv", venv)
-    run(b, "verify")
+    run(b, "verify", "--read-data")
     cache = next((tmp_path / "cache-b" / "vaults").iterdir()) / "objects"
     packs = list((cache / "packs").rglob("*"))
     assert [p for p in packs if p.is_file()], "node B cached the packs it read"
@@ -101,12 +101,12 @@ def test_second_read_on_a_node_is_local(s3_server, bucket, tmp_path, make_venv, 
     proxy.refuse = b".pack HTTP/1.1"
     try:
         b2 = node(s3_server, tmp_path, "b", url, endpoint=proxy.url)
-        out = run(b2, "verify")
+        out = run(b2, "verify", "--read-data")
         assert "ok" in out.stdout
         assert proxy.counts["refused"] == 0 and proxy.counts["connections"] > 0
         # and an empty cache (node C) does read packs through it, so the check above can fail
         c = node(s3_server, tmp_path, "c", url, endpoint=proxy.url)
-        assert run(c | {"ENVVAULT_S3_RETRIES": "1"}, "verify", check=False).returncode != 0
+        assert run(c | {"ENVVAULT_S3_RETRIES": "1"}, "verify", "--read-data", check=False).returncode != 0
         assert proxy.counts["refused"] > 0
     finally:
         proxy.close()
@@ -264,3 +264,24 @@ def test_a_stamped_checkpoint_finds_its_bucket_on_another_node(s3_server, bucket
     proc = run(b, "--vault", str(tmp_path / "elsewhere"), "restore", ckpt, "--into", tmp_path / "x", "--dry-run",
                check=False)
     assert proc.returncode == 4 and "no vault at" in proc.stderr, proc.stderr
+
+
+def test_verify_checks_structure_and_reads_data_on_request(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
+    """Default verify reads the manifests and lists the packs; --read-data reads every frame; a lost pack
+    fails both (exit 5, the snapshot named)."""
+    url = f"s3://{bucket}/v"
+    a = node(s3_server, tmp_path, "a", url)
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128])
+    sid = jrun(a, "snap", "--no-caches", "--venv", venv)["id"]
+    plain = jrun(node(s3_server, tmp_path, "b", url), "verify")
+    full = jrun(node(s3_server, tmp_path, "c", url), "verify", "--read-data")
+    assert plain["ok"] and full["ok"] and not plain["read_data"] and full["read_data"]
+    assert plain["objects"] == full["objects"] and plain["bytes"] < full["bytes"]
+    packs = [k for k in s3_server.keys(bucket, "v/packs/") if k.endswith(".pack")]
+    s3_server.delete(bucket, packs[0])
+    for name, args in (("d", ()), ("e", ("--read-data",))):
+        proc = run(node(s3_server, tmp_path, name, url), "verify", "--json", *args, check=False)
+        report = json.loads(proc.stdout)
+        assert proc.returncode == 5 and not report["ok"] and report["problems"]
+        assert all(p["snapshots"] == [sid] for p in report["problems"])
