@@ -166,6 +166,16 @@ def test_pyenv_copy_whole_cycle(pyenv_copy):
     assert gdoc["exit_code"] == 0 and _names(gdoc["diff"]["packages"]["added"]) == {"beta"}, gdoc
     assert run_json("show", gdoc["after"])["venv"] == str(tmp)
 
+    # The shell hook, with no venv active and ENVVAULT_PYTHON naming the system interpreter (a container's).
+    hook = run("shell-hook", "bash").stdout
+    shell_env = dict(venv_env, PATH=f"{python.parent}:{venv_env['PATH']}", ENVVAULT_PYTHON=str(python),
+                     PIP_NO_INDEX="1", PIP_FIND_LINKS=env["PIP_FIND_LINKS"], PIP_CONFIG_FILE=os.devnull)
+    shell_env.pop("PYTHONPATH")
+    shell_env.pop("VIRTUAL_ENV", None)
+    hooked = subprocess.run(["bash", "-c", hook + '\npython3.12 -m pip uninstall -y -q beta'], capture_output=True,
+                            text=True, env=shell_env, cwd=str(tmp), stdin=subprocess.DEVNULL)
+    assert hooked.returncode == 0 and "removed   beta 1.0" in hooked.stderr, hooked
+
     # Export, and nothing written outside the temp folder (HOME untouched: no ~/.local, no cache).
     out = tmp / "export" / "pylock.toml"
     run("export", second["id"], "-o", out)

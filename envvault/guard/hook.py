@@ -4,7 +4,8 @@
 ``pip``, ``pip3``, ``python``, ``python3`` and ``uv``. Each one runs the real command (``command ...``)
 unless all of these hold, in which case it runs ``envvault guard -- <the same words>``:
 
-- a virtual environment is active (``$VIRTUAL_ENV`` is set);
+- a virtual environment is active (``$VIRTUAL_ENV`` is set), or ``$ENVVAULT_PYTHON`` names a system
+  interpreter (a container's Python: guard then runs with ``--python $ENVVAULT_PYTHON``; an active venv wins);
 - ``$ENVVAULT_DISABLE`` is empty or ``0``;
 - it is not already inside a guarded command (``$ENVVAULT_GUARD_ACTIVE``);
 - the words are ``pip``/``pip3``/``pip3.N ...``, ``python``/``python3``/``python3.N -m pip ...`` (or
@@ -34,12 +35,12 @@ _MINORS = range(6, 21)
 
 _POSIX = r"""# envvault shell hook ({shell}): eval "$(envvault shell-hook {shell})"
 # Routes pip, pip3, python -m pip and uv pip installs, uninstalls and syncs through `envvault guard`
-# while a virtual environment is active. ENVVAULT_DISABLE=1 turns it off.
+# while a virtual environment is active (or $ENVVAULT_PYTHON names a system Python). ENVVAULT_DISABLE=1 turns it off.
 __envvault_python={python}
 __envvault_boot={boot}
 
 __envvault_wanted() {{
-    [ -n "${{VIRTUAL_ENV:-}}" ] || return 1
+    [ -n "${{VIRTUAL_ENV:-}}" ] || [ -n "${{ENVVAULT_PYTHON:-}}" ] || return 1
     case "${{ENVVAULT_DISABLE:-}}" in ""|0) ;; *) return 1 ;; esac
     [ -z "${{ENVVAULT_GUARD_ACTIVE:-}}" ] || return 1
     local __envvault_word
@@ -52,7 +53,11 @@ __envvault_wanted() {{
 __envvault_run() {{
     if __envvault_wanted "$@"; then
         if [ -x "$__envvault_python" ]; then
-            "$__envvault_python" -c "$__envvault_boot" guard -- "$@"
+            if [ -z "${{VIRTUAL_ENV:-}}" ]; then  # a system Python (docs/cli.md, shell-hook)
+                "$__envvault_python" -c "$__envvault_boot" guard --python "$ENVVAULT_PYTHON" -- "$@"
+            else
+                "$__envvault_python" -c "$__envvault_boot" guard -- "$@"
+            fi
             return
         fi
         echo "envvault: $__envvault_python is gone; running $1 unguarded (ENVVAULT_DISABLE=1 silences this)" >&2
@@ -83,12 +88,12 @@ function uv {{
 
 _FISH = r"""# envvault shell hook (fish): envvault shell-hook fish | source
 # Routes pip, pip3, python -m pip and uv pip installs, uninstalls and syncs through `envvault guard`
-# while a virtual environment is active. ENVVAULT_DISABLE=1 turns it off.
+# while a virtual environment is active (or $ENVVAULT_PYTHON names a system Python). ENVVAULT_DISABLE=1 turns it off.
 set -g __envvault_python {python}
 set -g __envvault_boot {boot}
 
 function __envvault_wanted
-    test -n "$VIRTUAL_ENV"; or return 1
+    test -n "$VIRTUAL_ENV"; or test -n "$ENVVAULT_PYTHON"; or return 1
     if set -q ENVVAULT_DISABLE; and test -n "$ENVVAULT_DISABLE"; and test "$ENVVAULT_DISABLE" != 0
         return 1
     end
@@ -107,7 +112,11 @@ end
 function __envvault_run
     if __envvault_wanted $argv
         if test -x "$__envvault_python"
-            $__envvault_python -c $__envvault_boot guard -- $argv
+            if test -z "$VIRTUAL_ENV"
+                $__envvault_python -c $__envvault_boot guard --python $ENVVAULT_PYTHON -- $argv
+            else
+                $__envvault_python -c $__envvault_boot guard -- $argv
+            end
             return $status
         end
         echo "envvault: $__envvault_python is gone; running $argv[1] unguarded (ENVVAULT_DISABLE=1 silences this)" >&2
