@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 from fixtures.machine import DEBIAN_PYTHON, cpython
 from fixtures.venvs import isolated_env
 from fixtures.wheels import build_wheel
-from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+from tests.evtools import assert_one_line_error, ev, ev_env
 
 
 def _tree_state(root: Path) -> dict[str, tuple]:

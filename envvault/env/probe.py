@@ -10,7 +10,8 @@ from typing import Any
 
 from envvault.errors import UsageError
 
-__all__ = ["Interpreter", "use_system", "system_of", "choose_python", "chosen_python", "find_target", "probe", "probe_system", "system_root"]
+__all__ = ["Interpreter", "use_system", "system_of", "choose_python", "chosen_python", "find_target", "probe",
+           "probe_system", "system_root"]
 
 # The system environments this process was pointed at (--python, or --venv of an interpreter's prefix):
 # root -> (interpreter, its probe). A system environment is named by its interpreter, not by a folder, so
