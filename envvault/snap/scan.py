@@ -128,8 +128,10 @@ def scan_environment(
         group = cache.groups.get(key)
         # Ids in the stat cache are trusted without consulting the index: the cache is saved only after
         # a commit, and gc deletes every stat cache before it removes anything.
-        if mode != "lock" and group and group.get(mkey) and _group_fresh(group, prefix, dist_info):
-            summary = dict(group["summary"], manifest=group[mkey])
+        # A check scan takes the full scan's manifest of the same stats (the same files, chunks recorded).
+        mid = group and (group.get(mkey) or (mode == "check" and group.get("manifest_full")))
+        if mode != "lock" and mid and _group_fresh(group, prefix, dist_info):
+            summary = dict(group["summary"], manifest=mid)
             packages.append(summary)
             cache.touch(group_paths(group))
             continue
