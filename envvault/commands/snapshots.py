@@ -9,7 +9,8 @@ import click
 
 from envvault.cli import cli
 from envvault.env.probe import find_target
-from envvault.model.snapshot import Host, Snapshot
+from envvault.model.heads import SnapshotHead
+from envvault.model.snapshot import Host
 from envvault.output import Progress, emit_json, human_bytes, style
 from envvault.vault.store import Vault
 
@@ -43,34 +44,8 @@ def open_vault(ctx: click.Context, create: bool = False) -> Vault:
     return vault
 
 
-def torch_label(snap: Snapshot) -> str:
-    p = snap.package("torch")
-    if p is None:
-        return ""
-    info = p.build_info or {}
-    label = p.version
-    if info.get("version") and info["version"] != p.version:
-        label += f" ({info['version']})"
-    if info.get("cuda"):
-        label += f" cuda {info['cuda']}"
-    return label
-
-
-def snapshot_row(sid: str, snap: Snapshot) -> dict:
-    return {
-        "id": sid,
-        "short_id": sid[:12],
-        "created": snap.created if "created" not in snap.absent else None,
-        "message": snap.message,
-        "trigger": snap.trigger,
-        "venv": snap.venv,
-        "python": snap.python.version,
-        "packages": len(snap.packages),
-        "torch": torch_label(snap) or None,
-        "lock_only": snap.lock_only,
-        "new_bytes": snap.stats.new_bytes if snap.stats is not None and "new_bytes" not in snap.stats.absent else None,
-        "caches": len(snap.caches or ()),
-    }
+def snapshot_row(sid: str, head: SnapshotHead) -> dict:
+    return {"id": sid, "short_id": sid[:12], **head.to_dict()}
 
 
 @cli.command()
@@ -135,18 +110,20 @@ def list_(ctx, venv, show_all, as_json):
       envvault list
       envvault list --venv ~/venvs/train --json
     """
+    from envvault.vault.heads import snapshot_heads
+
     vault = open_vault(ctx)
-    snaps = vault.snapshots()
+    snaps = snapshot_heads(vault)
     if not show_all and (venv or _active_venv()):
         target = str(find_target(venv))
-        snaps = [s for s in snaps if s.snapshot.venv == target]
+        snaps = [(sid, h) for sid, h in snaps if h.venv == target]
     tags_by_id: dict[str, list[str]] = {}
     for name, sid in vault.tags().items():
         tags_by_id.setdefault(sid, []).append(name)
     rows = []
-    for s in snaps:
-        row = snapshot_row(s.id, s.snapshot)
-        row["tags"] = sorted(tags_by_id.get(s.id, []))
+    for sid, head in snaps:
+        row = snapshot_row(sid, head)
+        row["tags"] = sorted(tags_by_id.get(sid, []))
         rows.append(row)
     if as_json:
         emit_json({"snapshots": rows})

@@ -212,6 +212,7 @@ class S3Backend:
         self._listed_snapshots: set[str] | None = None
         self._snapshot_fetches = 0
         self._bundles: dict[str, frozenset] | None = None  # bundle name -> the snapshot ids it holds
+        self._head_share: Any = None  # s3_heads.HeadShare, made on first use
 
     # -- names ----------------------------------------------------------------------------------
     def key(self, kind: str, name: str) -> str:
@@ -430,6 +431,44 @@ class S3Backend:
         if kind == "snapshots":
             self._listed_snapshots = set(out)
         return out
+
+    # -- snapshot heads (s3_heads.py) ----------------------------------------------------------------
+    def _heads(self) -> Any:
+        if self._head_share is None:
+            from envvault.vault.s3_heads import HeadShare
+
+            self._head_share = HeadShare(self)
+        return self._head_share
+
+    def shared_heads(self, ids: set[str]) -> dict[str, dict]:
+        """The heads the bucket's ``heads/`` objects hold of ``ids`` (``vault/heads.py`` parses them)."""
+        return self._heads().shared(ids)
+
+    def remember_heads(self, heads: dict[str, dict], computed: int) -> None:
+        """The heads a listing has (``computed`` of them from documents): shared at exit when that spares
+        the next node parsing many documents."""
+        self._heads().remember(heads, computed)
+
+    def get_key(self, key: str) -> bytes | None:
+        """The bytes at a key outside the kinds (``heads/``), None when it is gone."""
+        try:
+            return bytes(self._call(f"reading {key}", lambda: _ob().get(self.store, key).bytes()))
+        except _exc().NotFoundError:
+            return None
+
+    def create_key(self, key: str, data: bytes) -> None:
+        """Write a key outside the kinds unless it exists (content-named: the same bytes)."""
+        try:
+            self._call(f"writing {key}", lambda: _ob().put(self.store, key, data, mode="create", use_multipart=False))
+        except _exc().AlreadyExistsError + _exc().PreconditionError:
+            pass
+
+    def delete_key(self, key: str) -> None:
+        self._call(f"deleting {key}", lambda: _ob().delete(self.store, key))
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """The keys under ``prefix`` (outside the kinds), relative to the vault's prefix."""
+        return [m["path"] for m in self._list_meta(prefix)]
 
     # -- snapshot bundles --------------------------------------------------------------------------
     def _load_bundles(self) -> None:

@@ -1,0 +1,71 @@
+"""The heads of a vault's snapshots for ``list`` (docs/format.md, "Snapshot heads"): from the node's
+``state/snapshot-heads.json``, else from what the backend holds of them (a bucket's ``heads/`` objects), else
+computed from the document, which is loaded and parsed as ``Vault.load_snapshot`` does. What was computed is
+saved for the next listing, and handed to a backend that shares heads with other nodes."""
+
+from __future__ import annotations
+
+import json
+
+from envvault.errors import CorruptError, NotFoundError, UsageError
+from envvault.model.heads import SnapshotHead, head_of, parse_head
+from envvault.vault.store import Vault
+
+__all__ = ["snapshot_heads", "STATE_NAME"]
+
+STATE_NAME = "snapshot-heads.json"
+_LIMIT = 64 << 20
+
+
+def _saved(vault: Vault) -> dict[str, SnapshotHead]:
+    """The node's saved heads; {} when there are none or the file does not parse (it is then rebuilt)."""
+    try:
+        raw = vault.state.read(STATE_NAME, _LIMIT, "snapshot heads")
+        if raw is None:
+            return {}
+        doc = json.loads(raw)
+        if doc.get("version") != 1:
+            return {}
+        return {sid: parse_head(h) for sid, h in doc["heads"].items()}
+    except (CorruptError, ValueError, AttributeError, KeyError, TypeError, OSError):
+        return {}
+
+
+def snapshot_heads(vault: Vault) -> list[tuple[str, SnapshotHead]]:
+    """``(id, head)`` of every readable snapshot, newest first. A snapshot that does not load is skipped with a
+    warning, as ``Vault.snapshots`` does."""
+    ids = vault.snapshot_ids()
+    saved = _saved(vault)
+    heads = {sid: saved[sid] for sid in ids if sid in saved}
+    missing = [sid for sid in ids if sid not in heads]
+    shared = getattr(vault.backend, "shared_heads", None)
+    if missing and shared is not None:
+        for sid, h in shared(set(missing)).items():
+            try:
+                heads[sid] = parse_head(h)
+            except CorruptError:
+                continue
+    computed = 0
+    for sid in ids:
+        if sid in heads:
+            continue
+        try:
+            heads[sid] = head_of(vault.load_snapshot(sid).snapshot)
+            computed += 1
+        except (CorruptError, UsageError, NotFoundError) as err:
+            if isinstance(err, NotFoundError):  # deleted since listed (gc, retention)
+                continue
+            if sid not in vault.skipped:
+                vault.skipped[sid] = str(err)
+                vault.warn(f"skipped {err}")
+    if heads.keys() != saved.keys():
+        data = json.dumps({"version": 1, "heads": {sid: h.to_dict() for sid, h in sorted(heads.items())}},
+                          sort_keys=True, separators=(",", ":")).encode()
+        try:
+            vault.state.write(STATE_NAME, data, durable=False)
+        except OSError:
+            pass  # a cache: the next listing computes them again
+    remember = getattr(vault.backend, "remember_heads", None)
+    if remember is not None:
+        remember({sid: h.to_dict() for sid, h in heads.items()}, computed)
+    return sorted(heads.items(), key=lambda kv: (kv[1].created, kv[0]), reverse=True)

@@ -1,0 +1,106 @@
+"""Snapshot heads shared through a bucket (docs/format.md, "Snapshot heads"): ``PREFIX/heads/<id>.json``
+objects read by a new node so that it lists 1,000 snapshots from a few small requests, and written at exit by
+a command that computed many heads. An optimisation: any failure leaves things as they were."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Protocol
+
+from envvault.errors import CorruptError, StorageError
+from envvault.model.encoding import canonical_json, object_id
+
+__all__ = ["HeadShare", "KeyStore", "WRITE_MIN"]
+
+# A command writes a heads object when it computed at least this many heads (the bundle threshold).
+WRITE_MIN = 32
+_LIMIT = 64 << 20
+_ID = re.compile(r"[0-9a-f]{64}").fullmatch
+
+
+class KeyStore(Protocol):
+    """What a heads share needs of ``S3Backend``: keys outside the kinds, and the node's object cache."""
+
+    cache: Any
+
+    def list_keys(self, prefix: str) -> list[str]: ...
+
+    def get_key(self, key: str) -> bytes | None: ...
+
+    def create_key(self, key: str, data: bytes) -> None: ...
+
+    def delete_key(self, key: str) -> None: ...
+
+
+class HeadShare:
+    """The heads objects of one bucket vault, for one process."""
+
+    def __init__(self, backend: KeyStore) -> None:
+        self.backend = backend
+        self._objects: dict[str, frozenset[str]] | None = None  # heads object id -> the snapshot ids it covers
+        self._heads: dict[str, dict] = {}
+        self._registered = False
+
+    def _load(self) -> dict[str, dict]:
+        """Every head the bucket's heads objects hold (each object checked against its id, cached per node)."""
+        b = self.backend
+        self._objects = {}
+        out: dict[str, dict] = {}
+        try:
+            keys = b.list_keys("heads/")
+        except StorageError:
+            return out
+        for key in keys:
+            name = key[len("heads/"):]
+            if not name.endswith(".json") or not _ID(name[:-5]):
+                continue
+            hid = name[:-5]
+            try:
+                data = b.cache.read("heads", hid, 0, None, _LIMIT, hid) if b.cache is not None else None
+                if data is None:
+                    data = b.get_key(key)
+                    if data is None or len(data) > _LIMIT or object_id(data) != hid:
+                        continue
+                    if b.cache is not None:
+                        b.cache.put_bytes("heads", hid, data)
+                heads = json.loads(data).get("heads")
+            except (StorageError, CorruptError, ValueError, AttributeError, OSError):
+                continue
+            if not isinstance(heads, dict):
+                continue
+            self._objects[hid] = frozenset(heads)
+            out.update((sid, h) for sid, h in heads.items() if isinstance(h, dict))
+        return out
+
+    def shared(self, ids: set[str]) -> dict[str, dict]:
+        """The heads the bucket holds of ``ids`` (unparsed: the caller parses each)."""
+        return {sid: h for sid, h in self._load().items() if sid in ids}
+
+    def remember(self, heads: dict[str, dict], computed: int) -> None:
+        """The heads of every listed snapshot a listing has; when it computed ``WRITE_MIN`` or more, they are
+        written as one heads object as the process exits."""
+        self._heads = heads
+        if computed >= WRITE_MIN and not self._registered:
+            import atexit
+
+            self._registered = True
+            atexit.register(self.write)
+
+    def write(self) -> str | None:
+        """Write one heads object of every remembered head; delete the heads objects it covers."""
+        b = self.backend
+        if not self._heads:
+            return None
+        try:
+            if self._objects is None:
+                self._load()
+            data = canonical_json({"format": 1, "heads": self._heads})
+            hid = object_id(data)
+            b.create_key(f"heads/{hid}.json", data)
+            for old, covered in (self._objects or {}).items():
+                if old != hid and covered <= self._heads.keys():
+                    b.delete_key(f"heads/{old}.json")
+            return hid
+        except (StorageError, OSError):
+            return None

@@ -1,0 +1,72 @@
+"""Listing from snapshot heads (docs/format.md, "Snapshot heads"): the same rows as the documents give, a second
+listing on a node parses no document, and a new node lists a bucket of many snapshots from the heads objects
+in a few requests without reading one document."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envvault.model.encoding import canonical_json, object_id
+from envvault.model.heads import head_of
+from envvault.vault.heads import STATE_NAME, snapshot_heads
+from envvault.vault.store import Vault
+from fixtures import catalogue as C
+from fixtures import uv_install
+from s3server import FaultProxy, s3_server  # noqa: F401 - the fixture
+from test_backend import _snapshot, vault  # noqa: F401 - the fixture (local and memory backends)
+from test_s3_vault import jrun, node
+
+
+def test_heads_are_the_documents_and_saved(vault: Vault, monkeypatch):  # noqa: F811
+    ids = [_snapshot(vault, {f"{i}.py": b"x" * i}, created=f"2026-11-30T10:00:0{i}.000000Z")[0] for i in range(3)]
+    listed = snapshot_heads(vault)
+    assert [sid for sid, _ in listed] == ids[::-1]  # newest first
+    for sid, head in listed:
+        assert head == head_of(vault.load_snapshot(sid).snapshot)
+    assert set(json.loads(vault.state.read(STATE_NAME))["heads"]) == set(ids)
+
+    def no_documents(sid):
+        raise AssertionError(f"read snapshot {sid}")
+
+    monkeypatch.setattr(vault, "load_snapshot", no_documents)
+    assert snapshot_heads(vault) == listed
+    vault.backend.remove("snapshots", ids[0])  # gone from the vault: gone from the list and the saved heads
+    assert [sid for sid, _ in snapshot_heads(vault)] == ids[:0:-1]
+    assert set(json.loads(vault.state.read(STATE_NAME))["heads"]) == set(ids[1:])
+    monkeypatch.undo()
+    vault.state.write(STATE_NAME, b"{not json")  # a damaged file is rebuilt
+    assert snapshot_heads(vault) == listed[:2]
+
+
+def test_a_new_node_lists_a_bucket_from_heads(s3_server, tmp_path: Path, make_venv, wheelhouse):  # noqa: F811
+    bucket = s3_server.bucket()
+    url = f"s3://{bucket}/v"
+    a = node(s3_server, tmp_path, "a", url)
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128])
+    sid = jrun(a, "snap", "--lock-only", "--no-caches", "--venv", venv, "-m", "run -1")["id"]
+    from envvault.vault.s3 import S3Backend
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in s3_server.env().items():
+            mp.setenv(k, v)
+        backend = S3Backend(url)
+        doc = json.loads(backend.load("snapshots", sid))
+        for i in range(40):
+            data = canonical_json(dict(doc, message=f"run {i}", created=f"2030-01-01T00:00:{i:02d}.000000Z"))
+            backend.save("snapshots", object_id(data), data)
+    first = jrun(node(s3_server, tmp_path, "c", url), "list", "--all")["snapshots"]
+    assert len(first) == 41 and first[0]["message"] == "run 39"
+    assert [k for k in s3_server.keys(bucket, "v/heads/") if k.endswith(".json")], "the first node shared its heads"
+    proxy = FaultProxy(s3_server.port, rate=0.0)
+    try:
+        d = node(s3_server, tmp_path, "d", url, endpoint=proxy.url)
+        assert jrun(d, "list", "--all")["snapshots"] == first
+        assert proxy.counts["requests"] <= 10, proxy.counts
+    finally:
+        proxy.close()
+    cached = tmp_path / "cache-d"
+    assert not [p for p in cached.rglob("*") if p.is_file() and "snapshots" in p.parts], "no document was read"
