@@ -38,6 +38,19 @@ def make_venv(tmp_path: Path):
 
 
 @pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """One moto S3 server on 127.0.0.1 for the whole session (``tests/s3server.py``), started by the first
+    test that asks; tests stay apart by making a bucket each (``s3_server.bucket()``)."""
+    from s3server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv with real torch 2.13.0+cpu and numpy, installed by pip from this machine's disk.
 

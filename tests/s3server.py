@@ -1,7 +1,7 @@
 """A real S3 server for the tests: moto's standalone server on 127.0.0.1, a free port, one per session.
 
-Use the fixture ``s3_server`` (import it into a test module): it yields an :class:`S3Server` whose ``env()``
-gives the AWS variables that point envvault at it, and ``bucket()`` makes a fresh bucket. Also a fault
+The fixture ``s3_server`` (tests/conftest.py: one server for the whole session; each test makes its own
+bucket) yields an :class:`S3Server` whose ``env()`` gives the AWS variables that point envvault at it, and ``bucket()`` makes a fresh bucket. Also a fault
 proxy (``FaultProxy``) that stands between envvault and the server and returns 500s or cuts connections.
 """
 
@@ -17,9 +17,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-import pytest
 
-__all__ = ["S3Server", "s3_server", "FaultProxy", "free_port"]
+__all__ = ["S3Server", "FaultProxy", "free_port"]
 
 
 def free_port() -> int:
@@ -83,15 +82,6 @@ class S3Server:
             self.proc.kill()
             self.proc.wait()
         self._log.close()
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory):
-    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 class FaultProxy:

@@ -15,7 +15,7 @@ from envvault.vault.heads import STATE_NAME, snapshot_heads
 from envvault.vault.store import Vault
 from fixtures import catalogue as C
 from fixtures import uv_install
-from s3server import FaultProxy, s3_server  # noqa: F401 - the fixture
+from s3server import FaultProxy
 from test_backend import _snapshot, vault  # noqa: F401 - the fixture (local and memory backends)
 from test_s3_vault import jrun, node
 

@@ -17,11 +17,10 @@ from envvault.model.encoding import object_id
 from envvault.vault.backend import Backend, Missing
 from envvault.vault.objcache import ObjectCache
 from envvault.vault.s3 import S3Backend
-from s3server import s3_server  # noqa: F401 - the fixture
 
 
 @pytest.fixture
-def aws(s3_server, monkeypatch):  # noqa: F811
+def aws(s3_server, monkeypatch):
     for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(k, raising=False)
     for k, v in s3_server.env().items():

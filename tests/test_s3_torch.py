@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.trees import installed_content
-from s3server import FaultProxy, s3_server  # noqa: F401 - the fixture
+from s3server import FaultProxy
 from test_s3_vault import jrun, node, run
 
 pytestmark = pytest.mark.torch
@@ -21,7 +21,7 @@ def _site(venv: Path) -> Path:
     return next((venv / "lib").glob("python3.*/site-packages"))
 
 
-def test_torch_venv_across_two_nodes(s3_server, torch_venv, tmp_path):  # noqa: F811
+def test_torch_venv_across_two_nodes(s3_server, torch_venv, tmp_path):
     url = f"s3://{s3_server.bucket()}/cluster/envs"
     a, b = node(s3_server, tmp_path, "a", url), node(s3_server, tmp_path, "b", url)
     cache = tmp_path / "inductor-a"

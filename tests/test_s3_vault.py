@@ -15,15 +15,15 @@ import pytest
 from evtools import ev, ev_env, ev_json
 from fixtures import catalogue as C
 from fixtures import uv_install, uv_pip
-from s3server import FaultProxy, s3_server  # noqa: F401 - the fixture
+from s3server import FaultProxy
 
 
 @pytest.fixture
-def bucket(s3_server):  # noqa: F811
+def bucket(s3_server):
     return s3_server.bucket()
 
 
-def node(s3_server, tmp_path: Path, name: str, url: str, endpoint: str | None = None) -> dict:  # noqa: F811
+def node(s3_server, tmp_path: Path, name: str, url: str, endpoint: str | None = None) -> dict:
     """The environment of one node: its own cache (and so its own machine-local state) for the vault at url."""
     env = ev_env(url, ENVVAULT_CACHE_DIR=str(tmp_path / f"cache-{name}"), **s3_server.env(endpoint))
     for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
@@ -39,7 +39,7 @@ def jrun(env: dict, *args, **kw) -> dict:
     return json.loads(run(env, *args, "--json", **kw).stdout)
 
 
-def test_commands_on_a_bucket(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
+def test_commands_on_a_bucket(s3_server, bucket, tmp_path, make_venv, wheelhouse):
     url = f"s3://{bucket}/team/vault"
     a, b = node(s3_server, tmp_path, "a", url), node(s3_server, tmp_path, "b", url)
     venv = make_venv("uv")
@@ -84,7 +84,7 @@ def test_commands_on_a_bucket(s3_server, bucket, tmp_path, make_venv, wheelhouse
     assert not [k for k in s3_server.keys(bucket) if k.endswith(f"{first}.json")]
 
 
-def test_second_read_on_a_node_is_local(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
+def test_second_read_on_a_node_is_local(s3_server, bucket, tmp_path, make_venv, wheelhouse):
     """Node B's first verify fetches packs into its cache; its second reads no pack remotely."""
     url = f"s3://{bucket}/v"
     a, b = node(s3_server, tmp_path, "a", url), node(s3_server, tmp_path, "b", url)
@@ -113,7 +113,7 @@ def test_second_read_on_a_node_is_local(s3_server, bucket, tmp_path, make_venv, 
     assert all(p.exists() for p in mtimes)
 
 
-def test_sync_both_ways(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
+def test_sync_both_ways(s3_server, bucket, tmp_path, make_venv, wheelhouse):
     local = tmp_path / "local-vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
@@ -147,7 +147,7 @@ def test_sync_both_ways(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # 
     assert "ok" in ev(local, "verify").stdout and "ok" in ev(pulled, "verify").stdout
 
 
-def test_concurrent_snaps_and_gc(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
+def test_concurrent_snaps_and_gc(s3_server, bucket, tmp_path, make_venv, wheelhouse):
     """4 "nodes" snap 4 environments into one bucket while gc runs on a fifth: every committed snapshot is
     complete afterwards, no referenced object missing."""
     url = f"s3://{bucket}/busy"
@@ -178,7 +178,7 @@ def test_concurrent_snaps_and_gc(s3_server, bucket, tmp_path, make_venv, wheelho
     assert not [k for k in s3_server.keys(bucket) if "/locks/" in k]
 
 
-def test_kill_mid_upload_then_verify_and_finish(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
+def test_kill_mid_upload_then_verify_and_finish(s3_server, bucket, tmp_path, make_venv, wheelhouse):
     """A snap killed (SIGKILL) right after a pack reached the bucket, before its index and the snapshot: the
     vault verifies clean, the dead writer's lock object does not block, and the next snap finishes."""
     url = f"s3://{bucket}/killed"
@@ -200,7 +200,7 @@ def test_kill_mid_upload_then_verify_and_finish(s3_server, bucket, tmp_path, mak
     assert not [k for k in s3_server.keys(bucket) if "/locks/" in k]
 
 
-def test_faulty_network(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
+def test_faulty_network(s3_server, bucket, tmp_path, make_venv, wheelhouse):
     """A proxy that answers 500 or cuts the connection on a fifth of the connections: snap, list and verify
     on a node with an empty cache all succeed (retries with backoff), and leave a clean vault."""
     url = f"s3://{bucket}/faulty"
@@ -223,7 +223,7 @@ def test_faulty_network(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # 
     assert "ok" in run(clean, "verify").stdout
 
 
-def test_missing_bucket_and_wrong_credentials(s3_server, tmp_path):  # noqa: F811
+def test_missing_bucket_and_wrong_credentials(s3_server, tmp_path):
     env = node(s3_server, tmp_path, "a", f"s3://no-such-bucket-{os.getpid()}/v")
     proc = run(env, "list", check=False)
     assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -241,7 +241,7 @@ def test_missing_bucket_and_wrong_credentials(s3_server, tmp_path):  # noqa: F81
         proxy.close()
 
 
-def test_a_stamped_checkpoint_finds_its_bucket_on_another_node(s3_server, bucket, tmp_path, make_venv,  # noqa: F811
+def test_a_stamped_checkpoint_finds_its_bucket_on_another_node(s3_server, bucket, tmp_path, make_venv,
                                                                wheelhouse):
     """The stamp carries the vault's URL (no credentials): on node B, without --vault or ENVVAULT_HOME,
     `envvault restore step_690.pt` and `envvault diff step_690.pt ...` open that bucket."""
@@ -266,7 +266,7 @@ def test_a_stamped_checkpoint_finds_its_bucket_on_another_node(s3_server, bucket
     assert proc.returncode == 4 and "no vault at" in proc.stderr, proc.stderr
 
 
-def test_verify_checks_structure_and_reads_data_on_request(s3_server, bucket, tmp_path, make_venv, wheelhouse):  # noqa: F811
+def test_verify_checks_structure_and_reads_data_on_request(s3_server, bucket, tmp_path, make_venv, wheelhouse):
     """Default verify reads the manifests and lists the packs; --read-data reads every frame; a lost pack
     fails both (exit 5, the snapshot named)."""
     url = f"s3://{bucket}/v"
