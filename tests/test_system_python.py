@@ -41,7 +41,8 @@ def _wheels(out: Path) -> Path:
     build_wheel(out, "alpha", "1.0", {"alpha/__init__.py": b"VERSION = '1.0'\n"})
     build_wheel(out, "alpha", "2.0", {"alpha/__init__.py": b"VERSION = '2.0'\n"})
     build_wheel(out, "beta", "1.0", {"beta/__init__.py": b"B = 1\n"}, console_scripts={"beta-run": "beta:main"})
-    build_wheel(out, "usersite", "1.0", {"usersite/__init__.py": b"U = 1\n"})
+    build_wheel(out, "usersite", "1.0", {"usersite/__init__.py": b"U = 1\ndef main():\n    pass\n"},
+                console_scripts={"usersite-run": "usersite:main"})
     build_wheel(out, "aptowned", "1.0", {"aptowned/__init__.py": b"A = 1\n", "aptowned/data.txt": b"apt\n"})
     return out
 

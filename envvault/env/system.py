@@ -48,6 +48,30 @@ def _b64(rec):
     return dataclasses.replace(rec, digest=digest)
 
 
+_USER_DIST: list = []
+
+
+def _in_user_site(dist, scripts: Path):
+    """``dist`` (an ``InstalledDist``) answering ``layout`` and ``build_id`` with the user site's scripts
+    folder, whatever scripts folder the caller names."""
+    if not _USER_DIST:
+        from envvault.env.dists import InstalledDist
+
+        @dataclasses.dataclass
+        class UserSiteDist(InstalledDist):
+            user_scripts: Path = Path("bin")
+
+            def layout(self, scripts_dir: Path):
+                return InstalledDist.layout(self, self.user_scripts)
+
+            def build_id(self, scripts_dir: Path) -> str:
+                return InstalledDist.build_id(self, self.user_scripts)
+
+        _USER_DIST.append(UserSiteDist)
+    fields = {f.name: getattr(dist, f.name) for f in dataclasses.fields(dist)}
+    return _USER_DIST[0](**fields, user_scripts=scripts)
+
+
 class SystemReader:
     """``EnvironmentReader`` for the installation the interpreter ``exe`` runs; ``prefix`` is its root."""
 
@@ -152,6 +176,11 @@ class SystemReader:
             dist = dataclasses.replace(dist, installer="debian")
         if dist.record and any(_is_hex(r) for r in dist.record):
             dist = dataclasses.replace(dist, record=[_b64(r) if _is_hex(r) else r for r in dist.record])
+        user_site = self.interpreter().user_site
+        if user_site is not None and site == user_site:
+            # pip --user puts scripts in <user base>/bin, not the interpreter's scripts folder: the identity
+            # rules must leave those out of the build id as they do for the prefix's (one wheel, one build id).
+            dist = _in_user_site(dist, user_site.parents[2] / "bin")
         return dist
 
     def distributions(self) -> list[InstalledDist]:
