@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 from envvault.errors import CorruptError
 
-__all__ = ["Key", "Rule", "NO_EXTRA", "load_fields", "dump_fields", "plain", "raise_problems", "is_id",
+__all__ = ["Key", "Rule", "NO_EXTRA", "load_fields", "load_record", "record_loader", "dump_fields", "plain", "raise_problems", "is_id",
            "check_str", "check_opt_str", "check_int", "check_opt_int", "check_num", "check_bool", "check_hex_id",
            "check_opt_hex_id", "check_dict", "check_opt_dict", "check_str_list", "check_opt_str_list",
            "check_str_map", "check_list", "check_opt_list", "check_any"]
@@ -223,6 +223,17 @@ def load_fields(obj: Mapping[str, Any], keys: tuple[Key, ...], where: str,
 
 
 _NONE: frozenset[str] = frozenset()
+
+
+def load_record(cls: Any, obj: Mapping[str, Any], where: str, problems: list[str]) -> Any:
+    """A ``cls`` record (its ``KEYS`` table, ``extra``, ``absent``) read from ``obj`` by ``load_fields``."""
+    kw, absent, extra = load_fields(obj, cls.KEYS, where, problems)
+    return cls(**kw, extra=extra, absent=absent)
+
+
+def record_loader(cls: Any) -> Callable[[Any, str, list[str]], Any]:
+    """``parse(obj, where, problems)`` of ``cls`` records (``load_record``)."""
+    return lambda obj, where, problems: load_record(cls, obj, where, problems)
 
 
 def dump_fields(record: Any, keys: tuple[Key, ...]) -> dict[str, Any]:

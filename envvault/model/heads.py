@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envvault.model._fields import (
-    NO_EXTRA, Key, check_bool, check_int, check_opt_int, check_opt_str, check_str, dump_fields, load_fields,
+    NO_EXTRA, Key, check_bool, check_int, check_opt_int, check_opt_str, check_str, dump_fields, load_record,
     raise_problems,
 )
 from envvault.model.snapshot import Snapshot
@@ -84,6 +84,6 @@ def parse_head(obj: Any, where: str = "snapshot head") -> SnapshotHead:
     if not isinstance(obj, dict):
         raise_problems(where, ["expected an object"])
     problems: list[str] = []
-    kw, absent, extra = load_fields(obj, SnapshotHead.KEYS, "", problems)
+    head = load_record(SnapshotHead, obj, "", problems)
     raise_problems(where, problems)
-    return SnapshotHead(**kw, extra=extra or NO_EXTRA, absent=absent)
+    return head

@@ -10,14 +10,24 @@ import posixpath
 __all__ = ["path_problem", "link_target_problem", "record_path_problem"]
 
 
-def path_problem(path: object) -> str | None:
-    """Why ``path`` (a manifest's, relative to the target) cannot name an entry inside it, or None."""
+def _text_problem(path: object, backslash: bool = False) -> str | None:
+    """What every path rule refuses first: not a non-empty string, a NUL, (a backslash,) a leading ``/``."""
     if not isinstance(path, str) or not path:
         return "not a path"
     if "\x00" in path:
         return "contains NUL"
+    if backslash and "\\" in path:
+        return "contains a backslash"
     if path.startswith("/"):
         return "is absolute"
+    return None
+
+
+def path_problem(path: object) -> str | None:
+    """Why ``path`` (a manifest's, relative to the target) cannot name an entry inside it, or None."""
+    why = _text_problem(path)
+    if why is not None:
+        return why
     parts = path.split("/")
     if ".." in parts:
         return "contains '..'"
@@ -45,14 +55,9 @@ def record_path_problem(path: object) -> str | None:
     export and ``restore --into``, so it may hold no NUL, no backslash, and is neither absolute nor holds a
     ``..`` part after the leading ones. (Empty and ``.`` parts are export's to refuse: a folder row ``x/``
     of a RECORD is harmless in a restore.)"""
-    if not isinstance(path, str) or not path:
-        return "not a path"
-    if "\x00" in path:
-        return "contains NUL"
-    if "\\" in path:
-        return "contains a backslash"
-    if path.startswith("/"):
-        return "is absolute"
+    why = _text_problem(path, backslash=True)
+    if why is not None:
+        return why
     parts = path.split("/")
     n = 0
     while n < len(parts) and parts[n] == "..":

@@ -19,7 +19,7 @@ from envvault.model._fields import (
     NO_EXTRA, OPT_STRS, STRS, Key, check_bool, check_dict, check_hex_id, check_int, check_list, check_num,
     check_opt_dict,
     check_opt_hex_id, check_opt_int, check_opt_list, check_opt_str, check_opt_str_list, check_str, check_str_list,
-    check_str_map, dump_fields, is_id, load_fields, raise_problems,
+    check_str_map, dump_fields, is_id, load_fields, load_record, raise_problems, record_loader,
 )
 from envvault.model.encoding import canonical_json
 
@@ -125,9 +125,7 @@ class PythonInfo:
         return ".".join(self.version.split(".")[:2]) if self.version else None
 
 
-def _parse_python(obj, where, problems) -> PythonInfo:
-    kw, absent, extra = load_fields(obj, PythonInfo.KEYS, where, problems)
-    return PythonInfo(**kw, extra=extra, absent=absent)
+_parse_python = record_loader(PythonInfo)
 
 
 # -- host ---------------------------------------------------------------------------------------------------
@@ -144,9 +142,7 @@ class Gpu:
     KEYS = (Key("name", check_str, True, ""), Key("compute_cap", check_opt_str), Key("memory", check_opt_str))
 
 
-def _parse_gpu(obj, where, problems) -> Gpu:
-    kw, absent, extra = load_fields(obj, Gpu.KEYS, where, problems)
-    return Gpu(**kw, extra=extra, absent=absent)
+_parse_gpu = record_loader(Gpu)
 
 
 @_record
@@ -171,9 +167,7 @@ class Host:
             Key("driver", check_opt_str), Key("nvidia_smi", check_opt_str))
 
 
-def _parse_host(obj, where, problems) -> Host:
-    kw, absent, extra = load_fields(obj, Host.KEYS, where, problems)
-    return Host(**kw, extra=extra, absent=absent)
+_parse_host = record_loader(Host)
 
 
 # -- stats --------------------------------------------------------------------------------------------------
@@ -192,9 +186,7 @@ class Stats:
     KEYS = tuple(Key(k, check_num, default=0) for k in ("files", "bytes", "new_bytes", "new_objects", "seconds"))
 
 
-def _parse_stats(obj, where, problems) -> Stats:
-    kw, absent, extra = load_fields(obj, Stats.KEYS, where, problems)
-    return Stats(**kw, extra=extra, absent=absent)
+_parse_stats = record_loader(Stats)
 
 
 # -- caches -------------------------------------------------------------------------------------------------
@@ -227,9 +219,7 @@ class CacheEntry:
             Key("reused", lambda v: None if v is None else check_bool(v)))
 
 
-def _parse_cache(obj, where, problems) -> CacheEntry:
-    kw, absent, extra = load_fields(obj, CacheEntry.KEYS, where, problems)
-    return CacheEntry(**kw, extra=extra, absent=absent)
+_parse_cache = record_loader(CacheEntry)
 
 
 # -- guard --------------------------------------------------------------------------------------------------
@@ -251,9 +241,7 @@ class GuardInfo:
             Key("exit_code", check_opt_int), Key("before", check_opt_hex_id))
 
 
-def _parse_guard(obj, where, problems) -> GuardInfo:
-    kw, absent, extra = load_fields(obj, GuardInfo.KEYS, where, problems)
-    return GuardInfo(**kw, extra=extra, absent=absent)
+_parse_guard = record_loader(GuardInfo)
 
 
 # -- packages -----------------------------------------------------------------------------------------------
@@ -351,8 +339,7 @@ def parse_package_summary(obj: Any, where: str, problems: list[str]) -> PackageS
     fast = _fast_package(obj)
     if fast is not None:
         return fast
-    kw, absent, extra = load_fields(obj, PackageSummary.KEYS, where, problems)
-    return PackageSummary(**kw, extra=extra, absent=absent)
+    return load_record(PackageSummary, obj, where, problems)
 
 
 def _packages(v, where, problems):

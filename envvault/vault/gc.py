@@ -13,7 +13,6 @@ less garbage are kept whole; their dead objects stay until more of the pack dies
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 
 from envvault.crashpoints import crash_point
@@ -117,7 +116,7 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
         if not dry_run:
             # Stat caches trust the chunk ids they hold without asking the index (envvault/snap.py): they
             # go before anything else does.
-            _drop_stat_caches(vault)
+            vault.state.forget_stat_caches()
             crash_point("gc_caches_dropped")
             for s in drop:
                 vault.delete_snapshot(s.id)
@@ -187,21 +186,6 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
             vault.clean_tmp(older_than=_TMP_AGE)
     return GcResult(dry_run, tuple(s.id for s in keep), tuple(s.id for s in drop), removed_packs, rewritten,
                     partial, removed_objects, freed, tuple(warnings))
-
-
-def _drop_stat_caches(vault: Vault) -> None:
-    """Forget every stat cache, and move the gc epoch on so a scan that loaded one earlier cannot save it back."""
-    state = vault.state
-    try:
-        state.write_in_place("gc-epoch", f"{time.time_ns()}\n".encode())
-    except FileNotFoundError:
-        return
-    for name in state.names():
-        if name.startswith("stat-"):
-            try:
-                state.remove(name)
-            except OSError:
-                pass
 
 
 def _rewrite(vault: Vault, pack_id: str, doc: dict, live: set[str]) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from envvault.errors import CorruptError, NotFoundError, UsageError
+from envvault.errors import CorruptError
 from envvault.model.heads import SnapshotHead, head_of, parse_head
 from envvault.vault.store import Vault
 
@@ -32,8 +32,8 @@ def _saved(vault: Vault) -> dict[str, SnapshotHead]:
 
 
 def snapshot_heads(vault: Vault) -> list[tuple[str, SnapshotHead]]:
-    """``(id, head)`` of every readable snapshot, newest first. A snapshot that does not load is skipped with a
-    warning, as ``Vault.snapshots`` does."""
+    """``(id, head)`` of every readable snapshot, newest first. A snapshot that does not load is skipped
+    (``Vault.load_listed``), as ``Vault.snapshots`` does."""
     ids = vault.snapshot_ids()
     saved = _saved(vault)
     heads = {sid: saved[sid] for sid in ids if sid in saved}
@@ -49,15 +49,10 @@ def snapshot_heads(vault: Vault) -> list[tuple[str, SnapshotHead]]:
     for sid in ids:
         if sid in heads:
             continue
-        try:
-            heads[sid] = head_of(vault.load_snapshot(sid).snapshot)
+        ref = vault.load_listed(sid)
+        if ref is not None:
+            heads[sid] = head_of(ref.snapshot)
             computed += 1
-        except (CorruptError, UsageError, NotFoundError) as err:
-            if isinstance(err, NotFoundError):  # deleted since listed (gc, retention)
-                continue
-            if sid not in vault.skipped:
-                vault.skipped[sid] = str(err)
-                vault.warn(f"skipped {err}")
     if heads.keys() != saved.keys():
         data = json.dumps({"version": 1, "heads": {sid: h.to_dict() for sid, h in sorted(heads.items())}},
                           sort_keys=True, separators=(",", ":")).encode()

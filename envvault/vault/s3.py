@@ -78,13 +78,7 @@ def _follow_gc_epoch(state: Any, value: str) -> None:
     seen = state.read("remote-gc-epoch", 4096)
     if seen is not None and seen.decode("ascii", "replace") == value:
         return
-    try:
-        state.write_in_place("gc-epoch", f"{time.time_ns()}\n".encode())
-    except FileNotFoundError:
-        pass
-    for name in state.names():
-        if name.startswith("stat-"):
-            state.remove(name)
+    state.forget_stat_caches()
     state.write("remote-gc-epoch", value.encode(), durable=False)
 
 

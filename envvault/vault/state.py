@@ -61,6 +61,20 @@ class LocalState:
         state folder is gone)."""
         write_nofollow(self.path(name), data)
 
+    def forget_stat_caches(self) -> None:
+        """Delete every stat cache (they name objects without asking the index: gc makes them wrong) after
+        moving ``gc-epoch`` on, so a scan that loaded one earlier cannot save it back."""
+        try:
+            self.write_in_place("gc-epoch", f"{time.time_ns()}\n".encode())
+        except FileNotFoundError:
+            return  # no state folder: no stat caches either
+        for name in self.names():
+            if name.startswith("stat-"):
+                try:
+                    self.remove(name)
+                except OSError:
+                    pass
+
     def names(self) -> list[str]:
         try:
             return os.listdir(self.dir)

@@ -245,18 +245,22 @@ class Vault:
     def snapshots(self) -> list[SnapshotRef]:
         """All readable snapshots, newest first. Damaged or malformed ones are skipped with a warning (once per
         snapshot, through ``self.warn``); ``self.skipped`` maps their ids to why (verify names them)."""
-        out = []
-        for sid in self.snapshot_ids():
-            try:
-                out.append(self.load_snapshot(sid))
-            except (CorruptError, UsageError, NotFoundError) as err:
-                if isinstance(err, NotFoundError):  # deleted since listed (gc, retention)
-                    continue
-                if sid not in self.skipped:
-                    self.skipped[sid] = str(err)
-                    self.warn(f"skipped {err}")
+        out = [ref for ref in map(self.load_listed, self.snapshot_ids()) if ref is not None]
         out.sort(key=lambda s: (s.created, s.id), reverse=True)
         return out
+
+    def load_listed(self, sid: str) -> SnapshotRef | None:
+        """A listed snapshot, or None: deleted since listed (gc, retention), or damaged or malformed, which is
+        warned of once (``self.warn``) and kept in ``self.skipped``."""
+        try:
+            return self.load_snapshot(sid)
+        except NotFoundError:
+            return None
+        except (CorruptError, UsageError) as err:
+            if sid not in self.skipped:
+                self.skipped[sid] = str(err)
+                self.warn(f"skipped {err}")
+            return None
 
     def resolve(self, ref: str, *, venv: str | None = None) -> str:
         """A full id from: full hex, unique prefix (>= 4), tag, or ``latest`` (optionally of one venv).
