@@ -18,7 +18,6 @@ __all__ = [
     "exec_change",
     "PackageChange",
     "PackageRef",
-    "current_document",
     "diff_snapshots",
     "build_facts",
 ]
@@ -128,7 +127,7 @@ class DiffResult:
 def diff_snapshots(old: Snapshot | dict, new: Snapshot | dict, *, vault=None, old_label: str = "old",
                    new_label: str = "new", scope: str = "all") -> DiffResult:
     """Compare two environment documents: ``Snapshot`` records, or the dicts of the live environment
-    (``current_document``) and of a pylock.toml (``lockfile_document``). ``scope="environment"`` leaves out
+    (``envvault.snap.scan_current``) and of a pylock.toml (``lockfile_document``). ``scope="environment"`` leaves out
     host and environment variables (facts of the shell, not of the environment: what ``status`` and restore
     checks use)."""
     old, new = loose_snapshot(old), loose_snapshot(new)
@@ -378,14 +377,7 @@ def build_facts(old: dict | None, new: dict | None) -> dict:
     return {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
 
 
-# -- the live environment as a document ------------------------------------------------------------
-
-
-def current_document(vault, prefix: Path, *, save_cache: bool = True, facts: bool = True) -> dict:
-    """The live environment as a document: ``envvault.snap.scan_current`` (the scan lives in snap)."""
-    from envvault.snap import scan_current
-
-    return scan_current(vault, prefix, save_cache=save_cache, facts=facts)
+# -- a pylock.toml as a document -------------------------------------------------------------------
 
 
 def lockfile_document(path: Path) -> dict:
