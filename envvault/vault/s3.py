@@ -14,20 +14,15 @@ from __future__ import annotations
 import os
 import re
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 from envvault.errors import CorruptError, NotFoundError, StorageError, UsageError
 from envvault.vault.backend import DEFAULT_LIMIT, Missing, ObjectInfo, ReadFailed, check_kind
 from envvault.vault.location import S3Url, parse_s3_url
 
-__all__ = ["S3Backend", "open_vault", "LOCK_STALE_SECONDS", "LOCK_REFRESH_SECONDS"]
+__all__ = ["S3Backend", "open_vault"]
 
-# Lock objects (docs/format.md, "Object storage"): a holder rewrites its lock object every
-# LOCK_REFRESH_SECONDS; one not rewritten for LOCK_STALE_SECONDS (by the server's clock) is stale.
-LOCK_REFRESH_SECONDS = 300.0
-LOCK_STALE_SECONDS = 1800.0
 
 
 def open_vault(vault_cls: Any, url: str, *, create: bool = False) -> Any:
@@ -199,7 +194,7 @@ class S3Backend:
         self.store = store if store is not None else _make_store(self.url)
         self.cache = cache
         self.requests = 0  # calls made to the bucket (tests and `--debug` figures)
-        self._lost: list[str] = []  # locks whose object vanished while held (gc called them stale)
+        self.lost: list[str] = []  # locks whose object vanished while held (gc called them stale)
         # Called with the bucket's gc epoch once the vault lock is held (open_vault: drop stale stat caches).
         self.on_gc_epoch: Callable[[str], None] | None = None
         # Snapshot bundles (docs/format.md, "Object storage"): what this process listed and fetched.
@@ -262,8 +257,8 @@ class S3Backend:
     # -- the Backend protocol -----------------------------------------------------------------------
     def save(self, kind: str, name: str, data: bytes, *, exclusive: bool = False) -> bool:
         key = self.key(kind, name)
-        if kind == "snapshots" and self._lost:
-            raise StorageError(f"{self.location}: the lock {self._lost[0]} was taken away (stale by "
+        if kind == "snapshots" and self.lost:
+            raise StorageError(f"{self.location}: the lock {self.lost[0]} was taken away (stale by "
                                "docs/format.md's rule) while this command ran; nothing was committed, run it again")
         ob, exc = _ob(), _exc()
         # Content-named kinds are never rewritten: create-if-absent even when not asked (same name, same bytes).
@@ -553,133 +548,28 @@ class S3Backend:
             self._listed_snapshots.discard(name)
         return True
 
-    # -- locks (docs/format.md, "Object storage") ------------------------------------------------------
-    @contextmanager
-    def lock(self, name: str, *, exclusive: bool, wait: bool = True) -> Iterator[bool]:
-        import random
-        import socket
-        import threading
-        import uuid
+    # -- locks (s3_locks.py) ---------------------------------------------------------------------
+    def lock(self, name: str, *, exclusive: bool, wait: bool = True):
+        """The named lock as lock objects in the bucket (``s3_locks.hold``)."""
+        from envvault.vault.s3_locks import hold
 
-        if not name or "/" in name or name.startswith("."):
-            raise ValueError(f"bad lock name {name!r}")
-        me = f"{name}-{uuid.uuid4().hex}"
-        key = f"locks/{me}.json"
-        body = {"lock": name, "exclusive": exclusive, "hostname": socket.gethostname(), "pid": os.getpid()}
-        ob = _ob()
-        delay = 0.1
-        while True:
-            self._put_lock(key, body)
-            conflict = self._conflict(name, me, exclusive)
-            if conflict is None:
-                break
-            self._call(f"deleting {key}", lambda: ob.delete(self.store, key))
-            if not wait:
-                yield False
-                return
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 2.0)
-        self._after_lock(exclusive)
-        stop = threading.Event()
-        refresher = threading.Thread(target=self._refresh, args=(key, body, me, stop), daemon=True)
-        refresher.start()
-        try:
-            yield True
-        finally:
-            stop.set()
-            refresher.join()
-            try:
-                self._call(f"deleting {key}", lambda: ob.delete(self.store, key))
-            except StorageError:
-                pass  # it goes stale
+        return hold(self, name, exclusive=exclusive, wait=wait)
 
-    def _after_lock(self, exclusive: bool) -> None:
-        """The gc epoch (docs/format.md, "Object storage"): an exclusive holder moves it on before it deletes
-        anything; a shared holder tells ``on_gc_epoch`` what it holds (the node drops its stat caches when it
-        changed)."""
-        import uuid
+    def list_meta(self, prefix: str) -> list[dict]:
+        """The keys under ``prefix`` with their metadata (``path``, ``last_modified``: the server's clock)."""
+        return self._list_meta(prefix)
 
-        ob, exc = _ob(), _exc()
-        if exclusive:
-            value = uuid.uuid4().hex.encode()
-            self._call("writing gc-epoch", lambda: ob.put(self.store, "gc-epoch", value, use_multipart=False))
-            if self.on_gc_epoch is not None:
-                self.on_gc_epoch(value.decode())
-            return
-        if self.on_gc_epoch is None:
-            return
-        try:
-            value = bytes(self._call("reading gc-epoch", lambda: ob.get(self.store, "gc-epoch").bytes()))
-        except exc.NotFoundError:
-            value = b""
-        self.on_gc_epoch(value.decode("ascii", "replace")[:64])
-
-    def _put_lock(self, key: str, body: dict) -> None:
-        import json
-
-        body = dict(body, time=time.time())
-        data = json.dumps(body, sort_keys=True).encode()
+    def put_key(self, key: str, data: bytes) -> None:
+        """Write (or replace) a key outside the content-named kinds: lock objects, ``gc-epoch``."""
         self._call(f"writing {key}", lambda: _ob().put(self.store, key, data, use_multipart=False))
 
-    def _conflict(self, name: str, me: str, exclusive: bool) -> str | None:
-        """Another live lock object of ``name`` that excludes this one (removing stale ones on the way)."""
-        import json
-        import socket
-
-        mine_re = re.compile(rf"^locks/({re.escape(name)}-[0-9a-f]{{32}})\.json$")
-        metas = {}
-        for m in self._list_meta("locks/"):
-            hit = mine_re.match(m["path"])
-            if hit:
-                metas[hit.group(1)] = m
-        mine = metas.get(me)
-        if mine is None:
-            return None if not metas else next(iter(metas))  # our own write is not listed yet: try again
-        now = mine["last_modified"]  # the server's clock, not ours
-        host = socket.gethostname()
-        for other, meta in metas.items():
-            if other == me:
-                continue
-            try:
-                doc = json.loads(bytes(_ob().get(self.store, meta["path"]).bytes()))
-            except Exception:  # noqa: BLE001 - gone since listed, or unreadable: judge by its age
-                doc = {}
-            age = (now - meta["last_modified"]).total_seconds()
-            dead_here = doc.get("hostname") == host and isinstance(doc.get("pid"), int) and not _alive(doc["pid"])
-            if age > LOCK_STALE_SECONDS or dead_here:
-                try:
-                    _ob().delete(self.store, meta["path"])
-                except Exception:  # noqa: BLE001
-                    pass
-                continue
-            if exclusive or doc.get("exclusive", True):
-                return other
-        return None
-
-    def _refresh(self, key: str, body: dict, me: str, stop: Any) -> None:
-        while not stop.wait(LOCK_REFRESH_SECONDS):
-            try:
-                if not self._exists(key):
-                    self._lost.append(me)
-                    return
-                self._put_lock(key, body)
-            except StorageError:
-                continue
+    def exists_key(self, key: str) -> bool:
+        return self._exists(key)
 
 
 class _TooBig(Exception):
     def __init__(self, size: int):
         self.size = size
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _first_line(err: BaseException) -> str:

@@ -1,0 +1,155 @@
+"""Lock objects in a bucket (docs/format.md, "Object storage"): the vault lock of an ``s3://`` vault without
+flock. A holder writes ``locks/<name>-<holder>.json``, lists the others, backs off while one excludes it,
+rewrites its object every ``LOCK_REFRESH_SECONDS`` and deletes it on release; an object not rewritten for
+``LOCK_STALE_SECONDS`` by the server's clock, or one of a dead process on this host, is stale and deleted.
+An exclusive holder moves ``gc-epoch`` on; a shared holder reports it (``on_gc_epoch``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Protocol
+
+from envvault.errors import StorageError
+
+__all__ = ["hold", "LockKeys", "LOCK_STALE_SECONDS", "LOCK_REFRESH_SECONDS"]
+
+LOCK_REFRESH_SECONDS = 300.0
+LOCK_STALE_SECONDS = 1800.0
+
+
+class LockKeys(Protocol):
+    """What lock objects need of a bucket (``S3Backend``): keys with the server's modification times."""
+
+    lost: list[str]  # locks whose object vanished while held (stale by another's clock): commit nothing
+    on_gc_epoch: Callable[[str], None] | None
+
+    def list_meta(self, prefix: str) -> list[dict]: ...  # {"path", "last_modified", ...}
+
+    def get_key(self, key: str) -> bytes | None: ...
+
+    def put_key(self, key: str, data: bytes) -> None: ...
+
+    def delete_key(self, key: str) -> None: ...
+
+    def exists_key(self, key: str) -> bool: ...
+
+
+@contextmanager
+def hold(keys: LockKeys, name: str, *, exclusive: bool, wait: bool = True) -> Iterator[bool]:
+    """Hold lock ``name`` (shared, or ``exclusive``); yields False at once when ``wait=False`` and another
+    holder excludes it."""
+    import random
+    import socket
+    import threading
+    import uuid
+
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"bad lock name {name!r}")
+    me = f"{name}-{uuid.uuid4().hex}"
+    key = f"locks/{me}.json"
+    body = {"lock": name, "exclusive": exclusive, "hostname": socket.gethostname(), "pid": os.getpid()}
+    delay = 0.1
+    while True:
+        _put_lock(keys, key, body)
+        if _conflict(keys, name, me, exclusive) is None:
+            break
+        keys.delete_key(key)
+        if not wait:
+            yield False
+            return
+        time.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 2, 2.0)
+    _after_lock(keys, exclusive)
+    stop = threading.Event()
+    refresher = threading.Thread(target=_refresh, args=(keys, key, body, me, stop), daemon=True)
+    refresher.start()
+    try:
+        yield True
+    finally:
+        stop.set()
+        refresher.join()
+        try:
+            keys.delete_key(key)
+        except StorageError:
+            pass  # it goes stale
+
+
+def _after_lock(keys: LockKeys, exclusive: bool) -> None:
+    """The gc epoch: an exclusive holder moves it on before it deletes anything; a shared holder tells
+    ``on_gc_epoch`` what it holds (the node drops its stat caches when it changed)."""
+    import uuid
+
+    if exclusive:
+        value = uuid.uuid4().hex.encode()
+        keys.put_key("gc-epoch", value)
+        if keys.on_gc_epoch is not None:
+            keys.on_gc_epoch(value.decode())
+        return
+    if keys.on_gc_epoch is None:
+        return
+    value = keys.get_key("gc-epoch") or b""
+    keys.on_gc_epoch(value.decode("ascii", "replace")[:64])
+
+
+def _put_lock(keys: LockKeys, key: str, body: dict) -> None:
+    keys.put_key(key, json.dumps(dict(body, time=time.time()), sort_keys=True).encode())
+
+
+def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None:
+    """Another live lock object of ``name`` that excludes this one (removing stale ones on the way)."""
+    import socket
+
+    mine_re = re.compile(rf"^locks/({re.escape(name)}-[0-9a-f]{{32}})\.json$")
+    metas: dict[str, Any] = {}
+    for m in keys.list_meta("locks/"):
+        hit = mine_re.match(m["path"])
+        if hit:
+            metas[hit.group(1)] = m
+    mine = metas.get(me)
+    if mine is None:
+        return None if not metas else next(iter(metas))  # our own write is not listed yet: try again
+    now = mine["last_modified"]  # the server's clock, not ours
+    host = socket.gethostname()
+    for other, meta in metas.items():
+        if other == me:
+            continue
+        try:
+            doc = json.loads(keys.get_key(meta["path"]) or b"{}")
+        except Exception:  # noqa: BLE001 - unreadable: judge by its age
+            doc = {}
+        age = (now - meta["last_modified"]).total_seconds()
+        dead_here = doc.get("hostname") == host and isinstance(doc.get("pid"), int) and not _alive(doc["pid"])
+        if age > LOCK_STALE_SECONDS or dead_here:
+            try:
+                keys.delete_key(meta["path"])
+            except Exception:  # noqa: BLE001
+                pass
+            continue
+        if exclusive or doc.get("exclusive", True):
+            return other
+    return None
+
+
+def _refresh(keys: LockKeys, key: str, body: dict, me: str, stop: Any) -> None:
+    while not stop.wait(LOCK_REFRESH_SECONDS):
+        try:
+            if not keys.exists_key(key):
+                keys.lost.append(me)
+                return
+            _put_lock(keys, key, body)
+        except StorageError:
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
