@@ -548,10 +548,10 @@ class S3Backend:
             self._listed_snapshots.discard(name)
         return True
 
-    # -- locks (s3_locks.py) ---------------------------------------------------------------------
+    # -- locks (lockobjects.py) -----------------------------------------------------------------
     def lock(self, name: str, *, exclusive: bool, wait: bool = True):
-        """The named lock as lock objects in the bucket (``s3_locks.hold``)."""
-        from envvault.vault.s3_locks import hold
+        """The named lock as lock objects in the bucket (``lockobjects.hold``)."""
+        from envvault.vault.lockobjects import hold
 
         return hold(self, name, exclusive=exclusive, wait=wait)
 

@@ -130,8 +130,16 @@ class Vault:
     @contextmanager
     def lock(self, exclusive: bool = False, *, wait: bool = True) -> Iterator[bool]:
         """The vault lock: shared for writers (snaps, restores), exclusive for gc. Blocks until granted; with
-        ``wait=False`` yields False at once when it is busy."""
-        with self.backend.lock("vault", exclusive=exclusive, wait=wait) as held:
+        ``wait=False`` yields False at once when it is busy. A local vault whose settings say ``lock =
+        "objects"`` takes it as lock objects (``local_locks.py``), for a shared filesystem."""
+        if isinstance(self.backend, LocalBackend) and self._lock_setting() == "objects":
+            from envvault.vault.local_locks import DirLockKeys
+            from envvault.vault.lockobjects import hold
+
+            lock = hold(DirLockKeys(self.backend.root), "vault", exclusive=exclusive, wait=wait)
+        else:
+            lock = self.backend.lock("vault", exclusive=exclusive, wait=wait)
+        with lock as held:
             yield held
 
     # -- index ---------------------------------------------------------------------------------
@@ -325,6 +333,14 @@ class Vault:
             raise NotFoundError(f"no tag {name!r}; see `envvault list`")
 
     # -- settings (user settings, in the vault) ------------------------------------------------
+    def _lock_setting(self) -> str:
+        """settings.json ``lock``: "flock" (the default) or "objects"; anything else is a usage error."""
+        settings = self.settings()
+        value = settings.get("lock", "flock") if isinstance(settings, dict) else "flock"
+        if value not in ("flock", "objects"):
+            raise UsageError(f"{self.location}: settings.json lock must be \"flock\" or \"objects\", not {value!r}")
+        return value
+
     def settings(self) -> dict:
         try:
             return json.loads(self.backend.load("config", "settings", limit=MAX_SMALL_DOC))
