@@ -1,5 +1,5 @@
-"""Lock objects in a bucket (docs/format.md, "Object storage"): the vault lock of an ``s3://`` vault without
-flock. A holder writes ``locks/<name>-<holder>.json``, lists the others, backs off while one excludes it,
+"""Lock objects (docs/format.md, "Object storage"): the vault lock without flock, of an ``s3://`` vault and
+of a local one whose settings say ``lock = "objects"`` (``local_locks.py``). A holder writes ``locks/<name>-<holder>.json``, lists the others, backs off while one excludes it,
 rewrites its object every ``LOCK_REFRESH_SECONDS`` and deletes it on release; an object not rewritten for
 ``LOCK_STALE_SECONDS`` by the server's clock, or one of a dead process on this host, is stale and deleted.
 An exclusive holder moves ``gc-epoch`` on; a shared holder reports it (``on_gc_epoch``)."""
@@ -22,7 +22,8 @@ LOCK_STALE_SECONDS = 1800.0
 
 
 class LockKeys(Protocol):
-    """What lock objects need of a bucket (``S3Backend``): keys with the server's modification times."""
+    """What lock objects need of a store (``S3Backend``, ``local_locks.DirLockKeys``): keys with the
+    modification times of the store's own clock."""
 
     lost: list[str]  # locks whose object vanished while held (stale by another's clock): commit nothing
     on_gc_epoch: Callable[[str], None] | None
