@@ -14,9 +14,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator
 
-from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, StorageError, UsageError
-from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json, utc_timestamp
+from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, UsageError
+from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json
 from envvault.vault.backend import Backend, Missing, ReadFailed
+from envvault.vault.config import FORMAT, MAX_SMALL_DOC, check_config, read_config, write_config
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
 from envvault.vault.state import LocalState
@@ -27,10 +28,8 @@ from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_pr
 __all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef", "check_tag_name",
            "VAULT_ENTRIES", "MAX_TAG_BYTES", "MAX_SMALL_DOC"]
 
-FORMAT = 1
 _HEX = re.compile(r"^[0-9a-f]+$")
 MAX_TAG_BYTES = 4096  # a tag file is one id and a newline
-MAX_SMALL_DOC = 1 << 20  # config.json, settings.json
 
 
 def check_tag_name(name: str) -> str:
@@ -108,14 +107,14 @@ class Vault:
             if not create:
                 raise NotFoundError(f"no vault at {root}; run `envvault snap` first or pass --vault PATH")
             backend.create()
-            _write_config(backend)
+            write_config(backend)
         backend.check_links()
-        config = _read_config(backend)
+        config = read_config(backend)
         if config is None and not backend.looks_like_vault():  # another program's folder, not a damaged vault
             cfg_path = backend.where("config", "config")
             raise UsageError(f"{root} is not an envvault vault ({cfg_path} is not envvault's); pass --vault "
                              "with a new or empty folder")
-        return cls(backend, _check_config(backend, config), LocalState.in_vault(root))
+        return cls(backend, check_config(backend, config), LocalState.in_vault(root))
 
     @classmethod
     def from_backend(cls, backend: Backend, state: LocalState, *, create: bool = False) -> "Vault":
@@ -123,8 +122,8 @@ class Vault:
         if "config" not in backend.list("config"):
             if not create:
                 raise NotFoundError(f"no vault at {backend.location}; run `envvault snap` first or pass --vault")
-            _write_config(backend)
-        return cls(backend, _check_config(backend, _read_config(backend)), state)
+            write_config(backend)
+        return cls(backend, check_config(backend, read_config(backend)), state)
 
     # -- locking -------------------------------------------------------------------------------
     @contextmanager
@@ -393,42 +392,3 @@ class ObjectReader:
         if object_id(data) != oid:
             raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify`")
         return data
-
-
-def _write_config(backend: Backend) -> None:
-    """Write a new vault's config, once: two creators race, one config wins."""
-    cfg = {
-        "format": FORMAT,
-        "vault_id": os.urandom(16).hex(),
-        "created": utc_timestamp(),
-        "zstd_level": 3,
-        "zstd_level_large": 2,
-    }
-    backend.save("config", "config", json.dumps(cfg, indent=1).encode(), exclusive=True)
-
-
-def _read_config(backend: Backend) -> dict | None:
-    """The parsed config, or None when it is not a JSON object with an integer format."""
-    where = backend.where("config", "config")
-    try:
-        config = parse_json(backend.load("config", "config", limit=MAX_SMALL_DOC), where)
-    except ReadFailed as err:
-        raise StorageError(f"cannot read {where}: {err.why}") from None
-    except Missing:
-        raise StorageError(f"cannot read {where}: No such file or directory") from None
-    except CorruptError:
-        return None
-    if not isinstance(config, dict) or type(config.get("format")) is not int:
-        return None
-    return config
-
-
-def _check_config(backend: Backend, config: dict | None) -> dict:
-    if config is None:
-        raise CorruptError(f"{backend.where('config', 'config')} is not an envvault config; is --vault pointing at "
-                           "the right place?")
-    if config["format"] > FORMAT:
-        raise UsageError(
-            f"this vault was written by a newer envvault (format {config['format']}, this one reads {FORMAT}); upgrade envvault"
-        )
-    return config
