@@ -8,7 +8,6 @@ were edited in place, to name exactly the files whose bytes differ.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from envvault.model.identity import same_build
 from envvault.model.snapshot import PackageSummary, Snapshot, loose_snapshot
@@ -127,9 +126,9 @@ class DiffResult:
 def diff_snapshots(old: Snapshot | dict, new: Snapshot | dict, *, vault=None, old_label: str = "old",
                    new_label: str = "new", scope: str = "all") -> DiffResult:
     """Compare two environment documents: ``Snapshot`` records, or the dicts of the live environment
-    (``envvault.snap.scan_current``) and of a pylock.toml (``lockfile_document``). ``scope="environment"`` leaves out
-    host and environment variables (facts of the shell, not of the environment: what ``status`` and restore
-    checks use)."""
+    (``envvault.snap.scan_current``) and of a pylock.toml (``lock.pylock_doc.lockfile_document``).
+    ``scope="environment"`` leaves out host and environment variables (facts of the shell, not of the
+    environment: what ``status`` and restore checks use)."""
     old, new = loose_snapshot(old), loose_snapshot(new)
     old_pk, new_pk = list(old.packages), list(new.packages)
     if old.lock_only or new.lock_only:
@@ -375,50 +374,6 @@ def build_facts(old: dict | None, new: dict | None) -> dict:
     """``{field: [old, new]}`` for the torch-style build facts that differ (cuda, git_version, version...)."""
     old, new = old or {}, new or {}
     return {k: [old.get(k), new.get(k)] for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
-
-
-# -- a pylock.toml as a document -------------------------------------------------------------------
-
-
-def lockfile_document(path: Path) -> dict:
-    """A pylock.toml (PEP 751) as a document diff can compare: packages by name and version, plus the
-    build and state ids envvault's own exports carry under ``[packages.tool.envvault]``."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-
-    from envvault.errors import CorruptError, NotFoundError
-
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NotFoundError(f"no lockfile at {path}") from None
-    except (OSError, ValueError) as err:
-        raise CorruptError(f"{path} is not a readable pylock.toml ({err})") from None
-    if not isinstance(data.get("packages"), list):
-        raise CorruptError(f"{path} is not a pylock.toml: it has no [[packages]]")
-    packages = []
-    for i, pkg in enumerate(data["packages"]):
-        if not isinstance(pkg, dict) or not isinstance(pkg.get("name"), str):
-            raise CorruptError(f"{path}: packages[{i}].name is missing")
-        tool = (pkg.get("tool") or {}).get("envvault") or {}
-        from packaging.utils import canonicalize_name
-
-        packages.append({
-            "name": canonicalize_name(pkg["name"]),
-            "version": str(pkg.get("version") or ""),
-            "build_id": tool.get("build_id"),
-            "state_id": tool.get("state_id"),
-            "identity": tool.get("identity", 1),
-            "build_info": tool.get("build_info"),
-            "modified": list(tool.get("modified_files") or ()),
-            "missing": [],
-        })
-    packages.sort(key=lambda p: (p["name"], p["version"]))
-    ev = (data.get("tool") or {}).get("envvault") or {}
-    python = {"version": ev["python"], "abi": ev.get("abi")} if ev.get("python") else None
-    return {"kind": "lockfile", "venv": None, "python": python, "host": None, "env": None, "packages": packages}
 
 
 def contents_note(vault, sid: str, doc: Snapshot | dict, *, changed: bool) -> str | None:

@@ -44,7 +44,7 @@ def _stored_side(vault: Vault, arg: str) -> tuple[str, Snapshot | dict, str | No
 
     path = Path(arg).expanduser()
     if path.is_file() and is_lockfile(path):
-        from envvault.diff import lockfile_document
+        from envvault.lock.pylock_doc import lockfile_document
 
         return str(path), lockfile_document(path), None
     ref = resolve_arg(vault, arg)

@@ -449,7 +449,7 @@ def as_snapshot(doc: Any, where: str = "snapshot") -> Snapshot:
 
 def loose_snapshot(doc: Any) -> Snapshot:
     """A ``Snapshot`` from an environment document that is no stored snapshot (the live scan of
-    ``snap.scan_current``, a pylock.toml read by ``diff.lockfile_document``): what does not fit is left
+    ``snap.scan_current``, a pylock.toml read by ``lock.pylock_doc.lockfile_document``): what does not fit is left
     at its default instead of refused (a package without ids gets ``""``), and a part that is null or absent
     (``python``, ``host``, ``env``) is named in ``absent``, so a comparison leaves it out."""
     if isinstance(doc, Snapshot):
