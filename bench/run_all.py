@@ -3,7 +3,10 @@
     python bench/run_all.py [--venv PATH] [--runs 3] [--only snap,restore,caches,guard,stamp] [--render-only]
 
 The GPU round trip (issue 4) runs on a GPU machine with bench/gpu_cache_run.sh; its JSON is kept in
-bench/results/gpu_cache_h200.json and rendered here.
+bench/results/gpu_cache_h200.json and rendered here. So is issue 11's device run (bench/gpu_env_run.sh:
+bench/results/gpu_env_run.json beside the run it started from, gpu_env_run_baseline.json). Narrative sections
+of device runs that have no JSON rendering (bench/results/*.md) are included as they are. The S3 figures
+(issue 12) come from bench/bench_s3.py (``--only s3``), which starts its own moto server.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ BENCHES = {
     "caches": ("bench_caches.py", "Compile caches (issue 4)"),
     "stamp": ("bench_stamp.py", "Checkpoint stamps (issue 5)"),
     "guard": ("bench_guard.py", "Guarded installs (issue 6)"),
+    "s3": ("bench_s3.py", "A vault in a bucket (issue 12)"),
 }
 
 
@@ -37,18 +41,76 @@ def _fmt(x, unit="") -> str:
     return str(x)
 
 
+def _device_rows() -> list[str]:
+    """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
+    res = ROOT / "bench" / "results"
+    now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
+    if not now_p.exists():
+        return []
+    now = json.loads(now_p.read_text())
+    base = {r["figure"]: r for r in json.loads(base_p.read_text())["rows"]} if base_p.exists() else {}
+    m = now.get("machine", {})
+    lines = ["## Speed where users live: the GPU host's real venv (issue 11)", "",
+             f"`bench/gpu_env_run.sh` on the device machine ({m.get('cores')} cores, one H200), its `python3` venv "
+             f"`{m.get('venv')}` (Python {m.get('python')}, {m.get('files')} files), median of {m.get('repeat')} "
+             "run(s), page cache warm for envvault and anchor alike. 'before' is the same script on the code this "
+             "work started from (`gpu_env_run_baseline.json`, one run).", "",
+             "| figure | before | now | anchor | anchor now | ratio now | goal |",
+             "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
+    cell = lambda t: str(t).replace("|", "\\|")  # noqa: E731 - anchors are shell pipelines
+    for r in now["rows"]:
+        b = base.get(r["figure"], {})
+        if "envvault_bytes" in r:
+            lines.append(f"| {r['figure']} | {_fmt((b.get('envvault_bytes') or 0) / 1e9)} GB | "
+                         f"{_fmt(r['envvault_bytes'] / 1e9)} GB | the anchor's archive | "
+                         f"{_fmt(r['anchor_bytes'] / 1e9)} GB | {r['ratio']:.3f}x | {r['goal']} |")
+            continue
+        ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else ""
+        extra = f" (peak RSS {r['rss_mb']} MB, goal {r.get('rss_goal')})" if r.get("rss_mb") else ""
+        lines.append(f"| {cell(r['figure'])}{extra} | {_fmt(b.get('envvault_s'))} | {_fmt(r['envvault_s'])} | "
+                     f"{cell(r.get('anchor', ''))} | {_fmt(r.get('anchor_s'))} | {ratio} | {cell(r['goal'])} |")
+    if now.get("errors"):
+        lines += ["", "Steps that failed in that run: " + "; ".join(e[:160] for e in now["errors"])]
+    return lines + [""]
+
+
+def _s3_rows(res: dict) -> list[str]:
+    f = res.get("figures", {})
+    if not f:
+        return []
+    rows = [("push: `sync` of the torch venv's snapshot to the bucket", "push_sync_s",
+             "one multipart upload of the venv's .tar.zst", "anchor_multipart_upload_s", "<= 1.2x"),
+            ("restore on an empty node (`restore --into`)", "restore_into_empty_node_s",
+             "download of that .tar.zst + extract", "anchor_download_extract_s", "<= 1.2x"),
+            ("`list` of 1,000 snapshots, new node", "list_1000_new_node_s",
+             "`list` of the same 1,000 in a local vault", "anchor_list_1000_local_vault_s", "<= 1 s")]
+    lines = ["## A vault in a bucket (issue 12)", "", f"Run {res.get('date', '')} against moto on 127.0.0.1 "
+             "(`bench/bench_s3.py`).", "", "| figure | value (s) | anchor | anchor (s) | ratio | goal |",
+             "| --- | ---: | --- | ---: | ---: | --- |"]
+    for name, key, anchor, akey, goal in rows:
+        v, a = f.get(key), f.get(akey)
+        ratio = f"{v / a:.2f}x" if v and a else ""
+        lines.append(f"| {name} | {_fmt(v)} | {anchor} | {_fmt(a)} | {ratio} | {goal} |")
+    lines += ["", f"Second restore on the same node: {f.get('second_restore_remote_bytes')} bytes from the bucket in "
+              f"{f.get('second_restore_requests')} requests (goal <= 1 MB). `list` of 1,000 snapshots on a new node: "
+              f"{f.get('list_1000_new_node_requests')} requests (goal <= 10), {f.get('list_1000_rows')} rows.", ""]
+    return lines
+
+
 def render(results: dict[str, dict]) -> str:
     lines = ["# Benchmarks", "",
              "Each figure is measured beside its anchor in the same run (medians; the machines are shared and",
              "noisy, so compare ratios). Regenerate with `python bench/run_all.py`; raw numbers are in",
              "`bench/out/*.json` after a run.", ""]
-    first = next(iter(results.values()), None)
+    first = next((r for k, r in results.items() if k != "s3"), None)
     if first:
         m = first.get("machine", {})
         lines += [f"Machine: {m.get('cpu')} ({m.get('cores')} cores), {m.get('memory_gib')} GiB, {m.get('os')}, "
                   f"Python {m.get('python')}, {m.get('zstd')}.", ""]
     for key, (_, title) in BENCHES.items():
         res = results.get(key)
+        if key == "s3":
+            continue
         if not res:
             continue
         when = (res.get("machine") or {}).get("date", "")
@@ -64,6 +126,11 @@ def render(results: dict[str, dict]) -> str:
         if notes:
             lines += [""] + notes
         lines.append("")
+    lines += _device_rows()
+    for narrative in sorted((ROOT / "bench" / "results").glob("*.md")):
+        lines += [narrative.read_text().rstrip("\n"), ""]
+    if "s3" in results:
+        lines += _s3_rows(results["s3"])
     gpu = ROOT / "bench" / "results" / "gpu_cache_h200.json"
     if gpu.exists():
         s = json.loads(gpu.read_text()).get("summary", {})
@@ -97,6 +164,15 @@ def main() -> None:
         for key in wanted:
             script, title = BENCHES[key]
             cmd = [sys.executable, str(ROOT / "bench" / script), "--runs", str(args.runs)]
+            if key == "s3":  # one run, its JSON on stdout
+                import time
+                p = subprocess.run([sys.executable, str(ROOT / "bench" / script), str(venv)],
+                                   capture_output=True, text=True, check=False)
+                print(p.stderr[-2000:], flush=True)
+                if p.returncode == 0:
+                    (OUT / "s3.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                                             "figures": json.loads(p.stdout)}, indent=1))
+                continue
             if key != "caches":
                 cmd += ["--venv", str(venv)]
             else:
@@ -106,6 +182,8 @@ def main() -> None:
     results = {}
     for key in BENCHES:
         path = OUT / f"{key}.json"
+        if not path.exists() and (ROOT / "bench" / "results" / f"{key}.json").exists():
+            path = ROOT / "bench" / "results" / f"{key}.json"  # the figures last kept
         if path.exists():
             results[key] = json.loads(path.read_text())
     (ROOT / "docs" / "benchmarks.md").write_text(render(results))
