@@ -66,7 +66,7 @@ def _device_rows() -> list[str]:
                          f"{_fmt(r['anchor_bytes'] / 1e9)} GB | {r['ratio']:.3f}x | {r['goal']} |")
             continue
         ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else ""
-        extra = f" (peak RSS {r['rss_mb']} MB, goal {r.get('rss_goal')})" if r.get("rss_mb") else ""
+        extra = f" (peak RSS {r['rss_mb']} MB, goal {r.get('rss_goal', '<= 300 MB')})" if r.get("rss_mb") else ""
         lines.append(f"| {cell(r['figure'])}{extra} | {_fmt(b.get('envvault_s'))} | {_fmt(r['envvault_s'])} | "
                      f"{cell(r.get('anchor', ''))} | {_fmt(r.get('anchor_s'))} | {ratio} | {cell(r['goal'])} |")
     if now.get("errors"):
