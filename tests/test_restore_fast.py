@@ -154,3 +154,24 @@ def test_export_in_parallel_writes_the_bytes_of_one_at_a_time(tmp_path, make_ven
                 if digest:
                     assert digest == "sha256=" + _sha(zf.read(path)), path
     assert json.dumps(sorted(p.name for p in a))
+
+
+def test_a_file_an_untouched_distribution_lists_survives_the_removal_of_another(tmp_path, make_venv):
+    """The planner reads an untouched distribution's RECORD only when a removal could hit one of its files
+    (restore/current.py defers it): a file two distributions list stays when the one leaving goes."""
+    from fixtures.venvs import site_packages, uv_install
+    from fixtures.wheels import build_wheel
+
+    shared = b"SHARED = 1\n"
+    a = build_wheel(tmp_path / "w", "sharea", "1.0", {"common/shared.py": shared, "common/a.py": b"A = 1\n"})
+    b = build_wheel(tmp_path / "w", "shareb", "1.0", {"common/shared.py": shared, "common/b.py": b"B = 1\n"})
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, a)
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, b)
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] is True and res["plan"]["remove"] == ["shareb 1.0"], res
+    sp = site_packages(venv)
+    assert (sp / "common" / "shared.py").read_bytes() == shared and (sp / "common" / "a.py").exists()
+    assert not (sp / "common" / "b.py").exists()

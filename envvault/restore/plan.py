@@ -169,16 +169,20 @@ def make_plan(
 
     warnings: list[str] = []
     problems: list[str] = []
+    # What is known of the bytes on disk, from the distributions a restore may rewrite or remove: an untouched
+    # one's files are read only when a removal could hit one of them (``read_current`` defers its RECORD).
     known: dict[str, str | None] = {}
+    still = {id(c) for c in untouched}
     for c in current:
+        if id(c) in still:
+            continue
         for path, sha in c.files.items():
             known[path] = sha if known.get(path, sha) == sha else None
-    kept_paths = {path for c in untouched for path in c.files}
 
     writes: list[FileWrite] = []
     keeps: list[tuple[str, int]] = []
     modes: list[tuple[str, int]] = []
-    owned: set[str] = set(kept_paths)
+    owned: set[str] = set()
     absent: set[str] = set()
     install_names: list[str] = []
     dist_infos: list[str] = []
@@ -191,7 +195,6 @@ def make_plan(
         if p.record == "missing":
             warnings.append(f"{label} was installed without RECORD: its files are not in the vault, so it cannot be restored")
             if cur is not None:
-                kept_paths.update(cur.files)
                 owned.update(cur.files)
                 replaced.remove(cur)
             continue
@@ -248,9 +251,12 @@ def make_plan(
     removals.update(absent)
     removals.update(p for p in pending_removals if check_rel_path(p) is None)
     removals -= owned
-    remove_dirs = sorted(
-        {c.dist_info for c in leaving + replaced if c.dist_info and c.has_record} - owned
-    )
+    doomed = {c.dist_info for c in leaving + replaced if c.dist_info and c.has_record} - owned
+    if removals or doomed:  # never delete a file an untouched distribution lists
+        untouched_files = {path for c in untouched for path in c.files}
+        removals -= untouched_files
+        doomed -= untouched_files
+    remove_dirs = sorted(doomed)
     return Plan(
         snapshot_id=snapshot_id,
         diff=diff,
