@@ -76,6 +76,10 @@ class FileEntry:
     record_sha256: str | None = None
     extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
+    # The document a scan made this entry from (``scanned``), written back as it is: a first snap writes
+    # tens of thousands of entries, and the generic writer would rebuild each key by key.
+    # Not an __init__ argument, so dataclasses.replace (a changed path, say) drops it: the change is written.
+    written: Mapping[str, Any] | None = field(default=None, init=False, compare=False, repr=False)
 
     KEYS = (Key("path", required=True, default=""), Key("record", required=True, default=""),
             Key("state", _check_state, default="ok"), Key("sha256", check_opt_str), Key("size", _check_opt_size),
@@ -84,23 +88,32 @@ class FileEntry:
             Key("record_sha256", check_opt_str))
 
     def to_dict(self) -> dict[str, Any]:
+        if self.written is not None:
+            return dict(self.written)
         return dump_fields(self, FileEntry.KEYS)
 
     @classmethod
     def scanned(cls, fields: dict[str, Any]) -> "FileEntry":
-        """The entry a scan writes: exactly the keys in ``fields`` (the others stay out of its document), a
-        RECORD digest of another algorithm (``record_md5``) kept as it is."""
+        """The entry a scan writes: exactly the keys in ``fields`` (the others stay out of its document; the
+        caller hands ``fields`` over and changes it no more), a RECORD digest of another algorithm
+        (``record_md5``) kept as it is. ``chunks`` is a list, as in the document."""
         shape = tuple(fields)
+        kw = fields
+        chunks = fields.get("chunks")
+        if chunks is not None:
+            kw = dict(fields, chunks=tuple(chunks))
         absent = _ABSENT_BY_SHAPE.get(shape)
-        if absent is not None:
-            return cls(**fields, absent=absent)
-        absent = _FILE_KEYS.difference(shape)
-        if _FILE_KEYS.issuperset(shape):
-            if len(_ABSENT_BY_SHAPE) <= 256:
+        if absent is None:
+            absent = _FILE_KEYS.difference(shape)
+            if _FILE_KEYS.issuperset(shape) and len(_ABSENT_BY_SHAPE) <= 256:
                 _ABSENT_BY_SHAPE[shape] = absent
-            return cls(**fields, absent=absent)
-        known = {k: v for k, v in fields.items() if k in _FILE_KEYS}
-        return cls(**known, extra={k: v for k, v in fields.items() if k not in _FILE_KEYS}, absent=absent)
+        if _FILE_KEYS.issuperset(shape):
+            entry = cls(**kw, absent=absent)
+        else:
+            known = {k: v for k, v in kw.items() if k in _FILE_KEYS}
+            entry = cls(**known, extra={k: v for k, v in kw.items() if k not in _FILE_KEYS}, absent=absent)
+        object.__setattr__(entry, "written", fields)
+        return entry
 
     @property
     def is_link(self) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as statmod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from envvault.env.probe import Interpreter
@@ -124,7 +124,7 @@ class ManifestBuilder:
 
     def _complete(self, entry: dict, rec, st, sha: str, chunks) -> None:
         if self.mode == "full":
-            entry["chunks"] = None if chunks is None else tuple(chunks)
+            entry["chunks"] = chunks
         entry["size"] = st.st_size
         if rec.algo == "sha256" and rec.digest is not None:
             if sha != rec.digest:
@@ -169,14 +169,13 @@ class ManifestBuilder:
                 if os.path.isdir(os.path.normpath(f"{dist.site}/{rec.path}")):
                     folders.append(rec.path)
                 continue
-            entry = FileEntry.scanned(kw)
-            if entry.state == "modified":
-                modified.append((entry.path, entry.sha256))
+            if kw["state"] == "modified":
+                modified.append((kw["path"], kw["sha256"]))
             generated = is_generated(rec, layout)
             script = is_script(rec.path, layout) and not generated
             digest = None
             if script and self.mode != "lock":
-                digest = self._script(entry, layout, rec)
+                digest = self._script(kw, layout, rec)
                 if digest == "":
                     generated = True  # a launcher by its content
                 elif digest is None:
@@ -184,8 +183,8 @@ class ManifestBuilder:
                 elif digest:
                     scripts.append((os.path.basename(rec.path), digest))
             if generated and is_script(rec.path, layout):
-                entry = replace(entry, generated=True)  # a launcher: named in entry_points.txt, or by content
-            files.append(entry)
+                kw["generated"] = True  # a launcher: named in entry_points.txt, or by content
+            files.append(FileEntry.scanned(kw))  # kw is complete: the record writes it back as it is
             if rec.algo is None and not generated and (digest or not script):  # launchers are the installer's
                 unhashed.append(rec.path)
         self._report_rows(dist, folders, unhashed, [f.record for f in files if f.state == "missing"])
@@ -210,19 +209,20 @@ class ManifestBuilder:
             files=tuple(files),
         )
 
-    def _script(self, entry: FileEntry, layout, rec) -> str | None:
-        """The normalised digest of a script in the scripts folder; "" for a launcher the installer wrote
-        (generated, by its content); None when the script is edited or missing."""
-        if entry.state not in ("ok", "unhashed") or entry.link is not None:
+    def _script(self, kw: dict, layout, rec) -> str | None:
+        """The normalised digest of a script in the scripts folder (``kw``: its entry's keys, not yet a
+        record); "" for a launcher the installer wrote (generated, by its content); None when the script is
+        edited or missing."""
+        if kw["state"] not in ("ok", "unhashed") or "link" in kw:
             return None
-        absolute = f"{self._base}{entry.path}"
+        absolute = f"{self._base}{kw['path']}"
         try:
             with open(absolute, "rb") as fh:
                 head = fh.read(LAUNCHER_HEAD)
                 if is_generated(rec, layout, head):
                     return ""
-                if not head.startswith(b"#!") or (entry.size or 0) > _SCRIPT_READ_LIMIT:
-                    return entry.sha256
+                if not head.startswith(b"#!") or (kw.get("size") or 0) > _SCRIPT_READ_LIMIT:
+                    return kw.get("sha256")
                 return script_digest(head + fh.read())
         except OSError:
             return None
