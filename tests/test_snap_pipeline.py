@@ -164,7 +164,8 @@ def test_bytes_in_flight_are_bounded(tmp_path, monkeypatch):
     assert 0 < peak <= budgets[0].limit + (1 << 20)
 
 
-def test_error_is_raised_at_its_turn_and_readers_stop(tmp_path):
+@pytest.mark.parametrize("weight", [None, lambda p: 1000])  # one file a job; batches of many files
+def test_error_is_raised_at_its_turn_and_readers_stop(tmp_path, weight):
     from envvault.errors import EnvironmentProblem
     from envvault.vault.ingest import Ingester
 
@@ -180,7 +181,7 @@ def test_error_is_raised_at_its_turn_and_readers_stop(tmp_path):
     seen = []
     before = threading.active_count()
     with pytest.raises(EnvironmentProblem, match="gone"):
-        for d in ing.map_ordered(lambda p, read: read(p, 50_000), paths):
+        for d in ing.map_ordered(lambda p, read: read(p, 50_000), paths, weight=weight):
             seen.append(d)
     assert len(seen) == 7
     assert threading.active_count() <= before  # the reader threads were joined
@@ -205,3 +206,27 @@ def test_cache_snap_same_packs_with_one_and_four_readers(tmp_path, monkeypatch):
     assert ids[1] == ids[4] and ids[1][0]
     a, b = _vault_bytes(tmp_path / "v1"), _vault_bytes(tmp_path / "v4")
     assert a and a == b
+
+
+def test_large_file_hashed_aside_and_hash_only(tmp_path, monkeypatch):
+    """A file past HASH_ASIDE gets its sha256 from the helper thread; without storing, no chunking."""
+    import base64
+
+    from envvault.vault import ingest
+
+    monkeypatch.setattr(ingest, "HASH_ASIDE", 3 << 20)
+    p = tmp_path / "big.so"
+    data = random.Random(9).randbytes(7 << 20)
+    p.write_bytes(data)
+    want = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    seen = []
+    ing = ingest.Ingester(None, lambda oid: True, threads=1)
+    ing._emit_now = lambda oid, chunk: seen.append(len(chunk))
+    d = ing.ingest(p, len(data))
+    assert d.sha256 == want and d.size == len(data) and sum(seen) == len(data) and len(d.chunks) == len(seen) > 1
+    check = ingest.Ingester(None, lambda oid: True, store=False, threads=2)
+    (got,) = list(check.map_ordered(lambda path, read: read(path, len(data)), [p]))
+    assert got.sha256 == want and got.size == len(data) and got.chunks is None
+    p.unlink()
+    with pytest.raises(ingest.EnvironmentProblem):
+        ing.ingest(p, len(data))

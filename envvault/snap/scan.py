@@ -110,7 +110,12 @@ def scan_environment(
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
     queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
-    if os.path.lexists(os.path.join(prefix, JOURNAL_NAME)):  # a killed restore: clean what it half-made first
+    from envvault.safepaths import env_key
+
+    # A killed restore (its journal in a venv, or a system environment's in the vault's state): clean what it
+    # half-made first.
+    if os.path.lexists(os.path.join(prefix, JOURNAL_NAME)) or os.path.lexists(
+            vault.state.path(f"journal-{env_key(prefix)}.json")):
         from envvault.journal import settle_interrupted
 
         settle_interrupted(vault, prefix)
@@ -188,6 +193,11 @@ def _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, p
             progress(done)
 
 
+def _weight(item) -> int | None:
+    """A read's bytes; None for a plan (its manifest is stored before the next distribution's objects)."""
+    return None if isinstance(item, DistPlan) else item.st.st_size
+
+
 def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[DistPlan]:
     """Each distribution's plan with every read done, in order; reads run ahead on the reader threads."""
     if not dists:
@@ -204,7 +214,7 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[D
             return item
         return item, read(item.absolute, item.st.st_size)
 
-    results = ing.map_ordered(run, items())
+    results = ing.map_ordered(run, items(), weight=_weight)
     try:
         for got in results:
             if isinstance(got, DistPlan):

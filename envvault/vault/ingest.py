@@ -90,8 +90,13 @@ class Ingester:
         if data is not None and not self.known(oid) and not self.writer.queued(oid):
             self.writer.add(oid, data)
 
-    def map_ordered(self, fn: Callable, items: Iterable) -> Iterator:
+    def map_ordered(self, fn: Callable, items: Iterable, weight: Callable | None = None) -> Iterator:
         """``fn(item, read)`` for each item on the reader threads, results yielded in the items' order.
+
+        With ``weight(item)`` (the bytes an item will read, about), consecutive light items run as one job
+        (up to ``BATCH_BYTES`` or ``BATCH_ITEMS``): one hand-over between threads per batch, not per file.
+        An item whose weight is None ends its batch: what the caller does with its result (store a manifest)
+        then comes before the objects of the items after it, as with one thread.
 
         ``read(path, size_hint)`` reads a file as ``ingest`` does; the objects it finds are stored by this
         (the calling) thread when that item's turn comes, in the order they were read. Bytes read ahead and
@@ -106,23 +111,41 @@ class Ingester:
 
         if self.store:
             self.known("0" * 64)  # load the vault's index here, not on a reader thread
+        # This (storing) thread does Python work per file between calls that release the GIL; with many
+        # readers wanting the GIL back, a short switch interval keeps it from waiting 5 ms each time.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, 0.0005))
         stored = 0  # bytes stored so far: past _STEADY_AFTER, pin malloc's threshold (ctypes costs an import)
         budget = _Budget(min(READ_AHEAD, max(16 << 20, self.threads * (2 << 20))), HEAD_AHEAD)
         window: deque[_Job] = deque()
         pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="envvault-read")
         it = iter(items)
         depth = 4 * self.threads + 16
+        pending = None  # the next item, read from ``items`` but not yet in a batch
         try:
             exhausted = False
             while True:
                 while not exhausted and len(window) < depth:
-                    try:
-                        item = next(it)
-                    except StopIteration:
-                        exhausted = True
+                    batch, load = [], 0
+                    while True:
+                        if pending is None:
+                            try:
+                                pending = (next(it),)
+                            except StopIteration:
+                                exhausted = True
+                                break
+                        w = weight(pending[0]) if weight is not None else BATCH_BYTES
+                        if batch and (load + (w or 0) > BATCH_BYTES or len(batch) >= BATCH_ITEMS):
+                            break
+                        batch.append(pending[0])
+                        pending = None
+                        if w is None:
+                            break  # a barrier: nothing after it in this batch
+                        load += w
+                    if not batch:
                         break
                     job = _Job()
-                    job.future = pool.submit(self._run_job, fn, item, job, budget)
+                    job.future = pool.submit(self._run_job, fn, batch, job, budget)
                     window.append(job)
                 if not window:
                     return
@@ -141,14 +164,20 @@ class Ingester:
                             stored += len(data)
                             if stored > _STEADY_AFTER:
                                 _steady_malloc()
-                yield job.future.result()
+                results, error = job.future.result()
+                yield from results
+                if error is not None:
+                    raise error
         finally:
+            sys.setswitchinterval(interval)
             budget.abort()
             for job in window:
                 job.future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _run_job(self, fn: Callable, item, job: "_Job", budget: "_Budget"):
+    def _run_job(self, fn: Callable, batch: list, job: "_Job", budget: "_Budget") -> tuple[list, BaseException | None]:
+        """Run ``fn`` on each item of ``batch``; its results, and the exception that stopped it (raised by the
+        storing thread after the results before it)."""
         store, known = self.store, self.known
 
         def emit(oid: str, data: bytes | None) -> None:
@@ -161,16 +190,25 @@ class Ingester:
         def read(path, size_hint: int, algo: str = "sha256") -> FileDigest:
             return _read_file(path, size_hint, algo, store, emit)
 
+        results = []
         try:
-            return fn(item, read)
+            for item in batch:
+                results.append(fn(item, read))
+        except _Aborted:
+            raise
+        except Exception as err:  # noqa: BLE001 - handed to the storing thread, raised at its item's turn
+            return results, err
         finally:
             job.queue.put(_DONE)
+        return results, None
 
 
 # Bytes read ahead of the storing thread (all reader threads together: 2 MiB a thread, at least 16 MiB, at
 # most READ_AHEAD), and what the file being stored may hold beyond that (FastCDC's largest chunk is 4 MiB).
 READ_AHEAD = 64 << 20
 HEAD_AHEAD = 8 << 20
+BATCH_BYTES = 1 << 20  # light items (small files) go to the readers this many bytes ...
+BATCH_ITEMS = 64  # ... or items at a time
 _DONE = object()
 
 
@@ -197,15 +235,27 @@ def _steady_malloc() -> None:
 
 
 def default_readers() -> int:
-    """Reader threads: one per core (each stage of a read releases the GIL), at most 32."""
-    return max(1, min(os.cpu_count() or 1, 32))
+    """Reader threads: 2 (``ENVVAULT_READERS`` overrides it). Measured on the 16-core device (7.3 GB venv,
+    2026-12-01): 2 readers 18.8 s / 297 MB, 4: 18.5 s / 317 MB, 16: 19.7 s / 460 MB. More readers do not
+    help while the storing thread and the file at the head of the queue (hashed and cut alone) set the
+    pace, and each costs memory; see docs/benchmarks.md."""
+    try:
+        given = int(os.environ.get("ENVVAULT_READERS", ""))
+        if given >= 1:
+            return min(given, 64)
+    except ValueError:
+        pass
+    return max(1, min(os.cpu_count() or 1, 2))
 
 
 def _read_file(path, size_hint: int, algo: str, store: bool, emit) -> FileDigest:
     """Read ``path`` once: its RECORD-style digest, size and (``store``) blob ids, each blob passed to
-    ``emit(oid, data)`` in file order."""
+    ``emit(oid, data)`` in file order. A large file's digest is computed on a helper thread while this one
+    cuts and names its chunks (the two passes over its bytes run side by side); without ``store`` a large
+    file is only hashed (no chunking)."""
     h = hashlib.new(algo)
     chunks: list[str] = []
+    aside = None
     try:
         with open(path, "rb") as f:
             if size_hint < SMALL_FILE:
@@ -216,22 +266,74 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit) -> FileDigest
                     oid = object_id(data)
                     chunks.append(oid)
                     emit(oid, data)
-            else:
+            elif not store:
                 size = 0
-                for ch in _chunker().cut_stream(f):
-                    data = bytes(ch.data)
+                while True:
+                    data = f.read(BLOCK)
+                    if not data:
+                        break
                     h.update(data)
                     size += len(data)
-                    if store:
-                        oid = object_id(data)
-                        chunks.append(oid)
-                        emit(oid, data)
+            else:
+                size = 0
+                update = h.update
+                if size_hint >= HASH_ASIDE:
+                    aside = _HashAside(h)
+                    update = aside.update
+                for ch in _chunker().cut_stream(f):
+                    data = bytes(ch.data)
+                    update(data)
+                    size += len(data)
+                    oid = object_id(data)
+                    chunks.append(oid)
+                    emit(oid, data)
+                if aside is not None:
+                    aside.finish()
+                    aside = None
     except PermissionError:
         raise EnvironmentProblem(f"cannot read {path}: permission denied; fix its mode or run as its owner") from None
     except OSError as err:
         raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
+    finally:
+        if aside is not None:
+            aside.finish()
     digest = b64_sha256(h.digest()) if algo == "sha256" else base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
     return FileDigest(digest, size, chunks if store else None)
+
+
+BLOCK = 4 << 20  # a large file hashed without chunking is read this much at a time
+HASH_ASIDE = 16 << 20  # files this large get their digest from a helper thread
+
+
+class _HashAside:
+    """Feeds chunks to a hash on its own thread (hashlib releases the GIL), a few chunks behind at most."""
+
+    def __init__(self, h) -> None:
+        self._h = h
+        self._q: queue.Queue = queue.Queue(maxsize=8)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="envvault-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            data = self._q.get()
+            if data is None:
+                return
+            try:
+                self._h.update(data)
+            except BaseException as err:  # noqa: BLE001 - reported by finish()
+                self._error = err
+
+    def update(self, data: bytes) -> None:
+        self._q.put(data)
+
+    def finish(self) -> None:
+        """Wait until every chunk given is hashed."""
+        self._q.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class _Aborted(Exception):

@@ -28,7 +28,7 @@ FRAME_TARGET = 1 << 20  # small objects are grouped until a frame holds about th
 PACK_TARGET = 32 << 20  # a pack is closed once its compressed bytes pass this
 MAX_FRAME = 64 << 20  # a frame that claims more is refused as damaged or hostile
 _IN_FLIGHT = 8  # frames compressing at once: at least this many, else two a thread ...
-_IN_FLIGHT_BYTES = 48 << 20  # ... while their uncompressed bytes stay below this
+_IN_FLIGHT_BYTES = 32 << 20  # ... while their uncompressed bytes stay below this
 
 Location = tuple  # (pack_id, frame_offset, frame_length, offset_in_frame, length, kind)
 
