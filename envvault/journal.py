@@ -1,7 +1,8 @@
 """The restore journal on disk and what a killed restore leaves behind (docs/format.md, "Restoring an
 environment", steps 3 and 6): reading, writing and removing ``<venv>/.envvault-restore.json`` (the record is
 ``model.journal.Journal``), the staged temp names (``.<name>.envvault-<pid>.tmp``), the restore lock of an
-environment, and tidying what a killed restore half-made. Below ``restore/`` (which restores) and ``snap``
+environment, and tidying what a killed restore half-made. ``journal_file`` says where the journal lies: in a
+venv, and in the vault's machine-local state for a system environment (whose root may be ``/``). Below ``restore/`` (which restores) and ``snap``
 (whose scans tidy first), so neither imports the other for it."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "JOURNAL_NAME",
     "JOURNAL_LIMIT",
     "interrupted_restore",
+    "journal_file",
     "Paths",
     "TMP_RE",
     "read_journal",
@@ -45,10 +47,20 @@ JOURNAL_LIMIT = 256 << 20  # a journal lists every file a restore writes or dele
 TMP_RE = re.compile(r"^\..+\.envvault-(\d+)\.tmp$")
 
 
-def read_journal(target: Path) -> Journal | None:
-    """The journal of a restore of ``target`` under way, or None. One that does not parse is salvaged
-    (``Journal.salvage``): a rerun still uses what it can read of it."""
-    path = target / JOURNAL_NAME
+def journal_file(vault: Vault, target: Path) -> Path:
+    """Where the journal of a restore of ``target`` lies (docs/format.md): ``<venv>/.envvault-restore.json``,
+    or for a system environment (registered by ``--python``; its root may be ``/``, which the user need not
+    be able to write) the vault's ``state/journal-<key>.json``."""
+    from envvault.env.probe import system_of
+
+    if system_of(target) is not None:
+        return vault.state.path(f"journal-{env_key(target)}.json")
+    return Path(target) / JOURNAL_NAME
+
+
+def read_journal(path: Path) -> Journal | None:
+    """The journal at ``path`` (``journal_file``) of a restore under way, or None. One that does not parse is
+    salvaged (``Journal.salvage``): a rerun still uses what it can read of it."""
     try:
         data = read_regular(path, JOURNAL_LIMIT, str(path))
     except FileNotFoundError:
@@ -67,9 +79,10 @@ def read_journal(target: Path) -> Journal | None:
         return Journal.salvage(doc)
 
 
-def write_journal(target: Path, journal: Journal) -> None:
-    """Temp name that a rerun's cleanup recognises, fsync, rename, fsync the folder."""
-    final = str(target / JOURNAL_NAME)
+def write_journal(path: Path, journal: Journal) -> None:
+    """At ``path`` (``journal_file``): temp name that a rerun's cleanup recognises, fsync, rename, fsync the
+    folder."""
+    final = str(path)
     tmp = tmp_for(final, os.getpid())
     try:
         with open(tmp, "wb") as f:
@@ -77,7 +90,7 @@ def write_journal(target: Path, journal: Journal) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
-        fsync_dir(target)
+        fsync_dir(Path(path).parent)
     except OSError as err:
         try:
             os.unlink(tmp)
@@ -86,9 +99,9 @@ def write_journal(target: Path, journal: Journal) -> None:
         raise storage_error(err, final) from None
 
 
-def remove_journal(target: Path) -> None:
+def remove_journal(path: Path) -> None:
     try:
-        os.unlink(target / JOURNAL_NAME)
+        os.unlink(path)
     except FileNotFoundError:
         pass
 
@@ -184,11 +197,12 @@ def settle_interrupted(vault: Vault, target: Path) -> str | None:
     package imports meanwhile. The journal stays: ``status`` reports the restore as unfinished and the next
     restore completes it. Returns the interrupted restore's snapshot id, or None. Never fails the caller."""
     target = Path(target)
-    if not os.path.lexists(target / JOURNAL_NAME):
+    path = journal_file(vault, target)
+    if not os.path.lexists(path):
         return None
     journal = None
     try:
-        journal = read_journal(target)
+        journal = read_journal(path)
         if journal is None:
             return None
         with target_lock(vault, target) as held:
@@ -200,10 +214,11 @@ def settle_interrupted(vault: Vault, target: Path) -> str | None:
     return sid if isinstance(sid, str) else "unknown"
 
 
-def interrupted_restore(target: Path) -> str | None:
-    """The snapshot id of a restore of ``target`` that was killed before it finished, if any."""
+def interrupted_restore(path: Path) -> str | None:
+    """The snapshot id of the restore whose journal is at ``path`` (``journal_file``), killed before it
+    finished, if any."""
     try:
-        doc = json.loads(read_regular(Path(target) / JOURNAL_NAME, JOURNAL_LIMIT, "the restore journal"))
+        doc = json.loads(read_regular(Path(path), JOURNAL_LIMIT, "the restore journal"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, EnvvaultError):

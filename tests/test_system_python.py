@@ -237,11 +237,22 @@ def test_debian_python_with_apt_packages_and_user_site(tmp_path):
         assert _names(changes["removed"]) == {"usersite"} and _names(changes["changed"]) == {"alpha", "distro"}
         diff = run_json("diff", second["id"], "current")["packages"]  # the snapshot's interpreter, found again
         assert _names(diff["changed"]) == {"alpha", "distro"}
+        # A restore killed once its journal is written: the journal lies in the vault's state, never at
+        # /.envvault-restore.json (the root / need not be writable); status finds it; the rerun completes.
+        killed = ev(vault, "restore", second["id"], env=dict(ev_vars, ENVVAULT_TEST_CRASH_AT="journal"), check=False)
+        assert killed.returncode == -9, killed.stderr
+        assert not os.path.lexists("/.envvault-restore.json")
+        journals = list((vault / "state").glob("journal-*.json"))
+        assert len(journals) == 1 and json.loads(journals[0].read_text())["snapshot"] == second["id"], journals
+        warned = run("status", "--python", DEBIAN_PYTHON, "--json", check=False)
+        assert json.loads(warned.stdout)["interrupted_restore"] == second["id"], warned.stderr
+        assert "was interrupted" in warned.stderr
         restored = run("restore", second["id"], "--json", check=False)
         doc = json.loads(restored.stdout)
         assert restored.returncode == 1, restored.stderr
         assert any("apt-get install --reinstall python3-distro" in w for w in doc["warnings"]), doc["warnings"]
         assert owned.read_bytes() == original + b"# edited\n"  # reported, not touched
+        assert not list((vault / "state").glob("journal-*.json")) and not os.path.lexists("/.envvault-restore.json")
     finally:
         owned.write_bytes(original)
         os.utime(owned, ns=(stat.st_atime_ns, stat.st_mtime_ns))

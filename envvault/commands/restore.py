@@ -170,7 +170,7 @@ def status(ctx, venv, against, as_json, exit_code):
     from envvault.snap import scan_current
     from envvault.env.probe import find_target
     from envvault.restore.baseline import baseline_snapshot
-    from envvault.journal import interrupted_restore
+    from envvault.journal import interrupted_restore, journal_file
 
     vault = open_vault(ctx)
     if against:  # without --venv and an active venv: the environment the snapshot names
@@ -181,7 +181,7 @@ def status(ctx, venv, against, as_json, exit_code):
         target = find_target(venv)
         sid = baseline_snapshot(vault, target)
     snap = vault.load_snapshot(sid).snapshot
-    broken = interrupted_restore(target)
+    broken = interrupted_restore(journal_file(vault, target))
     if broken:
         click.echo(f"warning: a restore of {broken[:12]} onto {target} was interrupted; run "
                    f"`envvault restore {broken[:12]} --venv {target}` to finish it", err=True)

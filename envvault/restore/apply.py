@@ -147,9 +147,9 @@ def populate_statcache(vault: Vault, target: Path, staged: list[Staged]) -> None
     cache.save()
 
 
-def undo_staging(target: Path, created: list[str], *, keep_journal: bool) -> None:
+def undo_staging(journal: Path, created: list[str], *, keep_journal: bool) -> None:
     """After a failure before any rename: remove the folders this run made (only while empty) and the
-    journal, unless it was an earlier run's (its renames are still to be finished)."""
+    journal (the file ``journal``), unless it was an earlier run's (its renames are still to be finished)."""
     for d in reversed(created):
         try:
             os.rmdir(d)
@@ -157,6 +157,6 @@ def undo_staging(target: Path, created: list[str], *, keep_journal: bool) -> Non
             pass
     if not keep_journal:
         try:
-            remove_journal(target)
+            remove_journal(journal)
         except OSError:
             pass

@@ -19,7 +19,8 @@ from typing import Iterator
 from envvault.crashpoints import crash_point
 from envvault.diff import diff_snapshots
 from envvault.errors import RefusedError, UsageError
-from envvault.journal import Paths, clean_temps, read_journal, recover, remove_journal, target_lock, write_journal
+from envvault.journal import (Paths, clean_temps, journal_file, read_journal, recover, remove_journal, target_lock,
+                              write_journal)
 from envvault.materialize import refuse_escapes
 from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
@@ -52,7 +53,8 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
     if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists() and system_of(target) is None:
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     with vault.lock(), (nullcontext() if dry_run else exclusive_target(vault, target)):
-        journal = read_journal(target)
+        jfile = journal_file(vault, target)  # a system environment's lies in the vault's state, not in its root
+        journal = read_journal(jfile)
         resumed = journal is not None
         if resumed and not dry_run:
             recover(target, journal)
@@ -90,7 +92,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                                  warnings=plan.warnings)
         clock.lap("plan")
         pid = os.getpid()
-        write_journal(target, Journal(
+        write_journal(jfile, Journal(
             snapshot=sid, backup=backup_id, pid=pid, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             staging_dirs=tuple(sorted(set(plan.staging_dirs()) | set(earlier.staging_dirs)
                                       | {os.path.dirname(d) for d in plan.remove_dirs})),
@@ -106,7 +108,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         except BaseException:
             # Nothing was renamed into place: leave the environment as this run found it (a full disk must
             # not leave empty package folders that import as empty packages).
-            undo_staging(target, created, keep_journal=resumed)
+            undo_staging(jfile, created, keep_journal=resumed)
             if take_backup:
                 discard_backup(vault, backup_id)
             raise
@@ -118,7 +120,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         clock.lap("commit")
         after = scan_current(vault, target, facts=False)
         remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
-        remove_journal(target)
+        remove_journal(jfile)
         crash_point("verified")
         clock.lap("verify")
     warnings = list(plan.warnings)
