@@ -261,6 +261,17 @@ def test_debian_python_with_apt_packages_and_user_site(tmp_path):
                            capture_output=True, text=True, env=env, cwd="/")
     assert check.returncode == 0 and check.stdout.strip() == "1.0", check
 
+    # --into copying everything cannot hold Debian's egg-info packages (no RECORD: no files stored): one line
+    # naming them and the option, nothing made (its dry run says the same).
+    half = tmp_path / "half"
+    for extra in ((), ("--dry-run",)):
+        refused = run("restore", second["id"], "--into", half, *extra, check=False)
+        assert refused.returncode == 3, refused
+        assert_one_line_error(refused, "system-managed", "--system-site-packages")
+        assert not half.exists()
+    egg = [p for p in pk.values() if p["installer"] == "debian" and p.get("record", "ok") != "ok"]
+    assert egg and all(f"{p['name']} {p['version']}" in refused.stderr for p in egg[:8]), (egg, refused.stderr)
+
     # --into with the system's packages left to the base interpreter.
     new = tmp_path / "moved"
     into = run_json("restore", second["id"], "--into", new, "--system-site-packages")

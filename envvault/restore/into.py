@@ -34,7 +34,7 @@ from envvault.model.identity import LAUNCHER_HEAD, is_bytecode, is_script
 from envvault.model.manifest import DistManifest
 from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.model.snapshot import PackageSummary, PythonInfo, Snapshot
-from envvault.restore.managed import venv_manifest, venv_view
+from envvault.restore.managed import refuse_uncopyable, venv_manifest, venv_view
 from envvault.restore.installed import find_dist_info, installed_script, read_record, reapply_state, replace_file
 from envvault.restore.result import RestoreResult
 from envvault.vault.fsutil import makedirs_recording
@@ -59,6 +59,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         raise RefusedError(f"{dest} is already an environment; --into builds a new one (restore in place with --venv)")
     refuse_nonempty(dest)
     snapshot = venv_view(snapshot, vault.load_manifest)  # a system environment's, as a venv holds it (restore/managed.py)
+    refuse_uncopyable(snapshot, vault.has)  # system packages without stored files: --system-site-packages
     packages = snapshot.packages
     python = snapshot.python
     names = [f"{p.name} {p.version}" for p in packages]

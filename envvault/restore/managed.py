@@ -18,7 +18,7 @@ from typing import Sequence
 from envvault.model.snapshot import Snapshot
 from envvault.restore.plan import CurrentDist, Plan
 
-__all__ = ["hold_managed", "share_system_packages", "venv_view", "venv_manifest"]
+__all__ = ["hold_managed", "share_system_packages", "venv_view", "venv_manifest", "refuse_uncopyable"]
 
 
 def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
@@ -125,6 +125,23 @@ def venv_view(snapshot: Snapshot, manifest_of=None) -> Snapshot:
     moved = dataclasses.replace(python, purelib=site, platlib=site, scripts="bin", executable="bin/python",
                                 pyvenv_cfg=cfg)
     return dataclasses.replace(snapshot, python=moved, packages=tuple(packages))
+
+
+def refuse_uncopyable(snapshot: Snapshot, has) -> None:
+    """``RefusedError`` (one line, before anything is made) when ``snapshot`` (a ``venv_view``) still holds
+    system-managed packages whose files were not stored (no RECORD: Debian's egg-info packages), which a
+    copy cannot hold: ``--system-site-packages`` leaves them to the base interpreter. ``has``: the vault's."""
+    if not snapshot.python.system or snapshot.lock_only:
+        return
+    lost = [p for p in snapshot.packages
+            if p.installer == "debian" and (p.record != "ok" or p.manifest is None or not has(p.manifest))]
+    if lost:
+        from envvault.errors import RefusedError
+
+        names = ", ".join(f"{p.name} {p.version}" for p in lost[:8]) + (", ..." if len(lost) > 8 else "")
+        raise RefusedError(f"cannot copy {len(lost)} system-managed package(s) into a venv: {names} had no RECORD, "
+                           "so their files were not stored; pass --system-site-packages to leave them to the "
+                           "base interpreter")
 
 
 def venv_manifest(man, python):
