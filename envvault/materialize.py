@@ -79,6 +79,7 @@ class Staged:
     tmp: str
     final: str
     sha256: str | None  # as computed while writing (None for a symlink)
+    st: os.stat_result | None = None  # the file's stats as written, when written under its final name
 
 
 # -- before anything is written --------------------------------------------------------------------
@@ -190,6 +191,7 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
                     n = os.write(fd, data)
                     data = data[n:]
             os.fchmod(fd, spec.mode & 0o777)  # never setuid/setgid/sticky from a vault
+            st = os.fstat(fd) if tmp == final else None  # no rename to come: these are its final stats
         finally:
             os.close(fd)
     except OSError as err:
@@ -201,7 +203,7 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
         raise CorruptError(f"{spec.path}{owner}: the vault's objects do not make the archived file ({why}); "
                            "nothing was renamed into place; run `envvault verify`")
     crash_point("stage")
-    return Staged(spec, tmp, final, sha)
+    return Staged(spec, tmp, final, sha, st)
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

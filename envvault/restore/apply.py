@@ -139,10 +139,12 @@ def populate_statcache(vault: Vault, target: Path, staged: list[Staged]) -> None
     for s in staged:
         if s.spec.link is not None or s.sha256 is None:
             continue
-        try:
-            st = os.lstat(os.path.join(target, s.spec.path))
-        except OSError:
-            continue
+        st = s.st if s.tmp == s.final else None  # written under its final name (--into): stats known
+        if st is None:
+            try:
+                st = os.lstat(os.path.join(target, s.spec.path))
+            except OSError:
+                continue
         cache.put(s.spec.path, st, s.sha256, list(s.spec.chunks))
     cache.save()
 
