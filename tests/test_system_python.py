@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,12 +177,47 @@ def test_pyenv_copy_whole_cycle(pyenv_copy):
                             text=True, env=shell_env, cwd=str(tmp), stdin=subprocess.DEVNULL)
     assert hooked.returncode == 0 and "removed   beta 1.0" in hooked.stderr, hooked
 
+    # `sudo ... python3.12 -m pip install --break-system-packages` through the hook, with a stand-in sudo on PATH
+    # (none is installed here; it drops its flags and runs the rest): guarded as a change of the system Python,
+    # guard itself running as the user; any other sudo command runs as typed.
+    bindir = tmp / "sudo-bin"
+    bindir.mkdir()
+    (bindir / "sudo").write_text('#!/bin/sh\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
+                                 'echo "sudo ran: $*" >&2\nexec "$@"\n')
+    (bindir / "sudo").chmod(0o755)
+    sudo_env = dict(shell_env, PATH=f"{bindir}:{shell_env['PATH']}")
+    hooked = subprocess.run(["bash", "-c", hook + "\nsudo -E python3.12 -m pip install -q --break-system-packages "
+                             "beta==1.0 && sudo -n true"], capture_output=True, text=True, env=sudo_env,
+                            cwd=str(tmp), stdin=subprocess.DEVNULL)
+    assert hooked.returncode == 0, hooked
+    assert re.search(r"added +beta 1\.0", hooked.stderr), hooked.stderr
+    assert "sudo ran: python3.12 -m pip install -q --break-system-packages beta==1.0" in hooked.stderr
+    assert "sudo ran: true" in hooked.stderr and hooked.stderr.count("envvault") >= 1
+    assert (tmp / "py" / "bin" / "beta-run").exists()
+
     # Export, and nothing written outside the temp folder (HOME untouched: no ~/.local, no cache).
     out = tmp / "export" / "pylock.toml"
     run("export", second["id"], "-o", out)
     text = out.read_text()
     assert 'name = "alpha"' in text and 'name = "usersite"' in text
     assert _tree_state(tmp / "home") == home_before
+
+
+def test_sudo_pip_and_break_system_packages_are_parsed_as_installs():
+    from envvault.guard.command import locate_target, parse_command
+
+    for argv, n in ((["sudo", "pip", "install", "x"], 1), (["sudo", "-E", "-H", "python3", "-m", "pip", "install", "x"], 3),
+                    (["sudo", "/usr/bin/pip3.11", "uninstall", "-y", "x"], 1),
+                    (["pip", "install", "--break-system-packages", "x"], 0),
+                    (["sudo", "python3.12", "-mpip", "install", "--break-system-packages", "x"], 1)):
+        cmd = parse_command(argv)
+        assert cmd.tool == "pip" and cmd.mutating and not cmd.elsewhere and cmd.argv == tuple(argv), (argv, cmd)
+        assert cmd.sudo == tuple(argv[:n]), (argv, cmd.sudo)
+        if cmd.sudo:  # sudo's PATH, not the user's, finds the tool: only --python names the environment
+            assert locate_target(cmd, {"PATH": os.environ["PATH"]}, Path("/")) is None
+    for argv in (["sudo", "apt-get", "install", "x"], ["sudo", "-u", "bob", "pip", "install", "x"],
+                 ["sudo", "uv", "pip", "install", "x"], ["sudo"], ["sudo", "pip", "install", "--dry-run", "x"]):
+        assert not parse_command(argv).mutating, argv
 
 
 def test_python_bad_input_is_one_line(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -30,6 +30,9 @@ _UV_GLOBAL_VALUE = {"--directory", "--project", "--cache-dir", "--config-file", 
 # Options that send pip's or uv's changes somewhere other than the environment itself.
 _ELSEWHERE = {"--target", "-t", "--prefix", "--root", "--user", "--system"}
 _PYTHON_NAMES = ("python", "python3")
+# ``sudo`` options without a value that may come before a guarded pip (``sudo -E pip install ...``); any other
+# sudo option makes the command one envvault does not parse (run unguarded).
+_SUDO_FLAGS = {"-E", "-H", "-n", "-S", "-k", "--preserve-env", "--set-home", "--non-interactive", "--stdin"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +48,7 @@ class Command:
     python: str | None = None  # an explicit ``--python`` / ``-p`` value
     elsewhere: bool = False  # installs into --target/--prefix/--root/--user/--system, not the environment
     project: str | None = None  # ``uv --project`` / ``--directory`` for uv project commands
+    sudo: tuple[str, ...] = ()  # ``sudo`` and its flags before the tool (``argv`` holds them too)
 
     @property
     def known(self) -> bool:
@@ -122,10 +126,20 @@ def _is_pip(word: str) -> bool:
 
 
 def parse_command(argv: list[str] | tuple[str, ...]) -> Command:
-    """Recognise ``pip``, ``pip3``, ``python -m pip``, ``uv pip``, ``uv add``, ``uv remove`` and ``uv sync``."""
+    """Recognise ``pip``, ``pip3``, ``python -m pip``, ``uv pip``, ``uv add``, ``uv remove`` and ``uv sync``,
+    also after ``sudo`` (with flags of ``_SUDO_FLAGS`` only): ``sudo`` stays in ``argv`` (what runs), the rest
+    is parsed as the tool's."""
     argv = tuple(argv)
     if not argv:
         return Command(argv=argv, tool=None, action=None, mutating=False)
+    if os.path.basename(argv[0]) == "sudo":
+        n = 1
+        while n < len(argv) and argv[n] in _SUDO_FLAGS:
+            n += 1
+        inner = parse_command(argv[n:]) if n < len(argv) and os.path.basename(argv[n]) != "sudo" else None
+        if inner is None or inner.tool != "pip":  # sudo uv, sudo apt-get, sudo -u other: not envvault's to parse
+            return Command(argv=argv, tool=None, action=None, mutating=False)
+        return replace(inner, argv=argv, sudo=argv[:n])
     head = argv[0]
     rest: list[str]
     if _is_pip(head):
@@ -235,6 +249,8 @@ def locate_target(cmd: Command, env: Mapping[str, str], cwd: Path) -> Path | Non
     if cmd.tool == "pip":
         if cmd.python:
             return _env_of_python_option(cmd.python, cwd)
+        if cmd.sudo:  # sudo's own PATH finds the tool (a system Python's): guard it with --python
+            return None
         return _env_of_executable(cmd.argv[0], env)
     if cmd.tool == "uv-pip":
         if cmd.python:

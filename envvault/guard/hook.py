@@ -13,6 +13,12 @@ unless all of these hold, in which case it runs ``envvault guard -- <the same wo
   the command exactly and runs anything that does not change the environment (``pip install --dry-run``,
   ``pip install --target``) untouched.
 
+A ``sudo`` function routes ``sudo [-E|-H|-n|-S|-k ...] pip ...`` and ``sudo ... python3 -m pip ...`` the same
+way, only while ``$ENVVAULT_PYTHON`` is set (sudo's own PATH reaches the system Python, never an active venv):
+``guard --python $ENVVAULT_PYTHON -- sudo ...``, guard running as the user (the vault stays theirs) and
+only the command under sudo. Every other ``sudo`` command runs as typed (``command sudo``), its words only
+compared with fixed patterns.
+
 The functions call the interpreter envvault was installed with, so the hook works in any venv, including
 ones without envvault. If that interpreter disappears, the hook warns and runs the command unguarded. They
 run envvault through :func:`envvault.env.untrusted.boot_code`, never ``python -m envvault``: ``-m`` (and ``-c``) put the current
@@ -75,6 +81,31 @@ __envvault_py() {{
     fi
 }}
 
+__envvault_sudo_pip() {{
+    [ -n "${{ENVVAULT_PYTHON:-}}" ] || return 1
+    local __envvault_state=opts __envvault_word
+    for __envvault_word in "$@"; do
+        case "$__envvault_state:$__envvault_word" in
+            opts:-E|opts:-H|opts:-n|opts:-S|opts:-k|opts:--preserve-env|opts:--set-home|opts:--non-interactive|opts:--stdin) ;;
+            opts:pip|opts:pip3|opts:pip3.[0-9]*|opts:*/pip|opts:*/pip3|opts:*/pip3.[0-9]*) __envvault_state=pip ;;
+            opts:python|opts:python3|opts:python3.[0-9]*|opts:*/python|opts:*/python3|opts:*/python3.[0-9]*) __envvault_state=py ;;
+            py:-m) __envvault_state=pym ;;
+            py:-mpip|pym:pip) __envvault_state=pip ;;
+            pip:*) break ;;
+            *) return 1 ;;
+        esac
+    done
+    [ "$__envvault_state" = pip ] && __envvault_wanted "$@" && [ -x "$__envvault_python" ]
+}}
+
+function sudo {{
+    if __envvault_sudo_pip "$@"; then
+        "$__envvault_python" -c "$__envvault_boot" guard --python "$ENVVAULT_PYTHON" -- sudo "$@"
+        return
+    fi
+    command sudo "$@"
+}}
+
 {pip_functions}
 {python_functions}
 function uv {{
@@ -134,6 +165,38 @@ function __envvault_py
     else
         command $name $argv
     end
+end
+
+function __envvault_sudo_pip
+    test -n "$ENVVAULT_PYTHON"; or return 1
+    set -l state opts
+    for word in $argv
+        switch "$state:$word"
+            case 'opts:-E' 'opts:-H' 'opts:-n' 'opts:-S' 'opts:-k' 'opts:--preserve-env' 'opts:--set-home' 'opts:--non-interactive' 'opts:--stdin'
+                continue
+            case 'opts:pip' 'opts:pip3' 'opts:pip3.?*' 'opts:*/pip' 'opts:*/pip3' 'opts:*/pip3.?*'
+                set state pip
+            case 'opts:python' 'opts:python3' 'opts:python3.?*' 'opts:*/python' 'opts:*/python3' 'opts:*/python3.?*'
+                set state py
+            case 'py:-m'
+                set state pym
+            case 'py:-mpip' 'pym:pip'
+                set state pip
+            case 'pip:*'
+                break
+            case '*'
+                return 1
+        end
+    end
+    test "$state" = pip; and __envvault_wanted $argv; and test -x "$__envvault_python"
+end
+
+function sudo --wraps sudo
+    if __envvault_sudo_pip $argv
+        $__envvault_python -c $__envvault_boot guard --python $ENVVAULT_PYTHON -- sudo $argv
+        return $status
+    end
+    command sudo $argv
 end
 
 {pip_functions}

@@ -215,7 +215,8 @@ def start_dry_run(cmd: Command, env: Mapping[str, str], cwd: Path) -> DryRun:
         reason = f"{cmd.argv[0]} {cmd.action} has no dry run" if cmd.known else "not a pip or uv command"
         return DryRun(cmd, reason=reason)
     workdir = Path(tempfile.mkdtemp(prefix="envvault-guard-"))
-    argv = [a.replace("{report}", str(workdir / "report.json")) for a in _insert(cmd.argv, extra)]
+    # The dry run of `sudo pip ...` runs without sudo: it only reads the environment.
+    argv = [a.replace("{report}", str(workdir / "report.json")) for a in _insert(cmd.argv[len(cmd.sudo):], extra)]
     # Never prompt (keyring, proxies) and never colour: the answer is parsed.
     run_env = dict(env, PIP_NO_INPUT="1", NO_COLOR="1", UV_NO_PROGRESS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     try:
