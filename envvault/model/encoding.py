@@ -37,8 +37,9 @@ def short(oid: str) -> str:
     return oid[:12]
 
 
-def utc_timestamp() -> str:
+def utc_timestamp(digits: int = 6) -> str:
     """Now, as the vault's documents write a time (``created``, a restore marker's ``at``): UTC with
-    microseconds, ``2026-12-01T02:56:00.123456Z``."""
-    now = time.time()  # one clock read: seconds and microseconds must agree
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1e6) % 1000000:06d}Z"
+    microseconds, ``2026-12-01T02:56:00.123456Z``; ``digits=3``: milliseconds, as a stamp's ``time``."""
+    now = time.time()  # one clock read: seconds and the fraction must agree
+    scale = 10 ** digits
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * scale) % scale:0{digits}d}Z"

@@ -24,7 +24,7 @@ from envvault.model.stamp import STAMP_KEY, STAMP_RECORD, Stamp, parse_stamp
 from envvault.torch import pickle_reader as pr
 from envvault.torch.files import MAX_SIDE_BYTES, open_regular
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
-from envvault.torch.records import valid_shape
+from envvault.torch.records import Blocked, TensorInfo, valid_shape
 
 __all__ = [
     "CheckpointInfo",
@@ -68,7 +68,7 @@ class FileInfo:
     size: int
     tensors: TensorSummary
     stamp: Stamp | None = None
-    findings: tuple[pr.Blocked, ...] = ()
+    findings: tuple[Blocked, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "format": self.format, "size": self.size, "tensors": self.tensors.to_dict(),
@@ -95,7 +95,7 @@ class CheckpointInfo:
     stamp_source: str | None
     content: Any
     tensors: TensorSummary
-    findings: tuple[pr.Blocked, ...] = ()
+    findings: tuple[Blocked, ...] = ()
     globals: tuple[str, ...] = ()
     files: tuple[FileInfo, ...] = ()
     notes: tuple[str, ...] = ()
@@ -314,14 +314,14 @@ def read_safetensors_header(f: BinaryIO, size: int, what: str) -> dict[str, Any]
     return header
 
 
-def safetensors_tensors(header: dict[str, Any]) -> tuple[dict[str, pr.TensorInfo], int]:
+def safetensors_tensors(header: dict[str, Any]) -> tuple[dict[str, TensorInfo], int]:
     """TensorInfo per tensor name (file order) and the total data bytes, from a checked header."""
     tensors, total = {}, 0
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         dtype = SAFETENSORS_DTYPES.get(entry["dtype"], entry["dtype"].lower())
-        tensors[name] = pr.TensorInfo(tuple(entry["shape"]), dtype, storage_key=name, device="cpu")
+        tensors[name] = TensorInfo(tuple(entry["shape"]), dtype, storage_key=name, device="cpu")
         total += entry["data_offsets"][1] - entry["data_offsets"][0]
     return tensors, total
 

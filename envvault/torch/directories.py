@@ -32,7 +32,7 @@ from envvault.torch.checkpoint import (
 )
 from envvault.torch.files import MAX_SIDE_BYTES, open_regular, read_small
 from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
-from envvault.torch.records import valid_shape
+from envvault.torch.records import Opaque, TensorInfo, TorchConst, valid_shape
 
 __all__ = ["read_checkpoint", "read_directory"]
 
@@ -94,13 +94,13 @@ def _read_dcp(d: Path, stamp: Stamp | None, notes: list[str]) -> CheckpointInfo:
         raise CorruptError(f"{d / '.metadata'}: no state_dict_metadata; not a distributed checkpoint")
     where = _storage_index(state.get("storage_data"))
     content: dict[str, Any] = {}
-    tensors: dict[str, pr.TensorInfo] = {}
+    tensors: dict[str, TensorInfo] = {}
     for fqn, entry in entries.items():
         fields = _state(entry)
         if "size" in fields:  # TensorStorageMetadata; BytesStorageMetadata has no fields
             size = fields["size"]
             shape = valid_shape(size) if isinstance(size, tuple) else None
-            tensors[str(fqn)] = info = pr.TensorInfo(shape, _dcp_dtype(fields.get("properties")))
+            tensors[str(fqn)] = info = TensorInfo(shape, _dcp_dtype(fields.get("properties")))
             content[str(fqn)] = to_jsonable(info)
         else:
             content[str(fqn)] = _dcp_bytes(d, where.get(str(fqn)), notes)
@@ -112,17 +112,17 @@ def _read_dcp(d: Path, stamp: Stamp | None, notes: list[str]) -> CheckpointInfo:
 
 
 def _state(rec: Any) -> dict:
-    return rec.state if isinstance(rec, pr.Opaque) and isinstance(rec.state, dict) else {}
+    return rec.state if isinstance(rec, Opaque) and isinstance(rec.state, dict) else {}
 
 
 def _dcp_dtype(props: Any) -> str:
     # TensorProperties pickles its fields as a tuple (dtype first); older torch used a plain __dict__.
-    state = props.state if isinstance(props, pr.Opaque) else None
+    state = props.state if isinstance(props, Opaque) else None
     if isinstance(state, tuple) and state:
         dtype = state[0]
     else:
         dtype = state.get("dtype") if isinstance(state, dict) else None
-    return dtype.text.removeprefix("torch.") if isinstance(dtype, pr.TorchConst) else "unknown"
+    return dtype.text.removeprefix("torch.") if isinstance(dtype, TorchConst) else "unknown"
 
 
 def _storage_index(storage_data: Any) -> dict[str, dict]:

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from envvault.torch.pickle_reader import (
+from envvault.torch.records import (
     LargeData,
     Opaque,
     StorageRef,

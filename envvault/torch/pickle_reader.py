@@ -43,29 +43,11 @@ from envvault.torch.records import (
     Placeholder,
     StorageRef,
     StorageType,
-    TensorInfo,
     TorchConst,
-    global_name,
-    walk,
 )
 
-__all__ = [
-    "DTYPE_SIZES",
-    "TorchConst",
-    "StorageType",
-    "StorageRef",
-    "TensorInfo",
-    "Opaque",
-    "Blocked",
-    "LargeData",
-    "PickleResult",
-    "MAX_BYTES",
-    "MAX_OPS",
-    "load",
-    "loads",
-    "global_name",
-    "walk",
-]
+# The records it builds are envvault.torch.records'.
+__all__ = ["PickleResult", "MAX_BYTES", "MAX_OPS", "load", "loads"]
 
 _STORAGE_DTYPES = {
     "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",

@@ -13,11 +13,11 @@ import dataclasses
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from envvault import __version__
+from envvault.model.encoding import utc_timestamp
 from envvault.model.stamp import STAMP_FORMAT, Drift, Stamp, parse_stamp
 from envvault.torch.environment import EnvState, python_version
 from envvault.torch.gitstate import git_state
@@ -67,12 +67,7 @@ def with_snapshot(base: Stamp, snapshot: tuple[str, bool] | None, warnings: list
 def for_save(base: Stamp, drift: Drift | None) -> dict[str, Any]:
     """The stamp one save writes: ``base`` with the drift, the time (UTC, milliseconds) and the cwd, as a
     fresh dict of plain JSON types."""
-    return dataclasses.replace(base, drift=drift, time=_now(), cwd=os.getcwd()).to_dict()
-
-
-def _now() -> str:
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+    return dataclasses.replace(base, drift=drift, time=utc_timestamp(3), cwd=os.getcwd()).to_dict()
 
 
 def _plain(value: Any) -> str | None:
