@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Container
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -193,8 +194,8 @@ def read_any(entry: Path, site: Path) -> InstalledDist | None:
     return read_dist(entry, site)
 
 
-def scan_dists(sites: list[Path]) -> list[InstalledDist]:
-    """Every distribution in the given site directories, sorted by name."""
+def scan_dists(sites: list[Path], skip: Container[Path] = ()) -> list[InstalledDist]:
+    """Every distribution in the given site directories (less the entries in ``skip``), sorted by name."""
     dists: list[InstalledDist] = []
     seen: set[Path] = set()
     for site in sites:
@@ -202,7 +203,7 @@ def scan_dists(sites: list[Path]) -> list[InstalledDist]:
             continue
         seen.add(site)
         for entry in sorted(dist_entries(site)):
-            if entry.name.endswith(".dist-info") and not entry.is_dir():
+            if entry in skip or entry.name.endswith(".dist-info") and not entry.is_dir():
                 continue
             dist = read_any(entry, site)
             if dist is not None:

@@ -43,7 +43,7 @@ def read_current(prefix: Path, interp: "Layout", packages: Sequence[PackageSumma
                         found.setdefault(key, []).append((entry, site))
         deferred = {k: v[0] for k, v in found.items() if len(v) == 1 and v[0][0].is_dir()}
         skip = {entry for entry, _site in deferred.values()}
-        dists = _read_all(sites, skip, dist_entries, read_any)
+        dists = scan_dists(sites, skip)
     else:
         dists = scan_dists(sites)
     by_key: dict[tuple[str, str], list] = {}
@@ -87,23 +87,6 @@ def _files_of(d, p: PackageSummary, base: str, untouched: bool) -> dict[str, str
         else:  # RECORD itself: hash it (small), so an unchanged one stays untouched
             files[rel] = _sha_of_small(absolute)
     return files
-
-
-def _read_all(sites, skip: set, dist_entries, read_any) -> list:
-    """``scan_dists`` less the entries in ``skip``."""
-    dists, seen = [], set()
-    for site in sites:
-        if site in seen or not site.is_dir():
-            continue
-        seen.add(site)
-        for entry in sorted(dist_entries(site)):
-            if entry in skip or entry.name.endswith(".dist-info") and not entry.is_dir():
-                continue
-            dist = read_any(entry, site)
-            if dist is not None:
-                dists.append(dist)
-    dists.sort(key=lambda d: (d.name, d.version))
-    return dists
 
 
 def _norm(name: str) -> str:
