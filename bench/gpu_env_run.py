@@ -119,7 +119,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--cache-tar", default="")
-    ap.add_argument("--skip", default="", help="comma-separated row groups to skip: snap,fast,restore,into,cache")
+    ap.add_argument("--skip", default="", help="comma-separated row groups to skip: snap,fast,system,restore,cache,into")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     os.makedirs(OUT, exist_ok=True)
@@ -172,6 +172,13 @@ def main() -> int:
             sh(f"{TOOL_PY} -X importtime -m envvault status --venv {venv} 2>{OUT}/importtime_status.txt",
                name="importtime status", want=None)
             profile("status", f"status --venv {venv}")
+
+    if "system" not in skip:  # issue 13 once on this host: the base interpreter is a system Python
+        for name, cmd in (("system snap", f"{EV} snap --python {base} -m system"),
+                          ("system second snap", f"{EV} snap --python {base} -m again"),
+                          ("system status", f"{EV} status --python {base} --exit-code")):
+            st = sh(cmd, name=name)
+            print(f"{name:58s} {st['wall_s']:8.2f} s  rc {st['rc']}  {st['stdout_tail'].strip()[-150:]}", flush=True)
 
     if "restore" not in skip:
         torch_dir = os.path.join(sp, "torch")
