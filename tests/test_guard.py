@@ -9,6 +9,7 @@ package.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -25,6 +26,7 @@ from envvault.guard.command import locate_target, parse_command
 from envvault.guard.plan import Installed, PlannedDist, classify
 from envvault.guard.protect import DEFAULT_PROTECTED, load_protection, save_vault_protection, save_venv_protection
 from envvault.guard.provenance import carry, index_for, pip_indexes
+from envvault.model.provenance import ProvenanceEntry
 from envvault.guard.retention import apply_retention, plan_retention
 from envvault.model.snapshot import Snapshot
 from envvault.vault.store import SnapshotRef, Vault
@@ -475,10 +477,10 @@ def test_provenance_index_attribution(tmp_path):
                                                                  "XDG_CONFIG_DIRS": str(tmp_path / "none")}, None) \
         == ["https://mirror.example/simple"]
     assert pip_indexes(parse_command(["pip", "install", "--no-index", "x"]), {"PIP_CONFIG_FILE": "/dev/null"}, None) == []
-    entry = {"url": url, "sha256": "s", "index": indexes[0], "version": "2.11.0+cu128", "build_id": "b1"}
+    entry = ProvenanceEntry(url=url, sha256="s", index=indexes[0], version="2.11.0+cu128", build_id="b1")
     assert carry({"torch": entry}, {"torch": ("2.11.0+cu128", "b1")}) == {"torch": entry}
     assert carry({"torch": entry}, {"torch": ("2.11.0+cu128", "b2")}) == {}
-    assert carry({"torch": dict(entry, build_id=None)}, {"torch": ("2.11.0+cu128", "b2")})["torch"]["build_id"] == "b2"
+    assert carry({"torch": dataclasses.replace(entry, build_id=None)}, {"torch": ("2.11.0+cu128", "b2")})["torch"].build_id == "b2"
     assert carry({"torch": entry}, {}) == {}
 
 

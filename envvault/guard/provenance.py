@@ -2,14 +2,16 @@
 configured index that served it. Kept in guard snapshots under ``provenance`` so ``export`` can write
 ``url`` and ``index`` for those packages.
 
-A snapshot's ``provenance`` maps a normalized name to ``{"url", "sha256", "index", "version", "build_id"}``
-(``index`` may be null: a ``--find-links`` or direct URL install). An entry is true only for the build
-named by ``build_id``: entries are carried from snapshot to snapshot while that build stays installed.
+A snapshot's ``provenance`` maps a normalized name to a :class:`~envvault.model.provenance.ProvenanceEntry`
+(``url``, ``sha256``, ``index``, ``version``, ``build_id``; ``index`` may be null: a ``--find-links`` or direct
+URL install). An entry is true only for the build named by ``build_id``: entries are carried from snapshot to
+snapshot while that build stays installed.
 """
 
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import os
 import urllib.parse
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Iterable, Mapping
 from envvault.env.dists import read_dist
 from envvault.guard.command import Command
 from envvault.guard.plan import PlannedDist
+from envvault.model.provenance import ProvenanceEntry
 
 __all__ = ["pip_indexes", "index_for", "report_provenance", "current_builds", "carry"]
 
@@ -113,14 +116,14 @@ def index_for(url: str | None, indexes: Iterable[str]) -> str | None:
     return best
 
 
-def report_provenance(installs: Iterable[PlannedDist], indexes: list[str]) -> dict[str, dict]:
+def report_provenance(installs: Iterable[PlannedDist], indexes: list[str]) -> dict[str, ProvenanceEntry]:
     """Provenance entries (without ``build_id``) for wheels pip's report names with a URL and a sha256."""
     out = {}
     for p in installs:
         if not p.url or not p.sha256:
             continue
         url = _strip_auth(p.url)
-        out[p.name] = {"url": url, "sha256": p.sha256, "index": index_for(url, indexes), "version": p.version}
+        out[p.name] = ProvenanceEntry(url=url, sha256=p.sha256, index=index_for(url, indexes), version=p.version)
     return out
 
 
@@ -150,14 +153,15 @@ def current_builds(prefix: Path, sites: Iterable[Path], names: Iterable[str]) ->
     return out
 
 
-def carry(entries: Mapping[str, dict], builds: Mapping[str, tuple[str, str]]) -> dict[str, dict]:
+def carry(entries: Mapping[str, ProvenanceEntry],
+          builds: Mapping[str, tuple[str, str]]) -> dict[str, ProvenanceEntry]:
     """Entries still true of what is installed: same version, and the same build when the entry names one."""
     out = {}
     for name, entry in entries.items():
         now = builds.get(name)
-        if now is None or entry.get("version") != now[0]:
+        if now is None or entry.version != now[0]:
             continue
-        if entry.get("build_id") and entry["build_id"] != now[1]:
+        if entry.build_id and entry.build_id != now[1]:
             continue
-        out[name] = dict(entry, build_id=now[1])
+        out[name] = dataclasses.replace(entry, build_id=now[1])
     return out

@@ -21,6 +21,7 @@ from envvault.env.probe import chosen_python, find_target
 from envvault.errors import EnvvaultError, UsageError
 from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
+from envvault.model.provenance import ProvenanceEntry
 from envvault.model.snapshot import Snapshot
 from envvault.vault.fsutil import read_regular
 
@@ -122,7 +123,7 @@ def run_command(argv: tuple[str, ...], env: Mapping[str, str], *, stdout_to_stde
     return (128 - rc if rc < 0 else rc), started
 
 
-def _installed(doc: Snapshot, prefix: Path, provenance: dict) -> dict[str, Installed]:
+def _installed(doc: Snapshot, prefix: Path, provenance: Mapping[str, ProvenanceEntry]) -> dict[str, Installed]:
     from packaging.utils import canonicalize_name
 
     sites = _sites(doc, prefix)
@@ -138,8 +139,8 @@ def _installed(doc: Snapshot, prefix: Path, provenance: dict) -> dict[str, Insta
                 dist_infos[(canonicalize_name(stem), version)] = site / entry
     out = {}
     for p in doc.packages:
-        prov = provenance.get(p.name) or {}  # pip's report, as guard/provenance.py records it
-        known = {prov["sha256"]} if prov.get("sha256") and prov.get("build_id") == p.build_id else set()
+        prov = provenance.get(p.name)  # pip's report, as guard/provenance.py records it
+        known = {prov.sha256} if prov is not None and prov.sha256 and prov.build_id == p.build_id else set()
         out[p.name] = Installed(name=p.name, version=p.version, build_id=p.build_id,
                                 dist_info=dist_infos.get((p.name, p.version)), known_sha256=frozenset(known))
     return out
@@ -156,7 +157,7 @@ def _pointer(vault: Vault, target: Path) -> Path:
     return vault.state_path(f"guard-{env_key(target)}.json")
 
 
-def _previous_provenance(vault: Vault, target: Path) -> dict:
+def _previous_provenance(vault: Vault, target: Path) -> dict[str, ProvenanceEntry]:
     """The provenance of the last guard snapshot of ``target`` (named by a pointer under ``state/``, so no
     other snapshot is read); without the pointer, of the newest snapshot of ``target`` that has one."""
     try:

@@ -22,6 +22,7 @@ from envvault.model._fields import (
     check_str_map, dump_fields, is_id, load_fields, load_record, raise_problems, record_loader,
 )
 from envvault.model.encoding import canonical_json
+from envvault.model.provenance import ProvenanceEntry, load_provenance
 
 __all__ = ["FORMAT", "Snapshot", "PackageSummary", "PythonInfo", "Host", "Gpu", "Stats", "CacheEntry", "GuardInfo",
            "parse_snapshot", "parse_package_summary", "snapshot_problems", "build_snapshot", "is_id", "as_snapshot",
@@ -377,7 +378,7 @@ class Snapshot:
     stats: Stats | None = None
     tool: Mapping[str, Any] | None = None
     guard: GuardInfo | None = None
-    provenance: Mapping[str, Any] | None = None
+    provenance: Mapping[str, ProvenanceEntry] | None = None  # guard's (model/provenance.py)
     extra: Mapping[str, Any] = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
@@ -394,7 +395,7 @@ class Snapshot:
             load=lambda v, w, p: None if v is None else _nested_list(_parse_cache)(v, w, p)),
         Key("fingerprint", check_opt_str), Key("warnings", check_str_list, default=(), load=STRS),
         Key("stats", check_dict, load=_nested(_parse_stats)), Key("tool", check_opt_dict),
-        Key("guard", check_dict, load=_nested(_parse_guard)), Key("provenance", check_opt_dict),
+        Key("guard", check_dict, load=_nested(_parse_guard)), Key("provenance", check_opt_dict, load=load_provenance),
     )
 
     # -- questions readers ask -------------------------------------------------------------------------
