@@ -317,3 +317,36 @@ def test_debian_python_with_apt_packages_and_user_site(tmp_path):
     assert check.returncode == 0 and check.stdout.strip() == "1.0", check
     run("export", second["id"], "-o", tmp_path / "export" / "pylock.toml")
     assert {d: _tree_state(d) for d in system_dirs if d.exists()} == before  # the system was not written
+
+
+def test_python_on_list_cache_and_torch_hook_commands(pyenv_copy, tmp_path):
+    """--python where --venv is: list filters to that installation, the cache commands fingerprint it, the
+    torch stamping hook refuses it in one line (a venv only)."""
+    python, env, tmp = pyenv_copy
+    vault = tmp_path / "vault"
+    venv_env = ev_env(vault, **{k: env[k] for k in ("PYTHONUSERBASE", "HOME", "ENVVAULT_DPKG_ADMINDIR")})
+    run = lambda *a, **kw: ev(vault, *a, env=venv_env, **kw)  # noqa: E731
+    run_json = lambda *a, **kw: json.loads(run(*a, "--json", **kw).stdout)  # noqa: E731
+    mine = run_json("snap", "--python", python, "--lock-only", "--no-caches")
+    other = run_json("snap", "--python", DEBIAN_PYTHON, "--lock-only", "--no-caches")
+    assert mine["venv"] == str(tmp) and other["venv"] == "/"
+    assert [r["id"] for r in run_json("list", "--python", python)["snapshots"]] == [mine["id"]]
+    assert [r["id"] for r in run_json("list", "--python", DEBIAN_PYTHON)["snapshots"]] == [other["id"]]
+    assert len(run_json("list", "--all")["snapshots"]) == 2
+
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "k.bin").write_bytes(b"kernel" * 100)
+    cached = run_json("cache", "snap", "--python", python, "--no-discover", "--cache-dir", kernels)
+    assert [c["root"] for c in cached["caches"]] == [str(kernels)], cached
+    assert run_json("show", cached["id"])["venv"] == str(tmp)
+    where = run_json("cache", "list", "--where", "--python", python)
+    assert [c["root"] for c in where["caches"]] == [str(kernels)] and "locations" in where
+    dry = run("cache", "restore", "latest", "--python", python, "--archived-roots", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert_one_line_error(run("cache", "snap", "--python", python, "--venv", tmp, check=False), "not both")
+
+    for command in ("install-hook", "uninstall-hook"):
+        assert_one_line_error(run("torch", command, "--python", python, check=False), "system Python", "--venv")
+        assert_one_line_error(run("torch", command, "--venv", tmp / "py", check=False), "system Python")
+    assert not list((tmp / "py" / "lib" / "python3.12" / "site-packages").glob("*envvault*"))

@@ -13,10 +13,17 @@ from envvault.errors import NotFoundError
 from envvault.output import emit_json, human_bytes, style
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
-venv_option = click.option(
+_venv_only = click.option(
     "--venv", type=click.Path(file_okay=False),
     help="The environment that uses the caches, for their fingerprint (default: $VIRTUAL_ENV).",
 )  # fmt: skip
+
+
+def venv_option(f):
+    """``--venv`` and ``--python`` (a system Python's installation: ``find_target`` takes it)."""
+    from envvault.commands.snapshots import python_option
+
+    return _venv_only(python_option(f))
 
 
 def _vault(ctx: click.Context, create: bool = False):
@@ -26,7 +33,9 @@ def _vault(ctx: click.Context, create: bool = False):
 
 
 def _venv(venv: str | None) -> Path | None:
-    if venv is not None:
+    from envvault.env.probe import chosen_python
+
+    if venv is not None or chosen_python():
         from envvault.env.probe import find_target
 
         return find_target(venv)
@@ -122,7 +131,10 @@ def cache_snap(ctx, venv, message, cache_dirs, no_discover, remember, ask_torch,
 
         if target is None:
             raise UsageError("--ask-torch needs --venv PATH or an active virtual environment")
-        python = target / "bin" / "python"
+        from envvault.env.probe import system_of
+
+        system = system_of(target)
+        python = system[0] if system is not None else target / "bin" / "python"
     result = take_cache_snapshot(vault, venv=target, extra_dirs=dirs, discover=not no_discover, message=message,
                                  use_torch_python=python)
     if as_json:

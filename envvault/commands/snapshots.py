@@ -114,7 +114,9 @@ def list_(ctx, venv, show_all, as_json):
 
     vault = open_vault(ctx)
     snaps = snapshot_heads(vault)
-    if not show_all and (venv or _active_venv()):
+    from envvault.env.probe import chosen_python
+
+    if not show_all and (venv or chosen_python() or _active_venv()):  # --python: that system environment's
         target = str(find_target(venv))
         snaps = [(sid, h) for sid, h in snaps if h.venv == target]
     tags_by_id: dict[str, list[str]] = {}

@@ -179,6 +179,20 @@ def torch_group() -> None:
     """
 
 
+
+def _venv_of_hook(venv):
+    """The venv the stamping hook goes into; a system environment (``--python``, or ``--venv`` of an
+    interpreter's prefix) is refused in one line: its site directories are shared by every user of it."""
+    from envvault.env.probe import find_target, system_of
+    from envvault.errors import UsageError
+
+    target = find_target(venv)
+    if system_of(target) is not None:
+        raise UsageError(f"the stamping hook goes into a virtual environment; {target} is a system Python's "
+                         "installation (not supported yet): pass --venv with a venv")
+    return target
+
+
 @torch_group.command("install-hook")
 @venv_option
 @json_option
@@ -193,10 +207,9 @@ def install_hook_cmd(venv, as_json) -> None:
     Examples:
       envvault torch install-hook --venv ~/venvs/train
     """
-    from envvault.env.probe import find_target
     from envvault.torch.hook import install_hook
 
-    result = install_hook(find_target(venv))
+    result = install_hook(_venv_of_hook(venv))
     if as_json:
         emit_json(result.to_json())
         return
@@ -214,10 +227,9 @@ def uninstall_hook_cmd(venv, as_json) -> None:
     Examples:
       envvault torch uninstall-hook --venv ~/venvs/train
     """
-    from envvault.env.probe import find_target
     from envvault.torch.hook import uninstall_hook
 
-    result = uninstall_hook(find_target(venv))
+    result = uninstall_hook(_venv_of_hook(venv))
     if as_json:
         emit_json(result.to_json())
     elif result.removed:
