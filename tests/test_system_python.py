@@ -350,3 +350,24 @@ def test_python_on_list_cache_and_torch_hook_commands(pyenv_copy, tmp_path):
         assert_one_line_error(run("torch", command, "--python", python, check=False), "system Python", "--venv")
         assert_one_line_error(run("torch", command, "--venv", tmp / "py", check=False), "system Python")
     assert not list((tmp / "py" / "lib" / "python3.12" / "site-packages").glob("*envvault*"))
+
+
+def test_two_interpreters_sharing_root_keep_their_own_baseline(pyenv_copy, tmp_path):
+    """Debian's python3 and the pyenv copy, both with a user base outside the temp folder, share the root /:
+    status of one never compares with the other's snapshot."""
+    python, env, tmp = pyenv_copy
+    vault = tmp_path / "vault"
+    userbase = f"/nonexistent-envvault-{os.getpid()}"  # enabled, never created: the root of both is /
+    venv_env = ev_env(vault, PYTHONUSERBASE=userbase, HOME=env["HOME"],
+                      ENVVAULT_DPKG_ADMINDIR=env["ENVVAULT_DPKG_ADMINDIR"])
+    run = lambda *a, **kw: ev(vault, *a, env=venv_env, **kw)  # noqa: E731
+    deb = json.loads(run("snap", "--python", DEBIAN_PYTHON, "--lock-only", "--no-caches", "--json").stdout)
+    assert deb["venv"] == "/"
+    status = run("status", "--python", python, "--json", check=False)
+    assert_one_line_error(status, "no snapshot of /")
+    mine = json.loads(run("snap", "--python", python, "--lock-only", "--no-caches", "--json").stdout)
+    assert mine["venv"] == "/"
+    for exe, sid in ((python, mine["id"]), (DEBIAN_PYTHON, deb["id"])):
+        doc = json.loads(run("status", "--python", exe, "--json").stdout)
+        assert doc["snapshot"] == sid and doc["empty"], doc
+    assert not os.path.exists(userbase)

@@ -20,6 +20,19 @@ __all__ = ["baseline_snapshot", "record_restored"]
 
 
 
+def _same_python(target: Path):
+    """A test of a snapshot: of the interpreter in use at ``target``? Several system interpreters may share a
+    root (Debian's /usr/bin/python3 and a /usr/local build both root at /): only their own snapshots count.
+    Always true for a venv and for snapshots that name no interpreter."""
+    import os
+
+    from envvault.env.probe import system_of
+
+    hit = system_of(target)
+    exe = os.path.realpath(hit[0]) if hit is not None else None
+    return lambda snap: exe is None or not snap.python.system or snap.python.interpreter in (None, exe)
+
+
 def _marker(vault: Vault, target: Path) -> Path:
     return vault.state_path(f"restored-{env_key(target)}.json")
 
@@ -36,13 +49,15 @@ def record_restored(vault: Vault, target: Path, sid: str) -> None:
 def baseline_snapshot(vault: Vault, target: Path) -> str:
     """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none."""
     target = Path(target)
-    snaps = [s for s in vault.snapshots() if s.snapshot.venv == str(target)]
+    mine = _same_python(target)
+    snaps = [s for s in vault.snapshots() if s.snapshot.venv == str(target) and mine(s.snapshot)]
     own = [s for s in snaps if s.snapshot.trigger != "restore-backup"] or snaps
     best = (own[0].created, own[0].id) if own else None
     try:
         marker = json.loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))
         sid, at = marker["snapshot"], marker["at"]
-        if isinstance(sid, str) and vault.has_snapshot(sid) and (best is None or at > best[0]):
+        if isinstance(sid, str) and vault.has_snapshot(sid) and (best is None or at > best[0]) \
+                and mine(vault.load_snapshot(sid).snapshot):
             best = (at, sid)
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
         pass
