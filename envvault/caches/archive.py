@@ -23,7 +23,7 @@ import blake3
 
 from ..errors import EnvironmentProblem
 from ..model.encoding import canonical_json, object_id
-from ..vault.ingest import Ingester, StatCache, group_paths, group_stats_fresh, stat_key
+from ..vault.ingest import Ingester, StatCache, group_stats_fresh, stat_key
 from .discover import CacheLocation
 from .entries import summarise_entries
 from .snap_fingerprint import builder_fingerprint
@@ -57,7 +57,7 @@ def archive_cache(
     group = statcache.groups.get(gkey)
     fresh = isinstance(group, dict) and _fresh(root, group)
     if fresh and group.get("env_key") == env_key and isinstance(group.get("entry"), dict):
-        statcache.touch([gkey + "/" + rel for rel in group_paths(group)])
+        statcache.touch_group(group, gkey + "/")
         return dict(group["entry"], seconds=round(time.monotonic() - started, 3), reused=True)
     from concurrent.futures import ThreadPoolExecutor
 

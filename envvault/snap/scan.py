@@ -16,7 +16,7 @@ from envvault.env.reader import reader_for
 from envvault.model.encoding import canonical_json, object_id
 from envvault.model.manifest import DistManifest
 from envvault.output import ProgressSink
-from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_paths, group_stats_fresh, stat_key
+from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_stats_fresh, stat_key
 from envvault.vault.store import Vault
 
 from .manifests import DistPlan, ManifestBuilder, summary_of
@@ -38,7 +38,8 @@ def statcache_for(vault: Vault, target: Path) -> StatCache:
     return vault.stat_cache(f"stat-{env_key(target)}")
 
 
-def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: bool = True) -> dict:
+def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: bool = True,
+                 cache: StatCache | None = None) -> dict:
     """The live environment at ``prefix`` in snapshot shape (packages, python, host, env), read without
     writing to the vault. Files are hashed against RECORD (stat-cached under the vault's ``state/``, which
     ``save_cache`` keeps warm for the next call). ``facts=False`` leaves host and environment variables out
@@ -47,7 +48,7 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
 
     from envvault.model.identity import fingerprint
 
-    interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check")
+    interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check", cache=cache)
     host = host_facts_cached(cache) if facts else None
     if save_cache:
         if getattr(cache, "_files", None) is not None:
@@ -106,6 +107,7 @@ def scan_environment(
     mode: str,
     writer=None,
     progress: ProgressSink | None = None,
+    cache: StatCache | None = None,
 ) -> tuple[Interpreter, list[dict], list[str], StatCache, Ingester, dict]:
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
@@ -119,7 +121,8 @@ def scan_environment(
         from envvault.journal import settle_interrupted
 
         settle_interrupted(vault, prefix)
-    cache = statcache_for(vault, prefix)
+    if cache is None:  # a restore passes the one cache it loads and saves once (HC)
+        cache = statcache_for(vault, prefix)
     reader = reader_for(prefix, cache)
     interp = reader.interpreter()
     ing = Ingester(writer, vault.has, store=mode == "full", threads=1 if mode == "lock" else None)
@@ -138,7 +141,7 @@ def scan_environment(
         if mode != "lock" and mid and _group_fresh(group, prefix, dist_info):
             summary = dict(group["summary"], manifest=mid)
             packages.append(summary)
-            cache.touch(group_paths(group))
+            cache.touch_group(group)
             continue
         if mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
             packages.append(dict(group["lock"]["summary"]))

@@ -411,6 +411,7 @@ class StatCache:
         self.groups: dict[str, dict] = {}
         self.extra: dict = {}
         self.touched: set[str] = set()  # file entries used by this run; the rest is dropped on save
+        self._touched_groups: list[tuple[str, dict]] = []  # (key prefix, group): expanded only if saved
         self._dirty_groups = False
         self._dirty_files = False
         self._epoch_path = path.parent / "gc-epoch"
@@ -478,6 +479,17 @@ class StatCache:
     def touch(self, rels) -> None:
         self.touched.update(rels)
 
+    def touch_group(self, group: dict, prefix: str = "") -> None:
+        """Keep the file entries of a group's stored files (``prefix`` + each path): ``touch`` of every
+        path, put off until a save that writes the file entries needs it (an unchanged scan never does)."""
+        self._touched_groups.append((prefix, group))
+
+    def _expand_touched(self) -> None:
+        for prefix, group in self._touched_groups:
+            paths = group_paths(group)
+            self.touched.update((prefix + p for p in paths) if prefix else paths)
+        self._touched_groups = []
+
     def save(self) -> None:
         """Write what changed; entries this run did not use are dropped. Never fails the caller.
 
@@ -488,6 +500,8 @@ class StatCache:
             with self._lock():
                 if self._read_epoch() != self._epoch:
                     return
+                if self._files is not None:
+                    self._expand_touched()
                 if self._files is not None and (self._dirty_files or not self.touched >= self._files.keys()):
                     self._files = {k: v for k, v in self._files.items() if k in self.touched}
                     doc = {"version": self.VERSION, "tool": __version__, "files": self._files}
