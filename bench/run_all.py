@@ -53,22 +53,28 @@ def _device_rows() -> list[str]:
     lines = ["## Speed where users live: the GPU host's real venv (issue 11)", "",
              f"`bench/gpu_env_run.sh` on the device machine ({m.get('cores')} cores, one H200), its `python3` venv "
              f"`{m.get('venv')}` (Python {m.get('python')}, {m.get('files')} files), median of {m.get('repeat')} "
-             "run(s), page cache warm for envvault and anchor alike. 'before' is the same script on the code this "
-             "work started from (`gpu_env_run_baseline.json`, one run).", "",
+             f"run(s), page cache warm for envvault and anchor alike; code: {m.get('code', '?')}. 'before' is the "
+             "same script on the code this work started from (`gpu_env_run_baseline.json`, one run, its anchor in "
+             "brackets); a row with no 'now' was not rerun.", "",
              "| figure | before | now | anchor | anchor now | ratio now | goal |",
              "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
     cell = lambda t: str(t).replace("|", "\\|")  # noqa: E731 - anchors are shell pipelines
-    for r in now["rows"]:
-        b = base.get(r["figure"], {})
-        if "envvault_bytes" in r:
-            lines.append(f"| {r['figure']} | {_fmt((b.get('envvault_bytes') or 0) / 1e9)} GB | "
-                         f"{_fmt(r['envvault_bytes'] / 1e9)} GB | the anchor's archive | "
-                         f"{_fmt(r['anchor_bytes'] / 1e9)} GB | {r['ratio']:.3f}x | {r['goal']} |")
+    rows = {r["figure"]: r for r in now["rows"]}
+    for fig in list(base) + [f for f in rows if f not in base]:
+        r, b = rows.get(fig, {"figure": fig, "goal": base[fig].get("goal", "")}), base.get(fig, {})
+        if "envvault_bytes" in b:
+            now_b = f"{_fmt(r['envvault_bytes'] / 1e9)} GB" if "envvault_bytes" in r else ""
+            lines.append(f"| {fig} | {_fmt(b['envvault_bytes'] / 1e9)} GB | {now_b} | the anchor's archive | "
+                         f"{_fmt(r.get('anchor_bytes', b['anchor_bytes']) / 1e9)} GB | "
+                         f"{(format(r['ratio'], '.3f') + 'x') if now_b else ''} | {r['goal']} |")
             continue
         ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else ""
-        extra = f" (peak RSS {r['rss_mb']} MB, goal {r.get('rss_goal', '<= 300 MB')})" if r.get("rss_mb") else ""
-        lines.append(f"| {cell(r['figure'])}{extra} | {_fmt(b.get('envvault_s'))} | {_fmt(r['envvault_s'])} | "
-                     f"{cell(r.get('anchor', ''))} | {_fmt(r.get('anchor_s'))} | {ratio} | {cell(r['goal'])} |")
+        rss = r.get("rss_mb") or b.get("rss_mb")
+        extra = f" (peak RSS {rss} MB, goal {r.get('rss_goal', '<= 300 MB')})" if rss else ""
+        before = f"{_fmt(b.get('envvault_s'))}" + (f" [{_fmt(b['anchor_s'])}]" if b.get("anchor_s") else "")
+        lines.append(f"| {cell(fig)}{extra} | {before} | {_fmt(r.get('envvault_s'))} | "
+                     f"{cell(r.get('anchor', b.get('anchor', '')))} | {_fmt(r.get('anchor_s'))} | {ratio} | "
+                     f"{cell(r['goal'])} |")
     if now.get("errors"):
         lines += ["", "Steps that failed in that run: " + "; ".join(e[:160] for e in now["errors"])]
     return lines + [""]
