@@ -175,3 +175,83 @@ def test_a_file_an_untouched_distribution_lists_survives_the_removal_of_another(
     sp = site_packages(venv)
     assert (sp / "common" / "shared.py").read_bytes() == shared and (sp / "common" / "a.py").exists()
     assert not (sp / "common" / "b.py").exists()
+
+
+def test_in_place_loads_the_stat_cache_once_and_verification_still_sees_tampering(tmp_path, make_venv, wheelhouse,
+                                                                                   monkeypatch):
+    """A restore in place loads the target's stat cache once and saves it once; the files it wrote are in it
+    with their stats after the rename (the verify scan compares them by lstat, never re-reads them); a file
+    changed behind the restore's back (one it did not write, or one it wrote, after writing) fails the
+    verification all the same."""
+    import shutil
+
+    from envvault.restore import inplace
+    from envvault.restore.dispatch import restore_snapshot
+    from envvault.snap.scan import statcache_for
+    from envvault.vault import ingest
+    from envvault.vault.ingest import stat_key
+    from envvault.vault.store import Vault
+    from fixtures.venvs import site_packages
+
+    venv = _installed(make_venv, wheelhouse)
+    vault_path = tmp_path / "vault"
+    sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
+    ev(vault_path, "status", "--venv", venv)  # warm: every group has its manifest
+    sp = site_packages(venv)
+    mine = [k for k in _record(venv, "torchlike") if "/" in k and not k.startswith(("..", "torchlike-"))
+            and not k.endswith(".pyc")]
+    top = sorted({k.split("/")[0] for k in mine})
+    other = next(sp / k for k in _record(venv, "servingpkg")
+                 if k.endswith(".py") and not k.startswith("..") and "/" in k)
+
+    loads, saves = [], []
+    real_init, real_save = ingest.StatCache.__init__, ingest.StatCache.save
+
+    def counting_init(self, path, **kw):
+        loads.append(path.name)
+        real_init(self, path, **kw)
+
+    def counting_save(self):
+        saves.append(self.groups_path.name)
+        real_save(self)
+
+    monkeypatch.setattr(ingest.StatCache, "__init__", counting_init)
+    monkeypatch.setattr(ingest.StatCache, "save", counting_save)
+
+    def clean_restore():
+        for d in top:
+            shutil.rmtree(sp / d)
+        loads.clear()
+        saves.clear()
+        return restore_snapshot(Vault.open(vault_path), sid, venv, backup=False, caches=False)
+
+    res = clean_restore()
+    assert res.verified is True and res.written_files >= len(mine), res
+    assert len([n for n in loads if n.startswith("stat-") and not n.startswith("stat-caches")]) == 1, loads
+    assert len([n for n in saves if n.startswith("stat-") and not n.startswith("stat-caches")]) == 1, saves
+    cache = statcache_for(Vault.open(vault_path), venv)
+    for rel in mine:
+        key = os.path.relpath(sp / rel, venv)
+        assert cache.files[key][0] == stat_key(os.lstat(sp / rel)), rel
+
+    real_populate = inplace.populate_statcache
+
+    def tamper_after_writing(vault, target, staged, cache=None):
+        real_populate(vault, target, staged, cache)
+        for path in victims:
+            data = bytearray(path.read_bytes())
+            data[0] ^= 0x01  # same size, same mtime: only the bytes (and ctime) differ
+            st = path.stat()
+            path.write_bytes(bytes(data))
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    monkeypatch.setattr(inplace, "populate_statcache", tamper_after_writing)
+    victims = [other]  # a file of a distribution the restore did not touch
+    res = clean_restore()
+    assert res.verified is False and "servingpkg" in json.dumps(res.remaining), res
+    victims = [sp / mine[0]]  # a file the restore has just written (and recorded in the stat cache)
+    res = clean_restore()
+    assert res.verified is False and "torchlike" in json.dumps(res.remaining), res
+    monkeypatch.setattr(inplace, "populate_statcache", real_populate)
+    res = clean_restore()
+    assert res.verified is True, res

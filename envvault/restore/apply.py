@@ -130,11 +130,16 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
     return removed, modes_set
 
 
-def populate_statcache(vault: Vault, target: Path, staged: list[Staged]) -> None:
-    """Record the hashes computed while writing, so verification and the next status need not re-read."""
+def populate_statcache(vault: Vault, target: Path, staged: list[Staged], cache=None) -> None:
+    """Record the hashes computed while writing, so verification and the next status need not re-read.
+    Each written file's entry holds its stats after the rename (an lstat; a rename changes ctime) or, when
+    it was written under its final name, the stats fstat gave. Given the target's stat ``cache`` (the
+    restore's one), it is filled and not saved: the caller saves it once."""
     from envvault.snap import statcache_for
 
-    cache = statcache_for(vault, target)
+    own = cache is None
+    if own:
+        cache = statcache_for(vault, target)
     cache.touch(list(cache.files))
     for s in staged:
         if s.spec.link is not None or s.sha256 is None:
@@ -146,7 +151,8 @@ def populate_statcache(vault: Vault, target: Path, staged: list[Staged]) -> None
             except OSError:
                 continue
         cache.put(s.spec.path, st, s.sha256, list(s.spec.chunks))
-    cache.save()
+    if own:
+        cache.save()
 
 
 def undo_staging(journal: Path, created: list[str], *, keep_journal: bool) -> None:

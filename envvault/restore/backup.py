@@ -23,13 +23,14 @@ def take_backup(vault: Vault, target: Path, sid: str):
                          argv=["envvault", "restore", sid])
 
 
-def scan_now(vault: Vault, target: Path, sid: str, backup: bool) -> tuple[Snapshot, str | None]:
+def scan_now(vault: Vault, target: Path, sid: str, backup: bool, cache=None) -> tuple[Snapshot, str | None]:
     """The environment's state and the backup's id: from a backup snapshot (one read of every new file)
-    or, without ``backup``, a check scan (no id; no host or env facts: ``loose_snapshot``)."""
+    or, without ``backup``, a check scan (no id; no host or env facts: ``loose_snapshot``). A check scan
+    given the target's stat ``cache`` uses it and leaves saving it to the caller."""
     if backup:
         snap = take_backup(vault, target, sid)
         return snap.snapshot, snap.id
-    return loose_snapshot(scan_current(vault, target, facts=False)), None
+    return loose_snapshot(scan_current(vault, target, facts=False, cache=cache, save_cache=cache is None)), None
 
 
 def discard_backup(vault: Vault, sid: str | None) -> None:

@@ -32,7 +32,7 @@ from envvault.restore.managed import hold_managed
 from envvault.restore.plan import check_python, make_plan
 from envvault.output import ProgressSink
 from envvault.restore.result import RestoreResult
-from envvault.snap import scan_current
+from envvault.snap import scan_current, statcache_for
 from envvault.vault.store import Vault
 
 __all__ = ["restore_in_place", "exclusive_target"]
@@ -61,68 +61,77 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         earlier = journal or Journal(snapshot=None)
         take_backup = backup and not dry_run and not resumed
         clock = _Clock()
-        now, backup_id = scan_now(vault, target, sid, take_backup)
-        clock.lap("backup" if take_backup else "scan")
-        if resumed:
-            backup_id = journal.backup
+        # The target's stat cache: loaded once, passed through the scan, the files written and the verify
+        # scan, saved once on every way out. A backup snap saves its own first, so it is loaded after that.
+        cache = None if take_backup else statcache_for(vault, target)
         try:
-            check_python(snapshot.python, now.python)
-            interp = Layout.of(target, now.python)
-            current = read_current(target, interp, now.packages, snapshot.packages)
-            plan = make_plan(sid, snapshot, now, current, vault.load_manifest,
-                             pending_removals=list(earlier.removals) + list(earlier.writes))
-            plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
-            paths = Paths(target)
-            # Every entry decided against the tree as the restore leaves it (its own symlinks included).
-            refuse_escapes(target, f"refusing to restore {sid[:12]}",
-                           links={w.path: w.link for w in plan.writes if w.link is not None},
-                           entries=[w.path for w in plan.writes if w.link is None])
-        except BaseException:
-            if take_backup:
-                discard_backup(vault, backup_id)
-            raise
-        if dry_run:
-            return RestoreResult(sid, str(target), "in-place", None, plan.changed, False, True,
-                                 len(plan.writes), plan.bytes, len(plan.removals), plan=plan.to_json(),
-                                 warnings=plan.warnings)
-        if plan.empty and not resumed:
-            discard_backup(vault, backup_id if take_backup else None)
-            return RestoreResult(sid, str(target), "in-place", None, 0, plan.diff.packages_empty, False,
-                                 plan=plan.to_json(), remaining=None if plan.diff.packages_empty else plan.diff.to_json(),
-                                 warnings=plan.warnings)
-        clock.lap("plan")
-        pid = os.getpid()
-        write_journal(jfile, Journal(
-            snapshot=sid, backup=backup_id, pid=pid, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            staging_dirs=tuple(sorted(set(plan.staging_dirs()) | set(earlier.staging_dirs)
-                                      | {os.path.dirname(d) for d in plan.remove_dirs})),
-            removals=tuple(plan.removals), writes=tuple(w.path for w in plan.writes),
-            dist_infos=tuple(plan.dist_infos),
-            protected=tuple(sorted(os.path.relpath(d, target) for d in protected_dirs(target, interp))),
-        ))
-        crash_point("journal")
-        created: list[str] = []
-        try:
-            clean_temps(target, list(earlier.staging_dirs) + plan.staging_dirs(), paths, keep_pid=pid)
-            staged = stage_plan(vault, plan, paths, pid, progress, created)
-        except BaseException:
-            # Nothing was renamed into place: leave the environment as this run found it (a full disk must
-            # not leave empty package folders that import as empty packages).
-            undo_staging(jfile, created, keep_journal=resumed)
-            if take_backup:
-                discard_backup(vault, backup_id)
-            raise
-        crash_point("staged")
-        clock.lap("stage")
-        removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp))
-        populate_statcache(vault, target, staged)
-        crash_point("committed")
-        clock.lap("commit")
-        after = scan_current(vault, target, facts=False)
-        remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
-        remove_journal(jfile)
-        crash_point("verified")
-        clock.lap("verify")
+            now, backup_id = scan_now(vault, target, sid, take_backup, cache=cache)
+            if cache is None:
+                cache = statcache_for(vault, target)
+            clock.lap("backup" if take_backup else "scan")
+            if resumed:
+                backup_id = journal.backup
+            try:
+                check_python(snapshot.python, now.python)
+                interp = Layout.of(target, now.python)
+                current = read_current(target, interp, now.packages, snapshot.packages)
+                plan = make_plan(sid, snapshot, now, current, vault.load_manifest,
+                                 pending_removals=list(earlier.removals) + list(earlier.writes))
+                plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
+                paths = Paths(target)
+                # Every entry decided against the tree as the restore leaves it (its own symlinks included).
+                refuse_escapes(target, f"refusing to restore {sid[:12]}",
+                               links={w.path: w.link for w in plan.writes if w.link is not None},
+                               entries=[w.path for w in plan.writes if w.link is None])
+            except BaseException:
+                if take_backup:
+                    discard_backup(vault, backup_id)
+                raise
+            if dry_run:
+                return RestoreResult(sid, str(target), "in-place", None, plan.changed, False, True,
+                                     len(plan.writes), plan.bytes, len(plan.removals), plan=plan.to_json(),
+                                     warnings=plan.warnings)
+            if plan.empty and not resumed:
+                discard_backup(vault, backup_id if take_backup else None)
+                return RestoreResult(sid, str(target), "in-place", None, 0, plan.diff.packages_empty, False,
+                                     plan=plan.to_json(), remaining=None if plan.diff.packages_empty else plan.diff.to_json(),
+                                     warnings=plan.warnings)
+            clock.lap("plan")
+            pid = os.getpid()
+            write_journal(jfile, Journal(
+                snapshot=sid, backup=backup_id, pid=pid, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                staging_dirs=tuple(sorted(set(plan.staging_dirs()) | set(earlier.staging_dirs)
+                                          | {os.path.dirname(d) for d in plan.remove_dirs})),
+                removals=tuple(plan.removals), writes=tuple(w.path for w in plan.writes),
+                dist_infos=tuple(plan.dist_infos),
+                protected=tuple(sorted(os.path.relpath(d, target) for d in protected_dirs(target, interp))),
+            ))
+            crash_point("journal")
+            created: list[str] = []
+            try:
+                clean_temps(target, list(earlier.staging_dirs) + plan.staging_dirs(), paths, keep_pid=pid)
+                staged = stage_plan(vault, plan, paths, pid, progress, created)
+            except BaseException:
+                # Nothing was renamed into place: leave the environment as this run found it (a full disk must
+                # not leave empty package folders that import as empty packages).
+                undo_staging(jfile, created, keep_journal=resumed)
+                if take_backup:
+                    discard_backup(vault, backup_id)
+                raise
+            crash_point("staged")
+            clock.lap("stage")
+            removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp))
+            populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
+            crash_point("committed")
+            clock.lap("commit")
+            after = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
+            remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
+            remove_journal(jfile)
+            crash_point("verified")
+            clock.lap("verify")
+        finally:
+            if cache is not None:
+                _save_cache(cache)
     warnings = list(plan.warnings)
     if snapshot.venv and snapshot.venv != str(target) and any(w.path.startswith(_scripts_rel(snapshot)) for w in plan.writes):
         warnings.append(f"the snapshot was taken of {snapshot.venv}: scripts restored into bin/ keep that "
@@ -135,6 +144,12 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
         timings=clock.laps, modes_set=modes_set,
     )
+
+
+def _save_cache(cache) -> None:
+    """Save the restore's stat cache, every file entry kept (other scans, cache trees, rely on them)."""
+    cache.touch(list(cache.files))
+    cache.save()
 
 
 class _Clock:
