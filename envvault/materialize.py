@@ -128,6 +128,9 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     ``progress(bytes_done)`` after each run. On any failure every temp file of the run is deleted."""
     root = os.fspath(root)
     ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
+    prefetch = getattr(reader, "prefetch", None)  # ObjectReader's: a bucket's packs, fetched ahead in this order
+    if prefetch is not None:
+        prefetch(c for s in ordered for c in s.chunks)
     runs = _runs(ordered, workers)
     failed = threading.Event()
 

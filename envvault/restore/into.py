@@ -77,6 +77,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         if snapshot.lock_only:
             lock_entries = resolve_lock_sources(vault, sid, snapshot, work, sources)
         else:
+            vault.prefetch(p.manifest for p in packages)  # a bucket's packs come side by side (vault/s3.py)
             for p in packages:  # every manifest read (its paths checked) before the venv is made
                 if p.record != "ok" or not vault.has(p.manifest):
                     warnings.append(f"{p.name} {p.version}: its files are not in the vault (installed without "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -87,6 +88,8 @@ _CONFIG_NAMES = {"config": "config.json", "settings": "settings.json"}
 RETRIES = int(os.environ.get("ENVVAULT_S3_RETRIES", "6"))
 # A command that fetched this many snapshot documents one by one leaves a bundle of them for the next node.
 BUNDLE_MIN = 32
+# Objects fetched into the node cache at once by ``prefetch`` (a restore's packs, a cold node's index files).
+FETCHERS = int(os.environ.get("ENVVAULT_S3_FETCHERS", "8"))
 
 
 def _ob():
@@ -202,6 +205,12 @@ class S3Backend:
         self._snapshot_fetches = 0
         self._bundles: dict[str, frozenset] | None = None  # bundle name -> the snapshot ids it holds
         self._head_share: Any = None  # s3_heads.HeadShare, made on first use
+        # Fetches into the cache under way ((kind, name) -> Event set when done): one GET per object even
+        # when several threads (or the prefetchers) want it at once.
+        self._fetching: dict[tuple[str, str], threading.Event] = {}
+        self._fetch_mutex = threading.Lock()
+        self._queue: list[tuple[str, str]] = []  # prefetch: what is left to fetch, in order
+        self._fetchers = 0
 
     # -- names ----------------------------------------------------------------------------------
     def key(self, kind: str, name: str) -> str:
@@ -320,7 +329,7 @@ class S3Backend:
                 if kind == "snapshots":
                     self._count_snapshot_fetch()
                 try:
-                    self._fetch_into_cache(kind, name, key, limit if kind != "packs" else None)
+                    self._fetch_once(kind, name, key, limit if kind != "packs" else None)
                 except CorruptError:
                     if attempt:
                         raise
@@ -349,6 +358,65 @@ class S3Backend:
             if length is not None and "range" in str(err).lower():
                 return b""  # a range past the end
             raise ReadFailed(str(err), str(err)) from None
+
+    def _fetch_once(self, kind: str, name: str, key: str, limit: int | None) -> None:
+        """``_fetch_into_cache``, or wait for the fetch of the same object another thread has under way
+        (its failure is not raised here: the caller finds the object absent and fetches it itself)."""
+        with self._fetch_mutex:
+            done = self._fetching.get((kind, name))
+            mine = done is None
+            if mine:
+                done = self._fetching[(kind, name)] = threading.Event()
+        if not mine:
+            done.wait()
+            return
+        try:
+            if os.path.exists(self.cache.path(kind, name)):
+                return  # a fetch that ended between the caller's look and this one
+            self._fetch_into_cache(kind, name, key, limit)
+        finally:
+            with self._fetch_mutex:
+                del self._fetching[(kind, name)]
+            done.set()
+
+    def prefetch(self, kind: str, names: list[str], sizes: dict[str, int] | None = None) -> None:
+        """Start fetching ``names`` (packs or index files) into the node cache, in this order, ``FETCHERS``
+        at a time on background threads; a ``load`` of one of them waits for its fetch instead of making
+        another. Stops at half the cache's limit (``sizes``: what each is expected to weigh), so that
+        nothing prefetched is evicted before it is read. An optimisation: failures are left to ``load``."""
+        if self.cache is None or kind not in ("packs", "index"):
+            return
+        budget = self.cache.limit // 2
+        todo = []
+        for name in dict.fromkeys(names):
+            if os.path.exists(self.cache.path(kind, name)):
+                continue
+            budget -= (sizes or {}).get(name, 0)
+            if budget < 0:
+                break
+            todo.append((kind, name))
+        if not todo:
+            return
+        with self._fetch_mutex:
+            self._queue.extend(todo)
+            start = min(FETCHERS, len(self._queue)) - self._fetchers
+            self._fetchers += max(start, 0)
+        for _ in range(start):
+            # daemon threads: a command that stops early does not wait for the rest of the queue
+            threading.Thread(target=self._prefetcher, name="envvault-s3-fetch", daemon=True).start()
+
+    def _prefetcher(self) -> None:
+        while True:
+            with self._fetch_mutex:
+                if not self._queue:
+                    self._fetchers -= 1
+                    return
+                kind, name = self._queue.pop(0)
+            try:
+                if not os.path.exists(self.cache.path(kind, name)):
+                    self._fetch_once(kind, name, self.key(kind, name), None if kind == "packs" else DEFAULT_LIMIT)
+            except Exception:  # noqa: BLE001 - the reader's own load reports it
+                pass
 
     def _fetch_into_cache(self, kind: str, name: str, key: str, limit: int | None) -> None:
         ob, exc = _ob(), _exc()
