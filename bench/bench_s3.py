@@ -4,7 +4,8 @@
 
 - push: `envvault sync LOCAL s3://` of the venv's snapshot vs one multipart upload (obstore) of the venv as
   a .tar.zst (tar | zstd -3, made beforehand, not timed); also `snap` straight into the bucket
-- restore on an empty node: `restore --into` vs downloading that .tar.zst (obstore) and extracting it
+- restore on an empty node: `restore --into` vs downloading that .tar.zst (obstore) and extracting it (both
+  straight from moto)
 - second restore on the same node: bytes read from the bucket (through a counting proxy)
 - `list` of 1,000 snapshots on an empty node once a bundle exists: seconds and requests
 """
@@ -86,8 +87,12 @@ def main() -> None:
             subprocess.run(["tar", "-C", str(dest), "-I", "zstd -T0", "-xf", str(work / "dl.tar.zst")], check=True)
 
         figures["anchor_download_extract_s"], _ = timed(anchor_restore)
+        # The first restore reaches moto directly, as the anchor's download does (the counting proxy is a
+        # Python relay: it costs what no real node pays); the second, on the same node (its cache is named
+        # by the vault, not the endpoint), goes through the proxy so that its bytes are counted.
+        figures["restore_into_empty_node_s"], _ = timed(lambda: ev(env("b", url), "restore", sid, "--into",
+                                                                   work / "r1"))
         b = env("b", url, proxy.url)
-        figures["restore_into_empty_node_s"], _ = timed(lambda: ev(b, "restore", sid, "--into", work / "r1"))
         before = dict(proxy.counts)
         figures["second_restore_same_node_s"], _ = timed(lambda: ev(b, "restore", sid, "--into", work / "r2"))
         figures["second_restore_remote_bytes"] = proxy.counts["bytes_down"] - before["bytes_down"]
