@@ -13,7 +13,22 @@ import click
 from envvault import __version__
 from envvault.errors import EnvvaultError
 
-__all__ = ["main", "cli"]
+__all__ = ["main", "cli", "python_option"]
+
+
+def python_option(help_text: str):
+    """``--python PATH``: act on the installation that interpreter sees (docs/cli.md); the choice reaches
+    ``env.probe.find_target`` through ``choose_python``. Here, so that guard (run by the shell hook on every
+    install) and the other commands share it without importing each other."""
+
+    def choose(ctx, param, value):
+        from envvault.env.probe import choose_python
+
+        choose_python(value)
+        return value
+
+    return click.option("--python", "python", type=click.Path(dir_okay=False), expose_value=False,
+                        callback=choose, help=help_text)
 
 
 # Which module defines each command: a command imports only its own module, so a quick command (a

@@ -7,22 +7,13 @@ from pathlib import Path
 
 import click
 
-from envvault.cli import cli
+from envvault.cli import cli, python_option as cli_python_option
 from envvault.errors import RefusedError, UsageError
 from envvault.output import emit_json, style
 
 
-def _choose_python(ctx, param, value):
-    from envvault.env.probe import choose_python
-
-    choose_python(value)
-    return value
-
-
-# As commands/snapshots.py's (not imported from there: the shell hook runs guard on every install).
-python_option = click.option(
-    "--python", "python", type=click.Path(dir_okay=False), expose_value=False, callback=_choose_python,
-    help="Guard the installation this interpreter sees (a system Python: pip install --user, sudo pip).")
+python_option = cli_python_option(
+    "Guard the installation this interpreter sees (a system Python: pip install --user, sudo pip).")
 
 _KIND_WORDS = {
     "add": ("add", "green"),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from envvault.cli import cli
+from envvault.cli import cli, python_option as cli_python_option
 from envvault.env.probe import find_target
 from envvault.model.heads import SnapshotHead
 from envvault.model.snapshot import Host
@@ -20,16 +20,8 @@ _venv_only = click.option(
 )
 
 
-def _choose_python(ctx, param, value):
-    from envvault.env.probe import choose_python
-
-    choose_python(value)
-    return value
-
-
-python_option = click.option(
-    "--python", "python", type=click.Path(dir_okay=False), expose_value=False, callback=_choose_python,
-    help="An interpreter: act on the installation it sees (its site directories, the user site), not a venv.")
+python_option = cli_python_option(
+    "An interpreter: act on the installation it sees (its site directories, the user site), not a venv.")
 
 
 def venv_option(f):

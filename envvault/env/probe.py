@@ -42,11 +42,12 @@ def chosen_python() -> str | None:
     return _CHOSEN[0] if _CHOSEN else None
 
 
-# Runs inside the target interpreter: keep it Python 3.8 compatible and import nothing heavy.
-_PROBE = r"""
-import json, sys, sysconfig, platform
+# Runs inside the target interpreter: keep it Python 3.8 compatible and import nothing heavy. The facts every
+# probe asks (a venv's and a system interpreter's); each probe adds its own and prints them.
+_FACTS = r"""
+import json, os, sys, sysconfig, platform
 paths = sysconfig.get_paths()
-print(json.dumps({
+facts = {
   "implementation": sys.implementation.name,
   "version": "%d.%d.%d" % sys.version_info[:3],
   "cache_tag": sys.implementation.cache_tag,
@@ -56,10 +57,12 @@ print(json.dumps({
   "prefix": sys.prefix,
   "base_prefix": getattr(sys, "base_prefix", sys.prefix),
   "executable": sys.executable,
+  "build": sys.version,
   "purelib": paths["purelib"], "platlib": paths["platlib"], "scripts": paths["scripts"],
   "data": paths["data"], "include": paths.get("include"),
-}))
+}
 """
+_PROBE = _FACTS + "print(json.dumps(facts))\n"
 
 
 @dataclass(frozen=True)
@@ -264,27 +267,16 @@ def probe(prefix: Path) -> Interpreter:
 
 # Runs inside a system interpreter with -I -S: no site import (so no .pth file runs), no user or current
 # folder on sys.path. site's functions are still there to ask (-S: importing site does not run main()).
-_SYSTEM_PROBE = r"""
-import json, os, sys, sysconfig, platform, site
-paths = sysconfig.get_paths()
-sites = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+_SYSTEM_PROBE = _FACTS + r"""
+import site
 user_on = not os.environ.get("PYTHONNOUSERSITE") and (
     not hasattr(os, "getuid") or (os.getuid() == os.geteuid() and os.getgid() == os.getegid()))
-print(json.dumps({
-  "implementation": sys.implementation.name,
-  "version": "%d.%d.%d" % sys.version_info[:3],
-  "cache_tag": sys.implementation.cache_tag,
-  "soabi": sysconfig.get_config_var("SOABI"),
-  "platform": sysconfig.get_platform(),
-  "prefix": sys.prefix,
-  "base_prefix": getattr(sys, "base_prefix", sys.prefix),
-  "executable": sys.executable,
-  "build": sys.version,
-  "purelib": paths["purelib"], "platlib": paths["platlib"], "scripts": paths["scripts"],
-  "sites": sites,
+facts.update({
+  "sites": list(site.getsitepackages()) if hasattr(site, "getsitepackages") else [],
   "user_site": site.getusersitepackages() if user_on else None,
   "user_base": site.getuserbase() if user_on else None,
-}))
+})
+print(json.dumps(facts))
 """
 
 
