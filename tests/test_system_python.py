@@ -371,3 +371,68 @@ def test_two_interpreters_sharing_root_keep_their_own_baseline(pyenv_copy, tmp_p
         doc = json.loads(run("status", "--python", exe, "--json").stdout)
         assert doc["snapshot"] == sid and doc["empty"], doc
     assert not os.path.exists(userbase)
+
+
+# -- every other pyenv CPython: the cycle's core on a copy of each -----------------------------------------
+
+
+@pytest.mark.parametrize("minor", ["3.8", "3.9", "3.10", "3.11", "3.13"])
+def test_each_pyenv_cpython_copy_snaps_restores_and_moves(minor, tmp_path):
+    """A copy of each other pyenv CPython as a system environment (3.12 has the whole cycle above): pip
+    installs into its prefix and a user site, snap twice, break (upgrade, add, uninstall from the user site),
+    status names it, restore in place verifies, --into gives a venv that imports the packages, export
+    lists them; the original build is never touched and nothing is written outside the temp folder."""
+    original = cpython(minor).parent.parent
+    before_original = _tree_state(original)
+    prefix = tmp_path / "py"
+    subprocess.run(["cp", "-a", str(original), str(prefix)], check=True)
+    python = prefix / "bin" / f"python{minor}"
+    ran = subprocess.run([str(python), "-I", "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout.strip() == str(prefix), ran
+    wheels = _wheels(tmp_path / "wheels")
+    (tmp_path / "home").mkdir()
+    env = isolated_env({"PYTHONUSERBASE": str(tmp_path / "user"), "HOME": str(tmp_path / "home"),
+                        "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)})
+    _pip(python, env, "install", "alpha==1.0")
+    _pip(python, env, "install", "--user", "usersite==1.0")
+    home_before = _tree_state(tmp_path / "home")
+
+    vault = tmp_path / "vault"
+    run_env = ev_env(vault, UV_CACHE_DIR=str(tmp_path / "uv-cache"), PYTHONUSERBASE=env["PYTHONUSERBASE"],
+                     HOME=env["HOME"])
+    run = lambda *a, **kw: ev(vault, *a, env=run_env, **kw)  # noqa: E731
+    run_json = lambda *a, **kw: json.loads(run(*a, "--json", **kw).stdout)  # noqa: E731
+    first = run_json("snap", "--python", python, "--no-caches")
+    second = run_json("snap", "--python", python, "--no-caches")
+    assert second["fingerprint"] == first["fingerprint"] and first["venv"] == str(tmp_path)
+    shown = run_json("show", first["id"])
+    assert shown["python"]["environment"] == "system" and shown["python"]["version"].startswith(minor + ".")
+    pk = _packages(shown)
+    assert pk["alpha"]["installer"] == "pip" and pk["usersite"]["site"].startswith("user/")
+    assert run_json("status", "--python", python)["empty"]
+
+    _pip(python, env, "install", "alpha==2.0", "beta==1.0")
+    _pip(python, env, "uninstall", "-y", "usersite")
+    status = run("status", "--python", python, "--json", "--exit-code", check=False)
+    assert status.returncode == 1, status.stderr
+    changes = json.loads(status.stdout)["packages"]
+    assert (_names(changes["added"]), _names(changes["removed"]), _names(changes["changed"])) == (
+        {"beta"}, {"usersite"}, {"alpha"})
+
+    restored = run_json("restore", first["id"], "--python", python)
+    assert restored["verified"], restored
+    check = subprocess.run([str(python), "-c", "import alpha, usersite; print(alpha.VERSION)"], capture_output=True,
+                           text=True, env=env, cwd="/")
+    assert check.returncode == 0 and check.stdout.strip() == "1.0", check
+    assert run_json("status", "--python", python)["empty"]
+
+    into = run_json("restore", first["id"], "--into", tmp_path / "moved")
+    assert into["verified"], into
+    moved = subprocess.run([str(tmp_path / "moved" / "bin" / "python"), "-c", "import alpha, usersite"],
+                           capture_output=True, text=True, env=env, cwd="/")
+    assert moved.returncode == 0, moved
+    out = tmp_path / "export" / "pylock.toml"
+    run("export", first["id"], "-o", out)
+    assert 'name = "alpha"' in out.read_text() and 'name = "usersite"' in out.read_text()
+    assert _tree_state(tmp_path / "home") == home_before
+    assert _tree_state(original) == before_original
