@@ -21,7 +21,7 @@ from envvault.crashpoints import crash_point
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.fsutil import storage_error, tmp_name
 
-__all__ = ["PackWriter", "PACK_MAGIC", "read_frame", "FRAME_TARGET", "MAX_FRAME"]
+__all__ = ["PackWriter", "PACK_MAGIC", "read_frame", "check_frame", "FRAME_TARGET", "MAX_FRAME"]
 
 PACK_MAGIC = b"EVPK\x01\x00\x00\x00"
 FRAME_TARGET = 1 << 20  # small objects are grouped until a frame holds about this much
@@ -228,11 +228,17 @@ def _unlink_quietly(*paths: Path) -> None:
 _dctx = threading.local()
 
 
+def check_frame(pack_id: str, offset: int, length: int) -> None:
+    """The one rule for what an index may claim of a frame (an index may be hostile): a CorruptError for a
+    frame no pack writer makes, before a byte of it is read."""
+    if not (0 <= offset and 0 < length <= MAX_FRAME + (1 << 20)):  # a frame never compresses to more
+        raise CorruptError(f"pack {pack_id}.pack: the index gives a frame of {length} bytes at {offset}; refused")
+
+
 def read_frame(backend: Backend, pack_id: str, offset: int, length: int) -> bytes:
     """Read and decompress one frame of pack ``pack_id``; damage becomes a CorruptError naming the pack."""
     name = f"{pack_id}.pack"
-    if not (0 <= offset and 0 < length <= MAX_FRAME + (1 << 20)):  # a frame never compresses to more
-        raise CorruptError(f"pack {name}: the index gives a frame of {length} bytes at {offset}; refused")
+    check_frame(pack_id, offset, length)
     try:
         comp = backend.load("packs", pack_id, offset, length)
     except Missing:

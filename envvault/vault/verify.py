@@ -8,7 +8,7 @@ from envvault.model.encoding import object_id, parse_json
 from envvault.model.cache import parse_manifest as parse_cache_manifest
 from envvault.model.manifest import manifest_blob_ids, parse_dist_manifest
 from envvault.model.snapshot import Snapshot, parse_snapshot
-from envvault.vault.packs import read_frame
+from envvault.vault.packs import check_frame, read_frame
 from envvault.vault.store import Vault
 
 __all__ = ["verify_vault", "referenced_objects"]
@@ -36,8 +36,9 @@ def verify_vault(vault: Vault, only: list[str] | None = None, *, read_data: bool
     """Check the snapshots (all, or ``only``) and what they reference; a JSON-able report.
 
     By default the structure: every snapshot and manifest parses (each manifest is read and re-hashed:
-    small), every object a manifest names is in the index, and every pack the index names for them is in the
-    packs listing (one LIST; no blob's frame read). ``read_data`` also reads every frame that holds a referenced
+    small), every object a manifest names is in the index, every pack the index names for them is in the
+    packs listing (one LIST; no blob's frame read), and every frame the index claims is one a pack writer
+    makes (``packs.check_frame``). ``read_data`` also reads every frame that holds a referenced
     object and re-hashes every object: what ``verify --read-data`` costs on a bucket."""
     problems: dict[str, dict] = {}
     users: dict[str, set[str]] = {}
@@ -70,10 +71,16 @@ def verify_vault(vault: Vault, only: list[str] | None = None, *, read_data: bool
             continue
         frames.setdefault((loc[0], loc[1], loc[2]), []).append(oid)
     packs = set(vault.backend.list("packs"))
-    for (pack, _fo, _fl), oids in frames.items():
+    for (pack, fo, fl), oids in frames.items():
         if pack not in packs:
             for oid in oids:
                 problems.setdefault(oid, {"problem": f"missing (its pack {pack[:12]} is gone)", "snapshots": set()})
+            continue
+        try:
+            check_frame(pack, fo, fl)  # what the index claims, checked without reading the frame
+        except CorruptError as err:
+            for oid in oids:
+                problems.setdefault(oid, {"problem": str(err), "snapshots": set()})
     total_bytes = _read_frames(vault, frames, packs, index, problems) if read_data else manifest_bytes
     for oid, p in problems.items():
         p["snapshots"] = sorted(p["snapshots"] | users.get(oid, set()))
