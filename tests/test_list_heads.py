@@ -70,3 +70,49 @@ def test_a_new_node_lists_a_bucket_from_heads(s3_server, tmp_path: Path, make_ve
         proxy.close()
     cached = tmp_path / "cache-d"
     assert not [p for p in cached.rglob("*") if p.is_file() and "snapshots" in p.parts], "no document was read"
+
+
+def test_snaps_share_their_heads_so_a_new_node_lists_in_a_few_requests(s3_server, tmp_path: Path, make_venv,
+                                                                         wheelhouse, monkeypatch):
+    """Snapshots committed by snaps (here 40, four writers at a time, one of them then removed as gc would):
+    a new node lists them all from the heads objects in at most 10 requests, reading no document, though no
+    lister ever computed a head; the heads objects stay few and drop the removed snapshot."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envvault.model.snapshot import parse_snapshot
+
+    bucket = s3_server.bucket()
+    url = f"s3://{bucket}/v"
+    a = node(s3_server, tmp_path, "a", url)
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128])
+    sid = jrun(a, "snap", "--lock-only", "--no-caches", "--venv", venv, "-m", "run -1")["id"]
+    assert len([k for k in s3_server.keys(bucket, "v/heads/") if k.endswith(".json")]) == 1, "the snap shared"
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ENVVAULT_CACHE_DIR", str(tmp_path / "cache-w"))
+    doc = json.loads(Vault.open(url).backend.load("snapshots", sid))
+
+    def commit(i: int) -> str:
+        vault = Vault.open(url)  # one writer process each
+        snap = parse_snapshot(dict(doc, message=f"run {i}", created=f"2030-01-01T00:00:{i:02d}.000000Z"))
+        return vault.commit_snapshot(snap)
+
+    with ThreadPoolExecutor(4) as pool:
+        made = list(pool.map(commit, range(40)))
+    gone = made[0]
+    assert Vault.open(url).delete_snapshot(gone)
+    commit(40)
+    objects = [k for k in s3_server.keys(bucket, "v/heads/") if k.endswith(".json")]
+    assert len(objects) == 1, objects  # the last snap, alone, merged every object it read
+    proxy = FaultProxy(s3_server.port, rate=0.0)
+    try:
+        d = node(s3_server, tmp_path, "d", url, endpoint=proxy.url)
+        rows = jrun(d, "list", "--all")["snapshots"]
+        assert proxy.counts["requests"] <= 10, proxy.counts
+    finally:
+        proxy.close()
+    assert len(rows) == 41 and rows[0]["message"] == "run 40" and gone not in {r["id"] for r in rows}
+    assert not [p for p in (tmp_path / "cache-d").rglob("*") if p.is_file() and "snapshots" in p.parts]
+    raw = json.loads(Vault.open(url).backend.get_key(objects[0][len("v/"):]))
+    assert len(raw["heads"]) == 41 and gone not in raw["heads"]

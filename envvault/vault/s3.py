@@ -501,6 +501,10 @@ class S3Backend:
         """The heads the bucket's ``heads/`` objects hold of ``ids`` (``vault/heads.py`` parses them)."""
         return self._heads().shared(ids)
 
+    def share_head(self, sid: str, head: dict) -> None:
+        """A snapshot just committed: its head joins the bucket's heads objects (merged, so they stay few)."""
+        self._heads().add(sid, head)
+
     def remember_heads(self, heads: dict[str, dict], computed: int) -> None:
         """The heads a listing has (``computed`` of them from documents): shared at exit when that spares
         the next node parsing many documents."""

@@ -24,6 +24,8 @@ class KeyStore(Protocol):
 
     cache: Any
 
+    def list(self, kind: str) -> list[str]: ...
+
     def list_keys(self, prefix: str) -> list[str]: ...
 
     def get_key(self, key: str) -> bytes | None: ...
@@ -87,8 +89,25 @@ class HeadShare:
             self._registered = True
             atexit.register(self.write)
 
-    def write(self) -> str | None:
-        """Write one heads object of every remembered head; delete the heads objects it covers."""
+    def add(self, sid: str, head: dict) -> str | None:
+        """A snapshot just committed: write one heads object of its head and every head the bucket's heads
+        objects hold of a listed snapshot, then delete the objects read (each is covered, but for snapshots
+        gc removed). The heads objects are read before the snapshots are listed, and each was written after
+        its snapshots were committed: a head left out is one of a snapshot that is gone. Concurrent writers
+        leave one object each, the next writer merges them. Any failure leaves things as they were."""
+        try:
+            existing = self._load()
+            listed = set(self.backend.list("snapshots"))
+        except (StorageError, OSError):
+            return None
+        heads = {k: v for k, v in existing.items() if k in listed}
+        heads[sid] = head
+        self._heads = heads
+        return self.write(gone=frozenset(existing.keys() - listed - {sid}))
+
+    def write(self, gone: frozenset[str] = frozenset()) -> str | None:
+        """Write one heads object of every remembered head; delete the heads objects it covers (leaving out
+        ``gone``, ids no longer listed)."""
         b = self.backend
         if not self._heads:
             return None
@@ -99,7 +118,7 @@ class HeadShare:
             hid = object_id(data)
             b.create_key(f"heads/{hid}.json", data)
             for old, covered in (self._objects or {}).items():
-                if old != hid and covered <= self._heads.keys():
+                if old != hid and covered - gone <= self._heads.keys():
                     b.delete_key(f"heads/{old}.json")
             return hid
         except (StorageError, OSError):

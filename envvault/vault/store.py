@@ -229,6 +229,11 @@ class Vault:
         data = doc.to_json() if isinstance(doc, Snapshot) else canonical_json(doc)
         sid = object_id(data)
         self.backend.save("snapshots", sid, data)
+        share = getattr(self.backend, "share_head", None)  # a bucket: other nodes list it from heads objects
+        if share is not None and isinstance(doc, Snapshot):
+            from envvault.model.heads import head_of
+
+            share(sid, head_of(doc).to_dict())
         return sid
 
     def snapshot_ids(self) -> list[str]:
