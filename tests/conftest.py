@@ -39,11 +39,14 @@ def make_venv(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory):
-    """One moto S3 server on 127.0.0.1 for the whole session (``tests/s3server.py``), started by the first
-    test that asks; tests stay apart by making a bucket each (``s3_server.bucket()``)."""
+    """One moto S3 server on 127.0.0.1 for the whole session (``tests/s3server.py``): the one ``.ci/run``
+    started (``ENVVAULT_TEST_S3_URL``), else one started by the first test that asks; tests stay apart by
+    making a bucket each (``s3_server.bucket()``)."""
+    import os
+
     from s3server import S3Server
 
-    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
+    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log", os.environ.get("ENVVAULT_TEST_S3_URL"))
     try:
         yield server
     finally:

@@ -30,19 +30,27 @@ def free_port() -> int:
 class S3Server:
     KEY, SECRET, REGION = "testing-key", "testing-secret", "us-east-1"
 
-    def __init__(self, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = open(log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+    def __init__(self, log: Path, url: str | None = None):
+        """A new moto server on a free port, or (``url``: ``http://127.0.0.1:PORT``) the one ``.ci/run``
+        started, which is only waited for."""
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        if url:
+            self.url = url.rstrip("/")
+            self.port = int(self.url.rsplit(":", 1)[1])
+        else:
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self._log = open(log, "wb")
+            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                          str(self.port)], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
             try:
                 urllib.request.urlopen(f"{self.url}/moto-api/", timeout=1).read()
                 break
             except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                if (self.proc is not None and self.proc.poll() is not None) or time.monotonic() > deadline:
                     raise RuntimeError(f"moto server did not start (see {log})") from None
                 time.sleep(0.1)
 
@@ -75,13 +83,16 @@ class S3Server:
                        virtual_hosted_style_request=False)
 
     def stop(self) -> None:
+        if self.proc is None:  # .ci/run's server: .ci/run stops it
+            return
         self.proc.terminate()
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
 
 
 class FaultProxy:
