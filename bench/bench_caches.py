@@ -115,13 +115,16 @@ def bench_unchanged(work: Path, root: Path, runs: int) -> list[Figure]:
     env = {k: v for k, v in ev_env().items() if not k.startswith(("TORCHINDUCTOR_", "TRITON_"))}
     env.update(TORCHINDUCTOR_CACHE_DIR=str(root), TMPDIR=str(work / "tmpdir"), TRITON_CACHE_DIR=str(work / "no-t"),
                TORCH_EXTENSIONS_DIR=str(work / "no-x"), CUDA_CACHE_PATH=str(work / "no-c"))
-    envvault_json(vault, "snap", "--venv", venv, env=env)  # store everything, fill the stat caches
+    # The venv has no torch, so an environment's snap does not take a discovered Inductor cache (it could not
+    # use it): the cache is named with --cache-dir, which is always taken.
+    cache_dir = ("--cache-dir", str(root))
+    envvault_json(vault, "snap", "--venv", venv, *cache_dir, env=env)  # store everything, fill the stat caches
     envvault_json(vault, "snap", "--venv", venv, "--no-caches", env=env)
     with_caches, without, step = [], [], []
     for _ in range(max(runs, 5)):
         w, _ = envvault_json(vault, "snap", "--venv", venv, "--no-caches", env=env)
         without.append(w)
-        w, out = envvault_json(vault, "snap", "--venv", venv, env=env)
+        w, out = envvault_json(vault, "snap", "--venv", venv, *cache_dir, env=env)
         with_caches.append(w)
         doc = json.loads((vault / "snapshots" / f"{out['id']}.json").read_bytes())
         (entry,) = doc["caches"]

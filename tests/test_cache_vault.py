@@ -397,6 +397,20 @@ def test_envvault_snap_takes_caches_by_default_and_restore_brings_them_back(tmp_
     }
 
 
+def test_a_named_cache_dir_is_taken_in_a_venv_without_torch(tmp_path, make_venv):
+    """A venv without torch does not take the discovered Inductor cache (it cannot use it), but the same
+    folder named with --cache-dir is taken: what the user names is always archived."""
+    venv = make_venv("uv")
+    vault = tmp_path / "vault"
+    env = _clean_env(vault, tmp_path)
+    ic = _small_cache(tmp_path / "ic")  # TORCHINDUCTOR_CACHE_DIR of env
+    plain = ev_json(vault, "show", ev_json(vault, "snap", "--venv", venv, env=env)["id"], env=env)
+    assert plain["caches"] == []
+    named = ev_json(vault, "snap", "--venv", venv, "--cache-dir", ic, env=env)
+    caches = ev_json(vault, "show", named["id"], env=env)["caches"]
+    assert [(c["root"], c["files"]) for c in caches] == [(str(ic), 8)]
+
+
 def test_remembered_and_per_venv_cache_dirs(tmp_path, make_venv):
     venv = make_venv("uv")
     vault = tmp_path / "vault"

@@ -41,7 +41,11 @@ def locations_to_snap(
             path = Path(os.path.abspath(os.path.expanduser(str(p))))
             if all(loc.path != path for loc in found):
                 found.append(CacheLocation(kind="user", path=path, exists=path.is_dir(), reason="configured"))
-    roots = [loc for loc in found if loc.exists and (kinds is None or loc.kind in kinds)]
+    # A folder named by the caller (--cache-dir, the configured ones) is always taken, whatever kind it is
+    # found as (an Inductor root named by TORCHINDUCTOR_CACHE_DIR and --cache-dir is listed once, as Inductor's).
+    named = {os.path.abspath(os.path.expanduser(str(p))) for p in extra}
+    roots = [loc for loc in found
+             if loc.exists and (kinds is None or loc.kind in kinds or str(loc.path) in named)]
     real = {loc.path: os.path.realpath(loc.path) for loc in roots}
     kept: list[CacheLocation] = []
     for loc in roots:
