@@ -215,6 +215,10 @@ def test_large_file_hashed_aside_and_hash_only(tmp_path, monkeypatch):
     from envvault.vault import ingest
 
     monkeypatch.setattr(ingest, "HASH_ASIDE", 3 << 20)
+    monkeypatch.setattr(ingest, "_HASH_ASIDE_OK", True)  # as on a host of 8 cores or more
+    started = []
+    real_aside = ingest._HashAside
+    monkeypatch.setattr(ingest, "_HashAside", lambda h: started.append(1) or real_aside(h))
     p = tmp_path / "big.so"
     data = random.Random(9).randbytes(7 << 20)
     p.write_bytes(data)
@@ -224,6 +228,7 @@ def test_large_file_hashed_aside_and_hash_only(tmp_path, monkeypatch):
     ing._emit_now = lambda oid, chunk: seen.append(len(chunk))
     d = ing.ingest(p, len(data))
     assert d.sha256 == want and d.size == len(data) and sum(seen) == len(data) and len(d.chunks) == len(seen) > 1
+    assert started == [1]
     check = ingest.Ingester(None, lambda oid: True, store=False, threads=2)
     (got,) = list(check.map_ordered(lambda path, read: read(path, len(data)), [p]))
     assert got.sha256 == want and got.size == len(data) and got.chunks is None

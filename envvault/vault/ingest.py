@@ -235,7 +235,8 @@ def _steady_malloc() -> None:
 
 
 def default_readers() -> int:
-    """Reader threads: 2 (``ENVVAULT_READERS`` overrides it). Measured on the 16-core device (7.3 GB venv,
+    """Reader threads: 2 on 8 cores or more, else 1 (``ENVVAULT_READERS`` overrides it). Measured on the
+    16-core device (7.3 GB venv,
     2026-12-01): 2 readers 18.8 s / 297 MB, 4: 18.5 s / 317 MB, 16: 19.7 s / 460 MB. More readers do not
     help while the storing thread and the file at the head of the queue (hashed and cut alone) set the
     pace, and each costs memory; see docs/benchmarks.md."""
@@ -245,7 +246,13 @@ def default_readers() -> int:
             return min(given, 64)
     except ValueError:
         pass
-    return max(1, min(os.cpu_count() or 1, 2))
+    return 2 if (os.cpu_count() or 1) >= 8 else 1  # below 8 cores the pack writer's compressors want them
+
+
+# Hashing a large file on a helper thread beside the chunking pays on a host with cores to spare; on a few
+# cores that thread only competes with the readers and the pack writer's compressors (2 cores, torch venv:
+# a first snap 10-15% slower with it).
+_HASH_ASIDE_OK = (os.cpu_count() or 1) >= 8
 
 
 def _read_file(path, size_hint: int, algo: str, store: bool, emit) -> FileDigest:
@@ -277,7 +284,7 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit) -> FileDigest
             else:
                 size = 0
                 update = h.update
-                if size_hint >= HASH_ASIDE:
+                if size_hint >= HASH_ASIDE and _HASH_ASIDE_OK:
                     aside = _HashAside(h)
                     update = aside.update
                 for ch in _chunker().cut_stream(f):
