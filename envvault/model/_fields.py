@@ -139,13 +139,13 @@ def plain(value: Any) -> Any:
         return {k: plain(v) for k, v in value.items()}
     if t is tuple or t is list:
         return [plain(v) for v in value]
+    to_dict = getattr(value, "to_dict", None)  # a record (asked first: a Mapping check is slow)
+    if to_dict is not None:
+        return to_dict()
     if isinstance(value, Mapping):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
-    to_dict = getattr(value, "to_dict", None)
-    if to_dict is not None:
-        return to_dict()
     return value
 
 

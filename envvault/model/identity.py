@@ -55,7 +55,7 @@ class DistLayout:
 def is_bytecode(path: str) -> bool:
     """``*.pyc`` / ``*.pyo``, or anything in (or naming) a ``__pycache__`` folder: installers compile these
     (pip does, uv does not), so they are never part of a build."""
-    return path.endswith((".pyc", ".pyo")) or "__pycache__" in path.split("/")
+    return path.endswith((".pyc", ".pyo")) or ("__pycache__" in path and "__pycache__" in path.split("/"))
 
 
 def is_seed_marker(path: str) -> bool:
