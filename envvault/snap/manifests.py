@@ -171,8 +171,9 @@ class ManifestBuilder:
                 continue
             if kw["state"] == "modified":
                 modified.append((kw["path"], kw["sha256"]))
+            in_scripts = is_script(rec.path, layout)
             generated = is_generated(rec, layout)
-            script = is_script(rec.path, layout) and not generated
+            script = in_scripts and not generated
             digest = None
             if script and self.mode != "lock":
                 digest = self._script(kw, layout, rec)
@@ -182,7 +183,7 @@ class ManifestBuilder:
                     scripts_known = False  # an edited or missing script: its build cannot be told
                 elif digest:
                     scripts.append((os.path.basename(rec.path), digest))
-            if generated and is_script(rec.path, layout):
+            if generated and in_scripts:
                 kw["generated"] = True  # a launcher: named in entry_points.txt, or by content
             files.append(FileEntry.scanned(kw))  # kw is complete: the record writes it back as it is
             if rec.algo is None and not generated and (digest or not script):  # launchers are the installer's
