@@ -117,9 +117,13 @@ class HeadShare:
             data = canonical_json({"format": 1, "heads": self._heads})
             hid = object_id(data)
             b.create_key(f"heads/{hid}.json", data)
+            if b.cache is not None:  # this node's next snap or listing reads it from here
+                b.cache.put_bytes("heads", hid, data)
             for old, covered in (self._objects or {}).items():
                 if old != hid and covered - gone <= self._heads.keys():
                     b.delete_key(f"heads/{old}.json")
+                    if b.cache is not None:
+                        b.cache.discard("heads", old)
             return hid
         except (StorageError, OSError):
             return None
