@@ -116,5 +116,43 @@ def test_snaps_share_their_heads_so_a_new_node_lists_in_a_few_requests(s3_server
         proxy.close()
     assert len(rows) == 41 and rows[0]["message"] == "run 40" and gone not in {r["id"] for r in rows}
     assert not [p for p in (tmp_path / "cache-d").rglob("*") if p.is_file() and "snapshots" in p.parts]
-    raw = json.loads(Vault.open(url).backend.get_key(objects[0][len("v/"):]))
+    raw = json.loads(Vault.open(url).backend.get_key(objects[0][len("v/"):], 1 << 20))
     assert len(raw["heads"]) == 41 and gone not in raw["heads"]
+
+
+def test_hostile_heads_objects_are_bounded_and_never_passed_on(s3_server, tmp_path: Path, make_venv, wheelhouse,
+                                                               monkeypatch):
+    """Heads objects someone else put in the bucket: one whose heads are garbage, one over the size limit
+    (here 4 KiB), one whose name is not its id. A new node lists the right rows (computing what they do not
+    give from the documents); a snap merges none of the garbage into the heads object it writes."""
+    import obstore
+
+    from envvault.model.snapshot import parse_snapshot
+    from envvault.vault import s3_heads
+
+    bucket = s3_server.bucket()
+    url = f"s3://{bucket}/v"
+    a = node(s3_server, tmp_path, "a", url)
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128])
+    sid = jrun(a, "snap", "--lock-only", "--no-caches", "--venv", venv, "-m", "real")["id"]
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("ENVVAULT_CACHE_DIR", str(tmp_path / "cache-w"))
+    store = s3_server._store(bucket)
+    garbage = canonical_json({"format": 1, "heads": {sid: {"created": 7, "packages": "many"}}})
+    big = canonical_json({"format": 1, "heads": {sid: {"created": "2030-01-01T00:00:00Z", "message": "x" * 8192}}})
+    for data in (garbage, big):
+        obstore.put(store, f"v/heads/{object_id(data)}.json", data)
+    obstore.put(store, f"v/heads/{'0' * 64}.json", garbage)  # not its id
+    monkeypatch.setattr(s3_heads, "_LIMIT", 4096)
+
+    rows = jrun(node(s3_server, tmp_path, "d", url), "list", "--all")["snapshots"]
+    assert [(r["id"], r["message"]) for r in rows] == [(sid, "real")]
+
+    doc = json.loads(Vault.open(url).backend.load("snapshots", sid))
+    new = Vault.open(url).commit_snapshot(parse_snapshot(dict(doc, message="second")))
+    written = [json.loads(Vault.open(url).backend.get_key(k[len("v/"):], 1 << 20))
+               for k in s3_server.keys(bucket, "v/heads/") if k.endswith(".json")]
+    merged = [w for w in written if new in w["heads"]]
+    assert len(merged) == 1 and set(merged[0]["heads"]) == {new}, merged  # the garbage head was not passed on

@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from envvault.vault.fsutil import atomic_write
+from envvault.errors import CorruptError
+from envvault.vault.fsutil import atomic_write, read_regular
 
 __all__ = ["DirLockKeys"]
 
@@ -45,11 +46,11 @@ class DirLockKeys:
                         "last_modified": datetime.fromtimestamp(st.st_mtime, tz=timezone.utc)})
         return out
 
-    def get_key(self, key: str) -> bytes | None:
+    def get_key(self, key: str, limit: int) -> bytes | None:
+        """A regular file of at most ``limit`` bytes (no FIFO, device or link is opened), else None."""
         try:
-            with open(self._path(key), "rb") as f:
-                return f.read(1 << 20)
-        except FileNotFoundError:
+            return read_regular(self._path(key), limit, key)
+        except (FileNotFoundError, CorruptError):
             return None
 
     def put_key(self, key: str, data: bytes) -> None:

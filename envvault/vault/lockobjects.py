@@ -19,6 +19,7 @@ __all__ = ["hold", "LockKeys", "LOCK_STALE_SECONDS", "LOCK_REFRESH_SECONDS"]
 
 LOCK_REFRESH_SECONDS = 300.0
 LOCK_STALE_SECONDS = 1800.0
+_SMALL = 64 << 10  # a lock object or the gc epoch is a few hundred bytes; a larger one is not read
 
 
 class LockKeys(Protocol):
@@ -30,7 +31,7 @@ class LockKeys(Protocol):
 
     def list_meta(self, prefix: str) -> list[dict]: ...  # {"path", "last_modified", ...}
 
-    def get_key(self, key: str) -> bytes | None: ...
+    def get_key(self, key: str, limit: int) -> bytes | None: ...
 
     def put_key(self, key: str, data: bytes) -> None: ...
 
@@ -92,7 +93,7 @@ def _after_lock(keys: LockKeys, exclusive: bool) -> None:
         return
     if keys.on_gc_epoch is None:
         return
-    value = keys.get_key("gc-epoch") or b""
+    value = keys.get_key("gc-epoch", _SMALL) or b""
     keys.on_gc_epoch(value.decode("ascii", "replace")[:64])
 
 
@@ -119,7 +120,7 @@ def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None
         if other == me:
             continue
         try:
-            doc = json.loads(keys.get_key(meta["path"]) or b"{}")
+            doc = json.loads(keys.get_key(meta["path"], _SMALL) or b"{}")
         except Exception:  # noqa: BLE001 - unreadable: judge by its age
             doc = {}
         age = (now - meta["last_modified"]).total_seconds()

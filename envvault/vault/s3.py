@@ -510,10 +510,17 @@ class S3Backend:
         the next node parsing many documents."""
         self._heads().remember(heads, computed)
 
-    def get_key(self, key: str) -> bytes | None:
-        """The bytes at a key outside the kinds (``heads/``), None when it is gone."""
+    def get_key(self, key: str, limit: int) -> bytes | None:
+        """The bytes at a key outside the kinds (``heads/``), None when it is gone or holds more than
+        ``limit`` bytes (refused from the response's size, before its body is read)."""
+        ob = _ob()
+
+        def fetch():
+            res = ob.get(self.store, key)
+            return None if res.meta["size"] > limit else bytes(res.bytes())
+
         try:
-            return bytes(self._call(f"reading {key}", lambda: _ob().get(self.store, key).bytes()))
+            return self._call(f"reading {key}", fetch)
         except _exc().NotFoundError:
             return None
 

@@ -15,7 +15,7 @@ __all__ = ["HeadShare", "KeyStore", "WRITE_MIN"]
 
 # A command writes a heads object when it computed at least this many heads (the bundle threshold).
 WRITE_MIN = 32
-_LIMIT = 64 << 20
+_LIMIT = 64 << 20  # one heads object, and all of them together: what lies beyond is computed from documents
 _ID = re.compile(r"[0-9a-f]{64}").fullmatch
 
 
@@ -28,7 +28,7 @@ class KeyStore(Protocol):
 
     def list_keys(self, prefix: str) -> list[str]: ...
 
-    def get_key(self, key: str) -> bytes | None: ...
+    def get_key(self, key: str, limit: int) -> bytes | None: ...
 
     def create_key(self, key: str, data: bytes) -> None: ...
 
@@ -53,16 +53,17 @@ class HeadShare:
             keys = b.list_keys("heads/")
         except StorageError:
             return out
+        budget = _LIMIT
         for key in keys:
             name = key[len("heads/"):]
             if not name.endswith(".json") or not _ID(name[:-5]):
                 continue
             hid = name[:-5]
             try:
-                data = b.cache.read("heads", hid, 0, None, _LIMIT, hid) if b.cache is not None else None
+                data = b.cache.read("heads", hid, 0, None, budget, hid) if b.cache is not None else None
                 if data is None:
-                    data = b.get_key(key)
-                    if data is None or len(data) > _LIMIT or object_id(data) != hid:
+                    data = b.get_key(key, budget)
+                    if data is None or len(data) > budget or object_id(data) != hid:
                         continue
                     if b.cache is not None:
                         b.cache.put_bytes("heads", hid, data)
@@ -71,6 +72,7 @@ class HeadShare:
                 continue
             if not isinstance(heads, dict):
                 continue
+            budget -= len(data)
             self._objects[hid] = frozenset(heads)
             out.update((sid, h) for sid, h in heads.items() if isinstance(h, dict))
         return out
@@ -100,7 +102,7 @@ class HeadShare:
             listed = set(self.backend.list("snapshots"))
         except (StorageError, OSError):
             return None
-        heads = {k: v for k, v in existing.items() if k in listed}
+        heads = {k: v for k, v in existing.items() if k in listed and _valid(v)}  # never pass on garbage
         heads[sid] = head
         self._heads = heads
         return self.write(gone=frozenset(existing.keys() - listed - {sid}))
@@ -127,3 +129,13 @@ class HeadShare:
             return hid
         except (StorageError, OSError):
             return None
+
+
+def _valid(head: dict) -> bool:
+    from envvault.model.heads import parse_head
+
+    try:
+        parse_head(head)
+        return True
+    except CorruptError:
+        return False
