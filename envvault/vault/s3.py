@@ -205,6 +205,9 @@ class S3Backend:
         self._snapshot_fetches = 0
         self._bundles: dict[str, frozenset] | None = None  # bundle name -> the snapshot ids it holds
         self._head_share: Any = None  # s3_heads.HeadShare, made on first use
+        # config.json as this process read or wrote it: written once when the vault is made, so one GET a
+        # command (opening a vault had asked for it three times)
+        self._config: bytes | None = None
         # Fetches into the cache under way ((kind, name) -> Event set when done): one GET per object even
         # when several threads (or the prefetchers) want it at once.
         self._fetching: dict[tuple[str, str], threading.Event] = {}
@@ -285,6 +288,8 @@ class S3Backend:
             self._call(f"writing {key}", lambda: ob.put(self.store, key, bytes(data), use_multipart=False))
         if self.cache is not None and kind in ("index", "snapshots"):
             self.cache.put_bytes(kind, name, data)
+        if kind == "config" and name == "config":
+            self._config = bytes(data)
         if kind == "snapshots" and self._listed_snapshots is not None:
             self._listed_snapshots.add(name)
         return True
@@ -334,6 +339,9 @@ class S3Backend:
                     if attempt:
                         raise
             raise ReadFailed(f"cannot keep {where} in the local cache {self.cache.root}", "evicted")
+        if kind == "config" and name == "config" and self._config is not None and length is None \
+                and len(self._config) <= limit:
+            return self._config[offset:]
         ob, exc = _ob(), _exc()
         try:
             if length is None:
@@ -345,7 +353,10 @@ class S3Backend:
                     return bytes(res.bytes())
 
                 try:
-                    return self._call(f"reading {key}", whole)[offset:]
+                    data = self._call(f"reading {key}", whole)
+                    if kind == "config" and name == "config":
+                        self._config = data
+                    return data[offset:]
                 except _TooBig as big:
                     raise CorruptError(f"{self.where(kind, name)} is {big.size} bytes, over the limit of {limit}")
             if length <= 0:
@@ -437,6 +448,8 @@ class S3Backend:
 
     def stat(self, kind: str, name: str) -> ObjectInfo:
         key = self.key(kind, name)
+        if kind == "config" and name == "config" and self._config is not None:
+            return ObjectInfo(name, len(self._config))
         ob, exc = _ob(), _exc()
         try:
             meta = self._call(f"reading {key}", lambda: ob.head(self.store, key))
@@ -469,7 +482,8 @@ class S3Backend:
     def list(self, kind: str) -> list[str]:
         check_kind(kind)
         if kind == "config":
-            return [n for n, key in _CONFIG_NAMES.items() if self._exists(key)]
+            return [n for n, key in _CONFIG_NAMES.items()
+                    if (n == "config" and self._config is not None) or self._exists(key)]
         suffix = _SUFFIX[kind]
         out = []
         for meta in self._list_meta(f"{kind}/"):

@@ -15,6 +15,7 @@ __all__ = ["HeadShare", "KeyStore", "WRITE_MIN"]
 
 # A command writes a heads object when it computed at least this many heads (the bundle threshold).
 WRITE_MIN = 32
+MERGE_MIN = 3  # ... or when it read at least this many heads objects
 _LIMIT = 64 << 20  # one heads object, and all of them together: what lies beyond is computed from documents
 _ID = re.compile(r"[0-9a-f]{64}").fullmatch
 
@@ -82,10 +83,11 @@ class HeadShare:
         return {sid: h for sid, h in self._load().items() if sid in ids}
 
     def remember(self, heads: dict[str, dict], computed: int) -> None:
-        """The heads of every listed snapshot a listing has; when it computed ``WRITE_MIN`` or more, they are
-        written as one heads object as the process exits."""
+        """The heads of every listed snapshot a listing has; when it computed ``WRITE_MIN`` or more, or read
+        ``MERGE_MIN`` heads objects or more, they are written as one heads object as the process exits."""
         self._heads = heads
-        if computed >= WRITE_MIN and not self._registered:
+        # Many heads objects (writers that committed at once each left one): merge them for the next node.
+        if (computed >= WRITE_MIN or len(self._objects or ()) >= MERGE_MIN) and not self._registered:
             import atexit
 
             self._registered = True

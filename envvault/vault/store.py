@@ -119,7 +119,12 @@ class Vault:
     @classmethod
     def from_backend(cls, backend: Backend, state: LocalState, *, create: bool = False) -> "Vault":
         """The vault on ``backend`` (made there when absent and ``create``), its machine-local files in ``state``."""
-        if "config" not in backend.list("config"):
+        try:
+            backend.stat("config", "config")
+            made = True
+        except Missing:
+            made = False
+        if not made:
             if not create:
                 raise NotFoundError(f"no vault at {backend.location}; run `envvault snap` first or pass --vault")
             write_config(backend)
