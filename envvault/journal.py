@@ -18,7 +18,7 @@ from typing import Iterator
 import blake3
 
 from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError
-from envvault.model.encoding import parse_json
+from envvault.model.encoding import json_loads, parse_json
 from envvault.model.journal import Journal, parse_journal
 from envvault.safepaths import FinalTree, env_key
 from envvault.vault.fsutil import fsync_dir, read_regular, storage_error
@@ -218,7 +218,7 @@ def interrupted_restore(path: Path) -> str | None:
     """The snapshot id of the restore whose journal is at ``path`` (``journal_file``), killed before it
     finished, if any."""
     try:
-        doc = json.loads(read_regular(Path(path), JOURNAL_LIMIT, "the restore journal"))
+        doc = json_loads(read_regular(Path(path), JOURNAL_LIMIT, "the restore journal"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, EnvvaultError):

@@ -15,7 +15,6 @@ Nothing here writes; the on-disk part is ``lstat``/``readlink`` only.
 from __future__ import annotations
 
 import os
-import posixpath
 import stat as statmod
 from typing import Iterable, Mapping
 

@@ -94,9 +94,9 @@ def test_snaps_share_their_heads_so_a_new_node_lists_in_a_few_requests(s3_server
     doc = json.loads(Vault.open(url).backend.load("snapshots", sid))
 
     def commit(i: int) -> str:
-        vault = Vault.open(url)  # one writer process each
+        writer = Vault.open(url)  # one writer process each
         snap = parse_snapshot(dict(doc, message=f"run {i}", created=f"2030-01-01T00:00:{i:02d}.000000Z"))
-        return vault.commit_snapshot(snap)
+        return writer.commit_snapshot(snap)
 
     with ThreadPoolExecutor(4) as pool:
         made = list(pool.map(commit, range(40)))

@@ -436,3 +436,46 @@ def test_each_pyenv_cpython_copy_snaps_restores_and_moves(minor, tmp_path):
     assert 'name = "alpha"' in out.read_text() and 'name = "usersite"' in out.read_text()
     assert _tree_state(tmp_path / "home") == home_before
     assert _tree_state(original) == before_original
+
+
+def test_a_system_restore_writes_only_where_the_interpreter_installs(tmp_path, monkeypatch):
+    """The root of Debian's Python is "/": a system snapshot from someone else naming, for a pip package,
+    the standard library, the interpreter, a dpkg conffile or /etc/passwd must not get them written or
+    deleted. dpkg-owned files anywhere under the root are held (not only those in the site folders), and
+    paths outside the install locations (sites, scripts, the data prefix of pip's schemes) are left alone;
+    a pip package's own files, its scripts and its data files are still restored."""
+    from types import SimpleNamespace as NS
+
+    from envvault.restore.managed import hold_managed, install_areas
+    from envvault.restore.plan import FileWrite, Plan
+
+    admin = tmp_path / "dpkg"
+    (admin / "info").mkdir(parents=True)
+    (admin / "info" / "libpython3.11-minimal:amd64.list").write_text(
+        "/usr/lib/python3.11\n/usr/lib/python3.11/os.py\n/usr/bin/python3.11\n/etc/python3.11/sitecustomize.py\n")
+    monkeypatch.setenv("ENVVAULT_DPKG_ADMINDIR", str(admin))
+    py = NS(system=True, scripts="usr/local/bin", purelib="usr/local/lib/python3.11/dist-packages",
+            platlib="usr/local/lib/python3.11/dist-packages", user_site="root/.local/lib/python3.11/site-packages",
+            sites=("root/.local/lib/python3.11/site-packages", "usr/local/lib/python3.11/dist-packages",
+                   "usr/lib/python3/dist-packages"))
+    assert set(install_areas(py)) == {"root/.local/", "root/.local/lib/python3.11/site-packages/", "usr/local/",
+                                      "usr/local/bin/", "usr/local/lib/python3.11/dist-packages/",
+                                      "usr/lib/python3/dist-packages/"}
+    snapshot = NS(python=py, packages=(NS(name="evil", installer="pip"),))
+
+    def w(path):
+        return FileWrite(path, ("00" * 32,), 1, "x", 0o644, None, "evil")
+
+    plan = Plan(snapshot_id="0" * 64, diff=None,
+                writes=(w("usr/lib/python3.11/os.py"), w("usr/bin/python3.11"), w("etc/passwd"),
+                        w("usr/local/lib/python3.11/dist-packages/evil/__init__.py"), w("usr/local/bin/evil"),
+                        w("usr/local/share/evil/data.json")),
+                keeps=(), removals=("etc/python3.11/sitecustomize.py", "usr/sbin/something"),
+                remove_dirs=(), install=("evil 1.0",), remove=(), warnings=(), dist_infos=(), modes=())
+    out = hold_managed(plan, Path("/"), NS(python=py), snapshot, current=[])
+    assert [x.path for x in out.writes] == ["usr/local/lib/python3.11/dist-packages/evil/__init__.py",
+                                           "usr/local/bin/evil", "usr/local/share/evil/data.json"]
+    assert out.removals == ()
+    text = " ".join(out.warnings)
+    assert "libpython3.11-minimal" in text and "apt-get install --reinstall libpython3.11-minimal" in text
+    assert "outside the interpreter's install locations" in text and "etc/passwd" in text

@@ -20,12 +20,12 @@ the others are listed in ``notes``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from .fingerprint import Fingerprint, GpuInfo, compile_env
+from envvault.model.encoding import json_loads
 
 __all__ = ["infer", "fingerprint_from_tree"]
 
@@ -117,7 +117,7 @@ def _triton_facts(root: Path, notes: list[str]) -> tuple[str | None, str | None,
         if path.name.startswith("__grp__") or path.name.endswith(".tmp"):
             continue
         try:
-            meta = json.loads(path.read_text(encoding="utf-8"))
+            meta = json_loads(path.read_text(encoding="utf-8"))
             mtime = path.stat().st_mtime_ns
         except (OSError, ValueError):
             continue

@@ -5,7 +5,6 @@ Nothing here reads file contents beyond the dist-info folder (and a torch-like `
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Container
@@ -18,6 +17,7 @@ from packaging.utils import canonicalize_name
 from envvault.errors import EnvironmentProblem
 from envvault.model.identity import DistLayout, build_id, egg_link_build_id
 from envvault.model.record import RecordEntry, parse_record
+from envvault.model.encoding import json_loads
 
 __all__ = ["RecordEntry", "InstalledDist", "scan_dists", "read_dist", "read_egg_info", "read_egg_link",
            "read_any", "dist_entries"]
@@ -120,7 +120,7 @@ def read_dist(dist_info: Path, site: Path) -> InstalledDist:
     du_text = _read_text(dist_info / "direct_url.json")
     if du_text:
         try:
-            direct_url = json.loads(du_text)
+            direct_url = json_loads(du_text)
         except ValueError:
             direct_url = {"unparsable": du_text[:200]}
     installer = (_read_text(dist_info / "INSTALLER") or "").strip() or None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from envvault.model.identity import verbatim_rows
 from envvault.model.record import parse_record
+from envvault.model.encoding import json_loads
 
 __all__ = ["same_build", "wheel_rows", "installed_rows", "comparable_rows"]
 
@@ -132,10 +133,9 @@ def wheel_rows(url: str) -> dict[str, str] | None:
 
 def _direct_url_sha256(dist_info: Path) -> str | None:
     """The wheel hash pip keeps in ``direct_url.json`` for URL and path installs."""
-    import json
 
     try:
-        info = json.loads((dist_info / "direct_url.json").read_text()).get("archive_info") or {}
+        info = json_loads((dist_info / "direct_url.json").read_text()).get("archive_info") or {}
     except (OSError, ValueError, AttributeError):
         return None
     sha = (info.get("hashes") or {}).get("sha256")

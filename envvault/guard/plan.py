@@ -9,7 +9,6 @@ judges those by the snapshot taken after them.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from envvault.guard.command import Command
+from envvault.model.encoding import json_loads
 
 if TYPE_CHECKING:
     from packaging.utils import NormalizedName
@@ -191,7 +191,7 @@ class DryRun:
                         error=f"the dry run exited {rc}: {last[-1].strip() if last else 'no output'}")
         if cmd.tool == "pip":
             try:
-                report = json.loads((self.workdir / "report.json").read_text())
+                report = json_loads((self.workdir / "report.json").read_text())
             except (OSError, ValueError) as e:
                 return Plan(source=None, seconds=seconds, error=f"pip wrote no readable report ({e})")
             plan = _pip_install_plan(report, installed, verify)

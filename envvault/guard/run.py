@@ -24,6 +24,7 @@ from envvault.guard.plan import Change, Installed, Plan, start_dry_run
 from envvault.model.provenance import ProvenanceEntry
 from envvault.model.snapshot import Snapshot
 from envvault.vault.fsutil import read_regular
+from envvault.model.encoding import json_loads
 
 if TYPE_CHECKING:
     from envvault.diff import DiffResult
@@ -161,7 +162,7 @@ def _previous_provenance(vault: Vault, target: Path) -> dict[str, ProvenanceEntr
     """The provenance of the last guard snapshot of ``target`` (named by a pointer under ``state/``, so no
     other snapshot is read); without the pointer, of the newest snapshot of ``target`` that has one."""
     try:
-        sid = json.loads(read_regular(_pointer(vault, target), 1 << 20, "guard pointer"))["last"]
+        sid = json_loads(read_regular(_pointer(vault, target), 1 << 20, "guard pointer"))["last"]
         prov = vault.load_snapshot(sid).snapshot.provenance
         return dict(prov) if prov is not None else {}
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):

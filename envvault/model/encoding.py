@@ -24,11 +24,21 @@ def object_id(data: bytes | memoryview) -> str:
     return blake3.blake3(data).hexdigest()
 
 
+def json_loads(data: bytes | str) -> Any:
+    """``json.loads`` for bytes read from disk, a vault or a bucket: a document nested past the interpreter's
+    recursion limit is a ValueError like any other bad JSON (``json.loads`` raises RecursionError), so the
+    callers' ``except ValueError`` ignore or report it instead of failing the command."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
 def parse_json(data: bytes, what: str) -> Any:
     if len(data) > MAX_DOC_BYTES:
         raise CorruptError(f"{what} is {len(data)} bytes, larger than any document envvault writes")
     try:
-        return json.loads(data)
+        return json_loads(data)
     except (ValueError, UnicodeDecodeError) as err:
         raise CorruptError(f"{what} is not valid JSON ({err}); run `envvault verify`") from None
 

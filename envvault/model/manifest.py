@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from envvault.errors import RefusedError, UsageError
 from envvault.model._fields import (
-    NO_EXTRA, OPT_STRS, Key, check_bool, check_dict, check_hex_id, check_int, check_list, check_opt_dict,
+    NO_EXTRA, OPT_STRS, Key, check_bool, check_hex_id, check_int, check_list, check_opt_dict,
     check_opt_str,
     check_str, dump_fields, is_id, load_fields, raise_problems,
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 from envvault.errors import EnvvaultError, NotFoundError
 from envvault.safepaths import env_key
 from envvault.vault.fsutil import atomic_write, read_regular
-from envvault.model.encoding import utc_timestamp
+from envvault.model.encoding import json_loads, utc_timestamp
 from envvault.vault.store import Vault
 
 __all__ = ["baseline_snapshot", "record_restored"]
@@ -54,7 +54,7 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     own = [s for s in snaps if s.snapshot.trigger != "restore-backup"] or snaps
     best = (own[0].created, own[0].id) if own else None
     try:
-        marker = json.loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))
+        marker = json_loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))
         sid, at = marker["snapshot"], marker["at"]
         if isinstance(sid, str) and vault.has_snapshot(sid) and (best is None or at > best[0]) \
                 and mine(vault.load_snapshot(sid).snapshot):

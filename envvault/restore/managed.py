@@ -18,7 +18,8 @@ from typing import Sequence
 from envvault.model.snapshot import Snapshot
 from envvault.restore.plan import CurrentDist, Plan
 
-__all__ = ["hold_managed", "share_system_packages", "venv_view", "venv_manifest", "refuse_uncopyable"]
+__all__ = ["hold_managed", "install_areas", "share_system_packages", "venv_view", "venv_manifest",
+           "refuse_uncopyable"]
 
 
 def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
@@ -29,8 +30,8 @@ def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
     from envvault.env.dpkg import owners_under
 
     root = str(target).rstrip("/")
-    folders = [f"{root}/{rel}" for rel in (*(now.python.sites or ()), now.python.scripts or "bin")]
-    dpkg = owners_under(tuple(folders))
+    dpkg = owners_under((root or "/",))  # every path dpkg names under the root: the standard library too
+    areas = install_areas(now.python)
     # Packages whose installer is the system's (INSTALLER "debian", or a dist-info dpkg owns), now and then.
     system_files: dict[str, str] = {}
     for c in current:
@@ -40,6 +41,7 @@ def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
     system_names = {p.name for p in snapshot.packages if p.installer == "debian"}
 
     held: dict[str, list[str]] = {}
+    outside: list[str] = []
 
     def owner(rel: str, package: str | None = None) -> str | None:
         who = dpkg.owner(f"{root}/{rel}")
@@ -51,19 +53,26 @@ def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
 
     def keep(rel: str, package: str | None = None) -> bool:
         who = owner(rel, package)
-        if who is None:
-            return True
-        held.setdefault(who, []).append(rel)
-        return False
+        if who is not None:
+            held.setdefault(who, []).append(rel)
+            return False
+        if not rel.startswith(areas):  # the root of a system environment is "/": this is what bounds it
+            outside.append(rel)
+            return False
+        return True
 
     writes = tuple(w for w in plan.writes if keep(w.path, w.package))
     removals = tuple(r for r in plan.removals if keep(r))
     remove_dirs = tuple(d for d in plan.remove_dirs if keep(d))
     modes = tuple(m for m in plan.modes if keep(m[0]))
-    if not held:
+    if not held and not outside:
         return plan
-    dist_infos = tuple(d for d in plan.dist_infos if owner(d) is None)
+    dist_infos = tuple(d for d in plan.dist_infos if owner(d) is None and d.startswith(areas))
     warnings = list(plan.warnings)
+    if outside:
+        shown = ", ".join(sorted(outside)[:3]) + (", ..." if len(outside) > 3 else "")
+        warnings.append(f"{len(outside)} path(s) lie outside the interpreter's install locations "
+                        f"({', '.join(a.rstrip('/') or '/' for a in areas)}) and were left as they are ({shown})")
     for who, paths in sorted(held.items()):
         how = (f"apt-get install --reinstall {who}" if not who.startswith("the system package")
                else "reinstall it with the system package manager")
@@ -72,7 +81,26 @@ def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
                         f"left as they are ({shown}): restore them with `{how}`")
     return dataclasses.replace(plan, writes=writes, removals=removals, remove_dirs=remove_dirs, modes=modes,
                                dist_infos=dist_infos, warnings=tuple(warnings),
-                               keeps=tuple(k for k in plan.keeps if owner(k[0]) is None))
+                               keeps=tuple(k for k in plan.keeps if owner(k[0]) is None and k[0].startswith(areas)))
+
+
+def install_areas(python) -> tuple[str, ...]:
+    """Where an in-place restore of a system environment may write (each ``rel/``, relative to its root):
+    the site directories, the scripts folder, and the data prefix of each place pip installs to (purelib,
+    platlib and the user site, less ``lib/pythonX.Y/...``: where ``data_files`` and headers go). Not the
+    distribution's own ``dist-packages`` prefix (``/usr``): pip never installs there."""
+    out = {*(python.sites or ()), python.scripts or "bin"}
+    for lib in (python.purelib, python.platlib, python.user_site):
+        if lib:
+            out.add(lib)
+            head, sep, _tail = f"/{lib.strip('/')}".partition("/lib/python")
+            if not sep:
+                head, sep, _tail = f"/{lib.strip('/')}".partition("/lib64/python")
+            if sep and not head.strip("/"):
+                return ("",)  # the root is the prefix (a pyenv build's): all of it is the installation's
+            if sep:
+                out.add(head)
+    return tuple(sorted(f"{a.strip('/')}/" for a in out if a.strip("/")))
 
 
 # -- restore --into of a system environment ------------------------------------------------------------------

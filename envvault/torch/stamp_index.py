@@ -17,6 +17,7 @@ from envvault import __version__
 from envvault.errors import EnvvaultError
 from envvault.model import identity
 from envvault.model.stamp_index import IndexedSnapshot, IndexedState, StampIndex, parse_stamp_index
+from envvault.model.encoding import json_loads
 
 if TYPE_CHECKING:
     from envvault.model.snapshot import Snapshot
@@ -32,7 +33,7 @@ def load(vault) -> StampIndex:
     """The index as stored (entries that do not parse left out), or an empty one."""
     raw = vault.state.read(INDEX_NAME, _MAX_BYTES, "stamp index")
     try:
-        doc = json.loads(raw) if raw is not None else None
+        doc = json_loads(raw) if raw is not None else None
     except ValueError:
         doc = None
     return parse_stamp_index(doc, __version__)

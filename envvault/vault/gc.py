@@ -12,12 +12,11 @@ less garbage are kept whole; their dead objects stay until more of the pack dies
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvvaultError
-from envvault.model.encoding import MAX_DOC_BYTES, object_id
+from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
 from envvault.model.snapshot import is_id
 from envvault.vault.backend import Backend, Missing
 from envvault.vault.packs import read_frame
@@ -73,7 +72,7 @@ def _choose(vault: Vault, keep_last: int | None) -> tuple[list, list]:
 
 def _load_index(backend: Backend, name: str) -> dict | None:
     try:
-        doc = json.loads(backend.load("index", name, limit=MAX_DOC_BYTES))
+        doc = json_loads(backend.load("index", name, limit=MAX_DOC_BYTES))
         if not isinstance(doc.get("objects"), dict) or not isinstance(doc.get("frames"), list):
             return None
         if doc.get("pack") is not None and not is_id(doc["pack"]):

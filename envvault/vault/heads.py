@@ -10,6 +10,7 @@ import json
 from envvault.errors import CorruptError
 from envvault.model.heads import SnapshotHead, head_of, parse_head
 from envvault.vault.store import Vault
+from envvault.model.encoding import json_loads
 
 __all__ = ["snapshot_heads", "STATE_NAME"]
 
@@ -23,7 +24,7 @@ def _saved(vault: Vault) -> dict[str, SnapshotHead]:
         raw = vault.state.read(STATE_NAME, _LIMIT, "snapshot heads")
         if raw is None:
             return {}
-        doc = json.loads(raw)
+        doc = json_loads(raw)
         if doc.get("version") != 1:
             return {}
         return {sid: parse_head(h) for sid, h in doc["heads"].items()}
@@ -39,10 +40,12 @@ def snapshot_heads(vault: Vault) -> list[tuple[str, SnapshotHead]]:
     heads = {sid: saved[sid] for sid in ids if sid in saved}
     missing = [sid for sid in ids if sid not in heads]
     shared = getattr(vault.backend, "shared_heads", None)
+    hints: set[str] = set()  # heads from the bucket's heads objects: shown, never kept as this node's own
     if missing and shared is not None:
         for sid, h in shared(set(missing)).items():
             try:
                 heads[sid] = parse_head(h)
+                hints.add(sid)
             except CorruptError:
                 continue
     computed = 0
@@ -53,8 +56,9 @@ def snapshot_heads(vault: Vault) -> list[tuple[str, SnapshotHead]]:
         if ref is not None:
             heads[sid] = head_of(ref.snapshot)
             computed += 1
-    if heads.keys() != saved.keys():
-        data = json.dumps({"version": 1, "heads": {sid: h.to_dict() for sid, h in sorted(heads.items())}},
+    own = {sid: h for sid, h in heads.items() if sid not in hints}
+    if own.keys() != saved.keys():
+        data = json.dumps({"version": 1, "heads": {sid: h.to_dict() for sid, h in sorted(own.items())}},
                           sort_keys=True, separators=(",", ":")).encode()
         try:
             vault.state.write(STATE_NAME, data, durable=False)

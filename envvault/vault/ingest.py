@@ -24,7 +24,7 @@ import zstandard
 
 from envvault import __version__
 from envvault.errors import CorruptError, EnvironmentProblem
-from envvault.model.encoding import MAX_DOC_BYTES, object_id
+from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
 from envvault.vault.fsutil import atomic_write, flocked, read_regular
 from envvault.vault.packs import PackWriter
 
@@ -435,7 +435,7 @@ class StatCache:
                 if zstandard.get_frame_parameters(raw).content_size > MAX_DOC_BYTES:
                     return None
                 raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=MAX_DOC_BYTES)
-            doc = json.loads(raw)
+            doc = json_loads(raw)
         except (OSError, ValueError, zstandard.ZstdError, CorruptError):
             return None
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:

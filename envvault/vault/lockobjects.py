@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol
 
 from envvault.errors import StorageError
+from envvault.model.encoding import json_loads
 
 __all__ = ["hold", "LockKeys", "LOCK_STALE_SECONDS", "LOCK_REFRESH_SECONDS"]
 
@@ -120,7 +121,7 @@ def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None
         if other == me:
             continue
         try:
-            doc = json.loads(keys.get_key(meta["path"], _SMALL) or b"{}")
+            doc = json_loads(keys.get_key(meta["path"], _SMALL) or b"{}")
         except Exception:  # noqa: BLE001 - unreadable: judge by its age
             doc = {}
         age = (now - meta["last_modified"]).total_seconds()

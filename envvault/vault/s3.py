@@ -56,10 +56,10 @@ def open_vault(vault_cls: Any, url: str, *, create: bool = False) -> Any:
 
 def _vault_id(backend: "S3Backend") -> str | None:
     """The vault's ``vault_id`` ("" when config.json is damaged), None when there is no config.json."""
-    import json
+    from envvault.model.encoding import json_loads
 
     try:
-        doc = json.loads(backend.load("config", "config", limit=1 << 20))
+        doc = json_loads(backend.load("config", "config", limit=1 << 20))
     except Missing:
         return None
     except (ValueError, CorruptError):
@@ -557,7 +557,7 @@ class S3Backend:
         """Fill the cache from every bundle not seen yet (each doc checked against its id)."""
         import json
 
-        from envvault.model.encoding import object_id
+        from envvault.model.encoding import json_loads, object_id
 
         self._bundles = {}
         if self.cache is None:
@@ -574,12 +574,12 @@ class S3Backend:
             seen = self.cache.path("bundles", bid)
             try:
                 if seen.exists():
-                    self._bundles[bid] = frozenset(json.loads(seen.read_bytes()))
+                    self._bundles[bid] = frozenset(json_loads(seen.read_bytes()))
                     continue
-                data = bytes(self._call(f"reading {meta['path']}", lambda: _ob().get(self.store, meta["path"]).bytes()))
-                if object_id(data) != bid or len(data) > DEFAULT_LIMIT:
+                data = self.get_key(meta["path"], DEFAULT_LIMIT)  # refused by its size before it is read
+                if data is None or object_id(data) != bid:
                     continue
-                docs = json.loads(data).get("snapshots", {})
+                docs = json_loads(data).get("snapshots", {})
                 held = []
                 for sid, text in docs.items():
                     raw = text.encode() if isinstance(text, str) else b""

@@ -4,12 +4,11 @@ a command that computed many heads. An optimisation: any failure leaves things a
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Protocol
 
 from envvault.errors import CorruptError, StorageError
-from envvault.model.encoding import canonical_json, object_id
+from envvault.model.encoding import canonical_json, json_loads, object_id
 
 __all__ = ["HeadShare", "KeyStore", "WRITE_MIN"]
 
@@ -68,7 +67,7 @@ class HeadShare:
                         continue
                     if b.cache is not None:
                         b.cache.put_bytes("heads", hid, data)
-                heads = json.loads(data).get("heads")
+                heads = json_loads(data).get("heads")
             except (StorageError, CorruptError, ValueError, AttributeError, OSError):
                 continue
             if not isinstance(heads, dict):

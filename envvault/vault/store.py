@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, UsageError
-from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, object_id, parse_json
+from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, json_loads, object_id, parse_json
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.config import FORMAT, MAX_SMALL_DOC, check_config, read_config, write_config
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
@@ -163,7 +163,7 @@ class Vault:
             prefetch("index", names)
         for name in names:
             try:
-                doc = json.loads(self.backend.load("index", name, limit=MAX_DOC_BYTES))
+                doc = json_loads(self.backend.load("index", name, limit=MAX_DOC_BYTES))
                 pack = doc["pack"]
                 if not is_id(pack):
                     raise TypeError("not a pack id")
@@ -238,7 +238,10 @@ class Vault:
         if share is not None and isinstance(doc, Snapshot):
             from envvault.model.heads import head_of
 
-            share(sid, head_of(doc).to_dict())
+            try:
+                share(sid, head_of(doc).to_dict())
+            except Exception:  # noqa: BLE001 - an optimisation of listing: the snapshot is committed
+                pass
         return sid
 
     def snapshot_ids(self) -> list[str]:
@@ -369,7 +372,7 @@ class Vault:
 
     def settings(self) -> dict:
         try:
-            return json.loads(self.backend.load("config", "settings", limit=MAX_SMALL_DOC))
+            return json_loads(self.backend.load("config", "settings", limit=MAX_SMALL_DOC))
         except (EnvvaultError, ValueError):
             return {}
 
