@@ -124,6 +124,8 @@ def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None
             doc = json_loads(keys.get_key(meta["path"], _SMALL) or b"{}")
         except Exception:  # noqa: BLE001 - unreadable: judge by its age
             doc = {}
+        if not isinstance(doc, dict):  # not a lock object envvault writes: judged by its age alone
+            doc = {}
         age = (now - meta["last_modified"]).total_seconds()
         dead_here = doc.get("hostname") == host and isinstance(doc.get("pid"), int) and not _alive(doc["pid"])
         if age > LOCK_STALE_SECONDS or dead_here:
@@ -149,6 +151,8 @@ def _refresh(keys: LockKeys, key: str, body: dict, me: str, stop: Any) -> None:
 
 
 def _alive(pid: int) -> bool:
+    if not 0 < pid < 1 << 31:  # not a pid this host can have (os.kill would fail, or signal a group)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

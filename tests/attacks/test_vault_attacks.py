@@ -379,3 +379,24 @@ def test_snap_into_a_vault_with_a_linked_folder_is_refused(tmp_path, real_venv, 
     rc, _out, err = run_cli(["snap", "--no-caches", "--venv", real_venv, "-m", "again"], vault=vault, timeout=60)
     one_line(rc, err, 3, str(vault / entry), "is a symlink")
     assert state() == before
+
+
+DEEP = b"[" * 200_000 + b"]" * 200_000  # past the interpreter's recursion limit: json.loads raises RecursionError
+
+
+def test_json_nested_past_the_recursion_limit_is_bad_json(box):
+    """An index, settings.json and a snapshot nested 200,000 deep: each is damaged JSON, never an internal
+    error. list and status-like readers go on (the bad snapshot skipped, the bad index's objects absent);
+    verify names the snapshot (exit 5)."""
+    vault, sid, _root, state = box
+    (vault / "index" / f"{'e' * 64}.idx").write_bytes(DEEP)
+    (vault / "settings.json").write_bytes(DEEP)
+    deep_sid = put_raw_snapshot(vault, DEEP)
+    before = state()
+    rc, out, err = run_cli(["list", "--json"], vault=vault, timeout=30)
+    assert rc == 0 and sid in out and "internal error" not in err, err
+    rc, out, err = run_cli(["verify"], vault=vault, timeout=30)
+    assert rc == 5 and deep_sid[:12] in out and "internal error" not in err, (out, err)
+    rc, out, err = run_cli(["show", deep_sid[:12]], vault=vault, timeout=30)
+    one_line(rc, err, 5, "not valid JSON")
+    assert state() == before
