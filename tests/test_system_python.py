@@ -227,6 +227,26 @@ def test_python_bad_input_is_one_line(tmp_path):
                          (["--python", sys.executable], "belongs to the virtual environment"),
                          (["--python", "/usr/bin/python3", "--venv", tmp_path], "not both")):
         assert_one_line_error(ev(vault, "snap", *args, "--no-caches", check=False), needle)
+    # Interpreters that answer the probe with JSON of the wrong shape (a sitecustomize or .pth that prints,
+    # or a fake): one line each, never an internal error.
+    answers = {"half": '{"prefix": "%s"}', "wrong-types": '{"prefix": "%s", "base_prefix": "%s", "sites": 5}',
+               "a-list": "[1, 2]", "deep": "[" * 100_000 + "]" * 100_000}
+    for name, answer in answers.items():
+        fake = tmp_path / f"fake-{name}"
+        (fake / "bin").mkdir(parents=True)
+        exe = fake / "bin" / "python3"
+        exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{answer.replace('%s', str(fake))}\nEOF\n")
+        exe.chmod(0o755)
+        assert_one_line_error(ev(vault, "snap", "--python", exe, "--no-caches", check=False),
+                              "does not answer like a CPython")
+        venv = tmp_path / f"venv-{name}"  # the same answer from a venv's interpreter
+        (venv / "bin").mkdir(parents=True)
+        (venv / "pyvenv.cfg").write_text(f"home = {fake / 'bin'}\n")
+        vexe = venv / "bin" / "python"
+        vexe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{answer.replace('%s', str(venv))}\nEOF\n")
+        vexe.chmod(0o755)
+        assert_one_line_error(ev(vault, "snap", "--venv", venv, "--no-caches", check=False),
+                              "does not answer like a CPython")
 
 
 # -- Debian's /usr/bin/python3 -----------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envvault.model.encoding import json_loads
 from envvault.errors import UsageError
 
 __all__ = ["Interpreter", "use_system", "system_of", "choose_python", "chosen_python", "find_target", "probe",
@@ -242,7 +242,17 @@ def probe(prefix: Path) -> Interpreter:
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"{exe} does not run ({last}); is the environment's base interpreter still installed?")
-    info = json.loads(out.stdout)
+    try:
+        return _venv_interpreter(prefix, exe, json_loads(out.stdout))
+    except UsageError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError):
+        raise UsageError(f"{exe} does not answer like a CPython 3 interpreter (does its sitecustomize or a .pth "
+                         "file print?)") from None
+
+
+def _venv_interpreter(prefix: Path, exe: Path, info: dict) -> Interpreter:
+    """The venv's ``Interpreter`` from the probe's answer (any error in it: the caller's one line)."""
     if Path(info["prefix"]).resolve() != prefix.resolve():
         raise UsageError(f"{exe} runs with prefix {info['prefix']}, not {prefix}: not a working virtual "
                          "environment (check its pyvenv.cfg, or recreate it)")
@@ -303,10 +313,16 @@ def probe_system(exe: Path) -> Interpreter:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise UsageError(f"{exe} does not run as a Python 3 interpreter ({last[:200]})")
     try:
-        info = json.loads(out.stdout)
-        prefix = Path(info["prefix"])
-    except (ValueError, KeyError, TypeError):
+        return _system_interpreter(exe, json_loads(out.stdout))
+    except UsageError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError):
         raise UsageError(f"{exe} does not answer like a CPython 3 interpreter") from None
+
+
+def _system_interpreter(exe: Path, info: dict) -> Interpreter:
+    """The system installation's ``Interpreter`` from the probe's answer (any error: the caller's line)."""
+    prefix = Path(info["prefix"])
     if Path(info["base_prefix"]) != prefix:
         raise UsageError(f"{exe} belongs to the virtual environment {prefix}: pass --venv {prefix}")
     user_site = Path(info["user_site"]) if info.get("user_site") else None
