@@ -14,10 +14,11 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from envvault.errors import EnvironmentProblem
+from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.identity import DistLayout, build_id, egg_link_build_id
 from envvault.model.record import RecordEntry, parse_record
 from envvault.model.encoding import json_loads
+from envvault.vault.fsutil import read_regular
 
 __all__ = ["RecordEntry", "InstalledDist", "scan_dists", "read_dist", "read_egg_info", "read_egg_link",
            "read_any", "dist_entries"]
@@ -53,13 +54,21 @@ class InstalledDist:
         return build_id(self.record or (), self.layout(scripts_dir))
 
 
+_DIST_FILE_LIMIT = 64 << 20  # a dist-info file (torch's RECORD is about 2 MB)
+
+
 def _read_text(path: Path) -> str | None:
+    """A dist-info file's text; a FIFO, a device or a file over 64 MiB is refused in one line, never waited
+    on or read whole (a site folder may be writable by others)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        data = read_regular(path, _DIST_FILE_LIMIT, f"{path.parent.name}/{path.name}", follow=True)
     except FileNotFoundError:
         return None
+    except CorruptError as err:
+        raise EnvironmentProblem(str(err)) from None
     except OSError as err:
         raise EnvironmentProblem(f"cannot read {path}: {err.strerror}") from None
+    return data.decode("utf-8", errors="replace")
 
 
 def _parse_record(text: str, where: Path) -> list[RecordEntry]:

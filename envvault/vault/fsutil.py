@@ -26,9 +26,9 @@ def link_refused(path: Path | str) -> RefusedError:
                         "outside it): replace it with the real file or folder")
 
 
-def _open_regular(path: Path | str, what: str) -> tuple[int, os.stat_result]:
+def _open_regular(path: Path | str, what: str, follow: bool = False) -> tuple[int, os.stat_result]:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else _NOFOLLOW))
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise CorruptError(f"{what} is a symlink ({path}); envvault does not follow links inside a vault") from None
@@ -50,12 +50,13 @@ def read_regular_at(path: Path | str, offset: int, length: int, what: str) -> by
         os.close(fd)
 
 
-def read_regular(path: Path | str, limit: int, what: str) -> bytes:
-    """The bytes of ``path``, a regular file of at most ``limit`` bytes, opened without following a symlink.
+def read_regular(path: Path | str, limit: int, what: str, *, follow: bool = False) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes, opened without following a symlink
+    (``follow``: a symlink to a regular file is read too, as an environment's files may be).
 
     A symlink, a FIFO, a device or a folder, or a file over ``limit``, is a CorruptError naming ``what``;
     a missing file raises FileNotFoundError and other failures their OSError."""
-    fd, st = _open_regular(path, what)
+    fd, st = _open_regular(path, what, follow)
     try:
         if st.st_size > limit:
             raise CorruptError(f"{what} is {st.st_size} bytes, over the limit of {limit}")

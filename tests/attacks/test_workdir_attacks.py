@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from envvault.guard.hook import hook_code
-from tests.evtools import ROOT
+from tests.evtools import ROOT, ev_env
 
 PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('ran from the working directory')\n"
 
@@ -188,3 +188,24 @@ def test_cache_snap_ask_torch_ignores_code_in_the_working_directory(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 7 and "Traceback" not in proc.stderr, proc  # no torch in that venv: it says so
     assert not marker.exists(), "code from the working directory ran"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_fifo_or_dev_zero_in_a_dist_info_does_not_hang_a_snap(tmp_path, make_venv, kind):
+    """A site folder may be writable by others: a FIFO as METADATA, or RECORD linked to /dev/zero, is one
+    line and a non-zero exit, at once and in bounded memory (it had hung, or grown until killed)."""
+    venv = make_venv("uv")
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    d = site / "hostile-1.0.dist-info"
+    d.mkdir()
+    if kind == "fifo":
+        os.mkfifo(d / "METADATA")
+        (d / "RECORD").write_text("")
+    else:
+        (d / "METADATA").write_text("Metadata-Version: 2.1\nName: hostile\nVersion: 1.0\n")
+        os.symlink("/dev/zero", d / "RECORD")
+    proc = subprocess.run([sys.executable, "-m", "envvault", "--vault", str(tmp_path / "vault"), "snap", "--venv",
+                           str(venv), "--no-caches"], capture_output=True, text=True, timeout=60, env=ev_env(tmp_path / "vault"))
+    assert proc.returncode not in (0, 70), proc
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not a regular file" in lines[0], proc.stderr
