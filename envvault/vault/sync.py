@@ -22,7 +22,8 @@ from envvault.vault.store import Vault
 
 __all__ = ["SyncResult", "sync_vaults"]
 
-_PACK_LIMIT = 1 << 40  # packs are read whole; their size is bounded by the writer, not by this
+_PACK_LIMIT = 1 << 30  # a pack writer closes packs at about 32 MiB (plus one frame): a larger one is refused
+_STEP = 8 << 20  # packs are copied this much at a time: four copying threads hold at most 32 MiB
 
 
 @dataclass
@@ -85,21 +86,34 @@ def sync_vaults(src: Vault, dst: Vault | None, *, dry_run: bool = False, threads
         tmp_dir.mkdir(parents=True, exist_ok=True)
 
         def copy_pack(pid: str) -> int:
-            data = sb.load("packs", pid, limit=_PACK_LIMIT)
-            if object_id(data) != pid:
-                raise CorruptError(f"{sb.where('packs', pid)} does not match its name; run `envvault verify` on "
-                                   f"{src.location}")
+            import blake3
+
+            size = sb.stat("packs", pid).size
+            if size > _PACK_LIMIT:
+                raise CorruptError(f"{sb.where('packs', pid)} is {size} bytes, larger than any pack envvault "
+                                   f"writes; run `envvault verify` on {src.location}")
+            h = blake3.blake3()
             fd, tmp = tempfile.mkstemp(prefix=f".sync-{pid[:12]}.", suffix=".tmp", dir=tmp_dir)
             try:
                 with os.fdopen(fd, "wb") as out:
-                    out.write(data)
+                    done = 0
+                    while done < size:
+                        data = sb.load("packs", pid, done, min(_STEP, size - done))
+                        if not data:
+                            break
+                        h.update(data)
+                        out.write(data)
+                        done += len(data)
                     out.flush()
                     os.fsync(out.fileno())
+                if done != size or h.hexdigest() != pid:
+                    raise CorruptError(f"{sb.where('packs', pid)} does not match its name; run `envvault verify` "
+                                       f"on {src.location}")
                 db.save_file("packs", pid, Path(tmp))
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-            return len(data)
+            return size
 
         def copy_index(pid: str) -> None:
             db.save("index", pid, sb.load("index", pid, limit=MAX_DOC_BYTES), exclusive=True)
