@@ -8,44 +8,29 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import EnvironmentProblem, NotFoundError
 from ..vault.ingest import Ingester, StatCache
+from ..vault.transaction import Committed
 from .archive import archive_cache
 from .discover import usable_kinds
 from .roots import locations_to_snap
 from .snap_fingerprint import environment_fingerprint
 
-if TYPE_CHECKING:
-    from ..model.snapshot import Snapshot
 
 __all__ = ["CacheSnapResult", "CacheHook", "make_cache_hook", "take_cache_snapshot"]
 
 
-@dataclass(frozen=True)
-class CacheSnapResult:
+class CacheSnapResult(Committed):
     """A committed cache-only snapshot: its id and the validated record."""
 
-    id: str
-    snapshot: Snapshot
+    def extra_json(self) -> dict:
+        return {"caches": [c.to_dict() for c in self.snapshot.caches or ()]}
 
-    def to_json(self) -> dict:
-        s = self.snapshot
-        return {
-            "id": self.id,
-            "short_id": self.id[:12],
-            "created": s.created,
-            "message": s.message,
-            "venv": s.venv,
-            "caches": [c.to_dict() for c in s.caches or ()],
-            "new_bytes": s.stats.new_bytes,
-            "new_objects": s.stats.new_objects,
-            "seconds": s.stats.seconds,
-            "warnings": list(s.warnings),
-        }
+    def tail_json(self) -> dict:
+        return {"seconds": self.snapshot.stats.seconds}
 
 
 # What an environment's snap calls inside its transaction: (vault, the snap's ingester, its stat cache) ->

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,10 +13,10 @@ from envvault.crashpoints import crash_point
 from envvault.env.host import relevant_env
 from envvault.model.encoding import utc_timestamp as now
 from envvault.model.identity import fingerprint
-from envvault.model.snapshot import Snapshot, build_snapshot
+from envvault.model.snapshot import build_snapshot
 from envvault.output import ProgressSink
 from envvault.vault.store import Vault
-from envvault.vault.transaction import snapshot_transaction
+from envvault.vault.transaction import Committed, snapshot_transaction
 
 from .scan import host_facts_cached, scan_environment
 
@@ -26,30 +25,15 @@ if TYPE_CHECKING:
 
 __all__ = ["take_snapshot", "SnapResult"]
 
-@dataclass(frozen=True)
-class SnapResult:
+class SnapResult(Committed):
     """A committed snapshot: its id and the validated record."""
 
-    id: str
-    snapshot: Snapshot
-
-    def to_json(self) -> dict:
+    def extra_json(self) -> dict:
         s = self.snapshot
-        return {
-            "id": self.id,
-            "short_id": self.id[:12],
-            "created": s.created,
-            "message": s.message,
-            "venv": s.venv,
-            "packages": len(s.packages),
-            "files": s.stats.files,
-            "bytes": s.stats.bytes,
-            "new_bytes": s.stats.new_bytes,
-            "new_objects": s.stats.new_objects,
-            "lock_only": s.lock_only,
-            "fingerprint": s.fingerprint,
-            "warnings": list(s.warnings),
-        }
+        return {"packages": len(s.packages), "files": s.stats.files, "bytes": s.stats.bytes}
+
+    def tail_json(self) -> dict:
+        return {"lock_only": self.snapshot.lock_only, "fingerprint": self.snapshot.fingerprint}
 
 
 def take_snapshot(

@@ -16,7 +16,8 @@ holds the exclusive lock itself and commits no snapshot, copies objects with :fu
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
 
 from envvault.vault.packs import PackWriter
 
@@ -24,7 +25,28 @@ if TYPE_CHECKING:
     from envvault.model.snapshot import Snapshot
     from envvault.vault.store import Vault
 
-__all__ = ["SnapshotTransaction", "snapshot_transaction", "pack_writing"]
+__all__ = ["Committed", "SnapshotTransaction", "snapshot_transaction", "pack_writing"]
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A snapshot a transaction committed: its id and the validated record. ``to_json`` gives what every
+    snap's ``--json`` prints of it; a snap's own result adds its fields (``extra_json``)."""
+
+    id: str
+    snapshot: "Snapshot"
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.snapshot
+        return {"id": self.id, "short_id": self.id[:12], "created": s.created, "message": s.message,
+                "venv": s.venv, **self.extra_json(), "new_bytes": s.stats.new_bytes,
+                "new_objects": s.stats.new_objects, **self.tail_json(), "warnings": list(s.warnings)}
+
+    def extra_json(self) -> dict[str, Any]:
+        return {}
+
+    def tail_json(self) -> dict[str, Any]:
+        return {}
 
 
 @contextmanager
