@@ -38,7 +38,6 @@ checkpoint stamps (``envvault/torch/stamp_io.py``: a stamp added to a checkpoint
 from __future__ import annotations
 
 import os
-import signal
 import threading
 
 __all__ = ["crash_point", "ENV"]
@@ -61,4 +60,6 @@ def crash_point(name: str) -> None:
         _counts[name] = _counts.get(name, 0) + 1
         hit = _counts[name] >= int(nth or 1)
     if hit:
+        import signal
+
         os.kill(os.getpid(), signal.SIGKILL)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from envvault.cli import cli, python_option as cli_python_option
 from envvault.env.probe import find_target
-from envvault.model.heads import SnapshotHead
 from envvault.model.snapshot import Host
 from envvault.output import Progress, emit_json, human_bytes, style
 from envvault.vault.store import Vault
+
+if TYPE_CHECKING:  # list's rows; status and restore, which import this module, never need them
+    from envvault.model.heads import SnapshotHead
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 _venv_only = click.option(

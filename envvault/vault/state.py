@@ -13,8 +13,6 @@ a vault on another backend keeps them in a local folder of its own.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -102,6 +100,9 @@ class LocalState:
     @contextmanager
     def scratch_dir(self, prefix: str = "restore-") -> Iterator[Path]:
         """A temporary folder under ``tmp_dir`` (same filesystem as a local vault's packs), removed afterwards."""
+        import shutil  # (and tempfile: only commands that restore need a scratch folder)
+        import tempfile
+
         self.tmp_dir.mkdir(exist_ok=True)
         path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.tmp_dir))
         try:
