@@ -148,7 +148,10 @@ def record_line(row: RecordEntry) -> str:
 def build_id(rows: Iterable[RecordEntry], dist: DistLayout) -> str:
     """BLAKE3 over the sorted RECORD lines that neither the installer generated nor it rewrites (files in the
     scripts folder). Needs RECORD only, never file contents, so a lock-only scan gets the same id."""
-    lines = sorted(record_line(r) for r in rows if not is_generated(r, dist) and not is_script(r.path, dist))
+    # Not generated and not a script: bytecode, the installer's dist-info files and every file of the scripts
+    # folder (launchers among them: ``is_generated``'s last case lies inside ``is_script``) are left out.
+    lines = sorted(record_line(r) for r in rows
+                   if not (is_bytecode(r.path) or _is_installer_file(r.path, dist) or is_script(r.path, dist)))
     return blake3.blake3("\n".join(lines).encode()).hexdigest()
 
 
