@@ -53,6 +53,17 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory):
         server.stop()
 
 
+@pytest.fixture
+def aws(s3_server, monkeypatch):
+    """The moto server with this process's AWS variables pointing at it (and no profile, region or token of
+    the machine's in the way): for tests that open an ``S3Backend`` in the test process itself."""
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    return s3_server
+
+
 @pytest.fixture(scope="session")
 def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv with real torch 2.13.0+cpu and numpy, installed by pip from this machine's disk.

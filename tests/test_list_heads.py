@@ -41,13 +41,19 @@ def test_heads_are_the_documents_and_saved(vault: Vault, monkeypatch):  # noqa: 
     assert snapshot_heads(vault) == listed[:2]
 
 
-def test_a_new_node_lists_a_bucket_from_heads(s3_server, tmp_path: Path, make_venv, wheelhouse):  # noqa: F811
+def _bucket_with_one_snap(s3_server, tmp_path: Path, make_venv, wheelhouse, message: str) -> tuple[str, str, str]:
+    """``(bucket, url, snapshot id)``: a fresh bucket vault into which node "a" snapped a lock-only venv."""
     bucket = s3_server.bucket()
     url = f"s3://{bucket}/v"
-    a = node(s3_server, tmp_path, "a", url)
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.TORCH_CU128])
-    sid = jrun(a, "snap", "--lock-only", "--no-caches", "--venv", venv, "-m", "run -1")["id"]
+    sid = jrun(node(s3_server, tmp_path, "a", url), "snap", "--lock-only", "--no-caches", "--venv", venv, "-m",
+               message)["id"]
+    return bucket, url, sid
+
+
+def test_a_new_node_lists_a_bucket_from_heads(s3_server, tmp_path: Path, make_venv, wheelhouse):  # noqa: F811
+    bucket, url, sid = _bucket_with_one_snap(s3_server, tmp_path, make_venv, wheelhouse, "run -1")
     from envvault.vault.s3 import S3Backend
 
     with pytest.MonkeyPatch.context() as mp:
@@ -81,12 +87,7 @@ def test_snaps_share_their_heads_so_a_new_node_lists_in_a_few_requests(s3_server
 
     from envvault.model.snapshot import parse_snapshot
 
-    bucket = s3_server.bucket()
-    url = f"s3://{bucket}/v"
-    a = node(s3_server, tmp_path, "a", url)
-    venv = make_venv("uv")
-    uv_install(venv, wheelhouse[C.TORCH_CU128])
-    sid = jrun(a, "snap", "--lock-only", "--no-caches", "--venv", venv, "-m", "run -1")["id"]
+    bucket, url, sid = _bucket_with_one_snap(s3_server, tmp_path, make_venv, wheelhouse, "run -1")
     assert len([k for k in s3_server.keys(bucket, "v/heads/") if k.endswith(".json")]) == 1, "the snap shared"
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
@@ -130,12 +131,7 @@ def test_hostile_heads_objects_are_bounded_and_never_passed_on(s3_server, tmp_pa
     from envvault.model.snapshot import parse_snapshot
     from envvault.vault import s3_heads
 
-    bucket = s3_server.bucket()
-    url = f"s3://{bucket}/v"
-    a = node(s3_server, tmp_path, "a", url)
-    venv = make_venv("uv")
-    uv_install(venv, wheelhouse[C.TORCH_CU128])
-    sid = jrun(a, "snap", "--lock-only", "--no-caches", "--venv", venv, "-m", "real")["id"]
+    bucket, url, sid = _bucket_with_one_snap(s3_server, tmp_path, make_venv, wheelhouse, "real")
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("ENVVAULT_CACHE_DIR", str(tmp_path / "cache-w"))

@@ -19,15 +19,6 @@ from envvault.vault.objcache import ObjectCache
 from envvault.vault.s3 import S3Backend
 
 
-@pytest.fixture
-def aws(s3_server, monkeypatch):
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in s3_server.env().items():
-        monkeypatch.setenv(k, v)
-    return s3_server
-
-
 def test_contract(aws):
     b = S3Backend(f"s3://{aws.bucket()}/team/vault")
     assert isinstance(b, Backend)

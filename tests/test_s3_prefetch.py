@@ -6,20 +6,10 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 
 from envvault.model.encoding import object_id
 from envvault.vault.objcache import ObjectCache
 from envvault.vault.s3 import S3Backend
-
-
-@pytest.fixture
-def aws(s3_server, monkeypatch):
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in s3_server.env().items():
-        monkeypatch.setenv(k, v)
-    return s3_server
 
 
 def _packs(b: S3Backend, tmp_path, n: int) -> dict[str, bytes]:

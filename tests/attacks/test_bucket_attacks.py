@@ -22,16 +22,12 @@ DEEP = b"[" * 200_000 + b"]" * 200_000
 
 
 @pytest.fixture
-def bucket(s3_server, monkeypatch):
+def bucket(aws):
     """``(backend, raw obstore store, prefix)`` of an empty vault prefix in a fresh bucket, with a node cache."""
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in s3_server.env().items():
-        monkeypatch.setenv(k, v)
-    name = s3_server.bucket()
+    name = aws.bucket()
     backend = S3Backend(f"s3://{name}/v")
     backend.cache = ObjectCache(Path(tempfile.mkdtemp()) / "objects", limit=1 << 30)
-    return backend, s3_server._store(name), "v/"
+    return backend, aws._store(name), "v/"
 
 
 def test_deeply_nested_heads_and_bundles_are_ignored(bucket):
