@@ -153,6 +153,7 @@ def test_hostile_heads_objects_are_bounded_and_never_passed_on(s3_server, tmp_pa
                for k in s3_server.keys(bucket, "v/heads/") if k.endswith(".json") and k not in hostile]
     merged = [w for w in written if new in w["heads"]]
     assert len(merged) == 1, written
+    assert f"v/heads/{object_id(garbage)}.json" not in s3_server.keys(bucket, "v/heads/")  # read, so merged away
     from envvault.model.heads import parse_head
 
     heads = merged[0]["heads"]

@@ -74,11 +74,12 @@ class HeadShare:
                 continue
             budget -= len(data)
             self._objects[hid] = frozenset(heads)
-            out.update((sid, h) for sid, h in heads.items() if isinstance(h, dict))
+            out.update((sid, h) for sid, h in heads.items() if isinstance(h, dict) and _valid(h))
         return out
 
     def shared(self, ids: set[str]) -> dict[str, dict]:
-        """The heads the bucket holds of ``ids`` (unparsed: the caller parses each)."""
+        """The heads the bucket holds of ``ids`` (each parsed once to be kept; the caller parses it again into
+        its record)."""
         return {sid: h for sid, h in self._load().items() if sid in ids}
 
     def remember(self, heads: dict[str, dict], computed: int) -> None:
@@ -103,14 +104,16 @@ class HeadShare:
             listed = set(self.backend.list("snapshots"))
         except (StorageError, OSError):
             return None
-        heads = {k: v for k, v in existing.items() if k in listed and _valid(v)}  # never pass on garbage
+        heads = {k: v for k, v in existing.items() if k in listed}  # (``_load`` kept only heads that parse)
         heads[sid] = head
         self._heads = heads
-        return self.write(gone=frozenset(existing.keys() - listed - {sid}))
+        # Every object read goes: what it held and this one does not is gc'd or did not parse.
+        read = frozenset().union(*(self._objects or {}).values())
+        return self.write(gone=read - heads.keys())
 
     def write(self, gone: frozenset[str] = frozenset()) -> str | None:
         """Write one heads object of every remembered head; delete the heads objects it covers (leaving out
-        ``gone``, ids no longer listed)."""
+        ``gone``: ids no longer listed, or whose heads did not parse)."""
         b = self.backend
         if not self._heads:
             return None
