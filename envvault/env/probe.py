@@ -62,7 +62,25 @@ facts = {
   "data": paths["data"], "include": paths.get("include"),
 }
 """
-_PROBE = _FACTS + "print(json.dumps(facts))\n"
+# Runs inside a venv's interpreter with -I -S: site is not imported, so no .pth file in the environment runs
+# (a restored environment holds what a vault wrote). -S also skips site's venv step, so the venv's prefix and
+# paths are computed here as site.venv() and sysconfig would give them: the folder above the executable's
+# when pyvenv.cfg lies in either; the "venv" install scheme where the interpreter has one (3.11+), else its
+# default scheme, expanded with that prefix.
+_VENV = r"""
+exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+site_prefix = os.path.dirname(exe_dir)
+if any(os.path.isfile(os.path.join(d, "pyvenv.cfg")) for d in (exe_dir, site_prefix)):
+  names = sysconfig.get_scheme_names()
+  scheme = "venv" if "venv" in names else (
+    sysconfig.get_default_scheme() if hasattr(sysconfig, "get_default_scheme") else sysconfig._get_default_scheme())
+  at = {"base": site_prefix, "platbase": site_prefix, "installed_base": site_prefix,
+        "installed_platbase": site_prefix}
+  vpaths = sysconfig.get_paths(scheme, vars=at)
+  facts.update({"prefix": site_prefix, "purelib": vpaths["purelib"], "platlib": vpaths["platlib"],
+                "scripts": vpaths["scripts"], "data": vpaths["data"], "include": vpaths.get("include")})
+"""
+_PROBE = _FACTS + _VENV + "print(json.dumps(facts))\n"
 
 
 @dataclass(frozen=True)
@@ -235,7 +253,7 @@ def probe(prefix: Path) -> Interpreter:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
     try:
         out = subprocess.run(
-            [str(exe), "-I", "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env
+            [str(exe), "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise UsageError(f"cannot run {exe}: {err}; is the environment's base interpreter still installed?") from None

@@ -209,3 +209,22 @@ def test_a_fifo_or_dev_zero_in_a_dist_info_does_not_hang_a_snap(tmp_path, make_v
     assert proc.returncode not in (0, 70), proc
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "not a regular file" in lines[0], proc.stderr
+
+
+def test_no_pth_file_of_the_environment_runs_when_envvault_asks_its_interpreter(tmp_path, make_venv):
+    """A restored environment holds what a vault wrote, a .pth file included: envvault asks a venv's
+    interpreter about itself with -I -S, so no .pth file runs (it ran on every probe before, during a restore's
+    verify scan too). The answer still names the venv's own prefix and site-packages."""
+    venv = make_venv("uv")
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    marker = tmp_path / "ran"
+    (site / "evil.pth").write_text(f"import os; open({str(marker)!r}, 'w').write(str(os.getpid()))\n")
+    proc = subprocess.run([sys.executable, "-m", "envvault", "--vault", str(tmp_path / "vault"), "snap", "--venv",
+                           str(venv), "--no-caches", "--json"], capture_output=True, text=True, timeout=120,
+                          env=ev_env(tmp_path / "vault"))
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists(), "a .pth file of the environment ran"
+    from envvault.env.probe import probe
+
+    info = probe(venv)
+    assert info.prefix == venv and info.purelib == site and not marker.exists()
