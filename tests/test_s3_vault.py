@@ -259,7 +259,9 @@ def test_a_stamped_checkpoint_finds_its_bucket_on_another_node(s3_server, bucket
     b.pop("ENVVAULT_HOME")
     out = jrun(b, "restore", ckpt, "--into", tmp_path / "fresh", "--dry-run")
     assert out["restored"] == sid, out
-    assert "no differences" in run(b, "diff", ckpt, sid).stdout
+    diffed = run(b, "diff", ckpt, sid)
+    assert "no differences" in diffed.stdout
+    assert f"using the vault the checkpoint's stamp names, {url}" in diffed.stderr  # said, never silent
     # with --vault naming another vault, the stamp does not override it
     proc = run(b, "--vault", str(tmp_path / "elsewhere"), "restore", ckpt, "--into", tmp_path / "x", "--dry-run",
                check=False)

@@ -76,6 +76,10 @@ def _open_for(ctx: click.Context, *args: str) -> Vault:
         url = next(filter(None, map(_stamp_url, args)), None)
         if url:
             ctx.obj["vault_path"] = url
+            # The checkpoint chose the vault: whoever wrote it chose what is read (say so; --vault or
+            # $ENVVAULT_HOME keeps a checkpoint from someone else to the vaults the user names).
+            click.echo(f"using the vault the checkpoint's stamp names, {url} (pass --vault to use another)",
+                       err=True)
     return open_vault(ctx)
 
 
