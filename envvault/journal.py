@@ -28,6 +28,7 @@ __all__ = [
     "JOURNAL_NAME",
     "JOURNAL_LIMIT",
     "interrupted_restore",
+    "is_dist_info_name",
     "journal_file",
     "Paths",
     "TMP_RE",
@@ -164,6 +165,13 @@ def prune_empty(dirs: set[str], protected: set[str]) -> None:
             d = os.path.dirname(d)
 
 
+def is_dist_info_name(rel: str) -> bool:
+    """Whether the last component of ``rel`` names a dist-info folder (``<name>-<version>.dist-info``): the
+    only kind of folder a journal may ask ``recover`` to remove (the planner journals no other)."""
+    name = rel.rpartition("/")[2]
+    return name.endswith(".dist-info") and len(name) > len(".dist-info")
+
+
 def recover(target: Path, journal: Journal) -> None:
     """Undo what a killed restore left half-made, before the environment is scanned: staged temp files,
     dist-info folders it had begun to create (no METADATA or RECORD yet) and the folders made for them.
@@ -172,8 +180,8 @@ def recover(target: Path, journal: Journal) -> None:
     dirs = list(journal.staging_dirs)
     clean_temps(target, dirs + [""], paths)
     for rel in journal.dist_infos:
-        if paths.check(rel) is not None:
-            continue
+        if not isinstance(rel, str) or not is_dist_info_name(rel) or paths.check(rel) is not None:
+            continue  # only a dist-info folder is ever removed (a journal is the vault's word, not ours)
         full = paths.abs(rel)
         if os.path.isdir(full) and not os.path.islink(full) and not (
                 os.path.exists(os.path.join(full, "METADATA")) and os.path.exists(os.path.join(full, "RECORD"))):

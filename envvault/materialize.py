@@ -38,7 +38,7 @@ from envvault.vault.fsutil import storage_error
 from envvault.vault.ingest import b64_sha256
 from envvault.vault.store import ObjectReader
 
-__all__ = ["FileSpec", "Staged", "TempName", "refuse_escapes", "stage", "discard", "place",
+__all__ = ["FileSpec", "Staged", "TempName", "refuse_escapes", "stage", "stored_bytes", "discard", "place",
            "place_link", "pack_position", "FINAL_NAME", "WORKERS"]
 
 TempName = Callable[[str], str]  # final absolute path -> the temp path beside it
@@ -80,6 +80,25 @@ class Staged:
     final: str
     sha256: str | None  # as computed while writing (None for a symlink)
     st: os.stat_result | None = None  # the file's stats as written, when written under its final name
+
+
+def stored_bytes(reader, f, owner: str | None = None) -> bytes:
+    """The bytes of a stored manifest file ``f`` (its ``chunks``, each checked against its id by ``reader``:
+    an ``ObjectReader`` or a ``Vault``), for a file read whole into memory (a RECORD, a script to rewrite, a
+    provenance file, entry points). ``CorruptError`` as soon as the chunks add up to more than ``f.size``:
+    a few KiB of manifest never asks for more memory than the file it describes."""
+    limit = int(f.size or 0)
+    parts: list[bytes] = []
+    total = 0
+    for oid in f.chunks or ():
+        data = reader.get(oid)
+        total += len(data)
+        if total > limit:
+            who = f" ({owner})" if owner else ""
+            raise CorruptError(f"{f.path}{who}: the vault's objects make more than the {limit} bytes recorded; "
+                               "run `envvault verify`")
+        parts.append(bytes(data))
+    return b"".join(parts)
 
 
 # -- before anything is written --------------------------------------------------------------------
@@ -188,8 +207,10 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
         size = 0
         try:
             for data in ((spec.data,) if spec.data is not None else map(reader.get, spec.chunks)):
-                h.update(data)
                 size += len(data)
+                if size > spec.size:
+                    break  # more than recorded: nothing past the recorded size is written
+                h.update(data)
                 while data:
                     n = os.write(fd, data)
                     data = data[n:]
@@ -201,7 +222,8 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
         raise storage_error(err, final) from None
     sha = b64_sha256(h.digest())
     if size != spec.size or (spec.sha256 is not None and sha != spec.sha256):
-        why = f"{size} bytes, recorded {spec.size}" if size != spec.size else "sha256 differs"
+        why = ("sha256 differs" if size == spec.size else f"{size} bytes, recorded {spec.size}" if size < spec.size
+               else f"more than the {spec.size} bytes recorded")
         owner = f" ({spec.owner})" if spec.owner else ""
         raise CorruptError(f"{spec.path}{owner}: the vault's objects do not make the archived file ({why}); "
                            "nothing was renamed into place; run `envvault verify`")

@@ -151,7 +151,7 @@ def triton_cache_dir(env: Mapping[str, str] = os.environ) -> tuple[Path, str]:
     home = env.get("TRITON_HOME")
     if home is not None:
         return Path(os.path.abspath(os.path.join(home, ".triton", "cache"))), "TRITON_HOME"
-    return Path(os.path.join(_home(env), ".triton", "cache")), "default under the home directory"
+    return Path(os.path.abspath(os.path.join(_home(env), ".triton", "cache"))), "default under the home directory"
 
 
 def torch_extensions_dir(env: Mapping[str, str] = os.environ) -> tuple[Path, str]:
@@ -173,7 +173,7 @@ def cuda_cache_dir(env: Mapping[str, str] = os.environ) -> tuple[Path, str]:
     value = env.get("CUDA_CACHE_PATH")
     if value:
         return Path(os.path.abspath(value)), "CUDA_CACHE_PATH"
-    return Path(os.path.join(_home(env), ".nv", "ComputeCache")), "default under the home directory"
+    return Path(os.path.abspath(os.path.join(_home(env), ".nv", "ComputeCache"))), "default under the home directory"
 
 
 def _getuser(env: Mapping[str, str]) -> str:

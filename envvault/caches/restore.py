@@ -171,8 +171,10 @@ def cache_roots(env: Mapping[str, str], venv: Path | None, vault_settings: dict)
 
 
 def _trusted(root: str, trusted: set[str]) -> bool:
+    """Whether ``root`` lies in a trusted cache directory: real paths only (never the text as given, whose
+    ``..`` or symlinks could lead elsewhere)."""
     real = os.path.realpath(root)
-    return any(_within(candidate, t) for t in trusted for candidate in (root, real))
+    return any(_within(real, os.path.realpath(t)) for t in trusted)
 
 
 # -- fingerprints and where torch looks ------------------------------------------------------------

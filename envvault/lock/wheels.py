@@ -21,6 +21,7 @@ from envvault.model.identity import (
 )
 from envvault.model.manifest import DistManifest, FileEntry, as_dist_manifest, parse_file_entry
 from envvault.model.record import RecordEntry, format_record, record_sha256
+from envvault.materialize import stored_bytes
 from envvault.model.snapshot import PythonInfo, as_python
 from envvault.vault.fsutil import tmp_name
 from envvault.vault.store import ObjectReader, Vault
@@ -167,7 +168,7 @@ def _console_scripts(reader: ObjectReader, man: DistManifest) -> set[str]:
     di = man.dist_info_name
     for f in man.files:
         if f.record == f"{di}/entry_points.txt" and f.chunks is not None:
-            text = b"".join(_file_bytes(reader, f)).decode("utf-8", "replace")
+            text = stored_bytes(reader, f, f"{man.name} {man.version}").decode("utf-8", "replace")
             names, section = set(), None
             for line in text.splitlines():
                 line = line.strip()

@@ -236,6 +236,8 @@ def parse_manifest(doc: object, where: str = "cache manifest") -> CacheManifest:
         problems.append("cache_kind: expected a string")
     if not isinstance(root, str) or not root.startswith("/"):
         problems.append("root: expected an absolute path")
+    elif "\x00" in root or (root != "/" and any(p in ("", ".", "..") for p in root[1:].split("/"))):
+        problems.append(f"root {root!r} is not a normalised absolute path (a NUL, or a '.', '..' or empty part)")
     fingerprint = None
     if doc.get("fingerprint") is not None:
         try:

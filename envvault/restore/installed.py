@@ -8,12 +8,16 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
+from envvault.errors import CorruptError
+from envvault.materialize import stored_bytes
 from envvault.model.identity import normalise_script
 from envvault.model.manifest import DistManifest
 from envvault.model.record import format_record, parse_record
 from envvault.model.snapshot import PythonInfo
+from envvault.safepaths import FinalTree
 
-__all__ = ["find_dist_info", "installed_script", "read_record", "reapply_state", "replace_file", "shebang"]
+__all__ = ["find_dist_info", "installed_script", "read_record", "reapply_state", "replace_file", "shebang",
+           "stored_record"]
 
 _MAX_SHEBANG = 127  # what Linux reads of a ``#!`` line
 
@@ -41,6 +45,17 @@ def read_record(text: str) -> list[list[str]]:
     return [e.to_row() for e in parse_record(text)[0]]
 
 
+def stored_record(reader, f, owner: str) -> list[list[str]]:
+    """The rows of a RECORD stored in the vault (manifest entry ``f`` of distribution ``owner``): its bytes
+    bounded by its recorded size (``materialize.stored_bytes``), ``CorruptError`` when they are not UTF-8."""
+    data = stored_bytes(reader, f, owner)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptError(f"{f.path} ({owner}): the stored RECORD is not UTF-8; run `envvault verify`") from None
+    return read_record(text)
+
+
 def reapply_state(vault, dest: Path, python: PythonInfo, man: DistManifest) -> None:
     """Make edited / deleted files as they were at snapshot time, with the RECORD rows the snapshot had."""
     di = man.dist_info or ""
@@ -48,7 +63,7 @@ def reapply_state(vault, dest: Path, python: PythonInfo, man: DistManifest) -> N
     original = next((f for f in man.files if f.record == record_rel and f.chunks is not None), None)
     if original is None:
         return
-    old_rows = {row[0]: row for row in read_record(b"".join(vault.get(c) for c in original.chunks).decode("utf-8"))}
+    old_rows = {row[0]: row for row in stored_record(vault, original, f"{man.name} {man.version}")}
     new_dist_info = find_dist_info(dest, python, PurePosixPath(di).name)
     if new_dist_info is None:
         return
@@ -64,15 +79,24 @@ def reapply_state(vault, dest: Path, python: PythonInfo, man: DistManifest) -> N
         if old is None:
             continue
         if f.state == "missing":
-            try:
-                os.unlink(os.path.normpath(site / rec))
-            except FileNotFoundError:
-                pass
+            _unlink_inside(dest, site, rec)
         if rec in by_path:
             rows[by_path[rec]] = old
         else:
             rows.insert(len(rows) - 1, old)
     replace_file(record_path, format_record(rows).encode("utf-8"))
+
+
+def _unlink_inside(dest: Path, site: Path, rec: str) -> None:
+    """Remove the file a RECORD path ``rec`` (relative to ``site``) names, only when it lies inside ``dest``
+    and no symlink on its way leads out of it (safepaths.FinalTree); a path outside is left alone."""
+    rel = os.path.relpath(os.path.normpath(site / rec), os.path.normpath(dest)).replace(os.sep, "/")
+    if rel == "." or rel == ".." or rel.startswith("../") or FinalTree(dest).write_problem(rel) is not None:
+        return
+    try:
+        os.unlink(dest / rel)
+    except FileNotFoundError:
+        pass
 
 
 def replace_file(path: Path, data: bytes) -> None:

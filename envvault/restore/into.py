@@ -22,7 +22,9 @@ import hashlib
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import Iterator
 
 from envvault import materialize
 from envvault.diff import diff_snapshots
@@ -35,7 +37,8 @@ from envvault.model.manifest import DistManifest
 from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.model.snapshot import PackageSummary, PythonInfo, Snapshot
 from envvault.restore.managed import refuse_uncopyable, venv_manifest, venv_view
-from envvault.restore.installed import find_dist_info, installed_script, read_record, reapply_state, replace_file
+from envvault.restore.installed import (find_dist_info, installed_script, read_record, reapply_state, replace_file,
+                                        stored_record)
 from envvault.restore.result import RestoreResult
 from envvault.vault.fsutil import makedirs_recording
 from envvault.vault.store import ObjectReader
@@ -91,7 +94,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         venv_warning = make_venv(dest, python)
         if venv_warning:
             warnings.append(venv_warning)
-        try:
+        with _removed_on_failure(dest, created):
             python_exe = dest / "bin" / "python"
             if lock_entries is not None:
                 sync_from_lock(sid, snapshot, lock_entries, python_exe, reinstall=[], work=work)
@@ -111,16 +114,14 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
                 from envvault.restore.apply import populate_statcache
 
                 populate_statcache(vault, dest, staged)  # the verification stats, never re-reads
-        except BaseException:
-            if created:
-                shutil.rmtree(dest, ignore_errors=True)
-            raise
-    after = scan_current(vault, dest, facts=False)
-    remaining = diff_snapshots(after, snapshot, vault=vault, old_label=str(dest), new_label=sid[:12], scope="environment")
+    with _removed_on_failure(dest, created):  # the verification too: a failure leaves no half-built venv
+        after = scan_current(vault, dest, facts=False)
+        remaining = diff_snapshots(after, snapshot, vault=vault, old_label=str(dest), new_label=sid[:12],
+                                   scope="environment")
+        differs = _provenance_differences(dest, python, provenance) + _pyvenv_differences(dest, pyvenv)
     python_ok = not any(k in remaining.python for k in ("implementation", "abi", "soabi", "platform"))
     for k, (o, n) in remaining.python.items():
         warnings.append(f"python {k} is {o}, the snapshot had {n}")
-    differs = _provenance_differences(dest, python, provenance) + _pyvenv_differences(dest, pyvenv)
     warnings.extend(differs)
     verified = remaining.packages_empty and python_ok and not differs
     return RestoreResult(
@@ -130,6 +131,17 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         plan={"python": python.version, "install": names},
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
     )
+
+
+@contextmanager
+def _removed_on_failure(dest: Path, created: bool) -> Iterator[None]:
+    """Remove the half-built venv at ``dest`` (when this restore created the folder) if the body fails."""
+    try:
+        yield
+    except BaseException:
+        if created:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
 
 
 def _write_all(vault, sid: str, python: PythonInfo, packages: tuple[PackageSummary, ...], dest: Path,
@@ -161,7 +173,7 @@ def _specs_of(reader, p: PackageSummary, man: DistManifest, python: PythonInfo, 
               wanted: dict | None) -> list[FileSpec]:
     """The files of one distribution as an installer of its wheel leaves them (see the module doc)."""
     def stored(f) -> bytes:
-        return b"".join(bytes(reader.get(c)) for c in f.chunks)
+        return materialize.stored_bytes(reader, f, f"{p.name} {p.version}")
 
     layout = dist_layout(man, python)
     di = man.dist_info_name or ""
@@ -191,7 +203,7 @@ def _specs_of(reader, p: PackageSummary, man: DistManifest, python: PythonInfo, 
         if data is not None and path not in written:  # recorded, but not as a RECORD file (lock facts)
             specs.append(FileSpec(path, (), len(data), None, 0o644, None, p.name, data))
     if record_entry is not None and record_entry.chunks is not None:
-        rows = read_record(stored(record_entry).decode("utf-8"))
+        rows = stored_record(reader, record_entry, f"{p.name} {p.version}")
     else:  # not stored: the rows the manifest recorded
         rows = [[f.record, f"sha256={f.sha256}" if f.sha256 else "", "" if f.size is None else str(f.size)]
                 for f in man.files]
@@ -234,7 +246,7 @@ def _wanted_provenance(vault, man: DistManifest) -> dict[str, tuple[bytes | None
         if listed and f.state == "missing":
             out[name] = (None, False)
         elif listed and f.chunks is not None:
-            out[name] = (b"".join(bytes(vault.get(c)) for c in f.chunks), True)
+            out[name] = (materialize.stored_bytes(vault, f, f"{man.name} {man.version}"), True)
         elif name == "INSTALLER":
             out[name] = (f"{man.installer}\n".encode() if man.installer else None, listed)
         elif name == "REQUESTED":

@@ -8,12 +8,14 @@ prints exactly this plan.
 
 from __future__ import annotations
 
+import fnmatch
 import posixpath
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from envvault.diff import DiffResult, diff_snapshots, exec_change
 from envvault.errors import RefusedError
+from envvault.journal import is_dist_info_name
 from envvault.model.identity import is_bytecode
 from envvault.model.manifest import DistManifest
 from envvault.model.snapshot import PackageSummary, PythonInfo, Snapshot
@@ -135,6 +137,22 @@ def _same(snap: PackageSummary, cur: PackageSummary) -> bool:
     )
 
 
+def _site_dirs(*pythons: PythonInfo) -> set[str]:
+    return {posixpath.normpath(d).strip("/") for py in pythons
+            for d in (py.purelib, py.platlib, *(py.sites or ())) if isinstance(d, str) and d}
+
+
+def _in_site_dir(rel: str, site_dirs: set[str]) -> bool:
+    """Whether ``rel`` is a dist-info folder lying directly in one of ``site_dirs`` (relative to the environment;
+    none known: a ``lib*/python*/site-packages`` folder, as a venv has)."""
+    if not is_dist_info_name(rel):
+        return False
+    parent = posixpath.dirname(rel)
+    if site_dirs:
+        return parent in site_dirs
+    return fnmatch.fnmatchcase(parent, "lib*/python*/site-packages")
+
+
 def make_plan(
     snapshot_id: str,
     snapshot: Snapshot,
@@ -186,6 +204,7 @@ def make_plan(
     absent: set[str] = set()
     install_names: list[str] = []
     dist_infos: list[str] = []
+    site_dirs = _site_dirs(snapshot.python, now.python)
     replaced: list[CurrentDist] = []
     for p, cur in to_install:
         label = f"{p.name} {p.version}"
@@ -235,7 +254,8 @@ def make_plan(
             writes.append(FileWrite(path, tuple(chunks), int(f.size or 0), f.sha256, mode, None, p.name))
         if isinstance(mdi, str) and check_rel_path(mdi) is None:
             owned.add(mdi)
-            dist_infos.append(mdi)
+            if _in_site_dir(mdi, site_dirs):  # journalled: a killed restore's half-made one is removed
+                dist_infos.append(mdi)
     if problems:
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
         raise RefusedError(f"refusing to restore {snapshot_id[:12]}: its manifests name paths outside the environment: {shown}")

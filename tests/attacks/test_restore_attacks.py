@@ -291,3 +291,253 @@ def test_final_tree_follows_links_already_on_disk(tmp_path):
     assert "leads outside" in tree.link_problem("y", "up/root/d")  # out and back in: still refused
     assert "leads outside" in tree.write_problem("up/f")
     assert tree.write_problem("abs-in/f") is None
+
+
+# -- hostile manifests against lock-only restores, --into, journals, caches (attack round 2) -------------------
+
+
+def _dist(name: str, files: list[dict], **over) -> dict:
+    man = {"kind": "dist", "format": 1, "name": name, "version": "1.0", "build_id": "e" * 64, "state_id": "e" * 64,
+           "dist_info": f"{SP}/{name}-1.0.dist-info", "installer": "pip", "requested": True, "wheel": {},
+           "direct_url": None, "record": "ok", "build_info": None, "files": files}
+    man.update(over)
+    return man
+
+
+def _forge(vault_path: Path, base_sid: str, mans: list[dict], blobs: list[bytes]) -> str:
+    from envvault.model.encoding import object_id
+    from envvault.vault.store import Vault
+
+    vault = Vault.open(vault_path)
+    return forge_snapshot(vault, vault.load_snapshot(base_sid).doc, mans, {object_id(b): b for b in blobs})
+
+
+def test_lock_only_restore_never_unlinks_a_missing_file_outside_the_environment(box, tmp_path):
+    """A stored "edited" copy whose missing file's RECORD path climbs out of site-packages: re-applying the
+    snapshot's state (installed.reapply_state) must not delete the file it names outside the venv."""
+    import json
+
+    from envvault.vault.store import Vault
+
+    vault, venv, decoy, sid = box
+    victim = decoy / "keep.txt"
+    rec_row = "../" * 16 + str(victim).lstrip("/")
+    init, meta = b"X = 1\n", b"Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n"
+    wheel = b"Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = (f"evil/__init__.py,sha256={_b64(init)},{len(init)}\n"
+              f"evil-1.0.dist-info/METADATA,sha256={_b64(meta)},{len(meta)}\n"
+              f"evil-1.0.dist-info/WHEEL,sha256={_b64(wheel)},{len(wheel)}\n"
+              f"{rec_row},sha256=AAAA,1\nevil-1.0.dist-info/RECORD,,\n").encode()
+    di = f"{SP}/evil-1.0.dist-info"
+
+    def f(path, rec, data, **kw):
+        return {**_file(path, data), "record": rec, **kw}
+
+    files = [f(f"{SP}/evil/__init__.py", "evil/__init__.py", init),
+             f(f"{di}/METADATA", "evil-1.0.dist-info/METADATA", meta),
+             f(f"{di}/WHEEL", "evil-1.0.dist-info/WHEEL", wheel),
+             f(f"{di}/RECORD", "evil-1.0.dist-info/RECORD", record, state="unhashed"),
+             {"path": "victim.txt", "record": rec_row, "state": "missing", "sha256": "AAAA", "size": 1}]
+    man = _dist("evil", files, wheel={"tags": ["py3-none-any"], "root_is_purelib": True, "build": None,
+                                       "generator": "x"})
+    full = _forge(vault, sid, [man], [init, meta, wheel, record])
+    v = Vault.open(vault)
+    doc = json.loads(json.dumps(v.load_snapshot(full).doc))
+    doc["packages"][0]["missing"] = ["victim.txt"]  # the stored copy is "edited": its state is re-applied
+    doc["message"] = "edited copy"
+    v.commit_snapshot(doc)
+    (Path(vault) / "snapshots" / f"{full}.json").unlink()  # only the edited copy stays
+    lock = v.commit_snapshot(dict(doc, lock_only=True, message="lock-only"))
+    before_decoy = tree_state(decoy)
+    proc = ev(vault, "restore", lock, "--venv", venv, "--no-backup", check=False)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert victim.exists()
+    assert tree_state(decoy) == before_decoy
+    proc = ev(vault, "restore", lock, "--into", tmp_path / "into", check=False)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert tree_state(decoy) == before_decoy
+
+
+def test_cache_root_with_dotdot_is_refused_not_trusted(tmp_path):
+    """``<trusted cache dir>/../decoy`` reads as inside the trusted dir but is not: the manifest's root must be
+    normalised (model/cache.py), and the trust test compares real paths (caches/restore.py ``_trusted``)."""
+    from envvault.model.encoding import canonical_json, object_id
+    from envvault.vault.store import Vault
+    from tests.evtools import ev_env
+
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "keep.txt").write_text("decoy\n")
+    ic = tmp_path / "inductor"
+    ic.mkdir()
+    root = f"{ic}/../decoy"
+    payload = b"planted\n"
+    vault = Vault.open(tmp_path / "vault", create=True)
+    writer = vault.writer()
+    writer.add(object_id(payload), payload)
+    man = canonical_json({"format": 1, "kind": "cache", "cache_kind": "inductor", "root": root, "fingerprint": None,
+                          "files": [_cfile("authorized_keys", payload)]})
+    writer.add(object_id(man), man, "m")
+    writer.flush()
+    writer.close()
+    sid = vault.commit_snapshot({
+        "format": 1, "kind": "cache-snapshot", "created": "2026-11-29T00:00:00.000000Z", "message": "hostile",
+        "trigger": "cache-snap", "argv": ["envvault", "cache", "snap"], "venv": None, "lock_only": False,
+        "python": dict.fromkeys(("implementation", "version", "abi", "soabi", "platform")), "host": {}, "env": {},
+        "packages": [], "fingerprint": None, "warnings": [],
+        "caches": [{"kind": "inductor", "root": root, "manifest": object_id(man), "files": 1, "bytes": 0,
+                    "fingerprint": None, "warnings": []}]})
+    before_decoy, before_ic = tree_state(decoy), tree_state(ic)
+    env = {**ev_env(tmp_path / "vault"), "TORCHINDUCTOR_CACHE_DIR": str(ic)}
+    proc = ev(tmp_path / "vault", "cache", "restore", sid, env=env, check=False)
+    assert_one_line_error(proc, "refusing", "root", "not a normalised")
+    assert proc.returncode == 3
+    assert tree_state(decoy) == before_decoy and tree_state(ic) == before_ic
+
+
+def test_cache_root_trust_compares_real_paths():
+    from envvault.caches.restore import _trusted
+
+    assert not _trusted("/tmp/ic/../etc", {"/tmp/ic"})
+    assert _trusted("/tmp/ic/sub", {"/tmp/ic"})
+
+
+def test_a_hostile_dist_info_is_never_journalled_nor_removed_by_recovery(box):
+    """``dist_info: "lib"``: a restore that fails after its journal is written must not leave the next scan
+    (``status``) removing ``lib`` (journal.recover removes only a journalled ``*.dist-info`` folder)."""
+    vault, venv, decoy, sid = box
+    pkg = venv / SP / "userpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("precious = 1\n")
+    payload = b"x = 1\n"
+    files = [_file(f"{SP}/evil/__init__.py", payload),
+             _file(f"lib/python3.{sys.version_info[1]}", b"blocker")]  # a file where a folder is: the commit fails
+    evil = _forge(vault, sid, [_dist("evil", files, dist_info="lib")], [payload, b"blocker"])
+    proc = ev(vault, "restore", evil, "--venv", venv, "--no-backup", check=False)
+    assert_one_line_error(proc, "non-empty directory")
+    before_decoy = tree_state(decoy)
+    proc = ev(vault, "status", "--venv", venv, check=False)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert (pkg / "__init__.py").read_text() == "precious = 1\n"
+    assert (venv / "pyvenv.cfg").exists() and (venv / "bin" / "python").exists()
+    assert tree_state(decoy) == before_decoy
+
+
+def test_recover_removes_only_dist_info_folders(tmp_path):
+    from envvault.journal import recover
+    from envvault.model.journal import Journal
+
+    target = tmp_path / "env"
+    (target / "lib" / "site" / "half-1.0.dist-info").mkdir(parents=True)
+    (target / "lib" / "site" / "pkg").mkdir()
+    (target / "lib" / "site" / "pkg" / "x.py").write_text("x\n")
+    recover(target, Journal(snapshot="0" * 64, dist_infos=("lib", "lib/site/pkg", "lib/site/half-1.0.dist-info")))
+    assert (target / "lib" / "site" / "pkg" / "x.py").exists()
+    assert not (target / "lib" / "site" / "half-1.0.dist-info").exists()
+
+
+def test_into_removes_the_new_venv_when_its_verification_fails(box, tmp_path):
+    """A stored METADATA the scan cannot read: the verification after ``--into`` fails, and the half-built
+    venv goes with it (a rerun is not refused as "already an environment")."""
+    vault, venv, decoy, sid = box
+    di = f"{SP}/evil-1.0.dist-info"
+    meta = b"\xff\xfe\x00garbage"
+    record = f"evil-1.0.dist-info/METADATA,sha256={_b64(meta)},{len(meta)}\nevil-1.0.dist-info/RECORD,,\n".encode()
+    files = [{**_file(f"{di}/METADATA", meta), "record": "evil-1.0.dist-info/METADATA"},
+             {**_file(f"{di}/RECORD", record), "record": "evil-1.0.dist-info/RECORD", "state": "unhashed"}]
+    evil = _forge(vault, sid, [_dist("evil", files)], [meta, record])
+    into = tmp_path / "into"
+    for _ in range(2):
+        proc = ev(vault, "restore", evil, "--into", into, check=False)
+        assert_one_line_error(proc, "garbled")
+        assert proc.returncode == 7
+        assert not into.exists()
+
+
+_BIG = b"\0" * (32 << 20)  # compresses to a few KiB: repeated in a chunk list, a small vault names GiBs
+
+
+def test_into_refuses_a_stored_record_larger_than_recorded_before_joining_it(box, tmp_path):
+    """A RECORD recorded as 10 bytes whose chunk list repeats a 32 MiB object 40 times: refused (exit 5) as
+    soon as the chunks pass the recorded size, under a 1 GiB address-space limit (no 1.3 GB join)."""
+    from tests.attacks.craft import one_line, run_cli
+
+    vault, venv, decoy, sid = box
+    rec = {"path": f"{SP}/evil-1.0.dist-info/RECORD", "record": "evil-1.0.dist-info/RECORD", "sha256": None,
+           "size": 10, "mode": 0o644, "chunks": [_blake(_BIG)] * 40, "state": "unhashed"}
+    evil = _forge(vault, sid, [_dist("evil", [rec])], [_BIG])
+    into = tmp_path / "into"
+    rc, _out, err = run_cli(["restore", evil, "--into", into], vault=vault, timeout=120)
+    one_line(rc, err, 5, "evil 1.0", "more than the 10 bytes recorded")
+    assert not into.exists()
+
+
+def test_stored_bytes_stops_at_the_recorded_size():
+    from envvault.errors import CorruptError
+    from envvault.materialize import stored_bytes
+    from envvault.model.manifest import FileEntry
+
+    class Reader:
+        calls = 0
+
+        def get(self, oid):
+            Reader.calls += 1
+            return memoryview(b"x" * 8)
+
+    f = FileEntry(path="p/RECORD", record="RECORD", size=10, chunks=("a" * 64,) * 1000)
+    with pytest.raises(CorruptError, match="more than the 10 bytes"):
+        stored_bytes(Reader(), f, "pkg 1.0")
+    assert Reader.calls == 2
+    assert stored_bytes(Reader(), FileEntry(path="p", record="p", size=16, chunks=("a" * 64,) * 2)) == b"x" * 16
+
+
+def test_materialize_stops_writing_once_past_the_recorded_size(tmp_path):
+    """A file recorded as 10 bytes whose chunks repeat a 32 MiB object 60 times: staging stops at the first
+    chunk past the size (no 2 GB written from a few KiB of vault)."""
+    from envvault import materialize
+    from envvault.errors import CorruptError
+
+    class Reader:
+        index: dict = {}
+        calls = 0
+
+        def get(self, oid):
+            Reader.calls += 1
+            return memoryview(b"\0" * (1 << 20))
+
+    spec = materialize.FileSpec("big", ("a" * 64,) * 60, 10, None, 0o644, None, "evil")
+    with pytest.raises(CorruptError, match="more than the 10 bytes recorded"):
+        materialize.stage(Reader(), tmp_path, [spec], materialize.FINAL_NAME, workers=1)
+    assert Reader.calls == 1
+    assert not (tmp_path / "big").exists()
+
+
+def test_into_cli_refuses_a_file_larger_than_recorded(box, tmp_path):
+    from tests.attacks.craft import one_line, run_cli
+
+    vault, venv, decoy, sid = box
+    big = {"path": f"{SP}/evil-1.0.dist-info/BIG", "record": "evil-1.0.dist-info/BIG", "sha256": None,
+           "size": 10, "mode": 0o644, "chunks": [_blake(_BIG)] * 8, "state": "unhashed"}
+    evil = _forge(vault, sid, [_dist("evil", [big])], [_BIG])
+    into = tmp_path / "into"
+    rc, _out, err = run_cli(["restore", evil, "--into", into], vault=vault, timeout=120)
+    one_line(rc, err, 5, "(evil)", "more than the 10 bytes recorded")
+    assert not into.exists()
+
+
+def test_into_refuses_a_stored_record_that_is_not_utf8(box, tmp_path):
+    vault, venv, decoy, sid = box
+    bad = b"\xff\xfe not utf-8\n"
+    rec = {**_file(f"{SP}/evil-1.0.dist-info/RECORD", bad), "record": "evil-1.0.dist-info/RECORD", "state": "unhashed"}
+    evil = _forge(vault, sid, [_dist("evil", [rec])], [bad])
+    into = tmp_path / "into"
+    proc = ev(vault, "restore", evil, "--into", into, check=False)
+    assert_one_line_error(proc, "evil 1.0", "not UTF-8")
+    assert proc.returncode == 5
+    assert not into.exists()
+
+
+def _blake(data: bytes) -> str:
+    from envvault.model.encoding import object_id
+
+    return object_id(data)
