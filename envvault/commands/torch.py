@@ -46,7 +46,7 @@ def inspect(path: Path, as_json: bool) -> None:
         _render(info, path)
     danger = sum(1 for f in info.findings if f.severity == "danger")
     if danger:
-        click.echo(f"warning: {path} holds {danger} call(s) that would run code on torch.load(weights_only=False); "
+        click.echo(f"warning: {_safe(str(path))} holds {danger} call(s) that would run code on torch.load(weights_only=False); "
                    "none ran here", err=True)
 
 
@@ -54,13 +54,13 @@ def _render(info, path: Path) -> None:
     t = info.tensors
     size = human_bytes(_size(path))
     dtypes = ", ".join(f"{k} x{v}" for k, v in sorted(t.dtypes.items()))
-    click.echo(f"{style(str(path), 'bold')}: {info.format}, {size}; {t.count} tensors, "
+    click.echo(f"{style(_safe(str(path)), 'bold')}: {info.format}, {size}; {t.count} tensors, "
                f"{human_bytes(t.bytes)}" + (f" ({dtypes})" if dtypes else ""))
     click.echo("")
     if info.stamp is None:
         click.echo("stamp: none (saved without envvault stamping)")
     else:
-        click.echo(f"stamp ({info.stamp_source}):")
+        click.echo(f"stamp ({_safe(str(info.stamp_source))}):")
         for label, value in _stamp_lines(info.stamp):
             click.echo(f"  {label:<12} {value}")
     click.echo("")
@@ -68,20 +68,22 @@ def _render(info, path: Path) -> None:
     content = info.content
     if info.stamp_source == "key" and isinstance(content, dict):
         content = {k: v for k, v in content.items() if k != "envvault"}  # shown above
+    # Every string below comes from the file: control characters (C1 and bidi ones too, which json.dumps
+    # leaves as they are) are shown escaped, so that a file cannot move the cursor or hide a finding.
     click.echo(_indent(json.dumps(_readable(content), indent=2, ensure_ascii=False), "  "))
     for f in info.files:
-        click.echo(f"file {f.name}: {f.format}, {human_bytes(f.size)}, {f.tensors.count} tensors"
+        click.echo(f"file {_safe(f.name)}: {_safe(f.format)}, {human_bytes(f.size)}, {f.tensors.count} tensors"
                    + (", stamped" if f.stamp else ""))
     if info.findings:
         click.echo("")
         click.echo(style("findings", "red") + " (blocked: torch.load(weights_only=False) would run these):")
         for f in info.findings:
-            click.echo(f"  {f.severity}: {f}")
+            click.echo(f"  {f.severity}: {_safe(str(f))}")
     if info.notes:
         click.echo("")
         click.echo("notes:")
         for n in info.notes:
-            click.echo(f"  {n}")
+            click.echo(f"  {_safe(n)}")
 
 
 def _size(path: Path) -> int:
@@ -93,37 +95,39 @@ def _size(path: Path) -> int:
 def _stamp_lines(s: Stamp) -> list[tuple[str, str]]:
     lines = []
     if s.snapshot:
-        lines.append(("snapshot", style(s.snapshot, "yellow") + (" (lock-only)" if s.snapshot_lock_only else "")))
+        lines.append(("snapshot", style(_safe(s.snapshot), "yellow") + (" (lock-only)" if s.snapshot_lock_only else "")))
     else:
         lines.append(("snapshot", "none" + (f" (vault {_safe(s.vault)})" if s.vault else "")))
-    lines.append(("fingerprint", s.fingerprint or "unknown"))
-    lines.append(("torch", f"{s.torch or 'not imported'}, cuda {s.cuda or 'none'}"))
-    lines.append(("python", f"{s.python}  {_safe(s.executable or '')}".rstrip()))
+    lines.append(("fingerprint", _safe(s.fingerprint or "unknown")))
+    lines.append(("torch", _safe(f"{s.torch or 'not imported'}, cuda {s.cuda or 'none'}")))
+    lines.append(("python", _safe(f"{s.python}  {s.executable or ''}".rstrip())))
     lines.append(("venv", _safe(str(s.venv))))
-    lines.append(("host", str(s.host)))
-    lines.append(("time", str(s.time)))
+    lines.append(("host", _safe(str(s.host))))
+    lines.append(("time", _safe(str(s.time))))
     lines.append(("argv", _safe(" ".join(s.argv)) if s.argv is not None else "None"))
     lines.append(("cwd", _safe(str(s.cwd))))
     if s.git is not None:
         dirty = {True: ", dirty", False: ", clean", None: ""}[s.git.dirty]
         branch = f" on {s.git.branch}" if s.git.branch else ""
-        lines.append(("git", f"{s.git.commit or 'no commit'}{branch}{dirty}  ({_safe(s.git.root)})"))
+        lines.append(("git", _safe(f"{s.git.commit or 'no commit'}{branch}{dirty}  ({s.git.root})")))
     if s.env:
         lines.append(("env", _safe(", ".join(f"{k}={v}" for k, v in s.env.items()))))
     if s.drift is not None:
-        changed = ", ".join(_change(c) for c in s.drift.changed) or "unknown distributions"
+        changed = _safe(", ".join(_change(c) for c in s.drift.changed)) or "unknown distributions"
         lines.append(("drift", style(f"the environment on disk changed after the process started: {changed}", "red")))
     else:
         lines.append(("drift", "none"))
     for w in s.warnings:
         lines.append(("warning", _safe(w)))
     for key in sorted(s.extra):
-        lines.append((_safe(key), json.dumps(s.extra[key], ensure_ascii=False)))
+        lines.append((_safe(key), _safe(json.dumps(s.extra[key], ensure_ascii=False))))
     return lines
 
 
 def _safe(text: str) -> str:
     """``text`` with control characters escaped: a stamp comes from a stranger's file, a terminal obeys them."""
+    if text.isprintable():
+        return text
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
@@ -163,7 +167,7 @@ def _readable(o: Any) -> Any:
 
 
 def _indent(text: str, pad: str) -> str:
-    return "\n".join(pad + line for line in text.splitlines())
+    return "\n".join(pad + _safe(line) for line in text.split("\n"))  # not splitlines(): U+2028 is escaped
 
 
 @cli.group("torch")

@@ -289,7 +289,7 @@ def _requirement_names(args: tuple[str, ...]) -> tuple[list[str], list[str]]:
         if path is not None:
             try:
                 lines = Path(path).read_text(encoding="utf-8").splitlines()
-            except OSError:
+            except (OSError, UnicodeDecodeError):  # not UTF-8 (pip reads it with the locale's): unreadable
                 problems.append(path)
                 lines = []
             for line in lines:

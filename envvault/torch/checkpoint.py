@@ -172,10 +172,12 @@ def _zip_directory_size(f: BinaryIO, size: int) -> int:
         return 0
     cd_size = struct.unpack_from("<L", tail, i + 12)[0]
     if i >= 20 and tail[i - 20 : i - 16] == b"PK\x06\x07":  # zip64: the real size is in the zip64 record
-        f.seek(struct.unpack_from("<Q", tail, i - 12)[0])
-        rec = f.read(56)
-        if len(rec) == 56 and rec[:4] == b"PK\x06\x06":
-            cd_size = struct.unpack_from("<Q", rec, 40)[0]
+        offset = struct.unpack_from("<Q", tail, i - 12)[0]
+        if offset <= size - 56:  # a hostile locator may point anywhere, 2**64-1 included (seek raises)
+            f.seek(offset)
+            rec = f.read(56)
+            if len(rec) == 56 and rec[:4] == b"PK\x06\x06":
+                cd_size = struct.unpack_from("<Q", rec, 40)[0]
     f.seek(0)
     return cd_size
 
@@ -251,7 +253,9 @@ def _read_pickle_file(p: Path, f: BinaryIO) -> CheckpointInfo:
     if type(first.obj) is int and first.obj == LEGACY_MAGIC:
         protocol = pr.load(f, what=f"{p}: legacy header").obj
         if protocol != LEGACY_PROTOCOL:
-            raise CorruptError(f"{p}: legacy torch file with unknown protocol version {protocol!r}")
+            # Never repr() what the pickle built: a deep list recurses, a shared one is a terabyte long.
+            shown = protocol if type(protocol) is int else f"(a {type(protocol).__name__}, not a number)"
+            raise CorruptError(f"{p}: legacy torch file with unknown protocol version {shown}")
         pr.load(f, what=f"{p}: legacy sys_info")
         result, fmt = pr.load(f, what=f"{p}: legacy torch pickle"), "torch-legacy"
         # What follows is the list of storage keys, then raw storage bytes: never read.

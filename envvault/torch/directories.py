@@ -22,6 +22,7 @@ from envvault.torch import pickle_reader as pr
 from envvault.torch.checkpoint import (
     CHECKPOINT_SUFFIXES,
     MAX_SAFETENSORS_HEADER,
+    _ZIP_ERRORS,
     BadJSON,
     CheckpointInfo,
     FileInfo,
@@ -31,7 +32,7 @@ from envvault.torch.checkpoint import (
     zip_pickle,
 )
 from envvault.torch.files import MAX_SIDE_BYTES, open_regular, read_small
-from envvault.torch.jsonable import TensorSummary, summarize, to_jsonable
+from envvault.torch.jsonable import MAX_CHARS, MAX_NODES, TensorSummary, summarize, to_jsonable
 from envvault.torch.records import Opaque, TensorInfo, TorchConst, valid_shape
 
 __all__ = ["read_checkpoint", "read_directory"]
@@ -95,15 +96,25 @@ def _read_dcp(d: Path, stamp: Stamp | None, notes: list[str]) -> CheckpointInfo:
     where = _storage_index(state.get("storage_data"))
     content: dict[str, Any] = {}
     tensors: dict[str, TensorInfo] = {}
+    blobs = _BlobBudget()
+    skipped = 0
     for fqn, entry in entries.items():
+        if not isinstance(fqn, str):  # never str() of what the pickle built: it can be a terabyte long
+            skipped += 1
+            continue
         fields = _state(entry)
         if "size" in fields:  # TensorStorageMetadata; BytesStorageMetadata has no fields
             size = fields["size"]
             shape = valid_shape(size) if isinstance(size, tuple) else None
-            tensors[str(fqn)] = info = TensorInfo(shape, _dcp_dtype(fields.get("properties")))
-            content[str(fqn)] = to_jsonable(info)
+            tensors[fqn] = info = TensorInfo(shape, _dcp_dtype(fields.get("properties")))
+            content[fqn] = to_jsonable(info)
         else:
-            content[str(fqn)] = _dcp_bytes(d, where.get(str(fqn)), notes)
+            content[fqn] = _dcp_bytes(d, where.get(fqn), blobs)
+    if skipped:
+        notes.append(f"{skipped} entries of .metadata not named by a string; not shown")
+    notes.extend(blobs.notes)
+    if blobs.more_notes:
+        notes.append(f"{blobs.more_notes} more notes about byte entries are not listed")
     files = tuple(FileInfo(f.name, "distcp", f.stat().st_size, TensorSummary())
                   for f in sorted(d.glob("*.distcp")))
     summary = summarize(tensors, storage_bytes=sum(fi.size for fi in files))
@@ -135,28 +146,71 @@ def _storage_index(storage_data: Any) -> dict[str, dict]:
     return out
 
 
-def _dcp_bytes(d: Path, info: dict | None, notes: list[str]) -> Any:
+# One budget for all the byte entries of one DCP folder (a 9 KB .metadata can point a million entries at
+# one blob): blob bytes read, what their contents render to, notes; each blob is read at most once.
+MAX_DCP_BLOB_BYTES = 8 << 20  # bytes of .distcp blobs read, all entries together
+MAX_DCP_NOTES = 100  # notes about byte entries listed; the rest are counted
+
+
+class _BlobBudget:
+    def __init__(self) -> None:
+        self.bytes_left = MAX_DCP_BLOB_BYTES
+        self.render = [MAX_NODES, MAX_CHARS]  # to_jsonable's [nodes, chars], shared by every entry
+        self.seen: dict[tuple[str, int, int], tuple[Any, int, int]] = {}  # blob -> (content, its cost)
+        self.notes: list[str] = []
+        self.more_notes = 0
+
+    def note(self, text: str) -> None:
+        if len(self.notes) < MAX_DCP_NOTES:
+            self.notes.append(text)
+        else:
+            self.more_notes += 1
+
+
+def _dcp_bytes(d: Path, info: dict | None, budget: _BlobBudget) -> Any:
     """A DCP non-tensor entry: a small torch.save blob inside a .distcp file, read with the safe reader."""
     if not info or not isinstance(info.get("relative_path"), str) or info.get("transform_descriptors"):
         return {"object": "bytes"}
     length, offset = info.get("length"), info.get("offset")
-    target = (d / info["relative_path"]).resolve()
-    if (not isinstance(length, int) or not isinstance(offset, int) or length > MAX_SIDE_BYTES
-            or target.parent != d.resolve() or not target.is_file()):
+    if (type(length) is not int or type(offset) is not int or not 0 <= length <= MAX_SIDE_BYTES
+            or not 0 <= offset < 1 << 62):
+        return {"bytes": length if type(length) is int else None}
+    key = (info["relative_path"], offset, length)
+    if key in budget.seen:  # the same blob again: its content again, if the output budget still allows
+        content, nodes, chars = budget.seen[key]
+        if budget.render[0] < nodes or budget.render[1] < chars:
+            return {"bytes": length}
+        budget.render[0] -= nodes
+        budget.render[1] -= chars
+        return content
+    try:
+        target = (d / info["relative_path"]).resolve()
+        if target.parent != d.resolve() or not target.is_file():
+            return {"bytes": length}
+    except (OSError, ValueError):  # a NUL in the name, a name too long...
         return {"bytes": length}
+    if length > budget.bytes_left:
+        budget.note(f"{target.name}: entry at offset {offset} not read (the folder's byte entries are over "
+                    f"envvault's {MAX_DCP_BLOB_BYTES >> 20} MiB limit)")
+        return {"bytes": length}
+    budget.bytes_left -= length
     with open_regular(target) as f:
-        f.seek(max(offset, 0))
-        blob = f.read(max(length, 0))
+        f.seek(offset)
+        blob = f.read(length)
     try:
         zf = zipfile.ZipFile(io.BytesIO(blob))
         name = next(n for n in zf.namelist() if n.endswith("data.pkl"))
         result = zip_pickle(zf, name, f"{target.name}@{offset}")
-    except (zipfile.BadZipFile, StopIteration, CorruptError, ValueError):
-        notes.append(f"{target.name}: entry at offset {offset} is not a readable torch.save blob")
+    except (*_ZIP_ERRORS, StopIteration, CorruptError):
+        budget.note(f"{target.name}: entry at offset {offset} is not a readable torch.save blob")
+        budget.seen[key] = ({"bytes": length}, 0, 0)
         return {"bytes": length}
-    if result.findings:
-        notes.extend(f"{target.name}@{offset}: {f}" for f in result.findings)
-    return to_jsonable(result.obj)
+    for f in result.findings:
+        budget.note(f"{target.name}@{offset}: {f}")
+    nodes, chars = budget.render
+    content = to_jsonable(result.obj, budget=budget.render)
+    budget.seen[key] = (content, nodes - budget.render[0], chars - budget.render[1])
+    return content
 
 
 def _read_model_dir(d: Path, stamp: Stamp | None, notes: list[str]) -> CheckpointInfo:

@@ -72,7 +72,7 @@ def summarize(obj: Any, storages: Iterable[StorageRef] = (), *, storage_bytes: i
 
 
 def to_jsonable(obj: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
-                max_chars: int = MAX_CHARS) -> Any:
+                max_chars: int = MAX_CHARS, budget: list[int] | None = None) -> Any:
     """Plain data for ``obj`` that ``json.dumps`` accepts, with records rendered as small dicts.
 
     Tensors become ``{"tensor": [shape], "dtype": "float32"}`` (plus ``"kind"`` for parameters and
@@ -83,8 +83,12 @@ def to_jsonable(obj: Any, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NO
     Cycles and anything past ``max_depth`` becomes ``"…"``; past ``max_nodes`` values or ``max_chars``
     characters of strings, containers end with ``"…"`` and strings are cut, ending in ``"…"``: the result
     is bounded whatever the input shares or repeats.
+
+    ``budget``, when given, is ``[nodes, chars]`` left, shared by several calls (one folder's entries):
+    it replaces ``max_nodes``/``max_chars`` and is spent in place.
     """
-    budget = [max_nodes, max_chars]
+    if budget is None:
+        budget = [max_nodes, max_chars]
     return _conv(obj, 0, set(), budget, max_depth)
 
 
@@ -140,13 +144,18 @@ def _conv_node(o: Any, conv: Any, budget: list[int]) -> Any:
         return {"storage": o.numel, "dtype": o.dtype}
     if isinstance(o, dict):
         out = {}
+        dups: dict[str, int] = {}  # key -> next suffix to try: linear, however many keys collide
         for k, v in o.items():
             if budget[0] <= 0:
                 out[_CUT] = _CUT
                 break
             key = _clip(_key(k, conv), budget)
-            while key in out:
-                key += "#"
+            if key in out:
+                n = dups.get(key, 2)
+                while f"{key}#{n}" in out:
+                    n += 1
+                dups[key] = n + 1
+                key = f"{key}#{n}"
             out[key] = conv(v)
         return out
     if isinstance(o, (list, tuple)):

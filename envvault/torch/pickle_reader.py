@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import _compat_pickle
 import io
+import itertools
 import pickle
 import reprlib
 import struct
@@ -44,6 +45,7 @@ from envvault.torch.records import (
     StorageRef,
     StorageType,
     TorchConst,
+    global_name,
 )
 
 # The records it builds are envvault.torch.records'.
@@ -148,10 +150,62 @@ class PickleResult:
     more_findings: int = 0
 
 
-_REPR = reprlib.Repr()
+class _BoundedRepr(reprlib.Repr):
+    """reprlib's bounded repr, bounded for every type: what reprlib has no method for (an ``OrderedDict``,
+    a record, anything a guard built) is never handed to ``builtins.repr``, which recurses through a
+    container's whole contents (a 1 MiB file can hold a list whose full repr is a terabyte)."""
+
+    def repr_instance(self, x: Any, level: int) -> str:
+        name = type(x).__name__[: self.maxother]
+        if isinstance(x, dict):
+            return f"{name}({self.repr_dict(x, level)})"
+        if isinstance(x, (list, tuple)):
+            return f"{name}({self.repr_list(list(x[: self.maxlist + 1]), level)})"
+        if isinstance(x, str):
+            return self.repr_str(str.__str__(x), level)
+        if isinstance(x, (bytes, bytearray)):
+            return repr(bytes(x[: self.maxother])) + ("..." if len(x) > self.maxother else "")
+        if x is None or type(x) in (bool, float, complex):
+            return repr(x)
+        if isinstance(x, type) or getattr(x, "__qualname__", "").startswith("guarded "):
+            return global_name(x) if isinstance(x, type) else x.__qualname__.removeprefix("guarded ")
+        if isinstance(x, Opaque):
+            return f"<{x.qualname[: self.maxother]}>"
+        if isinstance(x, LargeData):
+            return repr(x)
+        if isinstance(x, TorchConst):
+            return x.text[: self.maxother]
+        return f"<{name}>"
+
+    # reprlib sorts a whole dict or set before it shows its first few items: a finding per call of one
+    # shared million-key dict sorted it a hundred times. The first items in their own order instead.
+    def repr_dict(self, x: Any, level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+                  for k, v in itertools.islice(x.items(), self.maxdict)]
+        return "{" + ", ".join(pieces + (["..."] if len(x) > self.maxdict else [])) + "}"
+
+    def repr_set(self, x: Any, level: int) -> str:
+        if not x:
+            return "set()"
+        return self._repr_iterable(list(itertools.islice(x, self.maxset + 1)), level, "{", "}", self.maxset)
+
+    def repr_frozenset(self, x: Any, level: int) -> str:
+        if not x:
+            return "frozenset()"
+        return self._repr_iterable(list(itertools.islice(x, self.maxfrozenset + 1)), level, "frozenset({", "})",
+                                   self.maxfrozenset)
+
+
+_REPR = _BoundedRepr()
 _REPR.maxstring = 400  # findings show the whole command a payload would run
 _REPR.maxother = 60
 _REPR.maxlevel = 3
+_MAX_CALL_TEXT = 600  # characters of a call's arguments shown in a finding
+MAX_TEXT = 256  # characters kept of a storage key or location (torch writes "0", "cpu", "cuda:0")
 
 
 class _Session:
@@ -260,14 +314,31 @@ class _Session:
         return tuple(out), more
 
 
-def _call_repr(args: tuple, kwargs: dict) -> str:
-    parts = [_REPR.repr(a) for a in args] + [f"{k}={_REPR.repr(v)}" for k, v in kwargs.items()]
+def _call_repr(args: Any, kwargs: Any) -> str:
+    """The arguments of a blocked call, bounded: each one through :data:`_REPR`, and no more of them than
+    fill :data:`_MAX_CALL_TEXT` characters (a call may have a million arguments)."""
+    parts: list[str] = []
+    size = 0
+    pairs = itertools.chain(((None, a) for a in (args if isinstance(args, tuple) else (args,))),
+                            kwargs.items() if isinstance(kwargs, dict) else ())
+    for k, v in pairs:
+        part = _REPR.repr(v) if k is None else f"{_text(k, 60)}={_REPR.repr(v)}"
+        parts.append(part)
+        size += len(part) + 2
+        if size > _MAX_CALL_TEXT:
+            break
     text = ", ".join(parts)
-    return f"({text[:600]}{'...' if len(text) > 600 else ''})"
+    return f"({text[:_MAX_CALL_TEXT]}{'...' if len(text) > _MAX_CALL_TEXT else ''})"
 
 
-def _text(value: Any) -> str:
-    return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+def _text(value: Any, limit: int = MAX_TEXT) -> str:
+    """A str or bytes value the pickle built, cut to ``limit`` characters; anything else a placeholder
+    (never ``str()`` of a pickle-built object: it can be a terabyte long)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value[:limit]).decode("ascii", "replace")
+    if isinstance(value, str):
+        return str.__str__(value[:limit])
+    return "<not text>"
 
 
 def _bind(guard: Any, session: _Session, module: str, name: str) -> Any:

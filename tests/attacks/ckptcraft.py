@@ -7,6 +7,7 @@ unbounded reader; none of them needs torch.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -19,7 +20,8 @@ from pathlib import Path
 from tests.evtools import ev_env
 
 __all__ = ["P2", "Run", "run_limited", "unicode", "binint", "torch_zip", "bare_pickle", "safetensors",
-           "sparse_safetensors", "rebuild_tensor", "mkfifo"]
+           "sparse_safetensors", "rebuild_tensor", "mkfifo", "binput", "binget", "shared_list", "LEGACY_HEADER",
+           "dcp_folder", "torch_blob"]
 
 P2 = b"\x80\x02"  # PROTO 2: what torch.save writes
 AS_LIMIT = 1 << 30  # address space of the envvault process: a regression fails here, not on the box
@@ -34,6 +36,27 @@ def binint(n: int) -> bytes:
     return b"J" + struct.pack("<i", n)  # BININT
 
 
+def binput(i: int) -> bytes:
+    return b"r" + struct.pack("<I", i)  # LONG_BINPUT
+
+
+def binget(i: int) -> bytes:
+    return b"j" + struct.pack("<I", i)  # LONG_BINGET
+
+
+def shared_list(text_len: int, fanout: int = 1000) -> bytes:
+    """Opcodes leaving on the stack a list of ``fanout`` references to one list of ``fanout`` references to
+    one ``text_len``-character string (memo 0 and 1 used): a few KB whose full str()/repr() is
+    ``fanout**2 * text_len`` characters."""
+    return (b"X" + struct.pack("<I", text_len) + b"a" * text_len + binput(0) + b"0"
+            + b"](" + binget(0) * fanout + b"e" + binput(1) + b"0"
+            + b"](" + binget(1) * fanout + b"e")
+
+
+_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+LEGACY_HEADER = P2 + b"\x8a" + bytes([len(_MAGIC)]) + _MAGIC + b"."  # the magic number of a legacy torch file
+
+
 def torch_zip(path: Path, data_pkl: bytes, extra: dict[str, bytes] | None = None) -> Path:
     """A torch zip checkpoint laid out as ``torch.save`` does: ``<stem>/data.pkl``, ``<stem>/version``."""
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
@@ -42,6 +65,32 @@ def torch_zip(path: Path, data_pkl: bytes, extra: dict[str, bytes] | None = None
         for name, data in (extra or {}).items():
             zf.writestr(f"{path.stem}/{name}", data)
     return path
+
+
+def torch_blob(data_pkl: bytes, name: str = "blob") -> bytes:
+    """The bytes of a small ``torch.save`` zip, as DCP stores a non-tensor entry inside a ``.distcp`` file."""
+    bio = io.BytesIO()
+    with zipfile.ZipFile(bio, "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr(f"{name}/data.pkl", data_pkl)
+    return bio.getvalue()
+
+
+def dcp_folder(folder: Path, data: bytes, entries: list[tuple[str, bytes, int]]) -> Path:
+    """A DCP folder: ``__0_0.distcp`` holding ``data`` and a ``.metadata`` naming one bytes entry ``k<i>``
+    per ``(relative_path, offset as pickle opcodes, length)`` of ``entries`` (classes under module ``m``:
+    the reader matches fields, not class names)."""
+    folder.mkdir(exist_ok=True)
+    sdm = b"}(" + b"".join(unicode(f"k{i}") + b"cm\nBytesStorageMetadata\n)\x81}b" for i in range(len(entries)))
+    sd = b"}(" + b"".join(
+        b"cm\nMetadataIndex\n)\x81}" + unicode("fqn") + unicode(f"k{i}") + b"sb"
+        + b"cm\nStorageInfo\n)\x81}(" + unicode("relative_path") + unicode(rel) + unicode("offset") + offset
+        + unicode("length") + binint(length) + b"ub"
+        for i, (rel, offset, length) in enumerate(entries))
+    meta = (P2 + b"cm\nMetadata\n)\x81}(" + unicode("state_dict_metadata") + sdm + b"u"
+            + unicode("storage_data") + sd + b"u" + b"ub.")
+    (folder / ".metadata").write_bytes(meta)
+    (folder / "__0_0.distcp").write_bytes(data)
+    return folder
 
 
 def bare_pickle(path: Path, data: bytes) -> Path:

