@@ -235,3 +235,156 @@ def test_large_file_hashed_aside_and_hash_only(tmp_path, monkeypatch):
     p.unlink()
     with pytest.raises(ingest.EnvironmentProblem):
         ing.ingest(p, len(data))
+
+
+@pytest.mark.parametrize("size", [1 << 20, (6 << 20) - 1, 6 << 20, (6 << 20) + 1, (8 << 20) + 1, 21 << 20])
+def test_windowed_cut_is_cut_stream(tmp_path, size):
+    """A reader thread cuts a large file in 6 MiB windows holding no chunk (``_cut_named``): the chunks,
+    their ids and the file's sha256 are exactly those of FastCDC's ``cut_stream`` over the whole file, with
+    runs of zeros (chunks cut at the largest size) and random bytes; big chunks become FileSlices of it."""
+    from envvault.model.encoding import object_id
+    from envvault.vault import ingest
+    from envvault.vault.packs import FileSlice
+
+    rng = random.Random(size)
+    data = bytearray(rng.randbytes(size))
+    data[size // 3: size // 3 + (9 << 20)] = bytes(len(data[size // 3: size // 3 + (9 << 20)]))
+    path = tmp_path / "big.bin"
+    path.write_bytes(bytes(data))
+    want = [bytes(c.data) for c in ingest._chunker().cut_stream(open(path, "rb"))]
+    emitted = []
+    h = hashlib.sha256()
+    chunks: list[str] = []
+    with open(path, "rb") as f:
+        got_size = ingest._cut_named(f, path, h.update, chunks, lambda oid, d: emitted.append((oid, d)))
+    assert got_size == size and h.digest() == hashlib.sha256(data).digest()
+    assert chunks == [object_id(c) for c in want] == [oid for oid, _ in emitted]
+    offset = 0
+    for (oid, d), c in zip(emitted, want):
+        if len(c) >= (512 << 10):
+            assert isinstance(d, FileSlice) and (d.offset, d.length) == (offset, len(c))
+            assert d.load(oid) == c
+        else:
+            assert d == c
+        offset += len(c)
+
+
+def test_file_changed_after_its_chunks_were_named_stores_nothing(tmp_path):
+    """The compressor reads a FileSlice again: bytes that no longer have the id the reader gave them (the
+    file changed in between) stop the snap with one clear error, and no pack is left behind."""
+    from envvault.errors import EnvironmentProblem
+    from envvault.model.encoding import object_id
+    from envvault.vault.packs import FileSlice
+    from envvault.vault.store import Vault
+    from envvault.vault.transaction import snapshot_transaction
+
+    path = tmp_path / "lib.so"
+    data = random.Random(5).randbytes(2 << 20)
+    path.write_bytes(data)
+    oid = object_id(data)
+    vault = Vault.open(tmp_path / "v", create=True)
+    path.write_bytes(data[:1000] + b"X" + data[1001:])  # changed after naming
+    with pytest.raises(EnvironmentProblem, match="changed while it was being read"):
+        with snapshot_transaction(vault) as txn:
+            txn.writer.add(oid, FileSlice(path, 0, len(data)))
+            txn.flush()
+    assert not any((tmp_path / "v" / "packs").rglob("*.pack"))
+    assert not vault.has(oid)
+    path.write_bytes(data[: 1 << 20])  # shorter than the slice
+    with pytest.raises(EnvironmentProblem, match="changed while"):
+        FileSlice(path, 0, len(data)).load(oid)
+
+
+def test_readers_hold_no_bytes_of_large_chunks(tmp_path, monkeypatch):
+    """Three 12 MiB files on four readers with a 2 MiB read-ahead: their big chunks pass as FileSlices, so
+    the bytes held stay within the limit (only small tail chunks count), and the packs match one reader's."""
+    from envvault.vault import ingest
+
+    monkeypatch.setattr(ingest, "READ_AHEAD", 2 << 20)
+    monkeypatch.setattr(ingest, "HEAD_AHEAD", 1 << 20)
+    rng = random.Random(8)
+    root = tmp_path / "t"
+    root.mkdir()
+    paths = []
+    for i in range(3):
+        p = root / f"{i}.so"
+        p.write_bytes(rng.randbytes(12 << 20))
+        paths.append(p)
+    peak = 0
+    real = ingest._Budget
+
+    class Watched(real):
+        def acquire(self, job, n):
+            nonlocal peak
+            super().acquire(job, n)
+            peak = max(peak, self.used)
+
+    monkeypatch.setattr(ingest, "_Budget", Watched)
+    four = _ingest_tree(tmp_path / "v4", paths, threads=4)
+    one = _ingest_tree(tmp_path / "v1", paths, threads=1)
+    assert four == one
+    assert _vault_bytes(tmp_path / "v4") == _vault_bytes(tmp_path / "v1")
+    assert peak < (1 << 20)  # no 12 MiB file's big chunks were held
+
+
+def test_large_files_named_ahead_give_the_same_vault(tmp_path, monkeypatch):
+    """Namer threads cut and name the files of 8 MiB or more ahead of their turn (``_NameAhead``): the
+    digests, chunk ids and packs are those of one reader reading everything in order, and every large
+    file was named ahead (none read at its turn)."""
+    from envvault.vault import ingest
+
+    rng = random.Random(21)
+    root = tmp_path / "t"
+    root.mkdir()
+    paths = []
+    for i, size in enumerate([9 << 20, 300, 20 << 20, 70_000, 8 << 20, 5, 12 << 20]):
+        p = root / f"{i}.bin"
+        p.write_bytes(rng.randbytes(size))
+        paths.append(p)
+    (root / "same.bin").write_bytes(paths[2].read_bytes())  # a large duplicate: named, stored once
+    paths.append(root / "same.bin")
+    monkeypatch.setenv("ENVVAULT_NAMERS", "3")
+    named = []
+    real = ingest._name_file
+    monkeypatch.setattr(ingest, "_name_file", lambda path, size: (named.append(path), real(path, size))[1])
+
+    def ingest_tree(vault_dir, threads):
+        from envvault.vault.store import Vault
+        from envvault.vault.transaction import snapshot_transaction
+
+        vault = Vault.open(vault_dir, create=True)
+        with snapshot_transaction(vault) as txn:
+            ing = ingest.Ingester(txn.writer, vault.has, threads=threads)
+            got = list(ing.map_ordered(lambda p, read: read(p, p.stat().st_size), paths,
+                                       weight=lambda p: p.stat().st_size, path=lambda p: p))
+            txn.flush()
+        return got
+
+    four = ingest_tree(tmp_path / "v4", 4)
+    assert sorted(named) == sorted(p for p in paths if p.stat().st_size >= 8 << 20)
+    one = ingest_tree(tmp_path / "v1", 1)
+    assert four == one
+    assert _vault_bytes(tmp_path / "v4") == _vault_bytes(tmp_path / "v1")
+
+
+def test_a_large_file_that_cannot_be_named_fails_at_its_turn(tmp_path, monkeypatch):
+    """A namer's error (the file is gone) is raised at that file's turn, after the results before it, and
+    every thread is stopped."""
+    from envvault.errors import EnvironmentProblem
+    from envvault.vault import ingest
+
+    monkeypatch.setenv("ENVVAULT_NAMERS", "2")
+    root = tmp_path / "t"
+    root.mkdir()
+    small, big = root / "a.txt", root / "big.bin"
+    small.write_bytes(b"x" * 100)
+    before = threading.active_count()
+    ing = ingest.Ingester(None, lambda oid: True, threads=3)
+    got = []
+    gen = ing.map_ordered(lambda p, read: read(p, 9 << 20 if p == big else 100), [small, big],
+                          weight=lambda p: 9 << 20 if p == big else 100, path=lambda p: p)
+    with pytest.raises(EnvironmentProblem, match="big.bin"):
+        for d in gen:
+            got.append(d)
+    assert len(got) == 1 and got[0].size == 100
+    assert threading.active_count() <= before

@@ -201,6 +201,11 @@ def _weight(item) -> int | None:
     return None if isinstance(item, DistPlan) else item.st.st_size
 
 
+def _path(item):
+    """The file a read reads (None for a plan)."""
+    return None if isinstance(item, DistPlan) else item.absolute
+
+
 def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[DistPlan]:
     """Each distribution's plan with every read done, in order; reads run ahead on the reader threads."""
     if not dists:
@@ -217,7 +222,7 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[D
             return item
         return item, read(item.absolute, item.st.st_size)
 
-    results = ing.map_ordered(run, items(), weight=_weight)
+    results = ing.map_ordered(run, items(), weight=_weight, path=_path)
     try:
         for got in results:
             if isinstance(got, DistPlan):

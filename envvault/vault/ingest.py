@@ -26,7 +26,8 @@ from envvault import __version__
 from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
 from envvault.vault.fsutil import atomic_write, flocked, read_regular
-from envvault.vault.packs import PackWriter
+from envvault.vault import timing
+from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
 __all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256", "encode_stats", "group_paths",
            "group_stats_fresh"]
@@ -71,6 +72,7 @@ class Ingester:
     """
 
     def __init__(self, writer: PackWriter | None, known, *, store: bool = True, threads: int | None = None):
+        self._named: dict = {}  # during map_ordered: path -> the future of its names (``_NameAhead``)
         self.writer = writer
         self.known = known
         self.store = store
@@ -90,7 +92,8 @@ class Ingester:
         if data is not None and not self.known(oid) and not self.writer.queued(oid):
             self.writer.add(oid, data)
 
-    def map_ordered(self, fn: Callable, items: Iterable, weight: Callable | None = None) -> Iterator:
+    def map_ordered(self, fn: Callable, items: Iterable, weight: Callable | None = None,
+                    path: Callable | None = None) -> Iterator:
         """``fn(item, read)`` for each item on the reader threads, results yielded in the items' order.
 
         With ``weight(item)`` (the bytes an item will read, about), consecutive light items run as one job
@@ -102,6 +105,11 @@ class Ingester:
         (the calling) thread when that item's turn comes, in the order they were read. Bytes read ahead and
         not yet stored are bounded (``READ_AHEAD`` plus one item's ``HEAD_AHEAD``), so memory stays flat on
         any environment. An exception raised by ``fn`` is raised here, at that item's turn.
+
+        With ``path(item)`` (the file an item will read, or None) and namer threads (``default_namers``), a
+        file of ``NAME_MIN`` bytes or more is cut and named ahead of its turn (``_NameAhead``), up to
+        ``NAME_AHEAD`` bytes ahead: its ``read`` then only hands over the names. A large file no longer holds
+        up the small files after it while one reader cuts it.
         """
         if self.threads <= 1:
             for item in items:
@@ -119,7 +127,11 @@ class Ingester:
         budget = _Budget(min(READ_AHEAD, max(16 << 20, self.threads * (2 << 20))), HEAD_AHEAD)
         window: deque[_Job] = deque()
         pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="envvault-read")
-        it = iter(items)
+        namers = default_namers() if self.store and path is not None and weight is not None else 0
+        if namers:
+            _steady_malloc()  # namers, compressors and the pack thread pass large buffers from the start
+        it = _NameAhead(items, weight, path, namers) if namers else iter(items)
+        self._named = it.named if namers else {}
         depth = 4 * self.threads + 16
         pending = None  # the next item, read from ``items`` but not yet in a batch
         try:
@@ -152,14 +164,24 @@ class Ingester:
                 job = window.popleft()
                 budget.set_head(job)
                 while True:
-                    got = job.queue.get()
+                    if timing.ON:
+                        t0 = timing.clock()
+                        got = job.queue.get()
+                        timing.add("store: wait for readers", t0)
+                    else:
+                        got = job.queue.get()
                     if got is _DONE:
                         break
                     oid, data = got
                     try:
-                        self._emit_now(oid, data)
+                        if timing.ON:
+                            t0 = timing.clock()
+                            self._emit_now(oid, data)
+                            timing.add("store: add objects", t0)
+                        else:
+                            self._emit_now(oid, data)
                     finally:
-                        if data is not None:
+                        if data is not None and not isinstance(data, FileSlice):
                             budget.release(job, len(data))
                             stored += len(data)
                             if stored > _STEADY_AFTER:
@@ -174,23 +196,37 @@ class Ingester:
             for job in window:
                 job.future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
+            if namers:
+                it.close()
+            self._named = {}
 
     def _run_job(self, fn: Callable, batch: list, job: "_Job", budget: "_Budget") -> tuple[list, BaseException | None]:
         """Run ``fn`` on each item of ``batch``; its results, and the exception that stopped it (raised by the
         storing thread after the results before it)."""
         store, known = self.store, self.known
 
-        def emit(oid: str, data: bytes | None) -> None:
+        def emit(oid: str, data: "bytes | FileSlice | None") -> None:
             if data is not None and known(oid):
                 data = None  # stored already: hold no bytes for it
-            if data is not None:
+            if data is not None and not isinstance(data, FileSlice):
                 budget.acquire(job, len(data))
             job.queue.put((oid, data))
 
+        named = self._named
+
         def read(path, size_hint: int, algo: str = "sha256") -> FileDigest:
-            return _read_file(path, size_hint, algo, store, emit)
+            ahead = named.pop(os.fspath(path), None) if algo == "sha256" else None
+            if ahead is None:
+                return _read_file(path, size_hint, algo, store, emit, lazy=True)
+            digest, pieces = ahead.result()  # the namer's error, if any, is this read's
+            for oid, piece in pieces:
+                if len(piece) < FRAME_TARGET // 2 and not known(oid):
+                    piece = piece.load(oid)  # a small chunk goes into a frame of small objects: as bytes
+                emit(oid, piece)
+            return digest
 
         results = []
+        t0 = timing.clock()
         try:
             for item in batch:
                 results.append(fn(item, read))
@@ -200,6 +236,8 @@ class Ingester:
             return results, err
         finally:
             job.queue.put(_DONE)
+            if timing.ON:
+                timing.add("readers: busy (incl. waits for room)", t0)
         return results, None
 
 
@@ -235,18 +273,94 @@ def _steady_malloc() -> None:
 
 
 def default_readers() -> int:
-    """Reader threads: 2 on 8 cores or more, else 1 (``ENVVAULT_READERS`` overrides it). Measured on the
-    16-core device (7.3 GB venv,
-    2026-12-01): 2 readers 18.8 s / 297 MB, 4: 18.5 s / 317 MB, 16: 19.7 s / 460 MB. More readers do not
-    help while the storing thread and the file at the head of the queue (hashed and cut alone) set the
-    pace, and each costs memory; see docs/benchmarks.md."""
+    """Reader threads: 2 on 8 cores or more, else 1 (``ENVVAULT_READERS`` overrides it). The readers take
+    the small files in order; the large ones are cut and named ahead by the namers (``default_namers``).
+    Measured on the 16-core device (7.3 GB venv, 6 namers, 2026-12-01): 2 readers 10.2 s, 4: 11.0 s; below
+    8 cores the pack writer's compressors want the cores (2 cores, torch venv: a first snap 10-15% slower
+    with a second reader). See docs/benchmarks.md."""
     try:
         given = int(os.environ.get("ENVVAULT_READERS", ""))
         if given >= 1:
             return min(given, 64)
     except ValueError:
         pass
-    return 2 if (os.cpu_count() or 1) >= 8 else 1  # below 8 cores the pack writer's compressors want them
+    return 2 if (os.cpu_count() or 1) >= 8 else 1
+
+
+def default_namers() -> int:
+    """Namer threads (``_NameAhead``): on 8 cores or more, 3 in 8 of the cores, 3 to 6 (``ENVVAULT_NAMERS``
+    overrides it; 0 turns naming ahead off); below 8 cores none. Each holds one ``WINDOW`` of a file.
+    16-core device, 2 readers: no namers 14.1 s, 4: 11.3 s, 6: 10.2 s, 8: 10.2 s."""
+    try:
+        given = int(os.environ.get("ENVVAULT_NAMERS", ""))
+        if given >= 0:
+            return min(given, 64)
+    except ValueError:
+        pass
+    cores = os.cpu_count() or 1
+    return max(3, min(6, cores * 3 // 8)) if cores >= 8 else 0
+
+
+NAME_MIN = 8 << 20  # files this large are named ahead of their turn ...
+NAME_AHEAD = 2 << 30  # ... up to this many bytes of them ahead of the storing thread
+LOOK_AHEAD = 100_000  # items taken from the caller's iterator ahead of their turn, at most
+
+
+class _NameAhead:
+    """The items of ``map_ordered``, taken ahead of their turn so that the large files among them are cut
+    and named on namer threads (``_read_file`` without holding any chunk) before a reader asks for them.
+    ``named`` maps each such file's path to the future of its (FileDigest, [(oid, FileSlice)]); a reader
+    pops it. Only names are held ahead, never file bytes: memory stays flat."""
+
+    def __init__(self, items: Iterable, weight: Callable, path: Callable, threads: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._it = iter(items)
+        self._weight = weight
+        self._path = path
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="envvault-name")
+        self._ahead: deque = deque()  # (item, bytes named for it)
+        self._bytes = 0
+        self._done = False
+        self.named: dict = {}
+
+    def __iter__(self) -> "_NameAhead":
+        return self
+
+    def __next__(self):
+        self._fill()
+        if not self._ahead:
+            raise StopIteration
+        item, size = self._ahead.popleft()
+        self._bytes -= size
+        return item
+
+    def _fill(self) -> None:
+        while not self._done and len(self._ahead) < LOOK_AHEAD and (self._bytes < NAME_AHEAD or not self._ahead):
+            try:
+                item = next(self._it)
+            except StopIteration:
+                self._done = True
+                return
+            size = 0
+            w = self._weight(item)
+            if w is not None and w >= NAME_MIN:
+                target = self._path(item)
+                if target is not None:
+                    size = w
+                    self.named[os.fspath(target)] = self._pool.submit(_name_file, target, w)
+            self._ahead.append((item, size))
+            self._bytes += size
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _name_file(path, size_hint: int) -> tuple[FileDigest, list]:
+    pieces: list = []
+    digest = _read_file(path, size_hint, "sha256", True, lambda oid, piece: pieces.append((oid, piece)),
+                        lazy=True, hold_small=False)
+    return digest, pieces
 
 
 # Hashing a large file on a helper thread beside the chunking pays on a host with cores to spare; on a few
@@ -255,11 +369,13 @@ def default_readers() -> int:
 _HASH_ASIDE_OK = (os.cpu_count() or 1) >= 8
 
 
-def _read_file(path, size_hint: int, algo: str, store: bool, emit) -> FileDigest:
+def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = False,
+               hold_small: bool = True) -> FileDigest:
     """Read ``path`` once: its RECORD-style digest, size and (``store``) blob ids, each blob passed to
     ``emit(oid, data)`` in file order. A large file's digest is computed on a helper thread while this one
     cuts and names its chunks (the two passes over its bytes run side by side); without ``store`` a large
-    file is only hashed (no chunking)."""
+    file is only hashed (no chunking). ``lazy`` (the reader threads of ``map_ordered``): a large file's
+    chunks of half a frame or more are passed as a FileSlice, not as bytes (``_cut_named``)."""
     h = hashlib.new(algo)
     chunks: list[str] = []
     aside = None
@@ -281,6 +397,8 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit) -> FileDigest
                         break
                     h.update(data)
                     size += len(data)
+            elif lazy:
+                size = _cut_named(f, path, h.update, chunks, emit, hold_small)
             else:
                 size = 0
                 update = h.update
@@ -309,6 +427,54 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit) -> FileDigest
 
 
 BLOCK = 4 << 20  # a large file hashed without chunking is read this much at a time
+WINDOW = 6 << 20  # ``_cut_named`` cuts this much of a file at a time (FastCDC's largest chunk and 2 MiB)
+_windows = threading.local()
+
+
+def _cut_named(f, path, update, chunks: list, emit, hold_small: bool = True) -> int:
+    """Cut the open file ``f`` (``path``) into FastCDC chunks, name each and hash the whole with ``update``,
+    holding at most ``WINDOW`` bytes: a chunk of half a frame or more goes to ``emit`` as a FileSlice (the
+    pack writer's compressor reads it again), a smaller one as bytes. The chunks are exactly
+    ``cut_stream``'s: a boundary depends only on the bytes from the chunk's start, so every chunk of a window
+    but the last (cut short by the window's end, unless the file ends there) is final, and the last starts
+    the next window. Without ``hold_small`` (a namer: ``_NameAhead``) every chunk is a FileSlice. Returns
+    the file's size."""
+    cdc = _chunker()
+    buf = getattr(_windows, "buf", None)
+    if buf is None:
+        buf = _windows.buf = bytearray(WINDOW)  # one a thread, reused for every file it cuts
+    view = memoryview(buf)
+    have = base = 0  # bytes in ``buf``; the file offset of ``buf[0]``
+    eof = False
+    try:
+        while True:
+            while have < WINDOW and not eof:
+                n = f.readinto(view[have:])
+                if n:
+                    have += n
+                else:
+                    eof = True
+            if not have:
+                return base
+            cut = [(c.offset, c.length) for c in cdc.cut_buf(view[:have])]
+            if not eof:
+                cut.pop()  # cut short by the window's end: it starts the next window
+            for off, length in cut:
+                piece = view[off:off + length]
+                update(piece)
+                oid = object_id(piece)
+                chunks.append(oid)
+                big = length >= FRAME_TARGET // 2 or not hold_small
+                emit(oid, FileSlice(path, base + off, length) if big else bytes(piece))
+                piece.release()
+            used = cut[-1][0] + cut[-1][1] if cut else 0
+            if eof:
+                return base + used
+            view[:have - used] = view[used:have]  # memmove
+            base += used
+            have -= used
+    finally:
+        view.release()
 HASH_ASIDE = 16 << 20  # files this large get their digest from a helper thread
 
 
@@ -369,6 +535,7 @@ class _Budget:
         self.cv = threading.Condition()
 
     def acquire(self, job: _Job, n: int) -> None:
+        t0 = timing.clock()
         with self.cv:
             while True:
                 if self.aborted:
@@ -380,6 +547,8 @@ class _Budget:
                 self.cv.wait()
             self.used += n
             job.outstanding += n
+        if timing.ON:
+            timing.add("readers: wait for room", t0)
 
     def release(self, job: _Job, n: int) -> None:
         with self.cv:
