@@ -95,7 +95,7 @@ def primitives():
 
 if sample:
     primitives()
-del data
+data = []  # free the sample
 
 sp = sysconfig.get_paths()["purelib"]
 for readers in READERS:

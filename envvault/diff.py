@@ -160,11 +160,14 @@ def content_states(vault, doc: Snapshot | dict) -> dict[tuple[str, str], Package
     doc = loose_snapshot(doc)
     wanted = {(p.name, p.build_id) for p in doc.packages}
     created = doc.created
-    refs = [r.snapshot for r in vault.snapshots() if not r.snapshot.lock_only and r.snapshot.kind == "snapshot"]
+    refs = [r for r in vault.snapshot_summaries() if not r.lock_only and r.kind == "snapshot"]
     refs.sort(key=lambda r: (r.venv == doc.venv, r.created <= created, r.created), reverse=True)
     out: dict[tuple[str, str], PackageSummary] = {}
-    for ref in refs:
-        for p in ref.packages:
+    for summary in refs:  # read one by one: the first usually holds every build wanted
+        ref = vault.load_listed(summary.id)
+        if ref is None or ref.snapshot.lock_only or ref.snapshot.kind != "snapshot":  # (a forged summary)
+            continue
+        for p in ref.snapshot.packages:
             key = (p.name, p.build_id)
             if key in wanted and key not in out:
                 out[key] = p

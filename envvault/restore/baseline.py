@@ -14,7 +14,7 @@ from envvault.errors import EnvvaultError, NotFoundError
 from envvault.safepaths import env_key
 from envvault.vault.fsutil import atomic_write, read_regular
 from envvault.model.encoding import json_loads, utc_timestamp
-from envvault.vault.store import Vault
+from envvault.vault.store import SnapshotSummary, Vault
 
 __all__ = ["baseline_snapshot", "record_restored"]
 
@@ -30,7 +30,7 @@ def _same_python(target: Path):
 
     hit = system_of(target)
     exe = os.path.realpath(hit[0]) if hit is not None else None
-    return lambda snap: exe is None or not snap.python.system or snap.python.interpreter in (None, exe)
+    return lambda snap: exe is None or not snap.system or snap.interpreter in (None, exe)
 
 
 def _marker(vault: Vault, target: Path) -> Path:
@@ -50,14 +50,14 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none."""
     target = Path(target)
     mine = _same_python(target)
-    snaps = [s for s in vault.snapshots() if s.snapshot.venv == str(target) and mine(s.snapshot)]
-    own = [s for s in snaps if s.snapshot.trigger != "restore-backup"] or snaps
-    best = (own[0].created, own[0].id) if own else None
+    own = vault.newest_summary(lambda s: s.venv == str(target) and mine(s) and s.trigger != "restore-backup") \
+        or vault.newest_summary(lambda s: s.venv == str(target) and mine(s))
+    best = (own.created, own.id) if own else None
     try:
         marker = json_loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))
         sid, at = marker["snapshot"], marker["at"]
         if isinstance(sid, str) and vault.has_snapshot(sid) and (best is None or at > best[0]) \
-                and mine(vault.load_snapshot(sid).snapshot):
+                and mine(SnapshotSummary.of(vault.load_snapshot(sid))):
             best = (at, sid)
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
         pass
