@@ -160,11 +160,13 @@ def content_states(vault, doc: Snapshot | dict) -> dict[tuple[str, str], Package
     doc = loose_snapshot(doc)
     wanted = {(p.name, p.build_id) for p in doc.packages}
     created = doc.created
-    refs = [r for r in vault.snapshot_summaries() if not r.lock_only and r.kind == "snapshot"]
-    refs.sort(key=lambda r: (r.venv == doc.venv, r.created <= created, r.created), reverse=True)
+    from envvault.vault.heads import snapshot_heads
+
+    refs = [(sid, h) for sid, h in snapshot_heads(vault) if not h.lock_only and h.kind == "snapshot"]
+    refs.sort(key=lambda r: (r[1].venv == doc.venv, r[1].created <= created, r[1].created), reverse=True)
     out: dict[tuple[str, str], PackageSummary] = {}
-    for summary in refs:  # read one by one: the first usually holds every build wanted
-        ref = vault.load_listed(summary.id)
+    for sid, _ in refs:  # read one by one: the first usually holds every build wanted
+        ref = vault.load_listed(sid)
         if ref is None or ref.snapshot.lock_only or ref.snapshot.kind != "snapshot":  # (a forged summary)
             continue
         for p in ref.snapshot.packages:

@@ -20,8 +20,9 @@ _EMPTY: frozenset[str] = frozenset()
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotHead:
-    """What ``list`` shows of one snapshot. ``python``: its version (None for a cache-only snapshot);
-    ``packages``, ``caches``: how many; ``torch``: the label ``torch_label`` gives, or None."""
+    """What ``list`` shows of one snapshot, and what choosing one needs (``kind``; a system environment's
+    ``interpreter``, ``system``). ``python``: its version (None for a cache-only snapshot); ``packages``,
+    ``caches``: how many; ``torch``: the label ``torch_label`` gives, or None."""
 
     created: str
     message: str = ""
@@ -33,6 +34,9 @@ class SnapshotHead:
     lock_only: bool = False
     new_bytes: int | None = None
     caches: int = 0
+    kind: str = "snapshot"
+    interpreter: str | None = None
+    system: bool = False
     extra: Any = NO_EXTRA
     absent: frozenset[str] = _EMPTY
 
@@ -40,7 +44,10 @@ class SnapshotHead:
             Key("trigger", check_opt_str, True), Key("venv", check_opt_str, True),
             Key("python", check_opt_str, True), Key("packages", check_int, True, 0),
             Key("torch", check_opt_str, True), Key("lock_only", check_bool, True, False),
-            Key("new_bytes", check_opt_int, True), Key("caches", check_int, True, 0))
+            Key("new_bytes", check_opt_int, True), Key("caches", check_int, True, 0),
+            # added for status and `latest` (heads saved before lack them: a choice checks its document)
+            Key("kind", check_str, False, "snapshot"), Key("interpreter", check_opt_str),
+            Key("system", check_bool, False, False))
 
     def to_dict(self) -> dict[str, Any]:
         return dump_fields(self, SnapshotHead.KEYS)
@@ -75,6 +82,9 @@ def head_of(snap: Snapshot) -> SnapshotHead:
         lock_only=snap.lock_only,
         new_bytes=stats.new_bytes if stats is not None and "new_bytes" not in stats.absent else None,
         caches=len(snap.caches or ()),
+        kind=snap.kind,
+        interpreter=snap.python.interpreter,
+        system=snap.python.system,
     )
 
 

@@ -14,7 +14,9 @@ from envvault.errors import EnvvaultError, NotFoundError
 from envvault.safepaths import env_key
 from envvault.vault.fsutil import atomic_write, read_regular
 from envvault.model.encoding import json_loads, utc_timestamp
-from envvault.vault.store import SnapshotSummary, Vault
+from envvault.model.heads import head_of
+from envvault.vault.heads import newest_head
+from envvault.vault.store import Vault
 
 __all__ = ["baseline_snapshot", "record_restored"]
 
@@ -50,14 +52,14 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none."""
     target = Path(target)
     mine = _same_python(target)
-    own = vault.newest_summary(lambda s: s.venv == str(target) and mine(s) and s.trigger != "restore-backup") \
-        or vault.newest_summary(lambda s: s.venv == str(target) and mine(s))
-    best = (own.created, own.id) if own else None
+    own = newest_head(vault, lambda h: h.venv == str(target) and mine(h) and h.trigger != "restore-backup") \
+        or newest_head(vault, lambda h: h.venv == str(target) and mine(h))
+    best = (own[1].created, own[0]) if own else None
     try:
         marker = json_loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))
         sid, at = marker["snapshot"], marker["at"]
         if isinstance(sid, str) and vault.has_snapshot(sid) and (best is None or at > best[0]) \
-                and mine(SnapshotSummary.of(vault.load_snapshot(sid))):
+                and mine(head_of(vault.load_snapshot(sid).snapshot)):
             best = (at, sid)
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
         pass

@@ -16,6 +16,7 @@ from envvault.env.reader import reader_for
 from envvault.model.encoding import canonical_json, object_id
 from envvault.model.manifest import DistManifest
 from envvault.output import ProgressSink
+from envvault.vault import timing
 from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_stats_fresh, stat_key
 from envvault.vault.store import Vault
 
@@ -121,6 +122,7 @@ def scan_environment(
         from envvault.journal import settle_interrupted
 
         settle_interrupted(vault, prefix)
+    t0 = timing.clock()
     if cache is None:  # a restore passes the one cache it loads and saves once (HC)
         cache = statcache_for(vault, prefix)
     reader = reader_for(prefix, cache)
@@ -162,6 +164,8 @@ def scan_environment(
             warnings.append(f"{dist.display} has no RECORD ({dist.kind} install): its files are not stored; reinstall it with pip to make it restorable")
     # Files are read on the ingester's reader threads, distribution after distribution, and their objects
     # stored in this order (then each manifest): the same packs whatever the thread count.
+    if timing.ON:
+        timing.add("scan: probe, stat cache, dist-info read", t0)
     planned = _planned(builder, ing, slow)
     try:
         _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
@@ -177,6 +181,7 @@ def _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, p
     done = 0
     for plan in planned:
         dist = plan.dist
+        t0 = timing.clock()
         man = builder.finish(plan)
         data = canonical_json(man.to_dict())
         oid = object_id(data)
@@ -194,6 +199,8 @@ def _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, p
         done += sum(e.size or 0 for e in (dist.record or ()))
         if progress:
             progress(done)
+        if timing.ON:
+            timing.add("scan: manifests built and stored (main thread)", t0)
 
 
 def _weight(item) -> int | None:

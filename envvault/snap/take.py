@@ -16,6 +16,7 @@ from envvault.model.identity import fingerprint
 from envvault.model.snapshot import build_snapshot
 from envvault.output import ProgressSink
 from envvault.vault.store import Vault
+from envvault.vault import timing
 from envvault.vault.transaction import Committed, snapshot_transaction
 
 from .scan import host_facts_cached, scan_environment
@@ -51,12 +52,16 @@ def take_snapshot(
     """Snapshot ``prefix`` into ``vault`` in one snapshot transaction: objects first, then the snapshot
     document (the commit point)."""
     started = time.monotonic()
+    t0 = timing.clock()
     with snapshot_transaction(vault) as txn:
         interp, packages, warnings, cache, ing, stats = scan_environment(
             vault, prefix, mode="lock" if lock_only else "full", writer=txn.writer, progress=progress
         )
+        t0 = _stage("snap: scan (reads, manifests)", t0)
         caches = cache_hook(vault, ing, cache) if cache_hook else []
+        t0 = _stage("snap: compile caches", t0)
         txn.flush()
+        t0 = _stage("snap: flush (last packs durable)", t0)
         crash_point("snap_objects")
         snapshot = build_snapshot(
             created=now(),
@@ -84,5 +89,13 @@ def take_snapshot(
             extra=extra,
         )
         sid = txn.commit(snapshot)
+        t0 = _stage("snap: snapshot document and commit", t0)
     cache.save()
+    _stage("snap: stat cache saved", t0)
     return SnapResult(sid, snapshot)
+
+
+def _stage(name: str, since: float) -> float:
+    if timing.ON:
+        timing.add(name, since)
+    return timing.clock()

@@ -6,13 +6,14 @@ saved for the next listing, and handed to a backend that shares heads with other
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 from envvault.errors import CorruptError
 from envvault.model.heads import SnapshotHead, head_of, parse_head
 from envvault.vault.store import Vault
 from envvault.model.encoding import json_loads
 
-__all__ = ["snapshot_heads", "STATE_NAME"]
+__all__ = ["snapshot_heads", "newest_head", "STATE_NAME"]
 
 STATE_NAME = "snapshot-heads.json"
 _LIMIT = 64 << 20
@@ -32,16 +33,17 @@ def _saved(vault: Vault) -> dict[str, SnapshotHead]:
         return {}
 
 
-def snapshot_heads(vault: Vault) -> list[tuple[str, SnapshotHead]]:
+def snapshot_heads(vault: Vault, *, trust_saved: bool = True) -> list[tuple[str, SnapshotHead]]:
     """``(id, head)`` of every readable snapshot, newest first. A snapshot that does not load is skipped
-    (``Vault.load_listed``), as ``Vault.snapshots`` does."""
+    (``Vault.load_listed``), as ``Vault.snapshots`` does. ``trust_saved=False`` computes every head from its
+    document (and saves them), as after a head that did not match its document (``newest_head``)."""
     ids = vault.snapshot_ids()
-    saved = _saved(vault)
+    saved = _saved(vault) if trust_saved else {}
     heads = {sid: saved[sid] for sid in ids if sid in saved}
     missing = [sid for sid in ids if sid not in heads]
     shared = getattr(vault.backend, "shared_heads", None)
     hints: set[str] = set()  # heads from the bucket's heads objects: shown, never kept as this node's own
-    if missing and shared is not None:
+    if missing and shared is not None and trust_saved:
         for sid, h in shared(set(missing)).items():
             try:
                 heads[sid] = parse_head(h)
@@ -57,7 +59,7 @@ def snapshot_heads(vault: Vault) -> list[tuple[str, SnapshotHead]]:
             heads[sid] = head_of(ref.snapshot)
             computed += 1
     own = {sid: h for sid, h in heads.items() if sid not in hints}
-    if own.keys() != saved.keys():
+    if own.keys() != saved.keys() or not trust_saved:
         data = json.dumps({"version": 1, "heads": {sid: h.to_dict() for sid, h in sorted(own.items())}},
                           sort_keys=True, separators=(",", ":")).encode()
         try:
@@ -68,3 +70,17 @@ def snapshot_heads(vault: Vault) -> list[tuple[str, SnapshotHead]]:
     if remember is not None:
         remember({sid: h.to_dict() for sid, h in heads.items()}, computed)
     return sorted(heads.items(), key=lambda kv: (kv[1].created, kv[0]), reverse=True)
+
+
+def newest_head(vault: Vault, wanted: Callable[[SnapshotHead], bool]) -> tuple[str, SnapshotHead] | None:
+    """``(id, head)`` of the newest snapshot whose head ``wanted`` takes, checked against its document: saved
+    and shared heads lie outside the vault's data (a copied vault brings its ``state/``; a bucket's heads are
+    anyone's), so a head that is not its document's drops them and the choice is made from the documents."""
+    for trust in (True, False):
+        hit = next(((sid, h) for sid, h in snapshot_heads(vault, trust_saved=trust) if wanted(h)), None)
+        if hit is None:
+            return None
+        ref = vault.load_listed(hit[0])
+        if ref is not None and head_of(ref.snapshot).to_dict() == hit[1].to_dict():
+            return hit
+    return None

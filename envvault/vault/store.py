@@ -17,7 +17,6 @@ from typing import Callable, Iterable, Iterator
 from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, UsageError
 from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, json_loads, object_id, parse_json
 from envvault.vault.backend import Backend, Missing, ReadFailed
-from envvault.vault.fsutil import atomic_write, read_regular
 from envvault.vault.config import FORMAT, MAX_SMALL_DOC, check_config, read_config, write_config
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
@@ -70,42 +69,6 @@ class SnapshotRef:
         """The document as a plain dict (``snapshot.to_dict()``, cached): for tests that forge documents; code reads
         ``snapshot``."""
         return self.snapshot.to_dict()
-
-
-@dataclass(frozen=True)
-class SnapshotSummary:
-    """What choosing a snapshot needs of it, without its packages: kept per id under ``state/`` (a snapshot's
-    bytes never change under its id), so listing them parses only the snapshots not seen before."""
-
-    id: str
-    created: str
-    venv: str | None
-    trigger: str | None
-    kind: str
-    lock_only: bool
-    interpreter: str | None
-    system: bool
-
-    @classmethod
-    def of(cls, ref: SnapshotRef) -> "SnapshotSummary":
-        s = ref.snapshot
-        return cls(ref.id, s.created, s.venv, s.trigger, s.kind, s.lock_only, s.python.interpreter, s.python.system)
-
-    @classmethod
-    def from_row(cls, sid: str, row) -> "SnapshotSummary | None":
-        """A cached row, or None when it is not one this code wrote (the cache is then rebuilt for it)."""
-        if not (isinstance(row, list) and len(row) == 7):
-            return None
-        created, venv, trigger, kind, lock_only, interpreter, system = row
-        ok = (isinstance(created, str) and all(v is None or isinstance(v, str) for v in (venv, trigger, interpreter))
-              and isinstance(kind, str) and isinstance(lock_only, bool) and isinstance(system, bool))
-        return cls(sid, created, venv, trigger, kind, lock_only, interpreter, system) if ok else None
-
-    def row(self) -> list:
-        return [self.created, self.venv, self.trigger, self.kind, self.lock_only, self.interpreter, self.system]
-
-
-_SUMMARIES = "snapshot-summaries.json"
 
 
 class Vault:
@@ -323,49 +286,6 @@ class Vault:
         out.sort(key=lambda s: (s.created, s.id), reverse=True)
         return out
 
-    def newest_summary(self, wanted: Callable[[SnapshotSummary], bool]) -> SnapshotSummary | None:
-        """The newest snapshot ``wanted`` takes, by its summary, checked against the snapshot itself (the
-        cache lies under ``state/``, which a copied vault brings along): a summary that does not match its
-        snapshot drops the whole cache and the choice is made again from the snapshots."""
-        for trust in (True, False):
-            hit = next((s for s in self.snapshot_summaries(trust_cache=trust) if wanted(s)), None)
-            if hit is None:
-                return None
-            ref = self.load_listed(hit.id)
-            if ref is not None and SnapshotSummary.of(ref) == hit:
-                return hit
-        return None
-
-    def snapshot_summaries(self, *, trust_cache: bool = True) -> list[SnapshotSummary]:
-        """Every readable snapshot's summary, newest first, as ``snapshots()`` orders them: summaries of
-        snapshots seen before come from ``state/snapshot-summaries.json``, the others are read (and warned of,
-        when damaged, as ``snapshots()`` does) and added to it. A caller that picks one loads it with
-        ``load_snapshot``, which checks it against its id."""
-        path = self.state_path(_SUMMARIES)
-        try:
-            cached = json_loads(read_regular(path, 64 << 20, "snapshot summaries")) if trust_cache else {}
-            cached = cached if isinstance(cached, dict) else {}
-        except (OSError, ValueError, EnvvaultError):
-            cached = {}
-        out, rows, fresh = [], {}, False
-        for sid in self.snapshot_ids():
-            got = SnapshotSummary.from_row(sid, cached.get(sid))
-            if got is None:
-                ref = self.load_listed(sid)
-                if ref is None:
-                    continue
-                got, fresh = SnapshotSummary.of(ref), True
-            out.append(got)
-            rows[sid] = got.row()
-        if fresh or len(rows) != len(cached) or not trust_cache:
-            try:
-                atomic_write(path, json.dumps(rows, separators=(",", ":")).encode(), tmp_dir=self.state.tmp_dir,
-                             durable=False)
-            except (OSError, EnvvaultError):
-                pass  # a cache: the next listing reads those snapshots again
-        out.sort(key=lambda s: (s.created, s.id), reverse=True)
-        return out
-
     def load_listed(self, sid: str) -> SnapshotRef | None:
         """A listed snapshot, or None: deleted since listed (gc, retention), or damaged or malformed, which is
         warned of once (``self.warn``) and kept in ``self.skipped``."""
@@ -386,11 +306,13 @@ class Vault:
         """
         ref = ref.strip()
         if ref == "latest":
-            hit = self.newest_summary(lambda s: s.trigger != "restore-backup" and (venv is None or s.venv == venv))
+            from envvault.vault.heads import newest_head  # heads.py builds on this module
+
+            hit = newest_head(self, lambda h: h.trigger != "restore-backup" and (venv is None or h.venv == venv))
             if hit is None:
                 where = f" of {venv}" if venv else ""
                 raise NotFoundError(f"no snapshot{where} in {self.location}; run `envvault snap` first")
-            return hit.id
+            return hit[0]
         tag = self.tags().get(ref)
         if tag:
             return tag
