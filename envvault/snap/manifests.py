@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as statmod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from envvault.env.probe import Interpreter
@@ -50,6 +50,7 @@ class DistPlan:
     dist: object
     rows: list
     reads: list
+    warnings: list = field(default_factory=list)  # planning's, added to the builder's by ``finish``
 
 
 # A python script bigger than this is hashed as it is (its shebang left in): none such is known.
@@ -78,12 +79,13 @@ class ManifestBuilder:
             self.took(need, fd)
         return entry
 
-    def plan_entry(self, dist: InstalledDist, rec) -> tuple[dict | None, ReadRequest | None]:
+    def plan_entry(self, dist: InstalledDist, rec, warnings: list | None = None) -> tuple[dict | None, ReadRequest | None]:
         """One RECORD row's manifest entry, complete unless the file must be read: then the request to
         read it, which ``took`` completes the entry from."""
         absolute = os.path.normpath(f"{dist.site}/{rec.path}")
         if not absolute.startswith(self._base):
-            self.warnings.append(f"{dist.display}: {rec.path} lies outside the environment; not stored")
+            (self.warnings if warnings is None else warnings).append(
+                f"{dist.display}: {rec.path} lies outside the environment; not stored")
             return None, None
         rel = absolute[len(self._base):]
         entry = {"path": rel, "record": rec.path}
@@ -140,13 +142,13 @@ class ManifestBuilder:
     def plan(self, dist: InstalledDist) -> DistPlan:
         """Every RECORD row's entry, with the reads still to do (``ReadRequest``s, each completed by
         ``took``); ``finish`` then builds the manifest."""
-        rows, reads = [], []
+        rows, reads, warnings = [], [], []
         for rec in dist.record or ():
-            entry, need = self.plan_entry(dist, rec)
+            entry, need = self.plan_entry(dist, rec, warnings)
             rows.append((rec, entry))
             if need is not None:
                 reads.append(need)
-        return DistPlan(dist, rows, reads)
+        return DistPlan(dist, rows, reads, warnings)
 
     def manifest(self, dist: InstalledDist) -> DistManifest:
         """The manifest of ``dist``, its files read on this thread."""
@@ -159,6 +161,7 @@ class ManifestBuilder:
         """The manifest of a plan whose reads are all done: each entry's gathered keys become its record
         (keys a scan did not learn stay out of the document)."""
         dist = plan.dist
+        self.warnings.extend(plan.warnings)
         files: list[FileEntry] = []
         modified = []
         layout = dist.layout(self.interp.scripts)

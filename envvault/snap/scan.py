@@ -213,14 +213,60 @@ def _path(item):
     return None if isinstance(item, DistPlan) else item.absolute
 
 
+def _plans_ahead(builder: ManifestBuilder, dists: list) -> Iterator[DistPlan]:
+    """``builder.plan`` of each distribution, in order, made on a thread of its own a few distributions ahead:
+    planning (an lstat and a stat-cache lookup a file) then overlaps the storing thread's waits. Its error is
+    raised here, at that distribution's turn; closing the generator stops the thread."""
+    import queue
+    import threading
+
+    builder.cache.files  # loaded here: the planning thread only reads it
+    out: queue.Queue = queue.Queue(maxsize=4)
+    stop = threading.Event()
+
+    def send(item) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for dist in dists:
+                if not send(("plan", builder.plan(dist))):
+                    return
+        except BaseException as err:  # noqa: BLE001 - raised on the consuming side
+            send(("error", err))
+            return
+        send(("done", None))
+
+    thread = threading.Thread(target=run, name="envvault-plan", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, got = out.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise got
+            yield got
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[DistPlan]:
     """Each distribution's plan with every read done, in order; reads run ahead on the reader threads."""
     if not dists:
         return
 
+    plans = _plans_ahead(builder, dists) if ing.threads > 1 else map(builder.plan, dists)
+
     def items():
-        for dist in dists:
-            plan = builder.plan(dist)
+        for plan in plans:
             yield from plan.reads
             yield plan  # the marker: every read of this plan comes before it
 
@@ -238,6 +284,9 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[D
                 builder.took(*got)
     finally:
         results.close()
+        close = getattr(plans, "close", None)
+        if close is not None:
+            close()
 
 
 def _lock_fresh(lock: dict, dist_info: Path) -> bool:
