@@ -45,26 +45,33 @@ def _device_rows() -> list[str]:
     """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
     res = ROOT / "bench" / "results"
     now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
+    mid_p = res / "gpu_env_run_e8f7321.json"  # the whole run this session started from
     if not now_p.exists():
         return []
     now = json.loads(now_p.read_text())
     base = {r["figure"]: r for r in json.loads(base_p.read_text())["rows"]} if base_p.exists() else {}
+    mid_doc = json.loads(mid_p.read_text()) if mid_p.exists() else {"rows": [], "machine": {}}
+    mid = {r["figure"]: r for r in mid_doc["rows"]}
     m = now.get("machine", {})
     lines = ["## Speed where users live: the GPU host's real venv (issue 11)", "",
              f"`bench/gpu_env_run.sh` on the device machine ({m.get('cores')} cores, one H200), its `python3` venv "
              f"`{m.get('venv')}` (Python {m.get('python')}, {m.get('files')} files), median of {m.get('repeat')} "
              f"run(s), page cache warm for envvault and anchor alike; code: {m.get('code', '?')}. 'before' is the "
              "same script on the code this work started from (`gpu_env_run_baseline.json`, one run, its anchor in "
-             "brackets); a row with no 'now' was not rerun.", "",
-             "| figure | before | now | anchor | anchor now | ratio now | goal |",
-             "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
+             "brackets); 'e8f7321' the whole run on the code the last session ended with "
+             f"(`gpu_env_run_e8f7321.json`: {mid_doc['machine'].get('code', '?')}), its ratio in brackets; a row "
+             "with no 'now' was not rerun.", "",
+             "| figure | before | e8f7321 | now | anchor | anchor now | ratio now | goal |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     cell = lambda t: str(t).replace("|", "\\|")  # noqa: E731 - anchors are shell pipelines
     rows = {r["figure"]: r for r in now["rows"]}
     for fig in list(base) + [f for f in rows if f not in base]:
         r, b = rows.get(fig, {"figure": fig, "goal": base[fig].get("goal", "")}), base.get(fig, {})
+        m_ = mid.get(fig, {})
         if "envvault_bytes" in b:
             now_b = f"{_fmt(r['envvault_bytes'] / 1e9)} GB" if "envvault_bytes" in r else ""
-            lines.append(f"| {fig} | {_fmt(b['envvault_bytes'] / 1e9)} GB | {now_b} | the anchor's archive | "
+            mid_b = f"{_fmt(m_['envvault_bytes'] / 1e9)} GB" if "envvault_bytes" in m_ else ""
+            lines.append(f"| {fig} | {_fmt(b['envvault_bytes'] / 1e9)} GB | {mid_b} | {now_b} | the anchor's archive | "
                          f"{_fmt(r.get('anchor_bytes', b['anchor_bytes']) / 1e9)} GB | "
                          f"{(format(r['ratio'], '.3f') + 'x') if now_b else ''} | {r['goal']} |")
             continue
@@ -72,7 +79,8 @@ def _device_rows() -> list[str]:
         rss = r.get("rss_mb") or b.get("rss_mb")
         extra = f" (peak RSS {rss} MB, goal {r.get('rss_goal', '<= 300 MB')})" if rss else ""
         before = f"{_fmt(b.get('envvault_s'))}" + (f" [{_fmt(b['anchor_s'])}]" if b.get("anchor_s") else "")
-        lines.append(f"| {cell(fig)}{extra} | {before} | {_fmt(r.get('envvault_s'))} | "
+        between = f"{_fmt(m_.get('envvault_s'))}" + (f" [{m_['ratio']:.2f}x]" if m_.get("ratio") is not None else "")
+        lines.append(f"| {cell(fig)}{extra} | {before} | {between} | {_fmt(r.get('envvault_s'))} | "
                      f"{cell(r.get('anchor', b.get('anchor', '')))} | {_fmt(r.get('anchor_s'))} | {ratio} | "
                      f"{cell(r['goal'])} |")
     if now.get("errors"):
