@@ -388,3 +388,20 @@ def test_a_large_file_that_cannot_be_named_fails_at_its_turn(tmp_path, monkeypat
             got.append(d)
     assert len(got) == 1 and got[0].size == 100
     assert threading.active_count() <= before
+
+
+def test_thread_counts_from_the_environment(monkeypatch):
+    """ENVVAULT_READERS / NAMERS / COMPRESSORS: a count in range is taken (capped), anything else falls back
+    to the host's default; NAMERS=0 turns naming ahead off."""
+    from envvault.vault import threads
+
+    monkeypatch.delenv("ENVVAULT_NAMERS", raising=False)
+    default = threads.default_namers()
+    for value, want in (("0", 0), ("5", 5), ("1000", 64), ("-1", default), ("many", default), ("", default)):
+        monkeypatch.setenv("ENVVAULT_NAMERS", value)
+        assert threads.default_namers() == want, value
+    monkeypatch.setenv("ENVVAULT_READERS", "0")  # a reader count starts at 1
+    monkeypatch.delenv("ENVVAULT_COMPRESSORS", raising=False)
+    assert threads.default_readers() == (2 if (os.cpu_count() or 1) >= 8 else 1)
+    monkeypatch.setenv("ENVVAULT_COMPRESSORS", "3")
+    assert threads.default_compressors() == 3

@@ -1,4 +1,5 @@
-"""The heads of a vault's snapshots for ``list`` (docs/format.md, "Snapshot heads"): from the node's
+"""The heads of a vault's snapshots for ``list``, ``status`` and ``latest`` (docs/format.md, "Snapshot heads"),
+below ``store.py`` (it reaches the vault only through the ``Vault`` it is given): from the node's
 ``state/snapshot-heads.json``, else from what the backend holds of them (a bucket's ``heads/`` objects), else
 computed from the document, which is loaded and parsed as ``Vault.load_snapshot`` does. What was computed is
 saved for the next listing, and handed to a backend that shares heads with other nodes."""
@@ -6,12 +7,23 @@ saved for the next listing, and handed to a backend that shares heads with other
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from envvault.errors import CorruptError
 from envvault.model.heads import SnapshotHead, head_of, parse_head
-from envvault.vault.store import Vault
 from envvault.model.encoding import json_loads
+
+
+
+class Vault(Protocol):
+    """What this module uses of ``store.Vault`` (which builds on it, for ``latest``)."""
+
+    backend: Any
+    state: Any
+
+    def snapshot_ids(self) -> list[str]: ...
+
+    def load_listed(self, sid: str) -> Any: ...
 
 __all__ = ["snapshot_heads", "newest_head", "STATE_NAME"]
 

@@ -27,6 +27,7 @@ from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
 from envvault.vault.fsutil import atomic_write, flocked, read_regular
 from envvault.vault import timing
+from envvault.vault.threads import default_namers, default_readers
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
 __all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256", "encode_stats", "group_paths",
@@ -270,35 +271,6 @@ def _steady_malloc() -> None:
             libc.mallopt(-3, 256 << 10)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError, ImportError):
         pass
-
-
-def default_readers() -> int:
-    """Reader threads: 2 on 8 cores or more, else 1 (``ENVVAULT_READERS`` overrides it). The readers take
-    the small files in order; the large ones are cut and named ahead by the namers (``default_namers``).
-    Measured on the 16-core device (7.3 GB venv, 6 namers, 2026-12-01): 2 readers 10.2 s, 4: 11.0 s; below
-    8 cores the pack writer's compressors want the cores (2 cores, torch venv: a first snap 10-15% slower
-    with a second reader). See docs/benchmarks.md."""
-    try:
-        given = int(os.environ.get("ENVVAULT_READERS", ""))
-        if given >= 1:
-            return min(given, 64)
-    except ValueError:
-        pass
-    return 2 if (os.cpu_count() or 1) >= 8 else 1
-
-
-def default_namers() -> int:
-    """Namer threads (``_NameAhead``): on 8 cores or more, 3 in 8 of the cores, 3 to 6 (``ENVVAULT_NAMERS``
-    overrides it; 0 turns naming ahead off); below 8 cores none. Each holds one ``WINDOW`` of a file.
-    16-core device, 2 readers: no namers 14.1 s, 4: 11.3 s, 6: 10.2 s, 8: 10.2 s."""
-    try:
-        given = int(os.environ.get("ENVVAULT_NAMERS", ""))
-        if given >= 0:
-            return min(given, 64)
-    except ValueError:
-        pass
-    cores = os.cpu_count() or 1
-    return max(3, min(6, cores * 3 // 8)) if cores >= 8 else 0
 
 
 NAME_MIN = 8 << 20  # files this large are named ahead of their turn ...

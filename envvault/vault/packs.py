@@ -20,6 +20,7 @@ from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import object_id
 from envvault.crashpoints import crash_point
 from envvault.vault import timing
+from envvault.vault.threads import default_compressors
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.fsutil import storage_error, tmp_name
 
@@ -371,21 +372,6 @@ class PackWriter:
             self._pool.shutdown(wait=True)
         if self._closer is not None:
             self._closer.shutdown(wait=True)
-
-
-def default_compressors() -> int:
-    """Compressor threads: every core below 8 cores (at least 2); from 8 cores on, half of them, at most 16
-    (the namers and readers of ``vault/ingest.py`` want the rest, and each holds a buffer of up to 4 MiB);
-    ``ENVVAULT_COMPRESSORS`` overrides it. 16-core device, 7.3 GB venv (2026-12-01): 8 compressors
-    11.3 s / 290 MB, 12: 11.1-11.8 s / 322 MB, 16: 11.7 s / 345 MB."""
-    try:
-        given = int(os.environ.get("ENVVAULT_COMPRESSORS", ""))
-        if given >= 1:
-            return min(given, 256)
-    except ValueError:
-        pass
-    cores = os.cpu_count() or 1
-    return max(2, min(16, cores // 2) if cores >= 8 else cores)
 
 
 class _Aborted(Exception):

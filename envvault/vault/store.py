@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Iterator
 from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, UsageError
 from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, json_loads, object_id, parse_json
 from envvault.vault.backend import Backend, Missing, ReadFailed
+from envvault.vault.heads import newest_head
 from envvault.vault.config import FORMAT, MAX_SMALL_DOC, check_config, read_config, write_config
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
@@ -306,8 +307,6 @@ class Vault:
         """
         ref = ref.strip()
         if ref == "latest":
-            from envvault.vault.heads import newest_head  # heads.py builds on this module
-
             hit = newest_head(self, lambda h: h.trigger != "restore-backup" and (venv is None or h.venv == venv))
             if hit is None:
                 where = f" of {venv}" if venv else ""

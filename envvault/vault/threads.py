@@ -1,0 +1,44 @@
+"""How many threads each stage of the ingest pipeline gets (``vault/ingest.py``'s readers and namers,
+``vault/packs.py``'s compressors): sized from the host's cores, each overridable by its variable
+(docs/cli.md, "Threads and where they wait"). The vault's bytes do not depend on any of them."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["default_readers", "default_namers", "default_compressors"]
+
+
+def _given(var: str, least: int, most: int, default: int) -> int:
+    """``$var`` as a count from ``least`` up (at most ``most``), else ``default``."""
+    try:
+        given = int(os.environ.get(var, ""))
+    except ValueError:
+        return default
+    return min(given, most) if given >= least else default
+
+
+def default_readers() -> int:
+    """Reader threads: 2 on 8 cores or more, else 1 (``ENVVAULT_READERS`` overrides it). The readers take
+    the small files in order; the large ones are cut and named ahead by the namers (``default_namers``).
+    Measured on the 16-core device (7.3 GB venv, 6 namers, 2026-12-01): 2 readers 10.2 s, 4: 11.0 s; below
+    8 cores the pack writer's compressors want the cores (2 cores, torch venv: a first snap 10-15% slower
+    with a second reader). See docs/benchmarks.md."""
+    return _given("ENVVAULT_READERS", 1, 64, 2 if (os.cpu_count() or 1) >= 8 else 1)
+
+
+def default_namers() -> int:
+    """Namer threads (``_NameAhead``): on 8 cores or more, 3 in 8 of the cores, 3 to 6 (``ENVVAULT_NAMERS``
+    overrides it; 0 turns naming ahead off); below 8 cores none. Each holds one ``WINDOW`` of a file.
+    16-core device, 2 readers: no namers 14.1 s, 4: 11.3 s, 6: 10.2 s, 8: 10.2 s."""
+    cores = os.cpu_count() or 1
+    return _given("ENVVAULT_NAMERS", 0, 64, max(3, min(6, cores * 3 // 8)) if cores >= 8 else 0)
+
+
+def default_compressors() -> int:
+    """Compressor threads: every core below 8 cores (at least 2); from 8 cores on, half of them, at most 16
+    (the namers and readers of ``vault/ingest.py`` want the rest, and each holds a buffer of up to 4 MiB);
+    ``ENVVAULT_COMPRESSORS`` overrides it. 16-core device, 7.3 GB venv (2026-12-01): 8 compressors
+    11.3 s / 290 MB, 12: 11.1-11.8 s / 322 MB, 16: 11.7 s / 345 MB."""
+    cores = os.cpu_count() or 1
+    return _given("ENVVAULT_COMPRESSORS", 1, 256, max(2, min(16, cores // 2) if cores >= 8 else cores))
