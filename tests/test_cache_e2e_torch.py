@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path

@@ -25,7 +25,7 @@ from fixtures.machine import cpython
 from fixtures.trees import installed_content
 from fixtures.venvs import find_uv, isolated_env, site_packages
 from fixtures.wheels import build_wheel
-from tests.evtools import ev, ev_env
+from tests.evtools import ev
 
 PYPI = "https://pypi.org/simple"
 # Real, small registry packages. jmespath ships `jmespath-1.0.1.data/scripts/jp.py` starting `#!python`,

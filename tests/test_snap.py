@@ -336,31 +336,40 @@ SNAP_KILLS = [
 ]
 
 
-def test_sigkill_during_snap_leaves_clean_vault(tmp_path, make_venv, wheelhouse):
+# The pipeline as 2 cores run it (one reader), and as a host of 8 cores or more does (readers, namers cutting
+# the files of 8 MiB or more ahead of their turn), forced here by the variables.
+PIPELINES = {"one-reader": {}, "readers-and-namers": {"ENVVAULT_READERS": "2", "ENVVAULT_NAMERS": "2"}}
+
+
+@pytest.mark.parametrize("pipeline", list(PIPELINES))
+def test_sigkill_during_snap_leaves_clean_vault(tmp_path, make_venv, wheelhouse, pipeline):
     venv = make_venv("uv")
     _install_base(venv, wheelhouse)
-    # more bytes than one pack holds (packs close at 32 MiB): 30 distinct 1.5 MB files in one package
+    # more bytes than one pack holds (packs close at 32 MiB): 30 distinct 1.5 MB files in one package, and
+    # (with namers) three 9 MB files after them
     big = site_packages(venv) / "smallpkg"
     rng = random.Random(7)
-    for i in range(30):
-        (big / f"blob{i}.bin").write_bytes(rng.randbytes(1_500_000))
+    sizes = [1_500_000] * 30 + ([9_000_000] * 3 if PIPELINES[pipeline] else [])
+    for i, size in enumerate(sizes):
+        (big / f"blob{i}.bin").write_bytes(rng.randbytes(size))
     di = next(site_packages(venv).glob("smallpkg-*.dist-info"))
     with (di / "RECORD").open("a") as rec:
         from fixtures.wheels import record_hash
-        for i in range(30):
+        for i in range(len(sizes)):
             data = (big / f"blob{i}.bin").read_bytes()
             rec.write(f"smallpkg/blob{i}.bin,{record_hash(data)},{len(data)}\n")
     vault = tmp_path / "vault"
+    extra = PIPELINES[pipeline]
     for point, mid_work in SNAP_KILLS:
-        p = subprocess.run([sys.executable, "-m", "envvault", "snap", "--venv", str(venv)],
-                           capture_output=True, text=True, env=ev_env(vault, ENVVAULT_TEST_CRASH_AT=point), timeout=300)
+        p = subprocess.run([sys.executable, "-m", "envvault", "snap", "--venv", str(venv)], capture_output=True,
+                           text=True, env=ev_env(vault, ENVVAULT_TEST_CRASH_AT=point, **extra), timeout=300)
         assert p.returncode == -signal.SIGKILL, (point, p.stderr)
         assert mid_work(vault), (point, _packs(vault), list((vault / "tmp").iterdir()))
         assert ev_json(vault, "list", "--all")["snapshots"] == []  # nothing committed: no half snapshot listed
         report = ev_json(vault, "verify")
         assert report["ok"], (point, report)
-    out = ev_json(vault, "snap", "--venv", venv)
-    assert ev_json(vault, "verify")["ok"]
+    out = ev_json(vault, "snap", "--venv", venv, env=ev_env(vault, **extra))
+    assert ev_json(vault, "verify", "--read-data")["ok"]
     ev(vault, "show", out["id"])
     assert [s["id"] for s in ev_json(vault, "list", "--all")["snapshots"]] == [out["id"]]
     # what the killed snaps had made durable was reused: the finishing snap stored no blob again
