@@ -13,7 +13,7 @@ from typing import Iterator
 from envvault.errors import CorruptError, RefusedError, StorageError
 
 __all__ = ["atomic_write", "flocked", "fsync_dir", "storage_error", "tmp_name", "read_regular", "read_regular_at",
-           "link_refused", "write_nofollow"]
+           "link_refused", "write_nofollow", "open_regular_fd"]
 
 # Files of the vault's own tree are opened without following a symlink at their last component; a FIFO or
 # device is never read (O_NONBLOCK: opening a FIFO does not wait for a writer).
@@ -38,6 +38,16 @@ def _open_regular(path: Path | str, what: str, follow: bool = False) -> tuple[in
         os.close(fd)
         raise CorruptError(f"{what} is not a regular file ({path})")
     return fd, st
+
+
+def open_regular_fd(path: Path | str) -> int | None:
+    """A descriptor of ``path`` (symlinks followed: an environment's files may be links) when it is a regular
+    file, else None (a FIFO or a device is never waited on: O_NONBLOCK). OSError as ``os.open`` raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def read_regular_at(path: Path | str, offset: int, length: int, what: str) -> bytes:

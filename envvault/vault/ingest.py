@@ -25,7 +25,7 @@ import zstandard
 from envvault import __version__
 from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
-from envvault.vault.fsutil import atomic_write, flocked, read_regular
+from envvault.vault.fsutil import atomic_write, flocked, open_regular_fd, read_regular
 from envvault.vault import timing
 from envvault.vault.threads import default_namers, default_readers
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
@@ -352,7 +352,11 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
     chunks: list[str] = []
     aside = None
     try:
-        with open(path, "rb") as f:
+        fd = open_regular_fd(path)  # a FIFO or device put where a file was: never waited on
+        if fd is None:
+            raise EnvironmentProblem(f"cannot read {path}: not a regular file (did it change while envvault read "
+                                     "the environment?)")
+        with os.fdopen(fd, "rb") as f:
             if size_hint < SMALL_FILE:
                 data = f.read()
                 h.update(data)

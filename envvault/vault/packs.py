@@ -22,7 +22,7 @@ from envvault.crashpoints import crash_point
 from envvault.vault import timing
 from envvault.vault.threads import default_compressors
 from envvault.vault.backend import Backend, Missing, ReadFailed
-from envvault.vault.fsutil import storage_error, tmp_name
+from envvault.vault.fsutil import open_regular_fd, storage_error, tmp_name
 
 __all__ = ["PackWriter", "FileSlice", "PACK_MAGIC", "read_frame", "check_frame", "FRAME_TARGET", "MAX_FRAME"]
 
@@ -32,6 +32,7 @@ PACK_TARGET = 32 << 20  # a pack is closed once its compressed bytes pass this
 MAX_FRAME = 64 << 20  # a frame that claims more is refused as damaged or hostile
 _IN_FLIGHT = 8  # frames compressing at once: at least this many, else two a thread ...
 _IN_FLIGHT_BYTES = 32 << 20  # ... while their uncompressed bytes stay below this
+_CLOSING = 4  # packs handed to the closer thread and not yet stored, at most (each a temp pack, an open fd)
 
 Location = tuple  # (pack_id, frame_offset, frame_length, offset_in_frame, length, kind)
 
@@ -59,10 +60,18 @@ class FileSlice:
         if buf is None or len(buf) < self.length:
             buf = _slice_buf.buf = bytearray(max(self.length, 4 << 20))
         view = memoryview(buf)[:self.length]
+        got = 0
         try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = open_regular_fd(self.path)  # a file replaced by a FIFO since it was named: never waited on
+            if fd is None:
+                raise EnvironmentProblem(f"{self.path} changed while it was being read (it is no longer a regular "
+                                         "file); nothing was stored, run the command again")
             try:
-                got = os.preadv(fd, [view], self.offset)
+                while got < self.length:
+                    n = os.preadv(fd, [view[got:]], self.offset + got)
+                    if not n:
+                        break
+                    got += n
             finally:
                 os.close(fd)
         except OSError as err:
@@ -215,9 +224,14 @@ class PackWriter:
                     self._cv.notify_all()
             self._close_pack()
         except BaseException as err:  # noqa: BLE001 - raised on the producer's side (flush, the next add)
-            with self._cv:
+            self._failed(err)
+
+    def _failed(self, err: BaseException) -> None:
+        """Keep the first error (the pack thread stops, the producer raises it) and wake every waiter."""
+        with self._cv:
+            if self._error is None:
                 self._error = err
-                self._cv.notify_all()
+            self._cv.notify_all()
 
     # -- writer side ---------------------------------------------------------------------------
     def _open_pack(self) -> None:
@@ -280,9 +294,22 @@ class PackWriter:
             from concurrent.futures import ThreadPoolExecutor
 
             self._closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="envvault-close")
+        if len(self._closing) >= _CLOSING:
+            # A closer slower than this thread (fsync on a slow disk): wait for it, so that temp packs and
+            # their open descriptors stay bounded. Its error, if any, is already in ``_error``.
+            self._closing[-_CLOSING].exception()
         self._closing.append(self._closer.submit(self._store_pack, *state))
 
     def _store_pack(self, fd: int, tmp: Path, pack_id: str, frames: list, objects: dict) -> None:
+        """``_store_pack_now`` on the closer thread; its error stops the pack thread and reaches the producer
+        at its next objects, not only at ``flush``."""
+        try:
+            self._store_pack_now(fd, tmp, pack_id, frames, objects)
+        except BaseException as err:  # noqa: BLE001 - kept, and raised by the future too
+            self._failed(err)
+            raise
+
+    def _store_pack_now(self, fd: int, tmp: Path, pack_id: str, frames: list, objects: dict) -> None:
         """Make one written pack durable: fsync, stored under its id, then its index; then ``on_commit``."""
         if self._error is not None:  # aborted, or an earlier pack failed: this one is not stored
             os.close(fd)
@@ -324,10 +351,7 @@ class PackWriter:
             try:
                 fut.result()
             except BaseException as err:  # noqa: BLE001 - kept, raised below
-                with self._cv:
-                    if self._error is None:
-                        self._error = err
-                    self._cv.notify_all()
+                self._failed(err)
 
     def flush(self) -> None:
         """Make every queued object durable (packs and index files written)."""
@@ -366,6 +390,8 @@ class PackWriter:
             self._pack_fd = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._closer is not None:
+            self._closer.shutdown(wait=True)  # idle now (``_wait_closed``): its thread ends with the writer
 
     def close(self) -> None:
         if self._pool is not None:

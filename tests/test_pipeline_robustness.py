@@ -1,0 +1,300 @@
+"""The threaded ingest pipeline under failure: a FileSlice whose file turned into something else, a pack that
+cannot be stored, a closer thread that falls behind. Each must end in one clear error (or bounded waiting),
+never a hang, wrong bytes, a stray temp file or unbounded resources."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+HANG = 20  # seconds: a call still running after this is hung (an error is expected within milliseconds)
+
+
+def _tmp_files(vault_dir: Path) -> list[str]:
+    return sorted(p.name for p in (vault_dir / "tmp").rglob("*") if p.is_file())
+
+
+def _run_or_unhang(fn, fifo: Path | None = None):
+    """``fn()`` on a thread; its exception (or None). A call that does not return within HANG seconds is a
+    hang: a writer is opened on ``fifo`` to release it, and the test fails."""
+    got: dict = {}
+
+    def go():
+        try:
+            fn()
+        except BaseException as err:  # noqa: BLE001 - inspected by the test
+            got["err"] = err
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(HANG)
+    if t.is_alive():
+        if fifo is not None:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+            except OSError:
+                pass
+        t.join(HANG)
+        pytest.fail("hung: opening a FIFO blocks until a writer comes")
+    return got.get("err")
+
+
+@pytest.mark.parametrize("how", ["fifo", "symlink-to-fifo", "directory"])
+def test_slice_whose_file_became_a_fifo_is_an_error_not_a_hang(tmp_path, how):
+    """A named chunk's file replaced by a FIFO (or a symlink to one, or a folder) before the compressor reads
+    it again: one clear EnvironmentProblem, at once; nothing stored, no temp file left."""
+    from envvault.errors import EnvironmentProblem
+    from envvault.model.encoding import object_id
+    from envvault.vault.packs import FileSlice
+    from envvault.vault.store import Vault
+    from envvault.vault.transaction import snapshot_transaction
+
+    path = tmp_path / "lib.so"
+    data = random.Random(4).randbytes(2 << 20)
+    path.write_bytes(data)
+    oid = object_id(data)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    path.unlink()
+    if how == "fifo":
+        os.mkfifo(path)
+        fifo = path
+    elif how == "symlink-to-fifo":
+        path.symlink_to(fifo)
+    else:
+        path.mkdir()
+
+    err = _run_or_unhang(lambda: FileSlice(path, 0, len(data)).load(oid), fifo)
+    assert isinstance(err, EnvironmentProblem) and str(path) in str(err), err
+
+    vault = Vault.open(tmp_path / "v", create=True)
+
+    def snap():
+        with snapshot_transaction(vault, threads=2) as txn:
+            txn.writer.add(object_id(b"a" * 700_000), b"a" * 700_000)  # a pack is open when the slice fails
+            txn.writer.add(oid, FileSlice(path, 0, len(data)))
+            txn.flush()
+
+    err = _run_or_unhang(snap, fifo)
+    assert isinstance(err, EnvironmentProblem) and str(path) in str(err), err
+    assert not vault.has(oid)
+    assert _tmp_files(tmp_path / "v") == []
+    assert not any((tmp_path / "v" / "packs").rglob("*.pack"))
+
+
+def test_pack_that_cannot_be_stored_stops_the_writer(tmp_path, monkeypatch):
+    """The closer thread fails to store a pack (the disk is full): the producer hears of it at its next
+    objects, not only at flush after compressing everything else; one StorageError, no temp file left,
+    and no later pack stored."""
+    from envvault.errors import EnvvaultError
+    from envvault.model.encoding import object_id
+    from envvault.vault import packs
+    from envvault.vault.store import Vault
+
+    monkeypatch.setattr(packs, "PACK_TARGET", 1)  # every frame closes its pack
+    vault = Vault.open(tmp_path / "v", create=True)
+    saved = []
+
+    def full(kind, name, src):
+        if kind == "packs":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        saved.append((kind, name))
+
+    monkeypatch.setattr(vault.backend, "save_file", full)
+    writer = vault.writer(threads=2)
+    n = 300
+    added = 0
+    with pytest.raises(EnvvaultError, match="[Ss]pace"):
+        try:
+            for i in range(n):
+                data = i.to_bytes(4, "big") + bytes(600_000)  # a frame of its own, a pack of its own
+                writer.add(object_id(data), data)
+                added += 1
+            writer.flush()
+        except BaseException:
+            writer.abort()
+            raise
+    writer.close()
+    assert added < n // 2, f"the producer went on for {added} objects after the first pack failed"
+    assert saved == []
+    assert _tmp_files(tmp_path / "v") == []
+    assert not any((tmp_path / "v" / "packs").rglob("*.pack"))
+
+
+def test_packs_waiting_for_the_closer_are_bounded(tmp_path, monkeypatch):
+    """A closer thread slower than the pack thread (fsync on a slow disk): the pack thread waits for it
+    after a few packs, so temp packs (open file descriptors, disk) stay bounded."""
+    from envvault.model.encoding import object_id
+    from envvault.vault import packs
+    from envvault.vault.store import Vault
+
+    monkeypatch.setattr(packs, "PACK_TARGET", 1)
+    vault = Vault.open(tmp_path / "v", create=True)
+    release = threading.Event()
+    real = vault.backend.save_file
+
+    def slow(kind, name, src):
+        release.wait(60)
+        return real(kind, name, src)
+
+    monkeypatch.setattr(vault.backend, "save_file", slow)
+    writer = vault.writer(threads=2)
+    objects = []
+    for i in range(60):
+        data = i.to_bytes(4, "big") + bytes(600_000)
+        objects.append((object_id(data), data))
+    all_added = threading.Event()
+
+    def produce():
+        for oid, data in objects:
+            writer.add(oid, data)
+        all_added.set()
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    all_added.wait(3)  # unbounded: every pack is written (all added at once); bounded: the producer waits
+    waiting = [n for n in _tmp_files(tmp_path / "v") if n.startswith(".pack")]
+    release.set()
+    t.join(60)
+    assert not t.is_alive()
+    writer.flush()
+    writer.close()
+    assert len(waiting) <= 6, f"{len(waiting)} temp packs held open while the closer was busy"
+    assert all(vault.has(oid) for oid, _ in objects)
+    assert _tmp_files(tmp_path / "v") == []
+
+
+@pytest.mark.parametrize("namers", ["0", "2"])
+@pytest.mark.parametrize("how", ["rewrite", "truncate", "fifo", "symlink"])
+def test_large_file_changed_after_naming_fails_the_snap_cleanly(tmp_path, monkeypatch, namers, how):
+    """A large file cut and named by a reader or a namer, then changed before its chunks are compressed
+    (rewritten, truncated, replaced by a FIFO or by a symlink to other bytes): one EnvironmentProblem
+    naming it, every thread stopped, no temp file and none of its chunks in the vault."""
+    from envvault.errors import EnvironmentProblem
+    from envvault.vault import ingest
+    from envvault.vault.store import Vault
+    from envvault.vault.transaction import snapshot_transaction
+
+    monkeypatch.setenv("ENVVAULT_NAMERS", namers)
+    rng = random.Random(7)
+    root = tmp_path / "t"
+    root.mkdir()
+    paths = []
+    for i, size in enumerate([300, 9 << 20, 70_000, 5]):
+        p = root / f"{i}.bin"
+        p.write_bytes(rng.randbytes(size))
+        paths.append(p)
+    big = paths[1]
+    other = tmp_path / "other.bin"
+    other.write_bytes(rng.randbytes(9 << 20))
+
+    def change():
+        if how == "rewrite":
+            big.write_bytes(rng.randbytes(9 << 20))
+        elif how == "truncate":
+            os.truncate(big, 1 << 20)
+        else:
+            big.unlink()
+            if how == "fifo":
+                os.mkfifo(big)
+            else:
+                big.symlink_to(other)
+
+    real = ingest._cut_named
+
+    def cut_then_change(f, path, update, chunks, emit, *a, **k):
+        """The file changes once its first chunk is named, before that chunk goes on: its compressor reads
+        the new state (a namer hands its chunks on only once the whole file is named)."""
+        changed = []
+
+        def emit_after_change(oid, piece):
+            if Path(path) == big and not changed:
+                changed.append(1)
+                change()
+            emit(oid, piece)
+
+        return real(f, path, update, chunks, emit_after_change, *a, **k)
+
+    monkeypatch.setattr(ingest, "_cut_named", cut_then_change)
+    vault = Vault.open(tmp_path / "v", create=True)
+    before = threading.active_count()
+    digests = []
+
+    def snap():
+        with snapshot_transaction(vault) as txn:
+            ing = ingest.Ingester(txn.writer, vault.has, threads=3)
+            for d in ing.map_ordered(lambda p, read: read(p, p.stat().st_size if p != big else 9 << 20), paths,
+                                     weight=lambda p: 9 << 20 if p == big else p.stat().st_size,
+                                     path=lambda p: p):
+                digests.append(d)
+            txn.flush()
+
+    err = _run_or_unhang(snap, big if how == "fifo" else None)
+    assert isinstance(err, EnvironmentProblem) and str(big) in str(err), repr(err)
+    assert threading.active_count() <= before, threading.enumerate()
+    assert _tmp_files(tmp_path / "v") == []
+    if len(digests) >= 2:  # the chunks were compressed later: the error came at flush
+        assert not any(Vault.open(tmp_path / "v").has(oid) for oid in digests[1].chunks)
+
+
+def test_abort_stops_every_writer_thread(tmp_path, monkeypatch):
+    """After abort, no compressor, pack or closer thread of the writer is left running (a pack had been
+    handed to the closer before the abort)."""
+    from envvault.model.encoding import object_id
+    from envvault.vault import packs
+    from envvault.vault.store import Vault
+
+    monkeypatch.setattr(packs, "PACK_TARGET", 1)
+    vault = Vault.open(tmp_path / "v", create=True)
+    committed = threading.Event()
+    real = vault._add_to_index
+    monkeypatch.setattr(vault, "_add_to_index", lambda *a: (real(*a), committed.set()))
+    before = set(threading.enumerate())
+    writer = vault.writer(threads=2)
+    for i in range(3):
+        data = i.to_bytes(4, "big") + bytes(600_000)
+        writer.add(object_id(data), data)
+    assert committed.wait(30)  # the closer stored a pack
+    writer.abort()
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert left == [], left
+    assert _tmp_files(tmp_path / "v") == []
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_fifo_where_a_file_was_is_one_error_not_a_hang(tmp_path, threads):
+    """A FIFO (or a symlink to one) where the scan saw a file, read at its turn: one EnvironmentProblem naming
+    it, on the calling thread and on the reader threads alike; opening it never waits for a writer."""
+    from envvault.errors import EnvironmentProblem
+    from envvault.vault.ingest import Ingester
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    ok = tmp_path / "ok.txt"
+    ok.write_bytes(b"fine")
+    for bad in (fifo, link):
+        ing = Ingester(None, lambda oid: True, store=False, threads=threads)
+        got = []
+        done = threading.Event()
+
+        def run():
+            try:
+                for d in ing.map_ordered(lambda p, read: read(p, 10), [ok, bad]):
+                    got.append(d)
+            except EnvironmentProblem as err:
+                got.append(str(err))
+            done.set()
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        assert done.wait(60), "hung on the FIFO"
+        assert len(got) == 2 and got[0].size == 4
+        assert "not a regular file" in got[1] and str(bad) in got[1]
