@@ -114,20 +114,28 @@ def test_env_snap_same_packs_with_one_and_four_readers(tmp_path, make_venv, whee
     assert a and a == b
 
 
-def test_bytes_in_flight_are_bounded(tmp_path, monkeypatch):
-    """Readers far ahead of a slow storing thread wait: bytes read and not yet stored stay near the limit."""
+def _small_read_ahead(monkeypatch, tmp_path: Path, sizes: list[int], seed: int) -> list[Path]:
+    """A 2 MiB read-ahead (1 MiB more for the head) and files of ``sizes`` random bytes to read."""
     from envvault.vault import ingest
 
     monkeypatch.setattr(ingest, "READ_AHEAD", 2 << 20)
     monkeypatch.setattr(ingest, "HEAD_AHEAD", 1 << 20)
-    rng = random.Random(3)
+    rng = random.Random(seed)
     root = tmp_path / "t"
     root.mkdir()
     paths = []
-    for i in range(60):
+    for i, size in enumerate(sizes):
         p = root / f"{i:02d}"
-        p.write_bytes(rng.randbytes(200_000))
+        p.write_bytes(rng.randbytes(size))
         paths.append(p)
+    return paths
+
+
+def test_bytes_in_flight_are_bounded(tmp_path, monkeypatch):
+    """Readers far ahead of a slow storing thread wait: bytes read and not yet stored stay near the limit."""
+    from envvault.vault import ingest
+
+    paths = _small_read_ahead(monkeypatch, tmp_path, [200_000] * 60, seed=3)
     peak = 0
     budgets = []
     real = ingest._Budget
@@ -300,16 +308,7 @@ def test_readers_hold_no_bytes_of_large_chunks(tmp_path, monkeypatch):
     the bytes held stay within the limit (only small tail chunks count), and the packs match one reader's."""
     from envvault.vault import ingest
 
-    monkeypatch.setattr(ingest, "READ_AHEAD", 2 << 20)
-    monkeypatch.setattr(ingest, "HEAD_AHEAD", 1 << 20)
-    rng = random.Random(8)
-    root = tmp_path / "t"
-    root.mkdir()
-    paths = []
-    for i in range(3):
-        p = root / f"{i}.so"
-        p.write_bytes(rng.randbytes(12 << 20))
-        paths.append(p)
+    paths = _small_read_ahead(monkeypatch, tmp_path, [12 << 20] * 3, seed=8)
     peak = 0
     real = ingest._Budget
 
