@@ -243,13 +243,15 @@ def test_large_file_changed_after_naming_fails_the_snap_cleanly(tmp_path, monkey
         assert not any(Vault.open(tmp_path / "v").has(oid) for oid in digests[1].chunks)
 
 
-def test_abort_stops_every_writer_thread(tmp_path, monkeypatch):
-    """After abort, no compressor, pack or closer thread of the writer is left running (a pack had been
-    handed to the closer before the abort)."""
+@pytest.mark.parametrize("writers", ["1", "3"])
+def test_abort_stops_every_writer_thread(tmp_path, monkeypatch, writers):
+    """After abort, no compressor, pack, writer or closer thread of the writer is left running (a pack had
+    been handed to the closer before the abort)."""
     from envvault.model.encoding import object_id
     from envvault.vault import packs
     from envvault.vault.store import Vault
 
+    monkeypatch.setenv("ENVVAULT_WRITERS", writers)
     monkeypatch.setattr(packs, "PACK_TARGET", 1)
     vault = Vault.open(tmp_path / "v", create=True)
     committed = threading.Event()
@@ -298,3 +300,90 @@ def test_a_fifo_where_a_file_was_is_one_error_not_a_hang(tmp_path, threads):
         assert done.wait(60), "hung on the FIFO"
         assert len(got) == 2 and got[0].size == 4
         assert "not a regular file" in got[1] and str(bad) in got[1]
+
+
+def _write_objects(vault_dir: Path, n: int = 60) -> list[str]:
+    """``n`` objects of mixed sizes (small ones grouped into frames, large ones a frame each) through one
+    pack writer; the names of the pack and index files it stored."""
+    from envvault.model.encoding import object_id
+    from envvault.vault.store import Vault
+
+    vault = Vault.open(vault_dir, create=True)
+    writer = vault.writer(threads=3)
+    rng = random.Random(5)
+    for i in range(n):
+        size = rng.choice([300, 40_000, 700_000, 1_500_000])
+        data = i.to_bytes(4, "big") + rng.randbytes(size // 2) + bytes(size // 2)  # compresses to about half
+        writer.add(object_id(data), data)
+    writer.flush()
+    writer.close()
+    return sorted(str(p.relative_to(vault_dir)) for top in ("packs", "index")
+                  for p in (vault_dir / top).rglob("*") if p.is_file())
+
+
+def test_packs_are_the_same_bytes_with_one_and_four_writer_threads(tmp_path, monkeypatch):
+    """Frames written by several writer threads (each at the place the pack thread gave it, several packs at
+    once) make the same packs and index files as one writer thread; each pack's name is the BLAKE3 of its
+    bytes (the closer reads the pack back to name it)."""
+    import blake3
+
+    from envvault.vault import packs
+
+    monkeypatch.setattr(packs, "PACK_TARGET", 256 << 10)  # many packs, written side by side
+    got = {}
+    for writers in ("1", "4"):
+        monkeypatch.setenv("ENVVAULT_WRITERS", writers)
+        vault_dir = tmp_path / f"v{writers}"
+        names = _write_objects(vault_dir)
+        got[writers] = {name: (vault_dir / name).read_bytes() for name in names}
+        pack_files = [n for n in names if n.startswith("packs")]
+        assert len(pack_files) > 10, pack_files
+        for name in pack_files:
+            assert Path(name).stem == blake3.blake3(got[writers][name]).hexdigest(), name
+        assert _tmp_files(vault_dir) == []
+    assert got["1"] == got["4"]
+
+
+@pytest.mark.parametrize("writers", ["1", "3"])
+def test_a_frame_that_cannot_be_written_stops_the_writer(tmp_path, monkeypatch, writers):
+    """A writer thread's pwrite fails (the disk filled up): the producer hears of it at its next objects, one
+    StorageError; no temp pack is left and no pack is stored."""
+    from envvault.errors import StorageError
+    from envvault.model.encoding import object_id
+    from envvault.vault import packs
+    from envvault.vault.store import Vault
+
+    monkeypatch.setenv("ENVVAULT_WRITERS", writers)
+    monkeypatch.setattr(packs, "PACK_TARGET", 1 << 20)
+    real = os.pwritev
+    calls = []
+
+    def filling(fd, bufs, at):
+        calls.append(at)
+        if len(calls) > 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, bufs, at)
+
+    monkeypatch.setattr(os, "pwritev", filling)
+    vault = Vault.open(tmp_path / "v", create=True)
+    writer = vault.writer(threads=2)
+    n, added = 300, 0
+
+    def run():
+        nonlocal added
+        try:
+            for i in range(n):
+                data = i.to_bytes(4, "big") + bytes(600_000)
+                writer.add(object_id(data), data)
+                added += 1
+            writer.flush()
+        except BaseException:
+            writer.abort()
+            raise
+
+    err = _run_or_unhang(run)
+    writer.close()
+    assert isinstance(err, StorageError) and "space" in str(err).lower(), err
+    assert added < n // 2, f"the producer went on for {added} objects after a write failed"
+    assert _tmp_files(tmp_path / "v") == []
+    assert not any((tmp_path / "v" / "packs").rglob("*.pack"))

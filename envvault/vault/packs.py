@@ -6,10 +6,12 @@ snap uses every core while memory stays bounded by the frames in flight.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
 from collections import deque
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +22,7 @@ from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import object_id
 from envvault.crashpoints import crash_point
 from envvault.vault import timing
-from envvault.vault.threads import default_compressors
+from envvault.vault.threads import default_compressors, default_writers
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.fsutil import open_regular_fd, storage_error, tmp_name
 
@@ -33,6 +35,9 @@ MAX_FRAME = 64 << 20  # a frame that claims more is refused as damaged or hostil
 _IN_FLIGHT = 8  # frames compressing at once: at least this many, else two a thread ...
 _IN_FLIGHT_BYTES = 32 << 20  # ... while their uncompressed bytes stay below this
 _CLOSING = 4  # packs handed to the closer thread and not yet stored, at most (each a temp pack, an open fd)
+_BATCH_FRAMES = 64  # frames compressed already, placed and written as one batch (one pwritev), at most
+_IOV_MAX = 1024
+_HASH_READ = 4 << 20  # the closer reads a pack back in pieces of this size to hash it
 
 Location = tuple  # (pack_id, frame_offset, frame_length, offset_in_frame, length, kind)
 
@@ -108,21 +113,18 @@ class PackWriter:
         self._in_flight = max(_IN_FLIGHT, 2 * workers)
         self._pending_bytes = 0
         self._local = threading.local()
-        self._pending: deque[tuple] = deque()  # (future, meta, raw bytes) in pack order, oldest being written
+        self._pending: deque[tuple] = deque()  # (future, meta, raw bytes) in pack order, not yet placed
         self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None  # the pack thread: writes frames in order, closes packs
+        self._thread: threading.Thread | None = None  # the pack thread: places frames in order, closes packs
         self._stopping = False  # flush: the pack thread ends once ``_pending`` is empty
         self._error: BaseException | None = None  # what stopped the pack thread, raised on the producer's side
         self._closer = None  # the closer thread, started by the first full pack
         self._closing: deque = deque()  # its futures, one a pack, in order
         self._frame: list[tuple[str, bytes, str]] = []
         self._frame_size = 0
-        self._pack_fd: int | None = None
-        self._pack_tmp: Path | None = None
-        self._pack_hash = None
-        self._pack_len = 0
-        self._pack_frames: list[list[int]] = []
-        self._pack_objects: dict[str, list] = {}
+        self._pack: _OpenPack | None = None  # the pack frames are being placed in (pack thread)
+        self._writers = None  # the writer threads, started by the first frame placed
+        self._held = 0  # frames submitted and not yet written: compressing, waiting, or being written
         self.written_bytes = 0
         self.written_objects = 0
         self._queued: set[str] = set()
@@ -189,12 +191,13 @@ class PackWriter:
         with self._cv:
             self._pending.append((fut, meta, size))
             self._pending_bytes += size
+            self._held += 1
             if self._thread is None:
                 self._stopping = False
                 self._thread = threading.Thread(target=self._run, name="envvault-pack", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
-            while self._error is None and (len(self._pending) > self._in_flight or self._pending_bytes > _IN_FLIGHT_BYTES):
+            while self._error is None and (self._held > self._in_flight or self._pending_bytes > _IN_FLIGHT_BYTES):
                 self._cv.wait()
         if timing.ON:
             timing.add("store: wait for room in the pack writer", t0)
@@ -205,8 +208,10 @@ class PackWriter:
             raise self._error
 
     def _run(self) -> None:
-        """The pack thread: each frame, in order, once compressed, written to the open pack; packs closed
-        (fsync, stored, indexed) as they fill, while the producer and the compressors go on."""
+        """The pack thread: frames taken in order once compressed, given their place in a pack (the packs'
+        bytes depend only on that order) and handed to the writer threads, which write them with ``pwrite``
+        at that place, several at once; full packs go to the closer (fsync, the pack's id, stored,
+        indexed), while the producer and the compressors go on."""
         try:
             while True:
                 with self._cv:
@@ -216,12 +221,12 @@ class PackWriter:
                         return  # aborted
                     if not self._pending:
                         break
-                    fut, meta, size = self._pending[0]
-                self._write_one(fut, meta)
-                with self._cv:
-                    self._pending.popleft()
-                    self._pending_bytes -= size
-                    self._cv.notify_all()
+                    head = self._pending.popleft()
+                    # the frames compressed already behind the head: placed and written as one batch
+                    ready = [head]
+                    while self._pending and len(ready) < _BATCH_FRAMES and self._pending[0][0].done():
+                        ready.append(self._pending.popleft())
+                self._place(ready)
             self._close_pack()
         except BaseException as err:  # noqa: BLE001 - raised on the producer's side (flush, the next add)
             self._failed(err)
@@ -234,62 +239,79 @@ class PackWriter:
             self._cv.notify_all()
 
     # -- writer side ---------------------------------------------------------------------------
-    def _open_pack(self) -> None:
-        self._pack_tmp = tmp_name(self.tmp_dir, "pack")
+    def _open_pack(self) -> "_OpenPack":
+        tmp = tmp_name(self.tmp_dir, "pack")
         try:
-            self._pack_fd = os.open(self._pack_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as err:
-            raise storage_error(err, self._pack_tmp) from None
-        self._pack_hash = blake3.blake3()
-        self._pack_len = 0
-        self._pack_frames = []
-        self._pack_objects = {}
-        self._write_bytes(PACK_MAGIC)
+            raise storage_error(err, tmp) from None
+        pack = self._pack = _OpenPack(fd, tmp)
+        _pwrite_all(fd, PACK_MAGIC, 0, self.backend)
+        pack.length = len(PACK_MAGIC)
+        return pack
 
-    def _write_bytes(self, data: bytes) -> None:
-        view = memoryview(data)
-        try:
-            while view:
-                n = os.write(self._pack_fd, view)
-                view = view[n:]
-        except OSError as err:
-            raise storage_error(err, self.backend.location) from None
-        self._pack_hash.update(data)
-        self._pack_len += len(data)
-
-    def _write_one(self, fut, meta: list) -> None:
+    def _place(self, ready: list) -> None:
+        """Give each frame of ``ready`` (in order) its place in the open pack and hand the frames of one pack
+        to a writer thread as one ``pwritev``; a pack that passes ``PACK_TARGET`` goes to the closer."""
         t0 = timing.clock()
-        comp = fut.result()
+        comps = [fut.result() for fut, _, _ in ready]
         if timing.ON:
             timing.add("pack thread: wait for compressors", t0)
             t0 = timing.clock()
-        if self._pack_fd is None:
-            self._open_pack()
-        frame_index = len(self._pack_frames)
-        self._pack_frames.append([self._pack_len, len(comp)])
-        self._write_bytes(comp)
-        off = 0
-        for oid, length, kind in meta:
-            self._pack_objects[oid] = [frame_index, off, length, kind]
-            off += length
-        self.written_bytes += len(comp)
-        self.written_objects += len(meta)
-        crash_point("pack_frame")
+        i = 0
+        while i < len(ready):
+            pack = self._pack or self._open_pack()
+            at, bufs, raw = pack.length, [], 0
+            while i < len(ready):  # a frame goes into the open pack, which is closed once it passes the target
+                comp, (_, meta, size) = comps[i], ready[i]
+                frame_index = len(pack.frames)
+                pack.frames.append([pack.length, len(comp)])
+                off = 0
+                for oid, length, kind in meta:
+                    pack.objects[oid] = [frame_index, off, length, kind]
+                    off += length
+                pack.length += len(comp)
+                bufs.append(comp)
+                raw += size
+                self.written_bytes += len(comp)
+                self.written_objects += len(meta)
+                i += 1
+                if pack.length >= PACK_TARGET:
+                    break
+            if self._writers is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._writers = ThreadPoolExecutor(max_workers=default_writers(), thread_name_prefix="envvault-write")
+            pack.writes.append(self._writers.submit(self._write_frames, pack.fd, bufs, at, raw))
+            if pack.length >= PACK_TARGET:
+                self._close_pack()
         if timing.ON:
-            timing.add("pack thread: write frames", t0)
-        if self._pack_len >= PACK_TARGET:
-            t0 = timing.clock()
-            self._close_pack()
+            timing.add("pack thread: place frames", t0)
+
+    def _write_frames(self, fd: int, bufs: list, at: int, raw: int) -> None:
+        """A writer thread: frames written at their place; their room given back to the producer."""
+        t0 = timing.clock()
+        try:
+            _pwrite_all(fd, bufs, at, self.backend)
+            for _ in bufs:
+                crash_point("pack_frame")
+        except BaseException as err:  # noqa: BLE001 - the first error stops the writer
+            self._failed(err)
+            raise
+        finally:
+            with self._cv:
+                self._held -= len(bufs)
+                self._pending_bytes -= raw
+                self._cv.notify_all()
             if timing.ON:
-                timing.add("pack thread: hand packs to the closer", t0)
+                timing.add("writer threads: write frames", t0)
 
     def _close_pack(self) -> None:
-        """Hand the open pack to the closer thread (fsync, store, index: ``_store_pack``), in order; the
-        pack thread goes on writing the next one."""
-        if self._pack_fd is None:
+        """Hand the open pack to the closer thread (fsync, id, store, index: ``_store_pack``), in order; the
+        pack thread goes on placing frames in the next one."""
+        pack, self._pack = self._pack, None
+        if pack is None:
             return
-        state = (self._pack_fd, self._pack_tmp, self._pack_hash.hexdigest(), self._pack_frames, self._pack_objects)
-        self._pack_fd = None
         if self._closer is None:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -298,51 +320,64 @@ class PackWriter:
             # A closer slower than this thread (fsync on a slow disk): wait for it, so that temp packs and
             # their open descriptors stay bounded. Its error, if any, is already in ``_error``.
             self._closing[-_CLOSING].exception()
-        self._closing.append(self._closer.submit(self._store_pack, *state))
+        self._closing.append(self._closer.submit(self._store_pack, pack))
 
-    def _store_pack(self, fd: int, tmp: Path, pack_id: str, frames: list, objects: dict) -> None:
+    def _store_pack(self, pack: "_OpenPack") -> None:
         """``_store_pack_now`` on the closer thread; its error stops the pack thread and reaches the producer
         at its next objects, not only at ``flush``."""
         try:
-            self._store_pack_now(fd, tmp, pack_id, frames, objects)
+            self._store_pack_now(pack)
         except BaseException as err:  # noqa: BLE001 - kept, and raised by the future too
             self._failed(err)
             raise
+        finally:
+            self._forget(pack)
 
-    def _store_pack_now(self, fd: int, tmp: Path, pack_id: str, frames: list, objects: dict) -> None:
-        """Make one written pack durable: fsync, stored under its id, then its index; then ``on_commit``."""
-        if self._error is not None:  # aborted, or an earlier pack failed: this one is not stored
-            os.close(fd)
-            _unlink_quietly(tmp)
+    def _forget(self, pack: "_OpenPack") -> None:
+        """Close a pack's descriptor once every write to it is done (or cancelled), and remove its temp file
+        if it was not stored."""
+        _settle(pack.writes)
+        if pack.closed:
+            return
+        pack.closed = True
+        os.close(pack.fd)
+        if not pack.stored:
+            _unlink_quietly(pack.tmp)
+
+    def _store_pack_now(self, pack: "_OpenPack") -> None:
+        """Make one written pack durable: its writes done, fsync, its id (the BLAKE3 of its bytes, read back),
+        stored under that id, then its index; then ``on_commit``."""
+        _settle(pack.writes)  # a failed write has set ``_error`` before its future finished
+        if self._error is not None:  # aborted, or an earlier pack or a write failed: this one is not stored
             return
         t0 = timing.clock()
-        idx_doc = {"format": 1, "pack": pack_id, "frames": frames, "objects": objects}
-        idx_bytes = json.dumps(idx_doc, separators=(",", ":")).encode()
         idx_tmp = tmp_name(self.tmp_dir, "idx")
         try:
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self.backend.save_file("packs", pack_id, tmp)
+            os.fsync(pack.fd)
+            pack_id = _hash_fd(pack.fd, pack.length)
+            self.backend.save_file("packs", pack_id, pack.tmp)
+            pack.stored = True
             crash_point("pack_renamed")
+            idx_doc = {"format": 1, "pack": pack_id, "frames": pack.frames, "objects": pack.objects}
+            idx_bytes = json.dumps(idx_doc, separators=(",", ":")).encode()
             with open(idx_tmp, "wb") as f:
                 f.write(idx_bytes)
                 f.flush()
                 os.fsync(f.fileno())
             self.backend.save_file("index", pack_id, idx_tmp)
         except OSError as err:
-            _unlink_quietly(tmp, idx_tmp)
-            raise storage_error(err, self.backend.where("packs", pack_id)) from None
+            _unlink_quietly(idx_tmp)
+            raise storage_error(err, self.backend.location) from None
         except BaseException:
-            _unlink_quietly(tmp, idx_tmp)
+            _unlink_quietly(idx_tmp)
             raise
         crash_point("pack_indexed")
+        frames = pack.frames
         locs = {oid: (pack_id, frames[fi][0], frames[fi][1], off, length, kind)
-                for oid, (fi, off, length, kind) in objects.items()}
+                for oid, (fi, off, length, kind) in pack.objects.items()}
         self.on_commit(pack_id, locs)
         if timing.ON:
-            timing.add("closer thread: store packs (fsync, index)", t0)
+            timing.add("closer thread: store packs (fsync, id, index)", t0)
 
     def _wait_closed(self) -> None:
         """Wait for every pack handed to the closer; the first failure is raised (and kept in ``_error``)."""
@@ -379,29 +414,89 @@ class PackWriter:
                 self._error = _Aborted()
             self._cv.notify_all()
         self._stop_thread()
+        if self._writers is not None:
+            self._writers.shutdown(wait=True, cancel_futures=True)  # nothing writes to a temp pack after this
+        if self._pack is not None:
+            self._forget(self._pack)
+            self._pack = None
         self._wait_closed()
         self._pending.clear()
-        if self._pack_fd is not None:
-            try:
-                os.close(self._pack_fd)
-                os.unlink(self._pack_tmp)
-            except OSError:
-                pass
-            self._pack_fd = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self._closer is not None:
             self._closer.shutdown(wait=True)  # idle now (``_wait_closed``): its thread ends with the writer
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        if self._closer is not None:
-            self._closer.shutdown(wait=True)
+        for pool in (self._pool, self._writers, self._closer):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
 
 class _Aborted(Exception):
     """The writer was aborted: the pack thread stops before its next frame."""
+
+
+class _OpenPack:
+    """A temp pack being written: its descriptor, where its next frame goes, its frames and objects (its
+    index), and the writes handed to the writer threads (the closer waits for them)."""
+
+    __slots__ = ("fd", "tmp", "length", "frames", "objects", "writes", "stored", "closed")
+
+    def __init__(self, fd: int, tmp: Path) -> None:
+        self.fd, self.tmp = fd, tmp
+        self.length = 0
+        self.frames: list[list[int]] = []
+        self.objects: dict[str, list] = {}
+        self.writes: list = []
+        self.stored = False
+        self.closed = False
+
+
+def _pwrite_all(fd: int, bufs: "bytes | list", at: int, backend: Backend) -> None:
+    """Write ``bufs`` (one buffer or several, in order) at offset ``at``, however many calls it takes."""
+    views = [memoryview(bufs)] if isinstance(bufs, bytes) else [memoryview(b) for b in bufs]
+    try:
+        while views:
+            n = os.pwritev(fd, views[:_IOV_MAX], at)
+            at += n
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
+            if n:
+                views[0] = views[0][n:]
+    except OSError as err:
+        raise storage_error(err, backend.location) from None
+
+
+def _settle(futures: list) -> None:
+    """Wait until each future finished or was cancelled (``concurrent.futures.wait`` never returns for a
+    future cancelled by an executor's shutdown); their errors are the caller's ``_error`` already."""
+    for fut in futures:
+        try:
+            fut.exception()
+        except CancelledError:
+            pass
+
+
+_hash_buf = threading.local()
+
+
+def _hash_fd(fd: int, length: int) -> str:
+    """A written pack's id: the BLAKE3 of its ``length`` bytes, read back from its descriptor (the closer
+    hashes what is on disk, on every core, instead of the pack thread hashing frame by frame)."""
+    buf = getattr(_hash_buf, "buf", None)
+    if buf is None:
+        buf = _hash_buf.buf = bytearray(_HASH_READ)
+    view = memoryview(buf)
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    at = 0
+    while at < length:
+        n = os.preadv(fd, [view[:min(_HASH_READ, length - at)]], at)
+        if not n:
+            raise OSError(errno.EIO, "a temp pack is shorter than what was written to it")
+        h.update(view[:n])
+        at += n
+    return h.hexdigest()
 
 
 def _unlink_quietly(*paths: Path) -> None:

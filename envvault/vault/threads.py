@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["default_readers", "default_namers", "default_compressors"]
+__all__ = ["default_readers", "default_namers", "default_compressors", "default_writers"]
 
 
 def _given(var: str, least: int, most: int, default: int) -> int:
@@ -42,3 +42,10 @@ def default_compressors() -> int:
     11.3 s / 290 MB, 12: 11.1-11.8 s / 322 MB, 16: 11.7 s / 345 MB."""
     cores = os.cpu_count() or 1
     return _given("ENVVAULT_COMPRESSORS", 1, 256, max(2, min(16, cores // 2) if cores >= 8 else cores))
+
+
+def default_writers() -> int:
+    """Writer threads of the pack writer (frames written with ``pwrite`` at their place, several packs at
+    once): 4 on 8 cores or more, else 1 (``ENVVAULT_WRITERS`` overrides it). One pack thread writing every
+    frame in order set the pace of a first snap on the 16-core device (5.2 s for 3.3 GB of frames)."""
+    return _given("ENVVAULT_WRITERS", 1, 64, 4 if (os.cpu_count() or 1) >= 8 else 1)
