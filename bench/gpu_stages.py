@@ -21,7 +21,7 @@ import zstandard  # noqa: E402
 from pyfastcdc import FastCDC  # noqa: E402
 
 OUT = os.environ.get("OUT") or "bench/out"
-# argv: READERS[:NAMERS] to snap with (default 2 4 8, namers as envvault chooses); "--snaps-only" skips the
+# argv: READERS[:NAMERS[:COMPRESSORS[:WRITERS]]] to snap with (default 2 4 8, namers as envvault chooses); "--snaps-only" skips the
 # one-core rates
 ARGS = [a for a in sys.argv[1:] if a != "--snaps-only"]
 READERS = ARGS or ["2", "4", "8"]
@@ -101,12 +101,15 @@ sp = sysconfig.get_paths()["purelib"]
 for readers in READERS:
     readers, _, namers = readers.partition(":")
     namers, _, compressors = namers.partition(":")
+    compressors, _, writers = compressors.partition(":")
     env = dict(os.environ, ENVVAULT_STAGES="1", ENVVAULT_READERS=readers, ENVVAULT_HOME="/tmp/gst/vault",
                PYTHONPATH="/tmp/site")
     if namers:
         env["ENVVAULT_NAMERS"] = namers
     if compressors:
         env["ENVVAULT_COMPRESSORS"] = compressors
+    if writers:
+        env["ENVVAULT_WRITERS"] = writers
     subprocess.run(["rm", "-rf", "/tmp/gst"])
     t = time.perf_counter()
     proc = subprocess.Popen(["/tmp/site/bin/envvault", "snap", "--venv", venv, "--no-caches", "-m", "s"], env=env,
@@ -117,7 +120,8 @@ for readers in READERS:
     p = subprocess.CompletedProcess(proc.args, os.waitstatus_to_exitcode(status), out, err)
     stages = [ln for ln in p.stderr.splitlines() if ln.startswith("envvault-stage")]
     stages.append(f"peak RSS: {ru.ru_maxrss / 1024:.0f} MB")
-    res["snaps"].append({"readers": readers, "namers": namers or "default", "compressors": compressors or "default", "wall_s": round(wall, 2), "rc": p.returncode, "stages": stages,
+    res["snaps"].append({"readers": readers, "namers": namers or "default", "compressors": compressors or "default",
+                         "writers": writers or "default", "wall_s": round(wall, 2), "rc": p.returncode, "stages": stages,
                          "tail": p.stderr[-300:] if p.returncode else ""})
-    print(f"readers {readers} namers {namers or 'default'} compressors {compressors or 'default'}: {wall:.2f} s rc {p.returncode}", *stages, sep="\n  ", flush=True)
+    print(f"readers {readers} namers {namers or 'default'} compressors {compressors or 'default'} writers {writers or 'default'}: {wall:.2f} s rc {p.returncode}", *stages, sep="\n  ", flush=True)
     save()
