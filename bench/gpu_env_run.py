@@ -187,9 +187,12 @@ def main() -> int:
                        r, before=f"rm -rf {torch_dir}")
         if a.profile:
             profile("restore_torch", f"restore full --venv {venv} --no-backup", before=f"rm -rf {torch_dir}")
-        nb = timed("restore --no-backup", f"{EV} restore full --venv {venv} --no-backup", r, before=f"rm -rf {torch_dir}")
+        # ENVVAULT_STAGES=1: the restore phases on stderr
+        nb = timed("restore --no-backup", f"ENVVAULT_STAGES=1 {EV} restore full --venv {venv} --no-backup", r,
+                   before=f"rm -rf {torch_dir}")
         row("restore after rm -rf torch, --no-backup", nb, anchor, "zstd -dc | tar -x of torch", "<= 1.0x")
-        bk = timed("restore (backup)", f"{EV} restore full --venv {venv}", r, before=f"rm -rf {torch_dir}")
+        bk = timed("restore (backup)", f"ENVVAULT_STAGES=1 {EV} restore full --venv {venv}", r,
+                   before=f"rm -rf {torch_dir}")
         row("restore after rm -rf torch, default backup", bk, anchor, "zstd -dc | tar -x of torch", "<= 1.1x")
         sh(f"rm -rf {torch_dir} && {EV} restore full --venv {venv} --no-backup", name="restore before status")
         st = timed("status right after a restore", f"{EV} status --venv {venv} --exit-code", 1)

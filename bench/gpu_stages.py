@@ -21,7 +21,7 @@ import zstandard  # noqa: E402
 from pyfastcdc import FastCDC  # noqa: E402
 
 OUT = os.environ.get("OUT") or "bench/out"
-# argv: READERS[:NAMERS[:COMPRESSORS[:WRITERS]]] to snap with (default 2 4 8, namers as envvault chooses); "--snaps-only" skips the
+# argv: READERS[:NAMERS[:COMPRESSORS[:WRITERS[:IN_FLIGHT_MIB[:FRAMES_A_COMPRESSOR[:SWITCH_US]]]]]] to snap with (default 2 4 8, namers as envvault chooses); "--snaps-only" skips the
 # one-core rates
 ARGS = [a for a in sys.argv[1:] if a != "--snaps-only"]
 READERS = ARGS or ["2", "4", "8"]
@@ -102,6 +102,7 @@ for readers in READERS:
     readers, _, namers = readers.partition(":")
     namers, _, compressors = namers.partition(":")
     compressors, _, writers = compressors.partition(":")
+    writers, _, tuning = writers.partition(":")
     env = dict(os.environ, ENVVAULT_STAGES="1", ENVVAULT_READERS=readers, ENVVAULT_HOME="/tmp/gst/vault",
                PYTHONPATH="/tmp/site")
     if namers:
@@ -112,7 +113,20 @@ for readers in READERS:
         env["ENVVAULT_WRITERS"] = writers
     subprocess.run(["rm", "-rf", "/tmp/gst"])
     t = time.perf_counter()
-    proc = subprocess.Popen(["/tmp/site/bin/envvault", "snap", "--venv", venv, "--no-caches", "-m", "s"], env=env,
+    cmd = ["/tmp/site/bin/envvault"]
+    if tuning:  # IN_FLIGHT_MIB[:FRAMES_A_COMPRESSOR[:SWITCH_US]]: the pipeline's bounds, patched for this run
+        mib, _, rest = tuning.partition(":")
+        frames, _, switch = rest.partition(":")
+        patch = ["import sys", "from envvault.vault import ingest, packs"]
+        if mib:
+            patch.append(f"packs._IN_FLIGHT_BYTES = {int(mib)} << 20")
+        if frames:
+            patch.append(f"packs.PackWriter._in_flight_a_worker = {int(frames)}")
+        if switch:
+            patch.append(f"ingest.SWITCH_INTERVAL = {int(switch)} / 1e6")
+        patch += ["from envvault.cli import main", "sys.argv[0] = 'envvault'", "main()"]
+        cmd = [sys.executable, "-c", "; ".join(patch)]
+    proc = subprocess.Popen(cmd + ["snap", "--venv", venv, "--no-caches", "-m", "s"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.stdout.read(), proc.stderr.read()
     _, status, ru = os.wait4(proc.pid, 0)
@@ -121,7 +135,7 @@ for readers in READERS:
     stages = [ln for ln in p.stderr.splitlines() if ln.startswith("envvault-stage")]
     stages.append(f"peak RSS: {ru.ru_maxrss / 1024:.0f} MB")
     res["snaps"].append({"readers": readers, "namers": namers or "default", "compressors": compressors or "default",
-                         "writers": writers or "default", "wall_s": round(wall, 2), "rc": p.returncode, "stages": stages,
+                         "writers": writers or "default", "tuning": tuning, "wall_s": round(wall, 2), "rc": p.returncode, "stages": stages,
                          "tail": p.stderr[-300:] if p.returncode else ""})
-    print(f"readers {readers} namers {namers or 'default'} compressors {compressors or 'default'} writers {writers or 'default'}: {wall:.2f} s rc {p.returncode}", *stages, sep="\n  ", flush=True)
+    print(f"readers {readers} namers {namers or 'default'} compressors {compressors or 'default'} writers {writers or 'default'} {tuning}: {wall:.2f} s rc {p.returncode}", *stages, sep="\n  ", flush=True)
     save()

@@ -405,6 +405,6 @@ def test_thread_counts_from_the_environment(monkeypatch):
     monkeypatch.setenv("ENVVAULT_COMPRESSORS", "3")
     assert threads.default_compressors() == 3
     monkeypatch.setenv("ENVVAULT_WRITERS", "0")  # a writer count starts at 1
-    assert threads.default_writers() == (4 if (os.cpu_count() or 1) >= 8 else 1)
+    assert threads.default_writers() == 1
     monkeypatch.setenv("ENVVAULT_WRITERS", "2")
     assert threads.default_writers() == 2

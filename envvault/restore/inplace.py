@@ -24,6 +24,7 @@ from envvault.journal import (Paths, clean_temps, journal_file, read_journal, re
 from envvault.materialize import refuse_escapes
 from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
+from envvault.vault import timing
 from envvault.restore.apply import commit_plan, populate_statcache, stage_plan, undo_staging
 from envvault.restore.backup import discard_backup, scan_now
 from envvault.env.probe import system_of
@@ -160,6 +161,8 @@ class _Clock:
     def lap(self, name: str) -> None:
         now = time.monotonic()
         self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 3)
+        if timing.ON:
+            timing.add(f"restore: {name}", time.perf_counter() - (now - self._last))
         self._last = now
 
 

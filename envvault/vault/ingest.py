@@ -123,7 +123,7 @@ class Ingester:
         # This (storing) thread does Python work per file between calls that release the GIL; with many
         # readers wanting the GIL back, a short switch interval keeps it from waiting 5 ms each time.
         interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, 0.0005))
+        sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
         stored = 0  # bytes stored so far: past _STEADY_AFTER, pin malloc's threshold (ctypes costs an import)
         budget = _Budget(min(READ_AHEAD, max(16 << 20, self.threads * (2 << 20))), HEAD_AHEAD)
         window: deque[_Job] = deque()
@@ -219,6 +219,10 @@ class Ingester:
             ahead = named.pop(os.fspath(path), None) if algo == "sha256" else None
             if ahead is None:
                 return _read_file(path, size_hint, algo, store, emit, lazy=True)
+            if timing.ON:
+                t0 = timing.clock()
+                ahead.exception()
+                timing.add("readers: wait for namers", t0)
             digest, pieces = ahead.result()  # the namer's error, if any, is this read's
             for oid, piece in pieces:
                 if len(piece) < FRAME_TARGET // 2 and not known(oid):
@@ -245,6 +249,7 @@ class Ingester:
 # Bytes read ahead of the storing thread (all reader threads together: 2 MiB a thread, at least 16 MiB, at
 # most READ_AHEAD), and what the file being stored may hold beyond that (FastCDC's largest chunk is 4 MiB).
 READ_AHEAD = 64 << 20
+SWITCH_INTERVAL = 0.0005  # seconds: the GIL's switch interval while readers run (Python's default is 5 ms)
 HEAD_AHEAD = 8 << 20
 BATCH_BYTES = 1 << 20  # light items (small files) go to the readers this many bytes ...
 BATCH_ITEMS = 64  # ... or items at a time
@@ -356,41 +361,45 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
         if fd is None:
             raise EnvironmentProblem(f"cannot read {path}: not a regular file (did it change while envvault read "
                                      "the environment?)")
-        with os.fdopen(fd, "rb") as f:
-            if size_hint < SMALL_FILE:
-                data = f.read()
-                h.update(data)
-                size = len(data)
-                if store and data:
-                    oid = object_id(data)
-                    chunks.append(oid)
-                    emit(oid, data)
-            elif not store:
-                size = 0
-                while True:
-                    data = f.read(BLOCK)
-                    if not data:
-                        break
-                    h.update(data)
-                    size += len(data)
-            elif lazy:
-                size = _cut_named(f, path, h.update, chunks, emit, hold_small)
-            else:
-                size = 0
-                update = h.update
-                if size_hint >= HASH_ASIDE and _HASH_ASIDE_OK:
-                    aside = _HashAside(h)
-                    update = aside.update
-                for ch in _chunker().cut_stream(f):
-                    data = bytes(ch.data)
-                    update(data)
-                    size += len(data)
-                    oid = object_id(data)
-                    chunks.append(oid)
-                    emit(oid, data)
-                if aside is not None:
-                    aside.finish()
-                    aside = None
+        if size_hint < SMALL_FILE:  # most files: read whole with plain reads (no file object: the GIL is shared)
+            try:
+                data = _read_fd(fd, size_hint)
+            finally:
+                os.close(fd)
+            h.update(data)
+            size = len(data)
+            if store and data:
+                oid = object_id(data)
+                chunks.append(oid)
+                emit(oid, data)
+        else:
+            with os.fdopen(fd, "rb") as f:
+                if not store:
+                    size = 0
+                    while True:
+                        data = f.read(BLOCK)
+                        if not data:
+                            break
+                        h.update(data)
+                        size += len(data)
+                elif lazy:
+                    size = _cut_named(f, path, h.update, chunks, emit, hold_small)
+                else:
+                    size = 0
+                    update = h.update
+                    if size_hint >= HASH_ASIDE and _HASH_ASIDE_OK:
+                        aside = _HashAside(h)
+                        update = aside.update
+                    for ch in _chunker().cut_stream(f):
+                        data = bytes(ch.data)
+                        update(data)
+                        size += len(data)
+                        oid = object_id(data)
+                        chunks.append(oid)
+                        emit(oid, data)
+                    if aside is not None:
+                        aside.finish()
+                        aside = None
     except PermissionError:
         raise EnvironmentProblem(f"cannot read {path}: permission denied; fix its mode or run as its owner") from None
     except OSError as err:
@@ -405,6 +414,19 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
 BLOCK = 4 << 20  # a large file hashed without chunking is read this much at a time
 WINDOW = 6 << 20  # ``_cut_named`` cuts this much of a file at a time (FastCDC's largest chunk and 2 MiB)
 _windows = threading.local()
+
+
+def _read_fd(fd: int, size_hint: int) -> bytes:
+    """The whole of the open file ``fd`` (about ``size_hint`` bytes; it may have grown or shrunk)."""
+    data = os.read(fd, size_hint + 1)
+    if len(data) <= size_hint:
+        return data
+    parts = [data]
+    while True:
+        more = os.read(fd, max(size_hint, 1 << 16))
+        if not more:
+            return b"".join(parts)
+        parts.append(more)
 
 
 def _cut_named(f, path, update, chunks: list, emit, hold_small: bool = True) -> int:

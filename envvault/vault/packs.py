@@ -97,6 +97,8 @@ class PackWriter:
     ``objects = {oid: location}`` so the caller can add them to its in-memory index.
     """
 
+    _in_flight_a_worker = 2  # frames in flight a compressor thread (see ``_in_flight``)
+
     def __init__(self, backend: Backend, tmp_dir: Path, level: int, on_commit: Callable[[str, dict], None],
                  threads: int | None = None, level_large: int | None = None):
         self.backend = backend
@@ -110,7 +112,7 @@ class PackWriter:
         self._pool = None  # started by the first frame: a snap that stores nothing imports no thread pool
         # Frames compressing at once: enough to keep every core busy, few enough to bound memory (a frame
         # holds at most a 4 MiB chunk or ~1 MiB of small objects).
-        self._in_flight = max(_IN_FLIGHT, 2 * workers)
+        self._in_flight = max(_IN_FLIGHT, self._in_flight_a_worker * workers)
         self._pending_bytes = 0
         self._local = threading.local()
         self._pending: deque[tuple] = deque()  # (future, meta, raw bytes) in pack order, not yet placed
@@ -173,7 +175,10 @@ class PackWriter:
         if len(items) == 1:
             raw = items[0][1]
             if isinstance(raw, FileSlice):
+                t0 = timing.clock()
                 raw = raw.view(items[0][0])
+                if timing.ON:
+                    timing.add("compressors: read FileSlices again", t0)
         else:
             raw = b"".join(it[1] for it in items)
         return cctx.compress(raw)
@@ -198,6 +203,9 @@ class PackWriter:
                 self._thread.start()
             self._cv.notify_all()
             while self._error is None and (self._held > self._in_flight or self._pending_bytes > _IN_FLIGHT_BYTES):
+                if timing.ON:
+                    timing.add("store: room waits, frames cap" if self._held > self._in_flight
+                               else "store: room waits, bytes cap", timing.clock())
                 self._cv.wait()
         if timing.ON:
             timing.add("store: wait for room in the pack writer", t0)

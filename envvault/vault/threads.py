@@ -45,7 +45,8 @@ def default_compressors() -> int:
 
 
 def default_writers() -> int:
-    """Writer threads of the pack writer (frames written with ``pwrite`` at their place, several packs at
-    once): 4 on 8 cores or more, else 1 (``ENVVAULT_WRITERS`` overrides it). One pack thread writing every
-    frame in order set the pace of a first snap on the 16-core device (5.2 s for 3.3 GB of frames)."""
-    return _given("ENVVAULT_WRITERS", 1, 64, 4 if (os.cpu_count() or 1) >= 8 else 1)
+    """Writer threads of the pack writer (frames written with ``pwrite`` at the place the pack thread gave
+    them): 1 (``ENVVAULT_WRITERS`` overrides it). Measured on the 16-core device (7.3 GB venv, 2026-12-01,
+    bench/results/gpu_stages_8.json): 1 writer 11.1 s, 4 writers 12.7 s (their writes took 9.4 s in all
+    against 1.6 s: they contend); the pack thread writing every frame itself, before, spent 5.2 s on it."""
+    return _given("ENVVAULT_WRITERS", 1, 64, 1)
