@@ -21,8 +21,7 @@ import zstandard  # noqa: E402
 from pyfastcdc import FastCDC  # noqa: E402
 
 OUT = os.environ.get("OUT") or "bench/out"
-# argv: READERS[:NAMERS[:COMPRESSORS[:WRITERS[:IN_FLIGHT_MIB[:FRAMES_A_COMPRESSOR[:SWITCH_US[:MALLOC]]]]]]] to snap
-# with (MALLOC: nopin, t<KiB>, a<ARENAS>, joined by +) (default 2 4 8, namers as envvault chooses); "--snaps-only" skips the
+# argv: READERS[:NAMERS[:COMPRESSORS[:WRITERS[:IN_FLIGHT_MIB[:FRAMES_A_COMPRESSOR[:SWITCH_US]]]]]] to snap with (default 2 4 8, namers as envvault chooses); "--snaps-only" skips the
 # one-core rates
 ARGS = [a for a in sys.argv[1:] if a != "--snaps-only"]
 READERS = ARGS or ["2", "4", "8"]
@@ -115,10 +114,9 @@ for readers in READERS:
     subprocess.run(["rm", "-rf", "/tmp/gst"])
     t = time.perf_counter()
     cmd = ["/tmp/site/bin/envvault"]
-    if tuning:  # IN_FLIGHT_MIB[:FRAMES_A_COMPRESSOR[:SWITCH_US[:MALLOC]]]: the pipeline's bounds, patched for this run
+    if tuning:  # IN_FLIGHT_MIB[:FRAMES_A_COMPRESSOR[:SWITCH_US]]: the pipeline's bounds, patched for this run
         mib, _, rest = tuning.partition(":")
-        frames, _, rest = rest.partition(":")
-        switch, _, malloc = rest.partition(":")
+        frames, _, switch = rest.partition(":")
         patch = ["import sys", "from envvault.vault import ingest, packs"]
         if mib:
             patch.append(f"packs._IN_FLIGHT_BYTES = {int(mib)} << 20")
@@ -126,13 +124,6 @@ for readers in READERS:
             patch.append(f"packs.PackWriter._in_flight_a_worker = {int(frames)}")
         if switch:
             patch.append(f"ingest.SWITCH_INTERVAL = {int(switch)} / 1e6")
-        for part in filter(None, malloc.split("+")):  # nopin | t<KiB> (the threshold pinned there) | a<N> arenas
-            if part == "nopin":
-                patch.append("ingest._steady_malloc = lambda: None")
-            elif part.startswith("t"):
-                patch.append(f"ingest._steady_malloc = lambda: ingest._mallopt((-3, {int(part[1:])} << 10))")
-            elif part.startswith("a"):
-                patch.append(f"ingest._mallopt((-8, {int(part[1:])}))")  # M_ARENA_MAX
         patch += ["from envvault.cli import main", "sys.argv[0] = 'envvault'", "main()"]
         cmd = [sys.executable, "-c", "; ".join(patch)]
     proc = subprocess.Popen(cmd + ["snap", "--venv", venv, "--no-caches", "-m", "s"], env=env,

@@ -262,14 +262,13 @@ _STEADY_AFTER = 64 << 20
 
 
 def _steady_malloc() -> None:
-    """Keep glibc's mmap threshold at 256 KiB while a snap stores (``_STEADY``): chunks of 256 KiB to 4 MiB
-    allocated on one thread and freed on another otherwise raise it (glibc's dynamic threshold) and stay in
-    per-thread arenas, which grows a multi-threaded snap's RSS by tens of MB (16-core device: 376-382 MB
-    unpinned against 295-297 pinned, gpu_stages_10.json). A no-op elsewhere. ``_relax_malloc`` undoes it when
-    the ingest ends."""
+    """Keep glibc's mmap threshold at 256 KiB while a snap stores: chunks of 256 KiB to 4 MiB allocated on
+    one thread and freed on another otherwise raise it (glibc's dynamic threshold) and stay in per-thread
+    arenas, which grows a multi-threaded snap's RSS by tens of MB. A no-op elsewhere. ``_relax_malloc``
+    undoes it when the ingest ends."""
     global _MALLOC_SET
     if not _MALLOC_SET:
-        _MALLOC_SET = _mallopt(*_STEADY)
+        _MALLOC_SET = _mallopt((_M_MMAP_THRESHOLD, 256 << 10))
 
 
 def _relax_malloc() -> None:
@@ -286,10 +285,6 @@ def _relax_malloc() -> None:
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-# While a snap stores: buffers of 256 KiB or more are mappings of their own (given back when freed), and up to
-# 4 MiB free at the top of a heap is kept (a lower trim threshold gave pages back and faulted them in again for
-# every compressed piece: bench/malloc_threshold.py, "stream" rows).
-_STEADY = ((_M_MMAP_THRESHOLD, 256 << 10), (_M_TRIM_THRESHOLD, 4 << 20))
 
 
 def _mallopt(*settings: tuple) -> bool:

@@ -38,7 +38,6 @@ _CLOSING = 4  # packs handed to the closer thread and not yet stored, at most (e
 _BATCH_FRAMES = 64  # frames compressed already, placed and written as one batch (one pwritev), at most
 _IOV_MAX = 1024
 _HASH_READ = 4 << 20  # the closer reads a pack back in pieces of this size to hash it
-_OUT_PIECE = 128 << 10  # a compressed frame is written in pieces of this size (below the mmap threshold)
 
 Location = tuple  # (pack_id, frame_offset, frame_length, offset_in_frame, length, kind)
 
@@ -158,7 +157,7 @@ class PackWriter:
             self._frame = []
             self._frame_size = 0
 
-    def _compress(self, items: list) -> _Compressed:
+    def _compress(self, items: list) -> bytes:
         t0 = timing.clock()
         try:
             return self._compress_now(items)
@@ -166,27 +165,23 @@ class PackWriter:
             if timing.ON:
                 timing.add("compressors: busy", t0)
 
-    def _compress_now(self, items: list) -> _Compressed:
-        """One zstd frame of ``items`` (their bytes in order), as pieces of at most ``_OUT_PIECE`` bytes: the
-        frame is streamed into them, so no buffer of a frame's size is allocated (with the mmap threshold
-        pinned while a snap stores, each such buffer was a fresh mapping: bench/malloc_threshold.py)."""
+    def _compress_now(self, items: list) -> bytes:
         large = len(items) == 1 and len(items[0][1]) >= FRAME_TARGET // 2
         key = "cctx_large" if large else "cctx"
         cctx = getattr(self._local, key, None)
         if cctx is None:
             cctx = zstandard.ZstdCompressor(level=self.level_large if large else self.level, write_content_size=True)
             setattr(self._local, key, cctx)
-        out = _Compressed()
-        writer = cctx.stream_writer(out, size=sum(len(it[1]) for it in items), write_size=_OUT_PIECE, closefd=False)
-        for oid, raw, _kind in items:
+        if len(items) == 1:
+            raw = items[0][1]
             if isinstance(raw, FileSlice):
                 t0 = timing.clock()
-                raw = raw.view(oid)
+                raw = raw.view(items[0][0])
                 if timing.ON:
                     timing.add("compressors: read FileSlices again", t0)
-            writer.write(raw)
-        writer.flush(zstandard.FLUSH_FRAME)
-        return out
+        else:
+            raw = b"".join(it[1] for it in items)
+        return cctx.compress(raw)
 
     def _submit(self, items: list) -> None:
         if self._pool is None:
@@ -274,9 +269,9 @@ class PackWriter:
         i = 0
         while i < len(ready):
             pack = self._pack or self._open_pack()
-            at, bufs, raw, n = pack.length, [], 0, 0
+            at, bufs, raw = pack.length, [], 0
             while i < len(ready):  # a frame goes into the open pack, which is closed once it passes the target
-                comp, (_, meta, size) = comps[i], ready[i]  # a _Compressed: the frame's pieces
+                comp, (_, meta, size) = comps[i], ready[i]
                 frame_index = len(pack.frames)
                 pack.frames.append([pack.length, len(comp)])
                 off = 0
@@ -284,9 +279,8 @@ class PackWriter:
                     pack.objects[oid] = [frame_index, off, length, kind]
                     off += length
                 pack.length += len(comp)
-                bufs.extend(comp.pieces)
+                bufs.append(comp)
                 raw += size
-                n += 1
                 self.written_bytes += len(comp)
                 self.written_objects += len(meta)
                 i += 1
@@ -296,25 +290,25 @@ class PackWriter:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._writers = ThreadPoolExecutor(max_workers=default_writers(), thread_name_prefix="envvault-write")
-            pack.writes.append(self._writers.submit(self._write_frames, pack.fd, bufs, at, raw, n))
+            pack.writes.append(self._writers.submit(self._write_frames, pack.fd, bufs, at, raw))
             if pack.length >= PACK_TARGET:
                 self._close_pack()
         if timing.ON:
             timing.add("pack thread: place frames", t0)
 
-    def _write_frames(self, fd: int, bufs: list, at: int, raw: int, frames: int) -> None:
+    def _write_frames(self, fd: int, bufs: list, at: int, raw: int) -> None:
         """A writer thread: frames written at their place; their room given back to the producer."""
         t0 = timing.clock()
         try:
             _pwrite_all(fd, bufs, at, self.backend)
-            for _ in range(frames):
+            for _ in bufs:
                 crash_point("pack_frame")
         except BaseException as err:  # noqa: BLE001 - the first error stops the writer
             self._failed(err)
             raise
         finally:
             with self._cv:
-                self._held -= frames
+                self._held -= len(bufs)
                 self._pending_bytes -= raw
                 self._cv.notify_all()
             if timing.ON:
@@ -450,24 +444,6 @@ class _Aborted(Exception):
     """The writer was aborted: the pack thread stops before its next frame."""
 
 
-class _Compressed:
-    """A compressed frame as the pieces a zstd stream writer wrote (``write``), and its length."""
-
-    __slots__ = ("length", "pieces")
-
-    def __init__(self) -> None:
-        self.pieces: list[bytes] = []
-        self.length = 0
-
-    def write(self, data: bytes) -> int:
-        self.pieces.append(data)
-        self.length += len(data)
-        return len(data)
-
-    def __len__(self) -> int:
-        return self.length
-
-
 class _OpenPack:
     """A temp pack being written: its descriptor, where its next frame goes, its frames and objects (its
     index), and the writes handed to the writer threads (the closer waits for them)."""
@@ -487,16 +463,15 @@ class _OpenPack:
 def _pwrite_all(fd: int, bufs: "bytes | list", at: int, backend: Backend) -> None:
     """Write ``bufs`` (one buffer or several, in order) at offset ``at``, however many calls it takes."""
     views = [memoryview(bufs)] if isinstance(bufs, bytes) else [memoryview(b) for b in bufs]
-    i = 0  # the first view not yet written whole
     try:
-        while i < len(views):
-            n = os.pwritev(fd, views[i:i + _IOV_MAX], at)
+        while views:
+            n = os.pwritev(fd, views[:_IOV_MAX], at)
             at += n
-            while i < len(views) and n >= len(views[i]):
-                n -= len(views[i])
-                i += 1
+            while views and n >= len(views[0]):
+                n -= len(views[0])
+                views.pop(0)
             if n:
-                views[i] = views[i][n:]
+                views[0] = views[0][n:]
     except OSError as err:
         raise storage_error(err, backend.location) from None
 
