@@ -11,7 +11,6 @@ import json
 import os
 import threading
 from collections import deque
-from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Callable
 
@@ -479,6 +478,10 @@ def _pwrite_all(fd: int, bufs: "bytes | list", at: int, backend: Backend) -> Non
 def _settle(futures: list) -> None:
     """Wait until each future finished or was cancelled (``concurrent.futures.wait`` never returns for a
     future cancelled by an executor's shutdown); their errors are the caller's ``_error`` already."""
+    if not futures:
+        return
+    from concurrent.futures import CancelledError  # imported already: futures come from a pool
+
     for fut in futures:
         try:
             fut.exception()
