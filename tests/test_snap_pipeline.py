@@ -420,7 +420,7 @@ def test_the_malloc_threshold_is_given_back_when_the_ingest_ends(tmp_path, monke
 
     calls = []
     monkeypatch.setattr(ingest, "_mallopt", lambda *settings: (calls.append(settings), True)[1])
-    monkeypatch.setattr(ingest, "_MALLOC_SET", False)
+    monkeypatch.setattr(ingest, "_MALLOC", None)
     monkeypatch.setenv("ENVVAULT_NAMERS", "2")
     p = tmp_path / "big.bin"
     p.write_bytes(random.Random(3).randbytes(9 << 20))
@@ -445,4 +445,4 @@ def test_the_malloc_threshold_is_given_back_when_the_ingest_ends(tmp_path, monke
                 list(items)
             txn.flush()
         assert calls == [pinned, relaxed], (fails, calls)
-        assert ingest._MALLOC_SET is False
+        assert ingest._MALLOC is None

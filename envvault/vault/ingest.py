@@ -257,7 +257,7 @@ BATCH_ITEMS = 64  # ... or items at a time
 _DONE = object()
 
 
-_MALLOC_SET = False
+_MALLOC = None  # this ingest pinned glibc's mmap threshold (True), could not (False), or has not tried (None)
 _STEADY_AFTER = 64 << 20
 
 
@@ -266,9 +266,9 @@ def _steady_malloc() -> None:
     one thread and freed on another otherwise raise it (glibc's dynamic threshold) and stay in per-thread
     arenas, which grows a multi-threaded snap's RSS by tens of MB. A no-op elsewhere. ``_relax_malloc``
     undoes it when the ingest ends."""
-    global _MALLOC_SET
-    if not _MALLOC_SET:
-        _MALLOC_SET = _mallopt((_M_MMAP_THRESHOLD, 256 << 10))
+    global _MALLOC
+    if _MALLOC is None:  # once an ingest: without glibc (False) it is not tried again for every object
+        _MALLOC = _mallopt((_M_MMAP_THRESHOLD, 256 << 10))
 
 
 def _relax_malloc() -> None:
@@ -278,9 +278,9 @@ def _relax_malloc() -> None:
     every decompressed frame) maps and faults fresh pages for each; measured on the device, a restore's
     stage took 3.2-3.9 s after a backup against 1.5-2.2 s without one (a 1 MiB decompression 14x slower
     here: bench/malloc_threshold.py)."""
-    global _MALLOC_SET
-    if _MALLOC_SET:
-        _MALLOC_SET = False
+    global _MALLOC
+    pinned, _MALLOC = _MALLOC, None
+    if pinned:
         _mallopt((_M_MMAP_THRESHOLD, 8 << 20), (_M_TRIM_THRESHOLD, 16 << 20))
 
 
@@ -441,15 +441,16 @@ _windows = threading.local()
 
 
 def _read_fd(fd: int, size_hint: int) -> bytes:
-    """The whole of the open file ``fd`` (about ``size_hint`` bytes; it may have grown or shrunk)."""
+    """The whole of the open file ``fd`` (about ``size_hint`` bytes; it may have grown or shrunk), read until
+    end of file: a read shorter than asked is not the end (FUSE, NFS, 9p and CIFS may return less)."""
     data = os.read(fd, size_hint + 1)
-    if len(data) <= size_hint:
+    if not data:
         return data
     parts = [data]
     while True:
-        more = os.read(fd, max(size_hint, 1 << 16))
+        more = os.read(fd, max(size_hint + 1 - len(data), 1 << 16))
         if not more:
-            return b"".join(parts)
+            return data if len(parts) == 1 else b"".join(parts)
         parts.append(more)
 
 

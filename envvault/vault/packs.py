@@ -117,6 +117,7 @@ class PackWriter:
         self._pending: deque[tuple] = deque()  # (future, meta, raw bytes) in pack order, not yet placed
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None  # the pack thread: places frames in order, closes packs
+        self._done = threading.Event()  # set by the pack thread as it ends
         self._stopping = False  # flush: the pack thread ends once ``_pending`` is empty
         self._error: BaseException | None = None  # what stopped the pack thread, raised on the producer's side
         self._closer = None  # the closer thread, started by the first full pack
@@ -198,6 +199,7 @@ class PackWriter:
             self._held += 1
             if self._thread is None:
                 self._stopping = False
+                self._done = threading.Event()
                 self._thread = threading.Thread(target=self._run, name="envvault-pack", daemon=True)
                 self._thread.start()
             self._cv.notify_all()
@@ -237,6 +239,8 @@ class PackWriter:
             self._close_pack()
         except BaseException as err:  # noqa: BLE001 - raised on the producer's side (flush, the next add)
             self._failed(err)
+        finally:
+            self._done.set()
 
     def _failed(self, err: BaseException) -> None:
         """Keep the first error (the pack thread stops, the producer raises it) and wake every waiter."""
@@ -410,6 +414,9 @@ class PackWriter:
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
+        # The pack thread's own word that it ended: a join interrupted by Ctrl-C (in flush) marks a running
+        # thread as stopped on CPython up to 3.11, so abort's join after it would return at once.
+        self._done.wait()
         thread.join()
         self._thread = None
 
@@ -465,6 +472,8 @@ def _pwrite_all(fd: int, bufs: "bytes | list", at: int, backend: Backend) -> Non
     try:
         while views:
             n = os.pwritev(fd, views[:_IOV_MAX], at)
+            if not n:
+                raise OSError(errno.EIO, "a write to a temp pack wrote nothing")
             at += n
             while views and n >= len(views[0]):
                 n -= len(views[0])
