@@ -19,6 +19,22 @@ def _tmp_files(vault_dir: Path) -> list[str]:
     return sorted(p.name for p in (vault_dir / "tmp").rglob("*") if p.is_file())
 
 
+def _add_then_flush(writer, n: int, added: list) -> None:
+    """Add ``n`` objects of 600 kB (a frame each; a pack each where PACK_TARGET is small), then flush, counting
+    the objects added in ``added[0]``; on any error abort the writer (as a snap's transaction does) and raise."""
+    from envvault.model.encoding import object_id
+
+    try:
+        for i in range(n):
+            data = i.to_bytes(4, "big") + bytes(600_000)
+            writer.add(object_id(data), data)
+            added[0] += 1
+        writer.flush()
+    except BaseException:
+        writer.abort()
+        raise
+
+
 def _run_or_unhang(fn, fifo: Path | None = None):
     """``fn()`` on a thread; its exception (or None). A call that does not return within HANG seconds is a
     hang: a writer is opened on ``fifo`` to release it, and the test fails."""
@@ -93,7 +109,6 @@ def test_pack_that_cannot_be_stored_stops_the_writer(tmp_path, monkeypatch):
     objects, not only at flush after compressing everything else; one StorageError, no temp file left,
     and no later pack stored."""
     from envvault.errors import EnvvaultError
-    from envvault.model.encoding import object_id
     from envvault.vault import packs
     from envvault.vault.store import Vault
 
@@ -108,19 +123,11 @@ def test_pack_that_cannot_be_stored_stops_the_writer(tmp_path, monkeypatch):
 
     monkeypatch.setattr(vault.backend, "save_file", full)
     writer = vault.writer(threads=2)
-    n = 300
-    added = 0
+    n, added = 300, [0]
     with pytest.raises(EnvvaultError, match="[Ss]pace"):
-        try:
-            for i in range(n):
-                data = i.to_bytes(4, "big") + bytes(600_000)  # a frame of its own, a pack of its own
-                writer.add(object_id(data), data)
-                added += 1
-            writer.flush()
-        except BaseException:
-            writer.abort()
-            raise
+        _add_then_flush(writer, n, added)
     writer.close()
+    added = added[0]
     assert added < n // 2, f"the producer went on for {added} objects after the first pack failed"
     assert saved == []
     assert _tmp_files(tmp_path / "v") == []
@@ -349,7 +356,6 @@ def test_a_frame_that_cannot_be_written_stops_the_writer(tmp_path, monkeypatch, 
     """A writer thread's pwrite fails (the disk filled up): the producer hears of it at its next objects, one
     StorageError; no temp pack is left and no pack is stored."""
     from envvault.errors import StorageError
-    from envvault.model.encoding import object_id
     from envvault.vault import packs
     from envvault.vault.store import Vault
 
@@ -367,22 +373,10 @@ def test_a_frame_that_cannot_be_written_stops_the_writer(tmp_path, monkeypatch, 
     monkeypatch.setattr(os, "pwritev", filling)
     vault = Vault.open(tmp_path / "v", create=True)
     writer = vault.writer(threads=2)
-    n, added = 300, 0
-
-    def run():
-        nonlocal added
-        try:
-            for i in range(n):
-                data = i.to_bytes(4, "big") + bytes(600_000)
-                writer.add(object_id(data), data)
-                added += 1
-            writer.flush()
-        except BaseException:
-            writer.abort()
-            raise
-
-    err = _run_or_unhang(run)
+    n, added = 300, [0]
+    err = _run_or_unhang(lambda: _add_then_flush(writer, n, added))
     writer.close()
+    added = added[0]
     assert isinstance(err, StorageError) and "space" in str(err).lower(), err
     assert added < n // 2, f"the producer went on for {added} objects after a write failed"
     assert _tmp_files(tmp_path / "v") == []
