@@ -466,3 +466,18 @@ def test_without_glibc_the_malloc_pin_is_tried_once_an_ingest(tmp_path, monkeypa
         txn.flush()
     assert len(calls) == 1, calls
     assert ingest._MALLOC is None
+
+
+def test_a_write_that_writes_nothing_is_an_error_not_a_loop(tmp_path, monkeypatch):
+    """``pwritev`` returning 0 (nothing written, no error): one StorageError, never an endless retry; no temp
+    pack left."""
+    from envvault.errors import StorageError
+    from envvault.vault.store import Vault
+
+    monkeypatch.setattr(os, "pwritev", lambda fd, bufs, at: 0)
+    vault = Vault.open(tmp_path / "v", create=True)
+    writer = vault.writer(threads=2)
+    err = _run_or_unhang(lambda: _add_then_flush(writer, 5, [0]))
+    writer.close()
+    assert isinstance(err, StorageError), err
+    assert _tmp_files(tmp_path / "v") == []
