@@ -173,18 +173,19 @@ class Ingester:
                         got = job.queue.get()
                     if got is _DONE:
                         break
-                    oid, data = got
+                    objects, held = got  # held: their bytes, counted by the reader (FileSlices hold none)
                     try:
-                        if timing.ON:
-                            t0 = timing.clock()
-                            self._emit_now(oid, data)
-                            timing.add("store: add objects", t0)
-                        else:
-                            self._emit_now(oid, data)
+                        for oid, data in objects:
+                            if timing.ON:
+                                t0 = timing.clock()
+                                self._emit_now(oid, data)
+                                timing.add("store: add objects", t0)
+                            else:
+                                self._emit_now(oid, data)
                     finally:
-                        if data is not None and not isinstance(data, FileSlice):
-                            budget.release(job, len(data))
-                            stored += len(data)
+                        if held:
+                            budget.release(job, held)
+                            stored += held
                             if stored > _STEADY_AFTER:
                                 _steady_malloc()
                 results, error = job.future.result()
@@ -207,19 +208,42 @@ class Ingester:
         storing thread after the results before it)."""
         store, known = self.store, self.known
 
+        # Objects go to the storing thread a list at a time (``HAND_OVER_ITEMS`` or ``HAND_OVER_BYTES``, a
+        # large file's last, the batch's last): one queue operation and one budget release for many small
+        # files, not one each. A reader hands over what it holds before it waits for room (the storing
+        # thread may need those very objects to make room).
+        pending: list = []
+        held = 0
+
+        def hand_over() -> None:
+            nonlocal pending, held
+            if pending:
+                job.queue.put((pending, held))
+                pending, held = [], 0
+
         def emit(oid: str, data: "bytes | FileSlice | None") -> None:
+            nonlocal held
             if data is not None and known(oid):
                 data = None  # stored already: hold no bytes for it
             if data is not None and not isinstance(data, FileSlice):
-                budget.acquire(job, len(data))
-            job.queue.put((oid, data))
+                n = len(data)
+                if not budget.try_acquire(job, n):
+                    hand_over()
+                    budget.acquire(job, n)
+                held += n
+            pending.append((oid, data))
+            if len(pending) >= HAND_OVER_ITEMS or held >= HAND_OVER_BYTES:
+                hand_over()
 
         named = self._named
 
         def read(path, size_hint: int, algo: str = "sha256") -> FileDigest:
             ahead = named.pop(os.fspath(path), None) if algo == "sha256" else None
             if ahead is None:
-                return _read_file(path, size_hint, algo, store, emit, lazy=True)
+                digest = _read_file(path, size_hint, algo, store, emit, lazy=True)
+                if size_hint >= SMALL_FILE:
+                    hand_over()
+                return digest
             if timing.ON:
                 t0 = timing.clock()
                 ahead.exception()
@@ -229,6 +253,7 @@ class Ingester:
                 if len(piece) < FRAME_TARGET // 2 and not known(oid):
                     piece = piece.load(oid)  # a small chunk goes into a frame of small objects: as bytes
                 emit(oid, piece)
+            hand_over()
             return digest
 
         results = []
@@ -241,6 +266,7 @@ class Ingester:
         except Exception as err:  # noqa: BLE001 - handed to the storing thread, raised at its item's turn
             return results, err
         finally:
+            hand_over()
             job.queue.put(_DONE)
             if timing.ON:
                 timing.add("readers: busy (incl. waits for room)", t0)
@@ -254,6 +280,8 @@ SWITCH_INTERVAL = 0.0005  # seconds: the GIL's switch interval while readers run
 HEAD_AHEAD = 8 << 20
 BATCH_BYTES = 1 << 20  # light items (small files) go to the readers this many bytes ...
 BATCH_ITEMS = 64  # ... or items at a time
+HAND_OVER_ITEMS = 32  # a reader hands the objects it read to the storing thread this many at a time ...
+HAND_OVER_BYTES = 256 << 10  # ... or once they hold this many bytes
 _DONE = object()
 
 
@@ -557,16 +585,26 @@ class _Budget:
         self.aborted = False
         self.cv = threading.Condition()
 
+    def _fits(self, job: _Job, n: int) -> bool:
+        if self.aborted:
+            raise _Aborted()
+        if self.used + n <= self.limit:
+            return True
+        return job is self.head and (job.outstanding == 0 or job.outstanding + n <= self.head_limit)
+
+    def try_acquire(self, job: _Job, n: int) -> bool:
+        """Take ``n`` bytes if they fit now; False (nothing taken) if the reader would have to wait."""
+        with self.cv:
+            if not self._fits(job, n):
+                return False
+            self.used += n
+            job.outstanding += n
+        return True
+
     def acquire(self, job: _Job, n: int) -> None:
         t0 = timing.clock()
         with self.cv:
-            while True:
-                if self.aborted:
-                    raise _Aborted()
-                if self.used + n <= self.limit:
-                    break
-                if job is self.head and (job.outstanding == 0 or job.outstanding + n <= self.head_limit):
-                    break
+            while not self._fits(job, n):
                 self.cv.wait()
             self.used += n
             job.outstanding += n
