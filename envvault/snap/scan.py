@@ -20,6 +20,7 @@ from envvault.vault import timing
 from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_stats_fresh, stat_key
 from envvault.vault.store import Vault
 
+from .forked import check_all
 from .manifests import DistPlan, ManifestBuilder, summary_of
 
 if TYPE_CHECKING:
@@ -101,6 +102,21 @@ def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
     return True
 
 
+def _fresh_groups(entries: list, prefix: Path) -> set[int]:
+    """The entries (by position) whose stat cache group is still fresh (``_group_fresh``): every stored
+    file's ``lstat``, shared out to forked children on a large environment (``forked.check_all``)."""
+    todo = [n for n, (_, _, group, mid) in enumerate(entries) if mid]
+    weights = [_group_files(entries[n][2]) for n in todo]
+    flags = check_all(lambda n: _group_fresh(entries[n][2], prefix, entries[n][0]), todo, weights)
+    return {n for n, ok in zip(todo, flags) if ok}
+
+
+def _group_files(group: dict) -> int:
+    """About how many files a stat cache group lists (its packed stats: 32 bytes a file, base64)."""
+    stats = group.get("stats")
+    return 1 + (len(stats) // 43 if isinstance(stats, str) else len(stats) if isinstance(stats, list) else 0)
+
+
 def scan_environment(
     vault: Vault,
     prefix: Path,
@@ -133,14 +149,17 @@ def scan_environment(
     packages: list[dict] = []
     slow: list[InstalledDist] = []
     warnings: list[str] = []
+    entries = []  # (dist_info, site, its stat cache group, the manifest id the cache has for this mode)
     for dist_info, site in reader.dist_entries():
-        key = dist_info.relative_to(prefix).as_posix()
-        group = cache.groups.get(key)
+        group = cache.groups.get(dist_info.relative_to(prefix).as_posix())
         # Ids in the stat cache are trusted without consulting the index: the cache is saved only after
         # a commit, and gc deletes every stat cache before it removes anything.
         # A check scan takes the full scan's manifest of the same stats (the same files, chunks recorded).
         mid = group and (group.get(mkey) or (mode == "check" and group.get("manifest_full")))
-        if mode != "lock" and mid and _group_fresh(group, prefix, dist_info):
+        entries.append((dist_info, site, group, mid))
+    fresh = _fresh_groups(entries, prefix) if mode != "lock" else set()
+    for n, (dist_info, site, group, mid) in enumerate(entries):
+        if n in fresh:
             summary = dict(group["summary"], manifest=mid)
             packages.append(summary)
             cache.touch_group(group)

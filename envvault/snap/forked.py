@@ -1,0 +1,134 @@
+"""Yes/no checks over many items, split across forked child processes: an unchanged scan ``lstat``s every
+stored file of the environment (49,000 on a 7 GB venv), one system call and a little Python each, which one
+interpreter does at one core's pace and threads cannot share out (the GIL). Children forked from this
+process each check a slice and send one byte an item back through a pipe.
+
+Forking is only for what it is safe and worth for: Linux, a process with no other thread (a child of a
+threaded process may inherit a lock another thread held), two cores or more and enough work
+(``FORK_MIN_WEIGHT``). Whatever a child does not answer (it failed, was killed, sent too little) is checked
+here, in this process: the answers never depend on the children.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Callable, Sequence
+
+__all__ = ["check_all", "FORK_MIN_WEIGHT"]
+
+FORK_MIN_WEIGHT = 8000  # the items' weights (files to lstat) below which one process checks them all
+_WEIGHT_A_CHILD = 4000  # at least this much work a child, else fewer children
+_MAX_CHILDREN = 8
+
+
+def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequence[int]) -> list[bool]:
+    """``[check(item) for item in items]``, in forked children when that pays (``workers``); ``check``
+    must only read (it runs in a copy of this process) and return a bool. ``weights``: each item's cost."""
+    total = sum(weights)
+    workers = _children(total)
+    if workers < 2:
+        return [bool(check(it)) for it in items]
+    slices = _slices(weights, total, workers)
+    answers: list[bool | None] = [None] * len(items)
+    kids: list[tuple[int, int, range]] = []  # (pid, read end, the items it checks)
+    finished = False
+    try:
+        for part in slices[1:]:
+            kid = _fork_one(check, items, part)
+            if kid is not None:
+                kids.append(kid)
+            else:  # no fork (out of processes, memory): checked below
+                break
+        for i in slices[0]:  # this process takes the first slice meanwhile
+            answers[i] = bool(check(items[i]))
+        for pid, fd, part in kids:
+            got = _read_all(fd, len(part))
+            for i, b in zip(part, got):
+                answers[i] = b == 1
+        finished = True
+    finally:
+        for pid, fd, _ in kids:
+            _reap(pid, fd, kill=not finished)
+    # a child that failed or sent less, a slice no child took: here
+    return [a if a is not None else bool(check(items[i])) for i, a in enumerate(answers)]
+
+
+def _children(total: int) -> int:
+    if total < FORK_MIN_WEIGHT or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return 1
+    if threading.active_count() > 1:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(_MAX_CHILDREN, cores, total // _WEIGHT_A_CHILD))
+
+
+def _slices(weights: Sequence[int], total: int, workers: int) -> list[range]:
+    """Consecutive runs of items of about ``total / workers`` weight each (at most ``workers`` runs)."""
+    target = total / workers
+    out, start, acc = [], 0, 0
+    for i, w in enumerate(weights):
+        acc += w
+        if acc >= target * (len(out) + 1) and len(out) < workers - 1:
+            out.append(range(start, i + 1))
+            start = i + 1
+    if start < len(weights):
+        out.append(range(start, len(weights)))
+    return out
+
+
+def _fork_one(check: Callable, items: Sequence, part: range) -> tuple[int, int, range] | None:
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:  # the child: answer, then leave at once (no atexit handlers, no buffers flushed twice)
+        code = 1
+        try:
+            os.close(r)
+            view = memoryview(bytes(1 if check(items[i]) else 0 for i in part))
+            while view:
+                view = view[os.write(w, view):]
+            code = 0
+        except BaseException:  # noqa: BLE001 - any failure: the parent checks this slice itself
+            pass
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r, part
+
+
+def _read_all(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes from ``fd``, until its end."""
+    parts, got = [], 0
+    while got < n:
+        chunk = os.read(fd, n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _reap(pid: int, fd: int, kill: bool) -> None:
+    """Close the pipe and wait for the child (it has answered, or failed: it is ending); ``kill`` (this
+    process was interrupted while children ran) ends it first."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    try:
+        if kill:
+            import signal
+
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        pass
