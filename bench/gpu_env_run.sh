@@ -15,4 +15,5 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >"$
 CACHE=bench/out/inductor-cache.tar.zst
 extra=()
 [ -f "$CACHE" ] && extra=(--cache-tar "$PWD/$CACHE")
+export WHEELS=$PWD/.whl
 cd /tmp && exec python3 "$OLDPWD/bench/gpu_env_run.py" "${extra[@]}" "$@"
