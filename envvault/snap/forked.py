@@ -32,7 +32,7 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
         return [bool(check(it)) for it in items]
     slices = _slices(weights, total, workers)
     answers: list[bool | None] = [None] * len(items)
-    kids: list[tuple[int, int, range]] = []  # (pid, read end, the items it checks)
+    kids: list[tuple[int, int, list]] = []  # (pid, read end, the items it checks)
     finished = False
     try:
         for part in slices[1:]:
@@ -64,21 +64,20 @@ def _children(total: int) -> int:
     return max(1, min(_MAX_CHILDREN, cores, total // _WEIGHT_A_CHILD))
 
 
-def _slices(weights: Sequence[int], total: int, workers: int) -> list[range]:
-    """Consecutive runs of items of about ``total / workers`` weight each (at most ``workers`` runs)."""
-    target = total / workers
-    out, start, acc = [], 0, 0
-    for i, w in enumerate(weights):
-        acc += w
-        if acc >= target * (len(out) + 1) and len(out) < workers - 1:
-            out.append(range(start, i + 1))
-            start = i + 1
-    if start < len(weights):
-        out.append(range(start, len(weights)))
-    return out
+def _slices(weights: Sequence[int], total: int, workers: int) -> list[list[int]]:
+    """The items shared out to ``workers`` slices of about equal weight: heaviest first, each to the
+    lightest slice so far. The first slice (this process's) gets the lightest share."""
+    loads = [0] * workers
+    out: list[list[int]] = [[] for _ in range(workers)]
+    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
+        k = loads.index(min(loads))
+        out[k].append(i)
+        loads[k] += weights[i]
+    order = sorted(range(workers), key=lambda k: loads[k])
+    return [out[k] for k in order if out[k]]
 
 
-def _fork_one(check: Callable, items: Sequence, part: range) -> tuple[int, int, range] | None:
+def _fork_one(check: Callable, items: Sequence, part: list) -> tuple[int, int, list] | None:
     try:
         r, w = os.pipe()
     except OSError:

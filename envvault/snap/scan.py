@@ -85,36 +85,51 @@ def host_facts_cached(cache: StatCache) -> dict:
     return facts
 
 
-def _group_fresh(group: dict, prefix: Path, dist_info: Path) -> bool:
-    """True when RECORD and every stored file still have the stats recorded at the last snap."""
+def _group_fresh(group: dict, prefix: Path, dist_info: Path, start: int = 0, stop: int | None = None) -> bool:
+    """True when RECORD and every stored file still have the stats recorded at the last snap. With
+    ``start``/``stop``, only those of the group's files (``group_stats_fresh``); the group's own checks
+    (RECORD, METADATA, files recorded missing) are made by the part that starts at 0."""
     base = f"{str(prefix).rstrip('/')}/"  # a system environment's root may be "/"
     try:
-        if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
-            return False
-        if group.get("meta_stat") != stat_key(os.stat(dist_info / "METADATA")):
-            return False
-        if not group_stats_fresh(base, group):
-            return False
-        if any(os.path.lexists(base + rel) for rel in group.get("missing", ())):
+        if start == 0:
+            if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
+                return False
+            if group.get("meta_stat") != stat_key(os.stat(dist_info / "METADATA")):
+                return False
+            if any(os.path.lexists(base + rel) for rel in group.get("missing", ())):
+                return False
+        if not group_stats_fresh(base, group, start, stop):
             return False
     except (OSError, KeyError, TypeError, ValueError):
         return False
     return True
 
 
+_PART_FILES = 3000  # a large distribution's files are checked in parts of this many (torch: 11,700)
+
+
 def _fresh_groups(entries: list, prefix: Path) -> set[int]:
     """The entries (by position) whose stat cache group is still fresh (``_group_fresh``): every stored
-    file's ``lstat``, shared out to forked children on a large environment (``forked.check_all``)."""
-    todo = [n for n, (_, _, group, mid) in enumerate(entries) if mid]
-    weights = [_group_files(entries[n][2]) for n in todo]
-    flags = check_all(lambda n: _group_fresh(entries[n][2], prefix, entries[n][0]), todo, weights)
-    return {n for n, ok in zip(todo, flags) if ok}
+    file's ``lstat``, in parts of ``_PART_FILES`` files shared out to forked children on a large
+    environment (``forked.check_all``); a group is fresh when all its parts are."""
+    parts = []  # (entry, start, stop): the last part of a group runs to its end
+    for n, (_, _, group, mid) in enumerate(entries):
+        if mid:
+            count = _group_files(group)
+            starts = range(0, max(count, 1), _PART_FILES)
+            parts += [(n, a, None if a + _PART_FILES >= count else a + _PART_FILES) for a in starts]
+    weights = [(_group_files(entries[n][2]) if stop is None else stop) - a + 1 for n, a, stop in parts]
+    flags = check_all(lambda p: _group_fresh(entries[p[0]][2], prefix, entries[p[0]][0], p[1], p[2]), parts, weights)
+    stale = {p[0] for p, ok in zip(parts, flags) if not ok}
+    return {p[0] for p in parts} - stale
 
 
 def _group_files(group: dict) -> int:
-    """About how many files a stat cache group lists (its packed stats: 32 bytes a file, base64)."""
+    """How many files a stat cache group lists (its packed stats: 32 bytes a file, in base64)."""
     stats = group.get("stats")
-    return 1 + (len(stats) // 43 if isinstance(stats, str) else len(stats) if isinstance(stats, list) else 0)
+    if isinstance(stats, str):
+        return (len(stats) * 3 // 4 - stats[-2:].count("=")) // 32
+    return len(stats) if isinstance(stats, list) else 0
 
 
 def scan_environment(

@@ -779,9 +779,10 @@ def group_paths(group: dict) -> list[str]:
     return list(files or ())
 
 
-def group_stats_fresh(base: str, group: dict) -> bool:
-    """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash) still
-    has the stat key recorded: one ``lstat`` a file, compared packed. False on any error."""
+def group_stats_fresh(base: str, group: dict, start: int = 0, stop: int | None = None) -> bool:
+    """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash), or
+    those from ``start`` to ``stop``, still has the stat key recorded: one ``lstat`` a file, compared packed.
+    False on any error."""
     files, stats = group.get("files"), group.get("stats")
     lstat = os.lstat
     try:
@@ -790,13 +791,19 @@ def group_stats_fresh(base: str, group: dict) -> bool:
             now = array("q")
             add = now.extend
             if files:
-                for rel in files.split("\n"):
+                paths = files.split("\n")
+                if start or stop is not None:
+                    want = want[start * 32:len(want) if stop is None else stop * 32]
+                    paths = paths[start:stop]
+                for rel in paths:
                     st = lstat(base + rel)
                     add((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
             if sys.byteorder != "little":
                 now.byteswap()
             return now.tobytes() == want
-        for rel, key in zip(files, stats, strict=True):
+        if len(files) != len(stats):
+            return False
+        for rel, key in zip(files[start:stop], stats[start:stop], strict=True):
             st = lstat(base + rel)
             if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns] != key:
                 return False
