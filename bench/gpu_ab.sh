@@ -37,7 +37,7 @@ done
 # style: the base interpreter, none of the measured venv's .pth files at start-up); pip freeze beside them.
 BASE=$($PY -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
 $BASE -m venv --without-pip /tmp/ab/tool
-/tmp/ab/new/bin/uv pip install -q --offline --no-index --no-deps --python /tmp/ab/tool/bin/python "$NEW"/*.whl
+/tmp/ab/new/bin/uv pip install -q --offline --no-index --no-deps --compile-bytecode --python /tmp/ab/tool/bin/python "$NEW"/*.whl
 for b in old new; do PYTHONPATH=/tmp/ab/$b ENVVAULT_HOME=/tmp/ab/v /tmp/ab/$b/bin/envvault snap --venv "$VENV" --no-caches -m warm >/dev/null; done
 fast() {  # name, command...
   local name=$1; shift

@@ -134,7 +134,10 @@ def main() -> int:
         os.environ.update(PYTHONPATH="/tmp/site", PATH=f"/tmp/site/bin:{os.environ['PATH']}")
     os.environ.pop("VIRTUAL_ENV", None)
     result["machine"] = {"cores": os.cpu_count(), "venv": venv, "python": sys.version.split()[0],
-                         "files": sum(len(f) for _, _, f in os.walk(venv)), "repeat": a.repeat}
+                         "files": sum(len(f) for _, _, f in os.walk(venv)), "repeat": a.repeat,
+                         # a slim image: no compiled stdlib, and nothing compiled at run time is kept
+                         "stdlib_bytecode": os.path.exists(__import__("dataclasses").__cached__),
+                         "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", "")}
     save()
     r = a.repeat
 
@@ -169,11 +172,13 @@ def main() -> int:
             "uv pip freeze", "<= 2x")
         row("diff full current, unchanged", timed("diff", f"{EV} diff full current --exit-code", r), freeze,
             "pip freeze", "-")
-        # envvault installed in a venv of its own (``uv tool install`` style): its start-up runs none of the
-        # measured venv's .pth files (numba's imports importlib.resources: 40 ms here)
+        # envvault installed in a venv of its own (``uv tool install --compile-bytecode`` style): its start-up
+        # runs none of the measured venv's .pth files (numba's imports importlib.resources: 40 ms here). The
+        # bytecode is compiled at install: this host sets PYTHONDONTWRITEBYTECODE=1, so nothing compiled later
+        # is kept (a run compiled every module it imported, 0.19 s, bench/results/profiles/profile_status_own.txt)
         tool = f"{W}/tool"
         st = sh(f"{base} -m venv --without-pip {tool} && {UV} pip install -q --offline --no-index --no-deps "
-                f"--python {tool}/bin/python {WHEELS}/*.whl", name="envvault in a venv of its own (setup)", want=None)
+                f"--compile-bytecode --python {tool}/bin/python {WHEELS}/*.whl", name="envvault in a venv of its own (setup)", want=None)
         if st["rc"] == 0:
             row("second snap, unchanged, envvault in its own venv",
                 timed("second snap (own venv)", f"env -u PYTHONPATH {tool}/bin/envvault snap --venv {venv} -m again", r), freeze,

@@ -9,7 +9,7 @@ VENV=$($PY -c 'import sys; print(sys.prefix)')
 BASE=$($PY -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
 rm -rf /tmp/tool /tmp/ownv
 $BASE -m venv --without-pip /tmp/tool
-/tmp/site/bin/uv pip install -q --offline --no-index --no-deps --python /tmp/tool/bin/python .whl/*.whl
+/tmp/site/bin/uv pip install -q --offline --no-index --no-deps --compile-bytecode --python /tmp/tool/bin/python .whl/*.whl
 export ENVVAULT_HOME=/tmp/ownv
 PYTHONPATH=/tmp/site /tmp/site/bin/envvault snap --venv "$VENV" --no-caches -m own >/dev/null
 for i in 1 2 3; do
@@ -27,4 +27,4 @@ PYTHONPATH=/tmp/site $PY -X importtime -m envvault status --venv "$VENV" 2>"$OUT
 PYTHONPATH=/tmp/site $PY -m cProfile -s cumulative -m envvault status --venv "$VENV" 2>&1 | head -60 >"$OUT/profile_status_venv.txt"
 t0=$(date +%s.%N); /tmp/tool/bin/python -c pass; t1=$(date +%s.%N); echo "own python -c pass: $($PY -c "print(round($t1 - $t0, 3))") s"
 t0=$(date +%s.%N); $PY -c pass; t1=$(date +%s.%N); echo "venv python -c pass: $($PY -c "print(round($t1 - $t0, 3))") s"
-ls /tmp/tool/lib/python3*/site-packages/envvault/__pycache__ | head -3
+ls /tmp/tool/lib/python3*/site-packages/envvault/__pycache__ | head -3; ls /usr/lib/python3.12/__pycache__ 2>/dev/null | wc -l; python3 -c "import dataclasses, os; print(dataclasses.__cached__, os.path.exists(dataclasses.__cached__))"
