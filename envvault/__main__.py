@@ -1,4 +1,4 @@
-from envvault.cli import main
+from envvault.entry import main
 
 if __name__ == "__main__":
     main()
