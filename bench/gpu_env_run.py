@@ -174,8 +174,8 @@ def main() -> int:
             "pip freeze", "-")
         # envvault installed in a venv of its own (``uv tool install --compile-bytecode`` style): its start-up
         # runs none of the measured venv's .pth files (numba's imports importlib.resources: 40 ms here). The
-        # bytecode is compiled at install: this host sets PYTHONDONTWRITEBYTECODE=1, so nothing compiled later
-        # is kept (a run compiled every module it imported, 0.19 s, bench/results/profiles/profile_status_own.txt)
+        # bytecode is compiled at install, as a careful user would: this host sets PYTHONDONTWRITEBYTECODE=1
+        # (without it, envvault keeps its bytecode in its cache folder from the second run: envvault/entry.py)
         tool = f"{W}/tool"
         st = sh(f"{base} -m venv --without-pip {tool} && {UV} pip install -q --offline --no-index --no-deps "
                 f"--compile-bytecode --python {tool}/bin/python {WHEELS}/*.whl", name="envvault in a venv of its own (setup)", want=None)

@@ -1,12 +1,12 @@
 """The ``envvault`` command's entry point (the console script and ``python -m envvault``).
 
 Before the command imports anything else, ``keep_bytecode`` makes sure what it imports is compiled once,
-not on every run. Where Python keeps no bytecode beside the sources (``PYTHONDONTWRITEBYTECODE``, which
-many container images set, or an install that compiled nothing into a folder this user cannot write), it
-keeps it under envvault's cache folder instead (``sys.pycache_prefix``, Python's own mirror tree). On the
-GPU host, whose image sets PYTHONDONTWRITEBYTECODE=1 and ships no compiled standard library, every
-``envvault status`` compiled about 60 modules first (0.12-0.19 s of a 0.3-0.5 s command,
-bench/results/profiles/profile_status_*.txt). ``ENVVAULT_BYTECODE_CACHE=0`` leaves Python as it is.
+not on every run. Where envvault was installed without its bytecode and Python will not write it beside the
+sources (``PYTHONDONTWRITEBYTECODE``, which many container images set, or a folder this user cannot
+write), it keeps it under envvault's cache folder instead (``sys.pycache_prefix``, Python's own mirror tree). On the
+GPU host, whose image sets PYTHONDONTWRITEBYTECODE=1, envvault installed by uv into a venv of its own (uv
+compiles nothing unless asked) compiled 60 modules on every ``status``: 0.19 s of 0.5 s
+(bench/results/profiles/profile_status_own.txt). ``ENVVAULT_BYTECODE_CACHE=0`` leaves Python as it is.
 
 Only the command does this: importing envvault as a library (``envvault.torch`` in a training script)
 changes nothing in the importing process.
@@ -37,10 +37,11 @@ def keep_bytecode() -> str | None:
     tag = sys.implementation.cache_tag
     if tag is None:
         return None
-    if not sys.dont_write_bytecode:
-        here = os.path.dirname(os.path.abspath(__file__))
-        if os.path.exists(os.path.join(here, "__pycache__", f"cli.{tag}.pyc")) or os.access(here, os.W_OK):
-            return None  # compiled at install, or Python writes it beside the sources on the first run
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.path.exists(os.path.join(here, "__pycache__", f"cli.{tag}.pyc")):
+        return None  # compiled at install (what it imports from elsewhere is the user's business)
+    if not sys.dont_write_bytecode and os.access(here, os.W_OK):
+        return None  # Python writes it beside the sources on the first run
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".cache")

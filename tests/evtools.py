@@ -11,9 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Where the command keeps its bytecode when it has to (envvault/entry.py): outside any HOME a test makes, so
+# tests that check a HOME stays untouched check envvault's own writes.
+BYTECODE_CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / f"envvault-tests-xdg-cache-{os.getuid()}"
+
+
 def ev_env(vault: Path, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "ENVVAULT_HOME")}
     env["ENVVAULT_HOME"] = str(vault)
+    env.setdefault("XDG_CACHE_HOME", str(BYTECODE_CACHE))
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)
     return env
