@@ -45,7 +45,7 @@ def _device_rows() -> list[str]:
     """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
     res = ROOT / "bench" / "results"
     now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
-    mid_p = res / "gpu_env_run_e8f7321.json"  # the whole run this session started from
+    mid_p = res / "gpu_env_run_495cd6c.json"  # the whole run on the code the last session ended with
     if not now_p.exists():
         return []
     now = json.loads(now_p.read_text())
@@ -58,15 +58,16 @@ def _device_rows() -> list[str]:
              f"`{m.get('venv')}` (Python {m.get('python')}, {m.get('files')} files), median of {m.get('repeat')} "
              f"run(s), page cache warm for envvault and anchor alike; code: {m.get('code', '?')}. 'before' is the "
              "same script on the code this work started from (`gpu_env_run_baseline.json`, one run, its anchor in "
-             "brackets); 'e8f7321' the whole run on the code the last session ended with "
-             f"(`gpu_env_run_e8f7321.json`: {mid_doc['machine'].get('code', '?')}), its ratio in brackets; a row "
+             "brackets); '495cd6c' the whole run on the code the last session ended with "
+             f"(`gpu_env_run_495cd6c.json`: {mid_doc['machine'].get('code', '?')}), its ratio in brackets; a row "
              "with no 'now' was not rerun.", "",
-             "| figure | before | e8f7321 | now | anchor | anchor now | ratio now | goal |",
+             "| figure | before | 495cd6c | now | anchor | anchor now | ratio now | goal |",
              "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     cell = lambda t: str(t).replace("|", "\\|")  # noqa: E731 - anchors are shell pipelines
     rows = {r["figure"]: r for r in now["rows"]}
     for fig in list(base) + [f for f in rows if f not in base]:
-        r, b = rows.get(fig, {"figure": fig, "goal": base[fig].get("goal", "")}), base.get(fig, {})
+        b = base.get(fig, {})
+        r = rows[fig] if fig in rows else {"figure": fig, "goal": b.get("goal", "")}
         m_ = mid.get(fig, {})
         if "envvault_bytes" in b:
             now_b = f"{_fmt(r['envvault_bytes'] / 1e9)} GB" if "envvault_bytes" in r else ""
