@@ -185,9 +185,9 @@ def test_a_reader_hands_over_what_it_holds_before_it_waits(tmp_path, monkeypatch
     in batches of 64 with a 64 KiB read-ahead end, in order (they hung before the rule)."""
     from envvault.vault import ingest
 
+    paths = _small_read_ahead(monkeypatch, tmp_path, [4000] * 200, seed=5)
     monkeypatch.setattr(ingest, "HAND_OVER_ITEMS", 1 << 20)
     monkeypatch.setattr(ingest, "HAND_OVER_BYTES", 1 << 30)
-    monkeypatch.setattr(ingest, "READ_AHEAD", 64 << 10)
     monkeypatch.setattr(ingest, "HEAD_AHEAD", 32 << 10)
     real = ingest._Budget
 
@@ -196,14 +196,6 @@ def test_a_reader_hands_over_what_it_holds_before_it_waits(tmp_path, monkeypatch
             super().__init__(64 << 10, head)  # below map_ordered's 16 MiB floor
 
     monkeypatch.setattr(ingest, "_Budget", Small)
-    rng = random.Random(5)
-    root = tmp_path / "t"
-    root.mkdir()
-    paths = []
-    for i in range(200):
-        p = root / f"{i:03d}"
-        p.write_bytes(rng.randbytes(4000))
-        paths.append(p)
 
     class Writer:
         def __init__(self):
