@@ -31,7 +31,8 @@ def main() -> None:
 def keep_bytecode() -> str | None:
     """Point ``sys.pycache_prefix`` at ``$XDG_CACHE_HOME/envvault/pycache`` (``~/.cache/...``) when this
     process would otherwise compile what it imports on every run; the folder used, or None (nothing
-    changed). The folder must be this user's own and writable by no one else (bytecode there is run)."""
+    changed). The folder must be this user's own, open to no one else, and no one else may replace it or a
+    folder above it (bytecode there is run): ``_safe_above``."""
     if os.environ.get("ENVVAULT_BYTECODE_CACHE", "") == "0" or sys.pycache_prefix is not None:
         return None
     tag = sys.implementation.cache_tag
@@ -49,12 +50,51 @@ def keep_bytecode() -> str | None:
         return None  # no home folder
     folder = os.path.join(base, "envvault", "pycache")
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        st = os.lstat(folder)
+        _make_private(folder)
+        real = os.path.realpath(folder)
+        st = os.lstat(real)
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or not _safe_above(real):
         return None
-    sys.pycache_prefix = folder
+    sys.pycache_prefix = real
     sys.dont_write_bytecode = False
-    return folder
+    return real
+
+
+def _make_private(folder: str) -> None:
+    """Make ``folder`` and each missing folder above it with mode 0700 (``os.makedirs`` gives the ones above
+    the umask's default: 0777 under umask 000)."""
+    missing = []
+    path = folder
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+
+
+def _safe_above(real: str) -> bool:
+    """No one but this user (or root) can replace ``real`` or a folder above it: each is owned by this user or
+    root, and one others may write is root's and sticky (``/tmp``). ``real`` has no symlink in it."""
+    me = os.geteuid()
+    path = os.path.dirname(real)
+    while True:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (me, 0):
+            return False
+        if st.st_mode & 0o022 and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent

@@ -67,13 +67,41 @@ def test_compiled_at_install_or_switched_off_changes_nothing(tmp_path, src):
     assert not (tmp_path / "cache").exists()
 
 
-def test_a_folder_others_can_write_is_not_used(tmp_path, src):
+@pytest.mark.parametrize("mode", [0o777, 0o755, 0o750])
+def test_a_folder_others_can_open_is_not_used(tmp_path, src, mode):
+    """Python makes the mirror folders inside it with the umask's mode: in a folder others may enter, those
+    could be theirs to write (and bytecode may already be planted: it is not tightened, only refused)."""
     prefix = tmp_path / "cache" / "envvault" / "pycache"
     prefix.mkdir(parents=True)
-    prefix.chmod(0o777)
-    assert _probe(_env(tmp_path, src), src) == ["None", "True"]  # another user could plant bytecode there
+    (tmp_path / "cache").chmod(0o700)
+    (tmp_path / "cache" / "envvault").chmod(0o700)
+    prefix.chmod(mode)
+    assert _probe(_env(tmp_path, src), src) == ["None", "True"]
     prefix.chmod(0o700)
     assert _probe(_env(tmp_path, src), src) == [str(prefix), "False"]
+
+
+def test_a_folder_above_that_others_can_write_is_refused(tmp_path, src):
+    """Another user who may write a folder above could swap ours mid-run: refused, unless that folder is
+    root's and sticky (``/tmp``, where these tests run)."""
+    cache = tmp_path / "cache"
+    (cache / "envvault" / "pycache").mkdir(parents=True, mode=0o700)
+    (cache / "envvault").chmod(0o700)
+    cache.chmod(0o777)
+    assert _probe(_env(tmp_path, src), src) == ["None", "True"]
+    cache.chmod(0o1777)  # sticky, but not root's: still refused unless this test runs as root
+    assert _probe(_env(tmp_path, src), src)[0] == (str(cache / "envvault" / "pycache") if os.geteuid() == 0 else "None")
+    cache.chmod(0o700)
+    assert _probe(_env(tmp_path, src), src)[0] == str(cache / "envvault" / "pycache")
+
+
+def test_folders_are_made_private_under_any_umask(tmp_path, src):
+    env = _env(tmp_path, src)
+    proc = subprocess.run([sys.executable, "-c", "import os; os.umask(0); " + _PROBE], capture_output=True,
+                          text=True, env=env, cwd=src, timeout=60)
+    assert proc.stdout.split() == [str(tmp_path / "cache" / "envvault" / "pycache"), "False"], proc.stderr
+    for folder in (tmp_path / "cache", tmp_path / "cache" / "envvault", tmp_path / "cache" / "envvault" / "pycache"):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
 
 
 def test_a_library_import_changes_nothing(tmp_path, src):

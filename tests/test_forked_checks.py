@@ -71,6 +71,18 @@ def test_no_fork_with_another_thread_or_little_work():
     assert not any(forked.check_all(lambda i: os.getpid() != parent, small, [10] * 10))
 
 
+def test_no_fork_with_a_native_thread():
+    """zstd's worker threads are not Python threads: ``threading`` does not see them, the process does."""
+    import zstandard
+
+    parent = os.getpid()
+    cctx = zstandard.ZstdCompressor(level=1, threads=2)
+    cctx.compress(os.urandom(4 << 20))
+    assert len(os.listdir("/proc/self/task")) > 1 and threading.active_count() == 1
+    assert not any(forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40))
+    del cctx
+
+
 def test_slices_cover_every_item_once():
     for weights in ([5] * 17, [100, 1, 1, 1, 1, 1, 1, 100], [1], [3, 9000, 2, 2]):
         for workers in (2, 3, 8):

@@ -5,13 +5,16 @@ process each check a slice and send one byte an item back through a pipe.
 
 Forking is only for what it is safe and worth for: Linux, a process with no other thread (a child of a
 threaded process may inherit a lock another thread held), two cores or more and enough work
-(``FORK_MIN_WEIGHT``). Whatever a child does not answer (it failed, was killed, sent too little) is checked
+(``FORK_MIN_WEIGHT``). A child drops the parent's signal handlers and its garbage collector, answers, and
+leaves with ``os._exit``. Whatever a child does not answer (it failed, was killed, sent too little) is checked
 here, in this process: the answers never depend on the children.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
 import sys
 import threading
 from typing import Callable, Sequence
@@ -36,10 +39,7 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
     finished = False
     try:
         for part in slices[1:]:
-            kid = _fork_one(check, items, part)
-            if kid is not None:
-                kids.append(kid)
-            else:  # no fork (out of processes, memory): checked below
+            if not _fork_one(check, items, part, kids):  # no fork (out of processes, memory): checked below
                 break
         for i in slices[0]:  # this process takes the first slice meanwhile
             answers[i] = bool(check(items[i]))
@@ -58,10 +58,19 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
 def _children(total: int) -> int:
     if total < FORK_MIN_WEIGHT or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return 1
-    if threading.active_count() > 1:
+    if threading.active_count() > 1 or not _one_thread():
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(_MAX_CHILDREN, cores, total // _WEIGHT_A_CHILD))
+
+
+def _one_thread() -> bool:
+    """This process has one thread, native ones included (zstd's, BLAKE3's pool: ``threading`` does not
+    count them, and a child of a threaded process may inherit a lock another thread held)."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
 
 def _slices(weights: Sequence[int], total: int, workers: int) -> list[list[int]]:
@@ -77,31 +86,46 @@ def _slices(weights: Sequence[int], total: int, workers: int) -> list[list[int]]
     return [out[k] for k in order if out[k]]
 
 
-def _fork_one(check: Callable, items: Sequence, part: list) -> tuple[int, int, list] | None:
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _fork_one(check: Callable, items: Sequence, part: list, kids: list) -> bool:
+    """Fork a child that answers ``part``; it goes on ``kids`` (pid, read end, part) before any signal can
+    interrupt this process, so an interrupted parent always reaps it. False when no child could be made."""
     try:
         r, w = os.pipe()
     except OSError:
-        return None
+        return False
+    # Signals wait until the child is on ``kids`` (parent) or has dropped the parent's handlers (child): a
+    # Ctrl-C landing in between must not run the parent's cleanup in the child.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         pid = os.fork()
     except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         os.close(r)
         os.close(w)
-        return None
+        return False
     if pid == 0:  # the child: answer, then leave at once (no atexit handlers, no buffers flushed twice)
         code = 1
         try:
+            gc.disable()  # no finalizer of an object inherited from the parent runs here
+            for sig in _SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)  # a signal ends the child; the parent checks its part
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
             os.close(r)
             view = memoryview(bytes(1 if check(items[i]) else 0 for i in part))
             while view:
                 view = view[os.write(w, view):]
             code = 0
-        except BaseException:  # noqa: BLE001 - any failure: the parent checks this slice itself
+        except BaseException:  # noqa: BLE001 - any failure: the parent checks this part itself
             pass
         finally:
             os._exit(code)
+    kids.append((pid, r, part))
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
     os.close(w)
-    return pid, r, part
+    return True
 
 
 def _read_all(fd: int, n: int) -> bytes:

@@ -72,6 +72,9 @@ class SnapshotRef:
         return self.snapshot.to_dict()
 
 
+_MAX_LOCATION = 1 << 48  # no offset or length in a pack reaches this (256 TiB)
+
+
 def index_locations(doc) -> dict[str, tuple]:
     """A pack's index file (docs/format.md, "Index files"), parsed: object id -> (pack_id, frame_offset,
     frame_length, offset, length, kind). A TypeError, ValueError, KeyError or IndexError when any part is
@@ -92,6 +95,10 @@ def index_locations(doc) -> dict[str, tuple]:
     numbers = f_off + f_len + fis + [r[2] for r in rows] + [r[3] for r in rows]
     if numbers and (set(map(type, numbers)) != {int} or min(numbers) < 0):  # no bool, float or string
         raise TypeError("not a location")
+    if numbers and max(numbers) >= _MAX_LOCATION:  # would overflow a read's offset (an internal error)
+        raise ValueError("a location past any pack")
+    if rows and set(map(type, [r[4] for r in rows])) != {str}:
+        raise TypeError("an object kind that is not a string")
     if fis and max(fis) >= len(frames):
         raise IndexError("a frame index past the frames")
     return {oid: (pack, f_off[fi], f_len[fi], off, length, kind) for oid, fi, off, length, kind in rows}

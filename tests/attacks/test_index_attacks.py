@@ -50,6 +50,10 @@ BAD = {
     "negative frame length": _bad(frame=[108, -50]),
     "frame a string": _bad(frame="ab"),
     "bool frame offset": _bad(frame=[False, 50]),
+    "frame offset past any pack": _bad(frame=[1 << 63, 50]),
+    "object length past any pack": _bad(obj=[1, 0, 1 << 70, "b"]),
+    "kind a list": _bad(obj=[1, 0, 10, ["b"]]),
+    "kind null": _bad(obj=[1, 0, 10, None]),
 }
 
 
