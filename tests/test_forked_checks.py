@@ -4,9 +4,12 @@ threaded process or on little work, and an in-place edit in a child's slice is s
 
 from __future__ import annotations
 
+import json
 import os
-import signal
-import threading
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,73 +17,105 @@ from envvault.snap import forked
 from fixtures import catalogue as C
 from fixtures import uv_install
 
+ROOT = Path(__file__).resolve().parent.parent
+
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or (os.cpu_count() or 1) < 2, reason="needs fork and 2 cores")
 
 
-def _no_children_left() -> bool:
+# Whether this process may fork depends on what ran in it before (a test that hashed with BLAKE3's thread pool
+# leaves native threads behind): each check runs in a fresh interpreter, as the command does.
+_PRELUDE = """
+import json, os, signal, sys, threading
+from envvault.snap import forked
+parent = os.getpid()
+forks = []
+real_fork = os.fork
+os.fork = lambda: forks.append(1) or real_fork()
+
+def no_children_left():
     try:
         os.waitpid(-1, os.WNOHANG)
     except ChildProcessError:
         return True
     return False
+"""
+
+
+def _fresh(code: str) -> dict:
+    """Run ``_PRELUDE`` + ``code`` in a new interpreter; the JSON object it prints last."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_children_answer_their_slices():
-    parent = os.getpid()
-    items = list(range(40))
-    got = forked.check_all(lambda i: os.getpid() != parent, items, [1000] * 40)  # 40,000: forks
-    assert False in got  # this process's slice
-    assert True in got  # a child's
-    assert _no_children_left()
+    got = _fresh("""
+        answers = forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40)  # 40,000: forks
+        print(json.dumps({"answers": answers, "forks": len(forks), "left": not no_children_left()}))
+    """)
+    assert got["forks"] >= 1 and not got["left"]
+    assert False in got["answers"]  # this process's slice
+    assert True in got["answers"]  # a child's
 
 
 def test_answers_are_the_serial_ones():
-    items = list(range(997))
-    check = lambda i: (i * 7919) % 3 == 0  # noqa: E731
-    assert forked.check_all(check, items, [50] * len(items)) == [check(i) for i in items]
-    assert _no_children_left()
+    got = _fresh("""
+        check = lambda i: (i * 7919) % 3 == 0
+        items = list(range(997))
+        answers = forked.check_all(check, items, [50] * len(items))
+        print(json.dumps({"same": answers == [check(i) for i in items], "forks": len(forks),
+                          "left": not no_children_left()}))
+    """)
+    assert got == {"same": True, "forks": got["forks"], "left": False} and got["forks"] >= 1
 
 
 @pytest.mark.parametrize("how", ["raise", "kill"])
 def test_a_child_that_fails_or_is_killed_is_checked_here(how):
-    parent = os.getpid()
+    got = _fresh(f"""
+        def check(i):
+            if os.getpid() != parent:
+                if {how!r} == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise RuntimeError("child broke")
+            return i % 2 == 0
 
-    def check(i):
-        if os.getpid() != parent:
-            if how == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise RuntimeError("child broke")
-        return i % 2 == 0
-
-    items = list(range(30))
-    assert forked.check_all(check, items, [1000] * 30) == [i % 2 == 0 for i in items]
-    assert _no_children_left()
+        answers = forked.check_all(check, list(range(30)), [1000] * 30)
+        print(json.dumps({{"same": answers == [i % 2 == 0 for i in range(30)], "forks": len(forks),
+                          "left": not no_children_left()}}))
+    """)
+    assert got["same"] and got["forks"] >= 1 and not got["left"]
 
 
 def test_no_fork_with_another_thread_or_little_work():
-    parent = os.getpid()
-    stop = threading.Event()
-    t = threading.Thread(target=stop.wait, daemon=True)
-    t.start()
-    try:
-        assert not any(forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40))
-    finally:
+    got = _fresh("""
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait, daemon=True)
+        t.start()
+        threaded = forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40)
         stop.set()
         t.join()
-    small = list(range(10))
-    assert not any(forked.check_all(lambda i: os.getpid() != parent, small, [10] * 10))
+        small = forked.check_all(lambda i: os.getpid() != parent, list(range(10)), [10] * 10)
+        alone = forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40)
+        print(json.dumps({"threaded": any(threaded), "small": any(small), "alone": any(alone)}))
+    """)
+    assert got == {"threaded": False, "small": False, "alone": True}  # the last one shows forking was possible
 
 
 def test_no_fork_with_a_native_thread():
     """zstd's worker threads are not Python threads: ``threading`` does not see them, the process does."""
-    import zstandard
+    got = _fresh("""
+        import zstandard
 
-    parent = os.getpid()
-    cctx = zstandard.ZstdCompressor(level=1, threads=2)
-    cctx.compress(os.urandom(4 << 20))
-    assert len(os.listdir("/proc/self/task")) > 1 and threading.active_count() == 1
-    assert not any(forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40))
-    del cctx
+        cctx = zstandard.ZstdCompressor(level=1, threads=2)
+        cctx.compress(os.urandom(4 << 20))
+        native = len(os.listdir("/proc/self/task")) > 1 and threading.active_count() == 1
+        answers = forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40)
+        print(json.dumps({"native": native, "forked": any(answers) or bool(forks)}))
+    """)
+    assert got == {"native": True, "forked": False}
 
 
 def test_slices_cover_every_item_once():
@@ -95,38 +130,44 @@ def test_slices_cover_every_item_once():
     assert sorted(sum([9000, 3000, 3000, 3000][i] for i in p) for p in parts) == [9000, 9000]
 
 
-def test_status_sees_an_edit_in_a_childs_slice(tmp_path, make_venv, wheelhouse, monkeypatch):
-    """Status in this process with forking forced on and every distribution checked in parts of 2 files:
-    the last stored file of each distribution, edited in place (same size), makes that one distribution
+def test_status_sees_an_edit_in_a_childs_slice(tmp_path, make_venv, wheelhouse):
+    """Status, in a fresh interpreter with forking forced on and every distribution checked in parts of 2
+    files: the last stored file of each distribution, edited in place (same size), makes that one distribution
     changed, whichever process checked its part; unchanged, nothing is."""
-    from envvault.snap import scan, take_snapshot
-    from envvault.snap.scan import scan_current, statcache_for
-    from envvault.vault.ingest import group_paths
+    from envvault.snap import take_snapshot
     from envvault.vault.store import Vault
 
     venv = make_venv("uv")
     uv_install(venv, *(str(wheelhouse[k]) for k in (C.SMALL_01, C.NS_ALPHA, C.WITH_HEADERS)))
     vault = Vault.open(tmp_path / "v", create=True)
     take_snapshot(vault, venv, argv=["test"])
-    monkeypatch.setattr(forked, "FORK_MIN_WEIGHT", 1)
-    monkeypatch.setattr(forked, "_WEIGHT_A_CHILD", 1)
-    monkeypatch.setattr(scan, "_PART_FILES", 2)
-    forks = []
-    real_fork = os.fork
-    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
-    first = scan_current(vault, venv, facts=False)
-    assert forks  # the checks did go to children
-    assert scan_current(vault, venv, facts=False)["packages"] == first["packages"]
-    groups = statcache_for(vault, venv).groups
-    lasts = [group_paths(g)[-1] for g in groups.values() if len(group_paths(g)) > 2]
-    assert len(lasts) >= 2  # more than one part each
-    before = first
-    for rel in lasts:
-        target = venv / rel
-        data = target.read_bytes()
-        target.write_bytes(data[:-1] + (b"#" if data[-1:] != b"#" else b"!"))
-        after = scan_current(vault, venv, facts=False)
-        changed = [a["name"] for a, b in zip(before["packages"], after["packages"]) if a["manifest"] != b["manifest"]]
-        assert len(changed) == 1, rel
-        before = after
-    assert _no_children_left()
+    got = _fresh(f"""
+        from pathlib import Path
+        from envvault.snap import scan
+        from envvault.snap.scan import scan_current, statcache_for
+        from envvault.vault.ingest import group_paths
+        from envvault.vault.store import Vault
+
+        forked.FORK_MIN_WEIGHT = forked._WEIGHT_A_CHILD = 1
+        scan._PART_FILES = 2
+        vault, venv = Vault.open({str(tmp_path / "v")!r}), Path({str(venv)!r})
+        first = scan_current(vault, venv, facts=False)
+        out = {{"forked": len(forks), "again": scan_current(vault, venv, facts=False)["packages"] == first["packages"]}}
+        groups = statcache_for(vault, venv).groups
+        lasts = [group_paths(g)[-1] for g in groups.values() if len(group_paths(g)) > 2]
+        out["lasts"] = len(lasts)
+        before, out["changed"] = first, []
+        for rel in lasts:
+            target = venv / rel
+            data = target.read_bytes()
+            target.write_bytes(data[:-1] + (b"#" if data[-1:] != b"#" else b"!"))
+            after = scan_current(vault, venv, facts=False)
+            out["changed"].append([a["name"] for a, b in zip(before["packages"], after["packages"])
+                                   if a["manifest"] != b["manifest"]])
+            before = after
+        out["left"] = not no_children_left()
+        print(json.dumps(out))
+    """)
+    assert got["forked"] and got["again"] and not got["left"]
+    assert got["lasts"] >= 2  # more than one part each
+    assert all(len(names) == 1 for names in got["changed"]) and len(got["changed"]) == got["lasts"]
