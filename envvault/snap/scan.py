@@ -85,11 +85,16 @@ def host_facts_cached(cache: StatCache) -> dict:
     return facts
 
 
+def _base(prefix: Path) -> str:
+    """``prefix`` as the start of the paths under it: a system environment's root "/" gives "/", not "//"."""
+    return f"{str(prefix).rstrip('/')}/"
+
+
 def _group_fresh(group: dict, prefix: Path, dist_info: Path, start: int = 0, stop: int | None = None) -> bool:
     """True when RECORD and every stored file still have the stats recorded at the last snap. With
     ``start``/``stop``, only those of the group's files (``group_stats_fresh``); the group's own checks
     (RECORD, METADATA, files recorded missing) are made by the part that starts at 0."""
-    base = f"{str(prefix).rstrip('/')}/"  # a system environment's root may be "/"
+    base = _base(prefix)
     try:
         if start == 0:
             if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
@@ -112,13 +117,14 @@ def _fresh_groups(entries: list, prefix: Path) -> set[int]:
     """The entries (by position) whose stat cache group is still fresh (``_group_fresh``): every stored
     file's ``lstat``, in parts of ``_PART_FILES`` files shared out to forked children on a large
     environment (``forked.check_all``); a group is fresh when all its parts are."""
-    parts = []  # (entry, start, stop): the last part of a group runs to its end
+    parts, weights = [], []  # (entry, start, stop): the last part of a group runs to its end; files in each
     for n, (_, _, group, mid) in enumerate(entries):
         if mid:
             count = _group_files(group)
-            starts = range(0, max(count, 1), _PART_FILES)
-            parts += [(n, a, None if a + _PART_FILES >= count else a + _PART_FILES) for a in starts]
-    weights = [(_group_files(entries[n][2]) if stop is None else stop) - a + 1 for n, a, stop in parts]
+            for a in range(0, max(count, 1), _PART_FILES):
+                last = a + _PART_FILES >= count
+                parts.append((n, a, None if last else a + _PART_FILES))
+                weights.append((count if last else a + _PART_FILES) - a + 1)
     flags = check_all(lambda p: _group_fresh(entries[p[0]][2], prefix, entries[p[0]][0], p[1], p[2]), parts, weights)
     stale = {p[0] for p, ok in zip(parts, flags) if not ok}
     return {p[0] for p in parts} - stale
@@ -165,7 +171,7 @@ def scan_environment(
     slow: list[InstalledDist] = []
     warnings: list[str] = []
     entries = []  # (dist_info, site, its stat cache group, the manifest id the cache has for this mode)
-    base = f"{str(prefix).rstrip('/')}/"
+    base = _base(prefix)
     for dist_info, site in reader.dist_entries():
         where = str(dist_info)  # its key: the path under the prefix (string work; pathlib's is 0.1 ms a call)
         group = cache.groups.get(where[len(base):] if where.startswith(base) else dist_info.relative_to(prefix).as_posix())
