@@ -17,7 +17,7 @@ from envvault.model.encoding import canonical_json, object_id
 from envvault.model.manifest import DistManifest
 from envvault.output import ProgressSink
 from envvault.vault import timing
-from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_stats_fresh, stat_key
+from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_stats_fresh, stat_key, unpack_stats
 from envvault.vault.store import Vault
 
 from .forked import check_all
@@ -90,10 +90,12 @@ def _base(prefix: Path) -> str:
     return f"{str(prefix).rstrip('/')}/"
 
 
-def _group_fresh(group: dict, prefix: Path, dist_info: Path, start: int = 0, stop: int | None = None) -> bool:
+def _group_fresh(group: dict, prefix: Path, dist_info: Path, start: int = 0, stop: int | None = None,
+                 unpacked: tuple | None = None) -> bool:
     """True when RECORD and every stored file still have the stats recorded at the last snap. With
-    ``start``/``stop``, only those of the group's files (``group_stats_fresh``); the group's own checks
-    (RECORD, METADATA, files recorded missing) are made by the part that starts at 0."""
+    ``start``/``stop``, only those of the group's files (``group_stats_fresh``, given the group's
+    ``unpacked`` stats when decoded once for all its parts); the group's own checks (RECORD, METADATA, files
+    recorded missing) are made by the part that starts at 0."""
     base = _base(prefix)
     try:
         if start == 0:
@@ -103,7 +105,7 @@ def _group_fresh(group: dict, prefix: Path, dist_info: Path, start: int = 0, sto
                 return False
             if any(os.path.lexists(base + rel) for rel in group.get("missing", ())):
                 return False
-        if not group_stats_fresh(base, group, start, stop):
+        if not group_stats_fresh(base, group, start, stop, unpacked):
             return False
     except (OSError, KeyError, TypeError, ValueError):
         return False
@@ -118,14 +120,18 @@ def _fresh_groups(entries: list, prefix: Path) -> set[int]:
     file's ``lstat``, in parts of ``_PART_FILES`` files shared out to forked children on a large
     environment (``forked.check_all``); a group is fresh when all its parts are."""
     parts, weights = [], []  # (entry, start, stop): the last part of a group runs to its end; files in each
+    unpacked: dict[int, tuple | None] = {}  # a group of several parts: its stats decoded once, before any fork
     for n, (_, _, group, mid) in enumerate(entries):
         if mid:
             count = _group_files(group)
+            if count > _PART_FILES:
+                unpacked[n] = unpack_stats(group)
             for a in range(0, max(count, 1), _PART_FILES):
                 last = a + _PART_FILES >= count
                 parts.append((n, a, None if last else a + _PART_FILES))
                 weights.append((count if last else a + _PART_FILES) - a + 1)
-    flags = check_all(lambda p: _group_fresh(entries[p[0]][2], prefix, entries[p[0]][0], p[1], p[2]), parts, weights)
+    flags = check_all(lambda p: _group_fresh(entries[p[0]][2], prefix, entries[p[0]][0], p[1], p[2],
+                                             unpacked.get(p[0])), parts, weights)
     stale = {p[0] for p, ok in zip(parts, flags) if not ok}
     return {p[0] for p in parts} - stale
 

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvvaultError
-from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
-from envvault.model.snapshot import is_id
-from envvault.vault.backend import Backend, Missing
+from envvault.model.encoding import object_id
+from envvault.vault.backend import Missing
 from envvault.vault.packs import read_frame
-from envvault.vault.store import Vault
+from envvault.vault.store import Vault, read_index
 from envvault.vault.transaction import pack_writing
 from envvault.vault.verify import referenced_objects
 
@@ -70,18 +69,6 @@ def _choose(vault: Vault, keep_last: int | None) -> tuple[list, list]:
     return keep, drop
 
 
-def _load_index(backend: Backend, name: str) -> dict | None:
-    try:
-        doc = json_loads(backend.load("index", name, limit=MAX_DOC_BYTES))
-        if not isinstance(doc.get("objects"), dict) or not isinstance(doc.get("frames"), list):
-            return None
-        if doc.get("pack") is not None and not is_id(doc["pack"]):
-            return None
-        return doc
-    except (EnvvaultError, ValueError, AttributeError):
-        return None
-
-
 def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool = False) -> GcResult:
     """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None);
     delete the rest and every object only they referenced."""
@@ -126,15 +113,14 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
         backend = vault.backend
         indexed: set[str] = set()
         for name in sorted(backend.list("index")):
-            doc = _load_index(backend, name)
-            if doc is None:
+            locs = read_index(backend, name)  # the one parser of an index file (envvault/vault/store.py)
+            if locs is None:
                 warnings.append(f"index {name}.idx is unreadable; its pack is kept (run `envvault verify`)")
                 indexed.add(name)
                 continue
-            pack_id = doc.get("pack") or name
+            pack_id = name  # read_index checks that the file names its own pack
             indexed.add(pack_id)
-            objects = doc["objects"]
-            live_here = {oid for oid in objects if oid in live}
+            live_here = {oid for oid in locs if oid in live}
             try:
                 pack_size = backend.stat("packs", pack_id).size
             except Missing:
@@ -144,26 +130,26 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
                 continue
             if not live_here:
                 removed_packs += 1
-                removed_objects += len(objects)
+                removed_objects += len(locs)
                 freed += pack_size
                 if not dry_run:
                     backend.remove("index", name)  # index first: a pack without index is ignored
                     crash_point("gc_index_removed")
                     backend.remove("packs", pack_id)
                 continue
-            total = sum(o[2] for o in objects.values())
-            dead = sum(o[2] for oid, o in objects.items() if oid not in live_here)
+            total = sum(loc[4] for loc in locs.values())
+            dead = sum(loc[4] for oid, loc in locs.items() if oid not in live_here)
             if dead == 0:
                 continue
             if dead < REWRITE_DEAD_FRACTION * total:
                 partial += 1
                 continue
             rewritten += 1
-            removed_objects += len(objects) - len(live_here)
+            removed_objects += len(locs) - len(live_here)
             if dry_run:
                 freed += int(pack_size * dead / max(total, 1))
                 continue
-            written = _rewrite(vault, pack_id, doc, live_here)
+            written = _rewrite(vault, pack_id, locs, live_here)
             crash_point("gc_rewritten")
             backend.remove("index", name)
             crash_point("gc_index_removed")
@@ -187,18 +173,17 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
                     partial, removed_objects, freed, tuple(warnings))
 
 
-def _rewrite(vault: Vault, pack_id: str, doc: dict, live: set[str]) -> int:
-    """Copy ``live`` objects of one pack into new packs; returns the compressed bytes written."""
-    frames = doc["frames"]
-    by_frame: dict[int, list] = {}
+def _rewrite(vault: Vault, pack_id: str, locs: dict, live: set[str]) -> int:
+    """Copy ``live`` objects of one pack (``locs``: its index, ``read_index``) into new packs, in pack order;
+    returns the compressed bytes written."""
+    by_frame: dict[tuple, list] = {}
     for oid in live:
-        fi, off, length, kind = doc["objects"][oid]
-        by_frame.setdefault(fi, []).append((off, length, kind, oid))
+        _, fo, fl, off, length, kind = locs[oid]
+        by_frame.setdefault((fo, fl), []).append((off, length, kind, oid))
     with pack_writing(vault) as writer:
-        for fi in sorted(by_frame):
-            fo, fl = frames[fi]
+        for fo, fl in sorted(by_frame):
             frame = read_frame(vault.backend, pack_id, fo, fl)
-            for off, length, kind, oid in sorted(by_frame[fi]):
+            for off, length, kind, oid in sorted(by_frame[(fo, fl)]):
                 data = frame[off: off + length]
                 if len(data) != length or object_id(data) != oid:
                     raise CorruptError(f"pack {pack_id}.pack is damaged; run `envvault verify` (gc stopped, nothing lost)")

@@ -31,7 +31,7 @@ from envvault.vault.threads import default_namers, default_readers
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
 __all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256", "encode_stats", "group_paths",
-           "group_stats_fresh"]
+           "group_stats_fresh", "unpack_stats"]
 
 SMALL_FILE = 1 << 20  # files below this are one object; larger ones are cut by FastCDC
 _CDC = None
@@ -779,25 +779,40 @@ def group_paths(group: dict) -> list[str]:
     return list(files or ())
 
 
-def group_stats_fresh(base: str, group: dict, start: int = 0, stop: int | None = None) -> bool:
+def unpack_stats(group: dict) -> tuple[list[str], bytes] | None:
+    """A packed stat cache group's stored files and their stat keys (32 bytes a file), decoded once for the
+    checks of its parts (``group_stats_fresh``); None when the group is not packed or does not decode."""
+    files, stats = group.get("files"), group.get("stats")
+    if not (isinstance(files, str) and isinstance(stats, str)):
+        return None
+    try:
+        return (files.split("\n") if files else []), base64.b64decode(stats, validate=True)
+    except ValueError:
+        return None
+
+
+def group_stats_fresh(base: str, group: dict, start: int = 0, stop: int | None = None,
+                      unpacked: tuple[list[str], bytes] | None = None) -> bool:
     """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash), or
     those from ``start`` to ``stop``, still has the stat key recorded: one ``lstat`` a file, compared packed.
-    False on any error."""
+    ``unpacked``: the group's ``unpack_stats``, when the caller decoded it already. False on any error."""
     files, stats = group.get("files"), group.get("stats")
     lstat = os.lstat
     try:
         if isinstance(files, str) and isinstance(stats, str):
-            want = base64.b64decode(stats, validate=True)
+            if unpacked is None:
+                unpacked = unpack_stats(group)
+                if unpacked is None:
+                    return False
+            paths, want = unpacked
             now = array("q")
             add = now.extend
-            if files:
-                paths = files.split("\n")
-                if start or stop is not None:
-                    want = want[start * 32:len(want) if stop is None else stop * 32]
-                    paths = paths[start:stop]
-                for rel in paths:
-                    st = lstat(base + rel)
-                    add((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+            if start or stop is not None:
+                want = want[start * 32:len(want) if stop is None else stop * 32]
+                paths = paths[start:stop]
+            for rel in paths:
+                st = lstat(base + rel)
+                add((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
             if sys.byteorder != "little":
                 now.byteswap()
             return now.tobytes() == want

@@ -27,7 +27,7 @@ from envvault.model.manifest import DistManifest, parse_dist_manifest
 from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_problem
 
 __all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef", "check_tag_name",
-           "VAULT_ENTRIES", "MAX_TAG_BYTES", "MAX_SMALL_DOC"]
+           "VAULT_ENTRIES", "MAX_TAG_BYTES", "MAX_SMALL_DOC", "index_locations", "read_index"]
 
 _HEX = re.compile(r"^[0-9a-f]+$")
 MAX_TAG_BYTES = 4096  # a tag file is one id and a newline
@@ -75,19 +75,26 @@ class SnapshotRef:
 _MAX_LOCATION = 1 << 48  # no offset or length in a pack reaches this (256 TiB)
 
 
-def index_locations(doc) -> dict[str, tuple]:
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+def index_locations(doc, pack_name: str | None = None) -> dict[str, tuple]:
     """A pack's index file (docs/format.md, "Index files"), parsed: object id -> (pack_id, frame_offset,
     frame_length, offset, length, kind). A TypeError, ValueError, KeyError or IndexError when any part is
-    not what envvault writes (a frame or a location that is not two or four items, a number that is not a
+    not what envvault writes (an object id that is not 64 lowercase hex digits, a pack id that is not the file's
+    name ``pack_name``, a frame or a location that is not two or four items, a number that is not a
     non-negative int, a frame index past the frames); the whole file then counts as damaged. Checked a
     column at a time, not an object at a time: a vault's index lists every object it holds, and commands
     that read objects load all of it (52,000 objects on a 7 GB venv)."""
     pack = doc["pack"]
-    if not is_id(pack):
-        raise TypeError("not a pack id")
+    if not is_id(pack) or (pack_name is not None and pack != pack_name):
+        raise TypeError("not this pack's id")
     frames, objects = doc["frames"], doc["objects"]
     if type(frames) is not list or type(objects) is not dict:
         raise TypeError("not an index")
+    if objects and (set(map(len, objects)) != {64}
+                    or "".join(objects).encode("ascii", "replace").translate(None, _HEX_DIGITS)):
+        raise ValueError("an object id that is not 64 hex digits")
     f_off = [fo for fo, _ in frames]  # ValueError or TypeError: a frame that is not two items
     f_len = [fl for _, fl in frames]
     rows = [(oid, fi, off, length, kind) for oid, (fi, off, length, kind) in objects.items()]
@@ -102,6 +109,15 @@ def index_locations(doc) -> dict[str, tuple]:
     if fis and max(fis) >= len(frames):
         raise IndexError("a frame index past the frames")
     return {oid: (pack, f_off[fi], f_len[fi], off, length, kind) for oid, fi, off, length, kind in rows}
+
+
+def read_index(backend: Backend, name: str) -> dict[str, tuple] | None:
+    """The locations index file ``name`` gives (``index_locations``), or None when it cannot be read or is
+    damaged in any way: then none of its objects count (``verify`` reports it, gc keeps its pack)."""
+    try:
+        return index_locations(json_loads(backend.load("index", name, limit=MAX_DOC_BYTES)), name)
+    except (EnvvaultError, ValueError, KeyError, TypeError, IndexError):
+        return None
 
 
 class Vault:
@@ -195,10 +211,8 @@ class Vault:
         if prefetch is not None and len(names) > 1:
             prefetch("index", names)
         for name in names:
-            try:
-                found = index_locations(json_loads(self.backend.load("index", name, limit=MAX_DOC_BYTES)))
-            except (EnvvaultError, ValueError, KeyError, TypeError, IndexError):
-                # A damaged index is reported by verify; its objects are treated as absent.
+            found = read_index(self.backend, name)
+            if found is None:  # damaged: reported by verify; its objects are treated as absent
                 continue
             idx = self._index
             if idx and not idx.keys().isdisjoint(found):  # an object in two packs: the first one listed wins

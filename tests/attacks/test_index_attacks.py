@@ -54,6 +54,12 @@ BAD = {
     "object length past any pack": _bad(obj=[1, 0, 1 << 70, "b"]),
     "kind a list": _bad(obj=[1, 0, 10, ["b"]]),
     "kind null": _bad(obj=[1, 0, 10, None]),
+    "object id too short": {**GOOD, "objects": {"b" * 63: [1, 0, 10, "b"]}},
+    "object id too long": {**GOOD, "objects": {"b" * 65: [1, 0, 10, "b"]}},
+    "object id in capitals": {**GOOD, "objects": {"B" * 64: [1, 0, 10, "b"]}},
+    "object id a path": {**GOOD, "objects": {("../" * 22)[:64]: [1, 0, 10, "b"]}},
+    "object id not ascii": {**GOOD, "objects": {"\u00e9" * 64: [1, 0, 10, "b"]}},
+    "one bad id among good": {**GOOD, "objects": {**GOOD["objects"], "b" * 63 + "g": [1, 0, 10, "b"]}},
 }
 
 
@@ -65,6 +71,31 @@ def test_a_good_index_gives_every_location():
 def test_every_bad_shape_is_refused(shape):
     with pytest.raises(ERRORS):
         index_locations(BAD[shape])
+
+
+def test_an_index_must_name_its_own_pack():
+    assert index_locations(GOOD, PACK) == index_locations(GOOD)
+    with pytest.raises(ERRORS):
+        index_locations(GOOD, "d" * 64)
+
+
+def test_gc_keeps_the_pack_of_an_index_that_names_another_pack(tmp_path):
+    """An index file that names another pack is damaged as a whole, for gc as for reads: its pack is kept
+    (with a warning) and the other pack is not touched through it."""
+    from envvault.vault.gc import collect_garbage
+    from envvault.vault.store import read_index
+
+    vault = Vault.open(tmp_path / "v", create=True)
+    packs = tmp_path / "v" / "packs"
+    for pid in (PACK, "d" * 64):
+        (packs / pid[:2]).mkdir(parents=True, exist_ok=True)
+        (packs / pid[:2] / f"{pid}.pack").write_bytes(b"EVPK\x01\x00\x00\x00" + b"x" * 200)
+    (tmp_path / "v" / "index" / f"{'d' * 64}.idx").write_text(json.dumps(GOOD))  # says it is PACK's
+    assert read_index(vault.backend, "d" * 64) is None and vault.index() == {}
+    result = collect_garbage(vault)
+    assert any("d" * 12 in w and "unreadable" in w for w in result.warnings), result.warnings
+    assert (packs / "dd" / f"{'d' * 64}.pack").exists()
+    assert (tmp_path / "v" / "index" / f"{'d' * 64}.idx").exists()
 
 
 def test_a_damaged_index_gives_none_of_its_objects_and_the_first_listed_wins(tmp_path):

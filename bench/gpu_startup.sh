@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Where the start-up-bound rows of issue 11 spend their time on the device: `cache snap`, `cache restore`,
+# `snap --lock-only` and `status` of envvault installed with its bytecode compiled (as `uv tool install
+# --compile-bytecode` leaves it), each timed 5 times beside its anchor, then once under -X importtime and
+# once under cProfile. Needs the carried wheels in .whl/ and the compile cache archive at
+# bench/out/inductor-cache.tar.zst. Writes importtime_*.txt and profile_*.txt under $OUT.
+set -u
+OUT=${OUT:-/tmp}
+PY=python3
+VENV=$($PY -c 'import sys; print(sys.prefix)')
+W=/tmp/su
+rm -rf /tmp/site $W && mkdir -p $W/c
+$PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+$PY -m compileall -q -j 0 /tmp/site >/dev/null
+export PYTHONPATH=/tmp/site ENVVAULT_HOME=$W/v
+EV=/tmp/site/bin/envvault
+cd /tmp
+ZD='import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
+ZC='import sys, zstandard; zstandard.ZstdCompressor(level=3, threads=-1).copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
+$PY -c "$ZD" <"$OLDPWD/bench/out/inductor-cache.tar.zst" | tar -xf - -C $W/c
+$EV snap --venv "$VENV" --no-caches -m base >/dev/null
+$EV cache snap --no-discover --cache-dir $W/c -m c >/dev/null
+$EV snap --venv "$VENV" --lock-only -m lo >/dev/null
+$EV status --venv "$VENV" >/dev/null
+t() { local name=$1; shift; t0=$(date +%s.%N); "$@" >/dev/null 2>&1; rc=$?; t1=$(date +%s.%N); echo "$name: $($PY -c "print(round($t1 - $t0, 3))") s rc $rc"; }
+for i in 1 2 3 4 5; do
+  t "python -c pass" $PY -c pass
+  t "python -I -S -c pass" $PY -I -S -c pass
+  t "anchor tar|zstd cache" bash -c "tar -cf - -C $W/c . | $PY -c '$ZC' >$W/c.tar.zst"
+  t "cache snap" $EV cache snap --no-discover --cache-dir $W/c -m c
+  rm -rf $W/r
+  t "anchor zstd -dc|tar cache" bash -c "mkdir -p $W/r && $PY -c '$ZD' <$W/c.tar.zst | tar -xf - -C $W/r"
+  rm -rf $W/r
+  t "cache restore" $EV cache restore --to $W/r
+  t "anchor uv pip freeze" $PY -m uv pip freeze --python "$VENV/bin/python"
+  t "lock-only" $EV snap --venv "$VENV" --lock-only -m lo
+  t "anchor pip freeze" $PY -m pip freeze
+  t "status" $EV status --venv "$VENV"
+done
+prof() {
+  local name=$1; shift
+  $PY -X importtime -m envvault "$@" 2>$OUT/importtime_$name.txt >/dev/null
+  rm -rf $W/r
+  $PY -m cProfile -s cumtime -m envvault "$@" 2>&1 | head -90 >$OUT/profile_${name}_cum.txt
+  rm -rf $W/r
+  $PY -m cProfile -s tottime -m envvault "$@" 2>&1 | head -60 >$OUT/profile_${name}_tot.txt
+  rm -rf $W/r
+}
+prof cache_snap cache snap --no-discover --cache-dir $W/c -m c
+prof cache_restore cache restore --to $W/r
+prof lock_only snap --venv "$VENV" --lock-only -m lo
+prof status status --venv "$VENV"
+ls $W/v/index | wc -l | sed 's/^/index files: /'
+du -sh $W/v/index
