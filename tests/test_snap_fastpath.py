@@ -65,3 +65,24 @@ def _which_all(name: str) -> list[str]:
 
     return [os.path.join(d, name) for d in os.environ.get("PATH", "").split(os.pathsep)
             if d and os.path.exists(os.path.join(d, name))]
+
+
+def test_a_cache_snap_remembers_nvidia_smi_in_its_stat_cache(monkeypatch, tmp_path):
+    """`cache snap` asks nvidia-smi once while the boot, driver and GPUs stay (its stat cache keeps the answer,
+    as an environment snap's does); mocked: this machine has no GPU driver."""
+    from envvault.caches.snap import take_cache_snapshot
+    from envvault.env import host
+    from envvault.vault.store import Vault
+
+    calls = []
+    answer = {"gpus": [{"name": "NVIDIA H200", "compute_cap": "9.0", "memory": "143771 MiB"}], "driver": "580"}
+    monkeypatch.setattr(host, "_gpu_key", lambda: ["boot-1", "NVRM version 580", ["0000:00:06.0"]])
+    monkeypatch.setattr(host, "_nvidia", lambda: calls.append(1) or dict(answer))
+    cache = tmp_path / "inductor"
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / "entry").write_bytes(b"compiled" * 100)
+    vault = Vault.open(tmp_path / "v", create=True)
+    first = take_cache_snapshot(vault, extra_dirs=[cache], discover=False, argv=["t"])
+    second = take_cache_snapshot(Vault.open(tmp_path / "v"), extra_dirs=[cache], discover=False, argv=["t"])
+    assert len(calls) == 1
+    assert first.snapshot.host.to_dict()["gpus"] == second.snapshot.host.to_dict()["gpus"] == answer["gpus"]

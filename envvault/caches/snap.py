@@ -96,7 +96,7 @@ def take_cache_snapshot(
     environment that uses the caches, for their fingerprint; it may be None. Objects first, then the
     snapshot file (the commit point), as every snap."""
     from envvault import __version__
-    from envvault.env.host import host_facts, relevant_env
+    from envvault.env.host import host_facts_cached, relevant_env
     from envvault.model.snapshot import build_snapshot
     from envvault.model.encoding import utc_timestamp
     from envvault.vault.transaction import snapshot_transaction
@@ -122,7 +122,7 @@ def take_cache_snapshot(
             # No interpreter (every field null): an environment restore of this snapshot refuses, as for an
             # interpreter that differs, instead of removing every package the snapshot does not list.
             python=dict.fromkeys(("implementation", "version", "abi", "soabi", "platform")),
-            host=host_facts(),
+            host=host_facts_cached(statcache),  # nvidia-smi's answer remembered while the driver stays
             env=relevant_env(),
             packages=[],
             caches=caches,

@@ -107,3 +107,13 @@ def host_facts(memo: dict | None = None) -> dict:
         memo["nvidia"] = {"key": key, "value": gpu}
     facts.update(gpu)
     return facts
+
+
+def host_facts_cached(cache) -> dict:
+    """The host's facts, nvidia-smi's answer remembered in ``cache`` (a stat cache: its ``extra`` is the
+    memo of ``host_facts``; ``mark_dirty()`` when the memo changed, so that it is saved)."""
+    before = cache.extra.get("nvidia")
+    facts = host_facts(cache.extra)
+    if cache.extra.get("nvidia") is not before:
+        cache.mark_dirty()
+    return facts

@@ -51,7 +51,11 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
     from envvault.model.identity import fingerprint
 
     interp, packages, warnings, cache, _ing, stats = scan_environment(vault, prefix, mode="check", cache=cache)
-    host = host_facts_cached(cache) if facts else None
+    host = None
+    if facts:
+        from envvault.env.host import host_facts_cached
+
+        host = host_facts_cached(cache)
     if save_cache:
         if getattr(cache, "_files", None) is not None:
             cache.touch(list(cache.files))  # keep file entries other scans (cache trees) rely on
@@ -72,17 +76,6 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
         "warnings": warnings,
         "stats": stats,
     }
-
-
-def host_facts_cached(cache: StatCache) -> dict:
-    """The host's facts, nvidia-smi's answer remembered in the stat cache (``env.host.host_facts``)."""
-    from envvault.env.host import host_facts
-
-    before = cache.extra.get("nvidia")
-    facts = host_facts(cache.extra)
-    if cache.extra.get("nvidia") is not before:
-        cache.mark_dirty()
-    return facts
 
 
 def _base(prefix: Path) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from envvault import __version__
 from envvault.crashpoints import crash_point
-from envvault.env.host import relevant_env
+from envvault.env.host import host_facts_cached, relevant_env
 from envvault.model.encoding import utc_timestamp as now
 from envvault.model.identity import fingerprint
 from envvault.model.snapshot import build_snapshot
@@ -19,7 +19,7 @@ from envvault.vault.store import Vault
 from envvault.vault import timing
 from envvault.vault.transaction import Committed, snapshot_transaction
 
-from .scan import host_facts_cached, scan_environment
+from .scan import scan_environment
 
 if TYPE_CHECKING:
     from envvault.caches.snap import CacheHook
