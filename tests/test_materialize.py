@@ -18,7 +18,7 @@ from envvault.vault.ingest import b64_sha256
 
 
 class _Reader:
-    """The two things the materializer asks of an ObjectReader: ``index`` (pack positions) and ``get``."""
+    """The two things the materializer asks of an ObjectReader: ``locate`` (pack positions) and ``get``."""
 
     def __init__(self, blobs: dict[str, bytes]):
         self.blobs = blobs
@@ -26,6 +26,9 @@ class _Reader:
 
     def get(self, oid: str) -> memoryview:
         return memoryview(self.blobs[oid])
+
+    def locate(self, oid: str) -> tuple | None:
+        return self.index.get(oid)
 
 
 def _spec(path: str, data: bytes, oid: str, **kw) -> FileSpec:

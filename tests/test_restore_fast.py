@@ -30,6 +30,9 @@ class _Reader:
     def get(self, oid: str) -> memoryview:
         return memoryview(self.blobs[oid])
 
+    def locate(self, oid: str) -> tuple | None:
+        return self.index.get(oid)
+
 
 def _sha(data: bytes) -> str:
     return b64_sha256(hashlib.sha256(data).digest())

@@ -46,7 +46,12 @@ def _venv(venv: str | None) -> Path | None:
 def _resolve(vault, ref: str) -> str:
     """id / prefix / tag, or ``latest``: the newest snapshot that holds caches."""
     if ref == "latest":
-        for s in vault.snapshots():
+        from envvault.vault.heads import newest_head
+
+        hit = newest_head(vault, lambda head: head.caches > 0)  # checked against its document
+        if hit is not None and any(c.manifest for c in vault.load_snapshot(hit[0]).snapshot.caches or ()):
+            return hit[0]
+        for s in vault.snapshots():  # caches listed without files: the documents decide
             if any(c.manifest for c in s.snapshot.caches or ()):
                 return s.id
         raise NotFoundError(f"no snapshot with compile caches in {vault.location}; run `envvault cache snap` first")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -135,7 +136,10 @@ class Vault:
         self.level = int(config.get("zstd_level", 3))
         self.level_large = int(config.get("zstd_level_large", 2))
         self._index: dict[str, tuple] | None = None
-        self._index_seen: set[str] = set()
+        self._index_seen: set[str] = set()  # index files loaded (or found damaged)
+        self._index_whole = False  # every index file listed has been loaded (``index``)
+        self._index_unread: list[str] | None = None  # ``locate``: index files not loaded yet, the next first
+        self._index_lock = threading.Lock()  # ``locate`` runs on a restore's threads
         self._reader: ObjectReader | None = None
         self.skipped: dict[str, str] = {}  # snapshot id -> why it could not be loaded
         self.bad_tags: dict[str, str] = {}  # entry in tags/ -> why it was not read
@@ -202,7 +206,7 @@ class Vault:
         Index files are listed once per Vault object (objects this process writes are added as their packs
         commit); ``refresh=True`` lists again to see what other processes wrote since.
         """
-        if self._index is not None and not refresh:
+        if self._index_whole and not refresh:
             return self._index
         if self._index is None:
             self._index = {}
@@ -211,15 +215,45 @@ class Vault:
         if prefetch is not None and len(names) > 1:
             prefetch("index", names)
         for name in names:
-            found = read_index(self.backend, name)
-            if found is None:  # damaged: reported by verify; its objects are treated as absent
-                continue
-            idx = self._index
-            if idx and not idx.keys().isdisjoint(found):  # an object in two packs: the first one listed wins
-                found = {oid: loc for oid, loc in found.items() if oid not in idx}
-            idx.update(found)
-            self._index_seen.add(name)
+            self._load_index_file(name)
+        self._index_whole = True
+        self._index_unread = []
         return self._index
+
+    def _load_index_file(self, name: str) -> None:
+        found = read_index(self.backend, name)
+        self._index_seen.add(name)
+        if found is None:  # damaged: reported by verify; its objects are treated as absent
+            return
+        idx = self._index
+        if idx and not idx.keys().isdisjoint(found):  # an object in two packs: the first one loaded wins
+            found = {oid: loc for oid, loc in found.items() if oid not in idx}
+        idx.update(found)
+
+    def locate(self, oid: str) -> tuple | None:
+        """Where object ``oid`` lies (as ``index()[oid]``), or None when no index file lists it. Reads only
+        as many index files as it needs, the most recently written first (a local vault: the objects of a new
+        snapshot are in its newest packs; a restore of a compile cache reads one or two of a hundred index
+        files); a miss after all of them lists the index again (another process may have written since)."""
+        idx = self._index
+        loc = idx.get(oid) if idx is not None else None
+        if loc is not None:
+            return loc
+        with self._index_lock:
+            if self._index is None:
+                self._index = {}
+            if self._index_unread is None:
+                names = [n for n in self.backend.list("index") if n not in self._index_seen]
+                order = getattr(self.backend, "newest_first", None)
+                self._index_unread = order("index", names)[::-1] if order is not None else names[::-1]
+            unread = self._index_unread
+            loc = self._index.get(oid)
+            while loc is None and unread:
+                self._load_index_file(unread.pop())
+                loc = self._index.get(oid)
+            if loc is None:
+                loc = self.index(refresh=True).get(oid)
+        return loc
 
     def has(self, oid: str) -> bool:
         return oid in self.index()
@@ -442,15 +476,18 @@ class ObjectReader:
         import threading
 
         self.vault = vault
-        self.index = vault.index()
         self._local = threading.local()
 
     def prefetch(self, oids: Iterable[str]) -> None:
         """``Vault.prefetch``: the objects about to be read, in order."""
         self.vault.prefetch(oids)
 
+    def locate(self, oid: str) -> tuple | None:
+        """``Vault.locate``: where an object lies, or None."""
+        return self.vault.locate(oid)
+
     def get(self, oid: str) -> memoryview:
-        loc = self.index.get(oid) or self.vault.index(refresh=True).get(oid)
+        loc = self.vault.locate(oid)
         if loc is None:
             raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify`")
         pack, fo, fl, off, length, _kind = loc
