@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -45,26 +46,25 @@ def test_unchanged_snap_imports_no_pool_journal_or_subprocess(tmp_path, make_ven
     uv_install(venv, str(wheelhouse[C.SMALL_01]), str(wheelhouse[C.NS_ALPHA]))
     vault = tmp_path / "vault"
     first = ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    env = ev_env(vault)
+    # no nvidia-smi on PATH (a GPU host has one): then nothing may start a subprocess
+    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep) if d and d not in _dirs_with("nvidia-smi"))
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "envvault", "snap", "--venv", str(venv), "--no-caches", "--json"],
-        capture_output=True, text=True, env=ev_env(vault), timeout=120,
+        capture_output=True, text=True, env=env, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "envvault.snap.scan" in imported  # the measurement sees envvault's own imports
     for name in ("concurrent.futures", "envvault.journal", "envvault.env.dists", "email"):
         assert name not in imported, f"an unchanged snap imported {name}"
-    if not any(p.endswith("nvidia-smi") for p in _which_all("nvidia-smi")):
-        assert "subprocess" not in imported
+    assert "subprocess" not in imported
     assert '"new_objects": 0' in proc.stdout
     assert first["packages"] == 2
 
 
-def _which_all(name: str) -> list[str]:
-    import os
-
-    return [os.path.join(d, name) for d in os.environ.get("PATH", "").split(os.pathsep)
-            if d and os.path.exists(os.path.join(d, name))]
+def _dirs_with(name: str) -> set[str]:
+    return {d for d in os.environ.get("PATH", "").split(os.pathsep) if d and os.path.exists(os.path.join(d, name))}
 
 
 def test_a_cache_snap_remembers_nvidia_smi_in_its_stat_cache(monkeypatch, tmp_path):
