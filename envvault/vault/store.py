@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, UsageError
 from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, json_loads, object_id, parse_json
@@ -24,8 +24,10 @@ from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
 from envvault.vault.state import LocalState
 from envvault.vault.location import vault_url
-from envvault.model.manifest import DistManifest, parse_dist_manifest
 from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_problem
+
+if TYPE_CHECKING:  # a manifest is parsed only where one is loaded: a cache snap or restore never imports it
+    from envvault.model.manifest import DistManifest
 
 __all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef", "check_tag_name",
            "VAULT_ENTRIES", "MAX_TAG_BYTES", "MAX_SMALL_DOC", "index_locations", "read_index"]
@@ -234,18 +236,21 @@ class Vault:
         """Where object ``oid`` lies (as ``index()[oid]``), or None when no index file lists it. Reads only
         as many index files as it needs, the most recently written first (a local vault: the objects of a new
         snapshot are in its newest packs; a restore of a compile cache reads one or two of a hundred index
-        files); a miss after all of them lists the index again (another process may have written since)."""
+        files); a miss after all of them lists the index again (another process may have written since). A
+        backend that cannot tell which files are newest (a bucket) loads them all at once, side by side."""
         idx = self._index
         loc = idx.get(oid) if idx is not None else None
         if loc is not None:
             return loc
+        order = getattr(self.backend, "newest_first", None)
         with self._index_lock:
+            if order is None:  # a bucket: every index file fetched side by side beats one at a time
+                return self.index().get(oid) or self.index(refresh=True).get(oid)
             if self._index is None:
                 self._index = {}
             if self._index_unread is None:
                 names = [n for n in self.backend.list("index") if n not in self._index_seen]
-                order = getattr(self.backend, "newest_first", None)
-                self._index_unread = order("index", names)[::-1] if order is not None else names[::-1]
+                self._index_unread = order("index", names)[::-1]  # popped from the end: newest first
             unread = self._index_unread
             loc = self._index.get(oid)
             while loc is None and unread:
@@ -294,6 +299,8 @@ class Vault:
     def load_manifest(self, oid: str) -> DistManifest:
         """A distribution manifest by id, parsed and validated (``parse_dist_manifest``): a RefusedError naming
         every unsafe path, a CorruptError every other problem."""
+        from envvault.model.manifest import parse_dist_manifest
+
         return parse_dist_manifest(self.get_json(oid), f"manifest {oid[:12]}")
 
     def get_json(self, oid: str) -> dict:
