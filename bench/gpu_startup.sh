@@ -3,7 +3,8 @@
 # `snap --lock-only` and `status` of envvault installed with its bytecode compiled (as `uv tool install
 # --compile-bytecode` leaves it), each timed 5 times beside its anchor, then once under -X importtime and
 # once under cProfile. Needs the carried wheels in .whl/ and the compile cache archive at
-# bench/out/inductor-cache.tar.zst. Writes importtime_*.txt and profile_*.txt under $OUT.
+# bench/out/inductor-cache.tar.zst. Writes the timings to $OUT/startup_times.txt and every import time and
+# profile to $OUT/startup_profiles.txt (one file: the device returns only a few).
 set -u
 OUT=${OUT:-/tmp}
 PY=python3
@@ -23,6 +24,7 @@ $EV cache snap --no-discover --cache-dir $W/c -m c >/dev/null
 $EV snap --venv "$VENV" --lock-only -m lo >/dev/null
 $EV status --venv "$VENV" >/dev/null
 t() { local name=$1; shift; t0=$(date +%s.%N); "$@" >/dev/null 2>&1; rc=$?; t1=$(date +%s.%N); echo "$name: $($PY -c "print(round($t1 - $t0, 3))") s rc $rc"; }
+exec 3>&1 1>$OUT/startup_times.txt
 for i in 1 2 3 4 5; do
   t "python -c pass" $PY -c pass
   t "python -I -S -c pass" $PY -I -S -c pass
@@ -39,12 +41,15 @@ for i in 1 2 3 4 5; do
 done
 prof() {
   local name=$1; shift
-  $PY -X importtime -m envvault "$@" 2>$OUT/importtime_$name.txt >/dev/null
-  rm -rf $W/r
-  $PY -m cProfile -s cumtime -m envvault "$@" 2>&1 | head -90 >$OUT/profile_${name}_cum.txt
-  rm -rf $W/r
-  $PY -m cProfile -s tottime -m envvault "$@" 2>&1 | head -60 >$OUT/profile_${name}_tot.txt
-  rm -rf $W/r
+  { echo "===== importtime $name (envvault, click and their children above 1 ms)"
+    $PY -X importtime -m envvault "$@" 2>&1 >/dev/null | awk -F'|' '$2+0 > 1000'
+    rm -rf $W/r
+    echo "===== cProfile $name, cumulative"
+    $PY -m cProfile -s cumtime -m envvault "$@" 2>&1 | head -70
+    rm -rf $W/r
+    echo "===== cProfile $name, own time"
+    $PY -m cProfile -s tottime -m envvault "$@" 2>&1 | head -40
+    rm -rf $W/r; } >>$OUT/startup_profiles.txt
 }
 prof cache_snap cache snap --no-discover --cache-dir $W/c -m c
 prof cache_restore cache restore --to $W/r
@@ -52,3 +57,4 @@ prof lock_only snap --venv "$VENV" --lock-only -m lo
 prof status status --venv "$VENV"
 ls $W/v/index | wc -l | sed 's/^/index files: /'
 du -sh $W/v/index
+exec 1>&3

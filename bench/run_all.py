@@ -45,7 +45,8 @@ def _device_rows() -> list[str]:
     """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
     res = ROOT / "bench" / "results"
     now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
-    mid_p = res / "gpu_env_run_495cd6c.json"  # the whole run on the code the last session ended with
+    mid_name = "2504984"  # the whole run on the code the last session ended with
+    mid_p = res / f"gpu_env_run_{mid_name}.json"
     if not now_p.exists():
         return []
     now = json.loads(now_p.read_text())
@@ -58,10 +59,10 @@ def _device_rows() -> list[str]:
              f"`{m.get('venv')}` (Python {m.get('python')}, {m.get('files')} files), median of {m.get('repeat')} "
              f"run(s), page cache warm for envvault and anchor alike; code: {m.get('code', '?')}. 'before' is the "
              "same script on the code this work started from (`gpu_env_run_baseline.json`, one run, its anchor in "
-             "brackets); '495cd6c' the whole run on the code the last session ended with "
-             f"(`gpu_env_run_495cd6c.json`: {mid_doc['machine'].get('code', '?')}), its ratio in brackets; a row "
+             f"brackets); '{mid_name}' the whole run on the code the last session ended with "
+             f"(`gpu_env_run_{mid_name}.json`: {mid_doc['machine'].get('code', '?')}), its ratio in brackets; a row "
              "with no 'now' was not rerun.", "",
-             "| figure | before | 495cd6c | now | anchor | anchor now | ratio now | goal |",
+             f"| figure | before | {mid_name} | now | anchor | anchor now | ratio now | goal |",
              "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
     cell = lambda t: str(t).replace("|", "\\|")  # noqa: E731 - anchors are shell pipelines
     rows = {r["figure"]: r for r in now["rows"]}
