@@ -118,7 +118,7 @@ def refuse_escapes(root: str | os.PathLike, refusing: str, *, links: Mapping[str
 
 def pack_position(reader: ObjectReader, chunks: Sequence[str]) -> tuple:
     """Where a file's first chunk lies: writing files in this order reads each frame once."""
-    loc = reader.locate(chunks[0]) if chunks else None
+    loc = reader.locate(chunks[0], refresh=False) if chunks else None
     return (loc[0], loc[1], loc[3]) if loc else ("", 0, 0)
 
 

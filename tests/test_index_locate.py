@@ -80,3 +80,61 @@ def test_a_missing_object_is_a_clear_error(tmp_path):
     _write_packs(tmp_path / "v")
     with pytest.raises(CorruptError, match="missing from the vault; run `envvault verify`"):
         ObjectReader(Vault.open(tmp_path / "v")).get("f" * 64)
+
+
+def test_an_index_file_that_fails_once_is_read_again(tmp_path):
+    """A read error on an index file (EIO on NFS, a bucket's error after its retries) hides its objects only
+    until the next look: the refresh on a miss reads it again."""
+    from envvault.vault.backend import ReadFailed
+
+    packs = _write_packs(tmp_path / "v")
+    vault = Vault.open(tmp_path / "v")
+    pid, blob = packs[2]
+    load, failed = vault.backend.load, []
+
+    def flaky(kind, name, *a, **k):
+        if kind == "index" and name == pid and not failed:
+            failed.append(name)
+            raise ReadFailed(f"cannot read {name}: Input/output error", "Input/output error")
+        return load(kind, name, *a, **k)
+
+    vault.backend.load = flaky
+    assert bytes(ObjectReader(vault).get(object_id(blob))) == blob
+    assert failed == [pid]
+
+
+def test_ordering_files_by_pack_lists_the_index_once_whatever_is_missing(tmp_path):
+    """The materializer orders files by where their first chunk lies; chunks the vault lacks (a damaged or
+    hostile vault) must not list the index again for each file: the read that follows reports them."""
+    from envvault.materialize import pack_position
+
+    _write_packs(tmp_path / "v")
+    vault = Vault.open(tmp_path / "v")
+    lists = []
+    listing = vault.backend.list
+    vault.backend.list = lambda kind: lists.append(kind) or listing(kind)
+    reader = ObjectReader(vault)
+    assert [pack_position(reader, [f"{n:064x}"]) for n in range(200)] == [("", 0, 0)] * 200
+    assert lists.count("index") == 1
+
+
+def test_the_same_copy_is_read_whichever_way_a_command_first_looks(tmp_path):
+    """An object in two packs (two snaps at once): a command that asks ``has`` first and one that reads first
+    take the same copy, the newest."""
+    root = tmp_path / "v"
+    Vault.open(root, create=True)
+    blob = b"the duplicated object " * 40
+    pids = []
+    for n in range(2):
+        vault = Vault.open(root)  # a fresh process each time: its writer does not know the other copy
+        before = set(vault.backend.list("index"))
+        with pack_writing(vault) as writer:
+            writer.add(object_id(blob), blob)
+            writer.add(object_id(b"pad %d" % n), b"pad %d" % n)
+        (pid,) = set(vault.backend.list("index")) - before
+        os.utime(vault.backend.path("index", pid), ns=(10**18 + n * 10**9,) * 2)
+        pids.append(pid)
+    first_look = Vault.open(root)
+    assert first_look.has(object_id(blob))
+    assert first_look.locate(object_id(blob))[0] == pids[1]
+    assert Vault.open(root).locate(object_id(blob))[0] == pids[1]

@@ -27,7 +27,7 @@ class _Reader:
     def get(self, oid: str) -> memoryview:
         return memoryview(self.blobs[oid])
 
-    def locate(self, oid: str) -> tuple | None:
+    def locate(self, oid: str, refresh: bool = True) -> tuple | None:
         return self.index.get(oid)
 
 

@@ -86,3 +86,27 @@ def test_groups_are_stored_packed_and_read_back(tmp_path):
     assert not group_stats_fresh(base, again.groups["odd"])
     (root / "a.py").unlink()
     assert not group_stats_fresh(base, again.groups["plain"])
+
+
+def test_a_stat_cache_whose_extra_is_not_an_object_is_ignored(tmp_path):
+    """state/ comes with a copied vault: a groups file whose ``extra`` is a list (or anything but an object)
+    gives an empty memo, and a cache snap that consults it (nvidia-smi's answer) still snaps."""
+    import json
+
+    from envvault import __version__
+    from envvault.caches.snap import take_cache_snapshot
+    from envvault.vault.ingest import StatCache
+    from envvault.vault.store import Vault
+
+    vault = Vault.open(tmp_path / "v", create=True)
+    groups = tmp_path / "v" / "state" / "stat-caches.groups.json"
+    groups.parent.mkdir(parents=True, exist_ok=True)
+    for extra in ([], "x", 7, None):
+        groups.write_text(json.dumps({"version": StatCache.VERSION, "tool": __version__, "groups": {}, "extra": extra}))
+        assert vault.stat_cache("stat-caches").extra == {}
+    cache = tmp_path / "inductor"
+    cache.mkdir()
+    (cache / "entry").write_bytes(b"compiled" * 10)
+    groups.write_text(json.dumps({"version": StatCache.VERSION, "tool": __version__, "groups": {}, "extra": []}))
+    result = take_cache_snapshot(vault, extra_dirs=[cache], discover=False, argv=["t"])
+    assert result.snapshot.stats.files == 1

@@ -49,8 +49,9 @@ def _resolve(vault, ref: str) -> str:
         from envvault.vault.heads import newest_head
 
         hit = newest_head(vault, lambda head: head.caches > 0)  # checked against its document
-        if hit is not None and any(c.manifest for c in vault.load_snapshot(hit[0]).snapshot.caches or ()):
-            return hit[0]
+        chosen = vault.load_listed(hit[0]) if hit is not None else None  # None: deleted since
+        if chosen is not None and any(c.manifest for c in chosen.snapshot.caches or ()):
+            return chosen.id
         for s in vault.snapshots():  # caches listed without files: the documents decide
             if any(c.manifest for c in s.snapshot.caches or ()):
                 return s.id

@@ -656,7 +656,8 @@ class StatCache:
         doc = self._load(self.groups_path, compressed=False)
         if doc:
             self.groups = doc.get("groups", {})
-            self.extra = doc.get("extra", {})
+            extra = doc.get("extra")
+            self.extra = extra if isinstance(extra, dict) else {}
 
     def _load(self, path: Path, compressed: bool) -> dict | None:
         try:

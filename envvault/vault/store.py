@@ -141,7 +141,7 @@ class Vault:
         self._index_seen: set[str] = set()  # index files loaded (or found damaged)
         self._index_whole = False  # every index file listed has been loaded (``index``)
         self._index_unread: list[str] | None = None  # ``locate``: index files not loaded yet, the next first
-        self._index_lock = threading.Lock()  # ``locate`` runs on a restore's threads
+        self._index_lock = threading.RLock()  # ``locate`` runs on a restore's threads
         self._reader: ObjectReader | None = None
         self.skipped: dict[str, str] = {}  # snapshot id -> why it could not be loaded
         self.bad_tags: dict[str, str] = {}  # entry in tags/ -> why it was not read
@@ -206,13 +206,23 @@ class Vault:
         """Object id -> (pack_id, frame_offset, frame_length, offset, length, kind).
 
         Index files are listed once per Vault object (objects this process writes are added as their packs
-        commit); ``refresh=True`` lists again to see what other processes wrote since.
+        commit); ``refresh=True`` lists again to see what other processes wrote since. They are loaded in
+        ``locate``'s order (the most recently written first, on a local vault), so an object held by two packs
+        is read from the same one whichever way a command first looks; an index file that cannot be read is
+        tried again on the next refresh.
         """
         if self._index_whole and not refresh:
             return self._index
+        with self._index_lock:
+            return self._index_all()
+
+    def _index_all(self) -> dict[str, tuple]:
         if self._index is None:
             self._index = {}
         names = [n for n in self.backend.list("index") if n not in self._index_seen]
+        order = getattr(self.backend, "newest_first", None)
+        if order is not None:  # the order locate loads them in: an object in two packs is read from one
+            names = order("index", names)
         prefetch = getattr(self.backend, "prefetch", None)  # a remote vault: fetch them side by side
         if prefetch is not None and len(names) > 1:
             prefetch("index", names)
@@ -224,15 +234,15 @@ class Vault:
 
     def _load_index_file(self, name: str) -> None:
         found = read_index(self.backend, name)
-        self._index_seen.add(name)
-        if found is None:  # damaged: reported by verify; its objects are treated as absent
+        if found is None:  # damaged or not read this time: its objects absent, read again on a refresh
             return
         idx = self._index
         if idx and not idx.keys().isdisjoint(found):  # an object in two packs: the first one loaded wins
             found = {oid: loc for oid, loc in found.items() if oid not in idx}
         idx.update(found)
+        self._index_seen.add(name)  # after its objects are in
 
-    def locate(self, oid: str) -> tuple | None:
+    def locate(self, oid: str, refresh: bool = True) -> tuple | None:
         """Where object ``oid`` lies (as ``index()[oid]``), or None when no index file lists it. Reads only
         as many index files as it needs, the most recently written first (a local vault: the objects of a new
         snapshot are in its newest packs; a restore of a compile cache reads one or two of a hundred index
@@ -245,7 +255,7 @@ class Vault:
         order = getattr(self.backend, "newest_first", None)
         with self._index_lock:
             if order is None:  # a bucket: every index file fetched side by side beats one at a time
-                return self.index().get(oid) or self.index(refresh=True).get(oid)
+                return self.index().get(oid) or (self.index(refresh=True).get(oid) if refresh else None)
             if self._index is None:
                 self._index = {}
             if self._index_unread is None:
@@ -256,7 +266,7 @@ class Vault:
             while loc is None and unread:
                 self._load_index_file(unread.pop())
                 loc = self._index.get(oid)
-            if loc is None:
+            if loc is None and refresh:
                 loc = self.index(refresh=True).get(oid)
         return loc
 
@@ -279,10 +289,11 @@ class Vault:
             prefetch("packs", list(packs), packs)
 
     def _add_to_index(self, pack_id: str, locs: dict) -> None:
-        idx = self.index()
-        for oid, loc in locs.items():
-            idx.setdefault(oid, loc)
-        self._index_seen.add(pack_id)
+        with self._index_lock:
+            idx = self.index()
+            for oid, loc in locs.items():
+                idx.setdefault(oid, loc)
+            self._index_seen.add(pack_id)
 
     def writer(self, threads: int | None = None) -> PackWriter:
         """A pack writer into this vault (packs staged in ``state.tmp_dir``, stored through the backend)."""
@@ -489,9 +500,9 @@ class ObjectReader:
         """``Vault.prefetch``: the objects about to be read, in order."""
         self.vault.prefetch(oids)
 
-    def locate(self, oid: str) -> tuple | None:
+    def locate(self, oid: str, refresh: bool = True) -> tuple | None:
         """``Vault.locate``: where an object lies, or None."""
-        return self.vault.locate(oid)
+        return self.vault.locate(oid, refresh)
 
     def get(self, oid: str) -> memoryview:
         loc = self.vault.locate(oid)
