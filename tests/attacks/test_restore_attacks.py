@@ -500,12 +500,14 @@ def test_materialize_stops_writing_once_past_the_recorded_size(tmp_path):
     from envvault.errors import CorruptError
 
     class Reader:
-        index: dict = {}
         calls = 0
 
         def get(self, oid):
             Reader.calls += 1
             return memoryview(b"\0" * (1 << 20))
+
+        def locate(self, oid, refresh=True):
+            return None  # where it lies does not matter here
 
     spec = materialize.FileSpec("big", ("a" * 64,) * 60, 10, None, 0o644, None, "evil")
     with pytest.raises(CorruptError, match="more than the 10 bytes recorded"):
