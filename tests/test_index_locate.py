@@ -138,3 +138,37 @@ def test_the_same_copy_is_read_whichever_way_a_command_first_looks(tmp_path):
     assert first_look.has(object_id(blob))
     assert first_look.locate(object_id(blob))[0] == pids[1]
     assert Vault.open(root).locate(object_id(blob))[0] == pids[1]
+
+
+def test_has_waits_for_a_reader_that_is_loading_an_index_file(tmp_path):
+    """A restore's reader thread loading index files (``locate``) and another thread asking ``has`` share one
+    lock: ``has`` waits for the file being loaded (loaded once, never seen half-merged) and then answers
+    "present"; without the lock it loads the file a second time beside the reader, into the same dict."""
+    import threading
+
+    packs = _write_packs(tmp_path / "v")
+    vault = Vault.open(tmp_path / "v")
+    pid, blob = packs[1]
+    entered, release = threading.Event(), threading.Event()
+    load = vault.backend.load
+
+    def held(kind, name, *a, **k):
+        if kind == "index" and name == pid and not entered.is_set():
+            entered.set()
+            release.wait(30)  # the reader holds this file's load until the test lets it go
+        return load(kind, name, *a, **k)
+
+    vault.backend.load = held
+    got = []
+    reader = threading.Thread(target=lambda: got.append(bytes(ObjectReader(vault).get(object_id(blob)))))
+    reader.start()
+    assert entered.wait(30)
+    answer: list = []
+    asker = threading.Thread(target=lambda: answer.append(vault.has(object_id(blob))))
+    asker.start()
+    asker.join(1.0)  # unlocked, it would answer at once, loading the file beside the reader
+    assert answer == [], answer
+    release.set()
+    reader.join(30)
+    asker.join(30)
+    assert answer == [True] and got == [blob]
