@@ -87,3 +87,28 @@ def test_heads_saved_before_these_fields_are_rebuilt(two_envs):
     path.write_text(json.dumps(doc))
     assert Vault.open(vault_dir).resolve("latest", venv=str(b)) == ids["b2"]
     assert all("kind" in h for h in json.loads(path.read_text())["heads"].values())
+
+
+def test_cache_restore_latest_skips_a_newer_snapshot_whose_caches_were_not_read(tmp_path):
+    """`cache restore` (latest) chooses by the heads, then checks that the chosen snapshot holds a cache
+    with files: a newer cache snapshot whose only cache could not be read (no manifest) gives way to the
+    older one that holds files."""
+    from envvault.caches.snap import take_cache_snapshot
+    from envvault.commands.caches import _resolve
+    from envvault.model.snapshot import build_snapshot
+
+    cache = tmp_path / "inductor"
+    cache.mkdir()
+    (cache / "entry").write_bytes(b"compiled" * 10)
+    vault = Vault.open(tmp_path / "v", create=True)
+    older = take_cache_snapshot(vault, extra_dirs=[cache], discover=False, argv=["t"]).id
+    doc = vault.load_snapshot(older).snapshot.to_dict()
+    unread = [{**c, "manifest": None, "reason": "unreadable"} for c in doc["caches"]]
+    newer = vault.commit_snapshot(build_snapshot(
+        kind="cache-snapshot", created="2999-01-01T00:00:00Z", message="unread", trigger="cache-snap", argv=["t"],
+        venv=None, lock_only=False, python=doc["python"], host=doc["host"], env={}, packages=[], caches=unread,
+        fingerprint=None, warnings=[], stats={"files": 0, "bytes": 0, "new_bytes": 0, "new_objects": 0,
+                                              "seconds": 0}, tool=doc["tool"]))
+    assert newer != older
+    snapshot_heads(vault)  # saved: the newer head says it has a cache
+    assert _resolve(Vault.open(tmp_path / "v"), "latest") == older
