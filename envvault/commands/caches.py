@@ -48,12 +48,15 @@ def _resolve(vault, ref: str) -> str:
     if ref == "latest":
         from envvault.vault.heads import newest_head
 
+        def holds_files(ref) -> bool:
+            return ref is not None and any(c.manifest for c in ref.snapshot.caches or ())
+
         hit = newest_head(vault, lambda head: head.caches > 0)  # checked against its document
         chosen = vault.load_listed(hit[0]) if hit is not None else None  # None: deleted since
-        if chosen is not None and any(c.manifest for c in chosen.snapshot.caches or ()):
+        if holds_files(chosen):
             return chosen.id
         for s in vault.snapshots():  # caches listed without files: the documents decide
-            if any(c.manifest for c in s.snapshot.caches or ()):
+            if holds_files(s):
                 return s.id
         raise NotFoundError(f"no snapshot with compile caches in {vault.location}; run `envvault cache snap` first")
     return vault.resolve(ref)

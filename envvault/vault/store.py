@@ -236,11 +236,16 @@ class Vault:
         found = read_index(self.backend, name)
         if found is None:  # damaged or not read this time: its objects absent, read again on a refresh
             return
+        self._merge(name, found)
+
+    def _merge(self, pack_id: str, found: dict) -> None:
+        """Add one pack's locations to the index; an object already there (in two packs) keeps its first
+        location. The pack counts as seen only once its objects are in."""
         idx = self._index
-        if idx and not idx.keys().isdisjoint(found):  # an object in two packs: the first one loaded wins
+        if idx and not idx.keys().isdisjoint(found):
             found = {oid: loc for oid, loc in found.items() if oid not in idx}
         idx.update(found)
-        self._index_seen.add(name)  # after its objects are in
+        self._index_seen.add(pack_id)
 
     def locate(self, oid: str, refresh: bool = True) -> tuple | None:
         """Where object ``oid`` lies (as ``index()[oid]``), or None when no index file lists it. Reads only
@@ -290,10 +295,8 @@ class Vault:
 
     def _add_to_index(self, pack_id: str, locs: dict) -> None:
         with self._index_lock:
-            idx = self.index()
-            for oid, loc in locs.items():
-                idx.setdefault(oid, loc)
-            self._index_seen.add(pack_id)
+            self.index()
+            self._merge(pack_id, locs)
 
     def writer(self, threads: int | None = None) -> PackWriter:
         """A pack writer into this vault (packs staged in ``state.tmp_dir``, stored through the backend)."""
