@@ -3,18 +3,21 @@ stored file of the environment (49,000 on a 7 GB venv), one system call and a li
 interpreter does at one core's pace and threads cannot share out (the GIL). Children forked from this
 process each check a slice and send one byte an item back through a pipe.
 
-Forking is only for what it is safe and worth for: where ``vault/children.py`` allows it (Linux, a process
-with no other thread), two cores or more and enough work (``FORK_MIN_WEIGHT``); children are made and reaped
-there (``fork_child``, ``reap``). Whatever a child does not answer (it failed, was killed, sent too little) is
-checked here, in this process: the answers never depend on the children.
+Forking is only for what it is safe and worth for: Linux, a process with no other thread (a child of a
+threaded process may inherit a lock another thread held), two cores or more and enough work
+(``FORK_MIN_WEIGHT``). A child drops the parent's signal handlers and its garbage collector, answers, and
+leaves with ``os._exit``. Whatever a child does not answer (it failed, was killed, sent too little) is checked
+here, in this process: the answers never depend on the children.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
+import sys
+import threading
 from typing import Callable, Sequence
-
-from envvault.vault.children import fork_child, may_fork, read_exact, reap
 
 __all__ = ["check_all", "FORK_MIN_WEIGHT"]
 
@@ -41,22 +44,33 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
         for i in slices[0]:  # this process takes the first slice meanwhile
             answers[i] = bool(check(items[i]))
         for pid, fd, part in kids:
-            got = read_exact(fd, len(part))
+            got = _read_all(fd, len(part))
             for i, b in zip(part, got):
                 answers[i] = b == 1
         finished = True
     finally:
         for pid, fd, _ in kids:
-            reap(pid, (fd,), kill=not finished)
+            _reap(pid, fd, kill=not finished)
     # a child that failed or sent less, a slice no child took: here
     return [a if a is not None else bool(check(items[i])) for i, a in enumerate(answers)]
 
 
 def _children(total: int) -> int:
-    if total < FORK_MIN_WEIGHT or not may_fork():
+    if total < FORK_MIN_WEIGHT or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return 1
+    if threading.active_count() > 1 or not _one_thread():
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(_MAX_CHILDREN, cores, total // _WEIGHT_A_CHILD))
+
+
+def _one_thread() -> bool:
+    """This process has one thread, native ones included (zstd's, BLAKE3's pool: ``threading`` does not
+    count them, and a child of a threaded process may inherit a lock another thread held)."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
 
 def _slices(weights: Sequence[int], total: int, workers: int) -> list[list[int]]:
@@ -72,22 +86,72 @@ def _slices(weights: Sequence[int], total: int, workers: int) -> list[list[int]]
     return [out[k] for k in order if out[k]]
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _fork_one(check: Callable, items: Sequence, part: list, kids: list) -> bool:
-    """Fork a child that answers ``part`` with one byte an item; it goes on ``kids`` (pid, read end, part)
-    before any signal can interrupt this process. False when no child could be made."""
+    """Fork a child that answers ``part``; it goes on ``kids`` (pid, read end, part) before any signal can
+    interrupt this process, so an interrupted parent always reaps it. False when no child could be made."""
     try:
         r, w = os.pipe()
     except OSError:
         return False
-
-    def answer() -> None:
-        view = memoryview(bytes(1 if check(items[i]) else 0 for i in part))
-        while view:
-            view = view[os.write(w, view):]
-
-    if not fork_child(answer, (r,), lambda pid: kids.append((pid, r, part))):
+    # Signals wait until the child is on ``kids`` (parent) or has dropped the parent's handlers (child): a
+    # Ctrl-C landing in between must not run the parent's cleanup in the child.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         os.close(r)
         os.close(w)
         return False
+    if pid == 0:  # the child: answer, then leave at once (no atexit handlers, no buffers flushed twice)
+        code = 1
+        try:
+            gc.disable()  # no finalizer of an object inherited from the parent runs here
+            for sig in _SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)  # a signal ends the child; the parent checks its part
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            os.close(r)
+            view = memoryview(bytes(1 if check(items[i]) else 0 for i in part))
+            while view:
+                view = view[os.write(w, view):]
+            code = 0
+        except BaseException:  # noqa: BLE001 - any failure: the parent checks this part itself
+            pass
+        finally:
+            os._exit(code)
+    kids.append((pid, r, part))
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
     os.close(w)
     return True
+
+
+def _read_all(fd: int, n: int) -> bytes:
+    """Up to ``n`` bytes from ``fd``, until its end."""
+    parts, got = [], 0
+    while got < n:
+        chunk = os.read(fd, n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _reap(pid: int, fd: int, kill: bool) -> None:
+    """Close the pipe and wait for the child (it has answered, or failed: it is ending); ``kill`` (this
+    process was interrupted while children ran) ends it first."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    try:
+        if kill:
+            import signal
+
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        pass

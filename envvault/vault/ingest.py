@@ -27,7 +27,7 @@ from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
 from envvault.vault.fsutil import atomic_write, flocked, open_regular_fd, read_regular
 from envvault.vault import timing
-from envvault.vault.threads import default_namers, default_read_children, default_readers
+from envvault.vault.threads import default_namers, default_readers
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
 __all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256", "encode_stats", "group_paths",
@@ -74,8 +74,6 @@ class Ingester:
 
     def __init__(self, writer: PackWriter | None, known, *, store: bool = True, threads: int | None = None):
         self._named: dict = {}  # during map_ordered: path -> the future of its names (``_NameAhead``)
-        self._children = None  # during map_ordered: the ``ReadChildren`` reading small files, if any
-        self._path_of = self._weight_of = None  # during map_ordered: its ``path`` and ``weight``
         self.writer = writer
         self.known = known
         self.store = store
@@ -122,16 +120,6 @@ class Ingester:
 
         if self.store:
             self.known("0" * 64)  # load the vault's index here, not on a reader thread
-        # Children that read small files for the readers: forked now, before this ingest starts a thread.
-        children = None
-        if self.store and path is not None and weight is not None:
-            wanted = default_read_children()
-            if wanted:
-                from envvault.vault.children import ReadChildren
-
-                children = ReadChildren.start(wanted, _read_small)
-        self._children, self._path_of, self._weight_of = children, path, weight
-        readers = max(self.threads, children.count if children is not None else 0)
         # This (storing) thread does Python work per file between calls that release the GIL; with many
         # readers wanting the GIL back, a short switch interval keeps it from waiting 5 ms each time.
         interval = sys.getswitchinterval()
@@ -139,13 +127,13 @@ class Ingester:
         stored = 0  # bytes stored so far: past _STEADY_AFTER, pin malloc's threshold (ctypes costs an import)
         budget = _Budget(min(READ_AHEAD, max(16 << 20, self.threads * (2 << 20))), HEAD_AHEAD)
         window: deque[_Job] = deque()
-        pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="envvault-read")
+        pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="envvault-read")
         namers = default_namers() if self.store and path is not None and weight is not None else 0
         if namers:
             _steady_malloc()  # namers, compressors and the pack thread pass large buffers from the start
         it = _NameAhead(items, weight, path, namers) if namers else iter(items)
         self._named = it.named if namers else {}
-        depth = 4 * readers + 16
+        depth = 4 * self.threads + 16
         pending = None  # the next item, read from ``items`` but not yet in a batch
         try:
             exhausted = False
@@ -214,9 +202,6 @@ class Ingester:
             if namers:
                 it.close()
             self._named = {}
-            if children is not None:
-                children.close(kill=sys.exc_info()[0] is not None)
-                self._children = None
 
     def _run_job(self, fn: Callable, batch: list, job: "_Job", budget: "_Budget") -> tuple[list, BaseException | None]:
         """Run ``fn`` on each item of ``batch``; its results, and the exception that stopped it (raised by the
@@ -251,16 +236,8 @@ class Ingester:
                 hand_over()
 
         named = self._named
-        pre = self._read_by_children(batch)  # path -> (sha256, size, pieces): small files a child read
 
         def read(path, size_hint: int, algo: str = "sha256") -> FileDigest:
-            if pre and algo == "sha256":
-                got = pre.pop(os.fspath(path), None)
-                if got is not None:
-                    sha, size, pieces = got
-                    for oid, data in pieces:
-                        emit(oid, data)
-                    return FileDigest(sha, size, [oid for oid, _ in pieces])
             ahead = named.pop(os.fspath(path), None) if algo == "sha256" else None
             if ahead is None:
                 digest = _read_file(path, size_hint, algo, store, emit, lazy=True)
@@ -294,37 +271,6 @@ class Ingester:
             if timing.ON:
                 timing.add("readers: busy (incl. waits for room)", t0)
         return results, None
-
-
-    def _read_by_children(self, batch: list) -> dict:
-        """The small files of ``batch`` read by a child (``ReadChildren``), by path; {} without children, or
-        when none is free or the child failed (the reader reads them)."""
-        children = self._children
-        if children is None:
-            return {}
-        files = []
-        for item in batch:
-            w = self._weight_of(item)
-            if w is not None and w < SMALL_FILE:
-                target = self._path_of(item)
-                if target is not None:
-                    files.append((os.fspath(target), w))
-        if not files:
-            return {}
-        t0 = timing.clock()
-        got = children.read_batch(files)
-        if timing.ON:
-            timing.add("readers: wait for read children", t0)
-        if got is None:
-            return {}
-        return {path: answer for (path, _), answer in zip(files, got) if answer is not None}
-
-
-def _read_small(path: str, size_hint: int) -> tuple[str, int, list]:
-    """A read child's answer for one small file: ``_read_file``'s digest, size and (oid, bytes) pieces."""
-    pieces: list = []
-    digest = _read_file(path, size_hint, "sha256", True, lambda oid, data: pieces.append((oid, data)))
-    return digest.sha256, digest.size, pieces
 
 
 # Bytes read ahead of the storing thread (all reader threads together: 2 MiB a thread, at least 16 MiB, at

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["default_readers", "default_namers", "default_compressors", "default_writers", "default_read_children"]
+__all__ = ["default_readers", "default_namers", "default_compressors", "default_writers"]
 
 
 def _given(var: str, least: int, most: int, default: int) -> int:
@@ -50,10 +50,3 @@ def default_writers() -> int:
     bench/results/gpu_stages_8.json): 1 writer 11.1 s, 4 writers 12.7 s (their writes took 9.4 s in all
     against 1.6 s: they contend); the pack thread writing every frame itself, before, spent 5.2 s on it."""
     return _given("ENVVAULT_WRITERS", 1, 64, 1)
-
-
-def default_read_children() -> int:
-    """Forked children that read a first snap's small files for the reader threads (``vault/children.py``'s
-    ``ReadChildren``), one a reader: ``ENVVAULT_READ_CHILDREN`` (0 turns them off); by default none (being
-    measured on the 16-core device)."""
-    return _given("ENVVAULT_READ_CHILDREN", 0, 64, 0)
