@@ -16,12 +16,17 @@ from envvault.errors import EnvvaultError
 __all__ = ["main", "cli", "python_option"]
 
 
-def python_option(help_text: str):
+PYTHON_HELP = "An interpreter: act on the installation it sees (its site directories, the user site), not a venv."
+
+
+def python_option(help_text: str = PYTHON_HELP):
     """``--python PATH``: act on the installation that interpreter sees (docs/cli.md); the choice reaches
     ``env.probe.find_target`` through ``choose_python``. Here, so that guard (run by the shell hook on every
     install) and the other commands share it without importing each other."""
 
     def choose(ctx, param, value):
+        if value is None and "envvault.env.probe" not in sys.modules:
+            return value  # nothing chosen before, nothing to forget: a quick command need not import the probe
         from envvault.env.probe import choose_python
 
         choose_python(value)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from envvault.cli import cli
+from envvault.cli import cli, python_option
 from envvault.errors import NotFoundError
 from envvault.output import emit_json, human_bytes, style
 
@@ -21,9 +21,7 @@ _venv_only = click.option(
 
 def venv_option(f):
     """``--venv`` and ``--python`` (a system Python's installation: ``find_target`` takes it)."""
-    from envvault.commands.snapshots import python_option
-
-    return _venv_only(python_option(f))
+    return _venv_only(python_option()(f))
 
 
 def _vault(ctx: click.Context, create: bool = False):
@@ -33,9 +31,7 @@ def _vault(ctx: click.Context, create: bool = False):
 
 
 def _venv(venv: str | None) -> Path | None:
-    from envvault.env.probe import chosen_python
-
-    if venv is not None or chosen_python():
+    if venv is not None or "envvault.env.probe" in sys.modules and sys.modules["envvault.env.probe"].chosen_python():
         from envvault.env.probe import find_target
 
         return find_target(venv)

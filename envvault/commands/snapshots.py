@@ -23,8 +23,7 @@ _venv_only = click.option(
 )
 
 
-python_option = cli_python_option(
-    "An interpreter: act on the installation it sees (its site directories, the user site), not a venv.")
+python_option = cli_python_option()
 
 
 def venv_option(f):
