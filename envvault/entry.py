@@ -42,8 +42,7 @@ def leave_now(code) -> None:
     writes are closed (and made durable) by the code that writes them, never by the teardown."""
     if code is None:
         code = 0
-    if (not isinstance(code, int) or os.environ.get("ENVVAULT_QUICK_EXIT", "") == "0" or sys.gettrace() is not None
-            or sys.getprofile() is not None):
+    if not isinstance(code, int) or os.environ.get("ENVVAULT_QUICK_EXIT", "") == "0" or _observed():
         return
     import threading
 
@@ -63,6 +62,15 @@ def leave_now(code) -> None:
     except (OSError, ValueError):
         pass
     os._exit(code & 0xFF if code >= 0 else 1)
+
+
+def _observed() -> bool:
+    """A tracer or profiler is set: ``sys.settrace``/``sys.setprofile`` (coverage, the pure-Python profiler)
+    or, from Python 3.12, a ``sys.monitoring`` tool (cProfile, coverage's sysmon core, debuggers)."""
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(monitoring.get_tool(i) is not None for i in range(6))
 
 
 def keep_bytecode() -> str | None:

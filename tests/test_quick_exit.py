@@ -11,6 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from fixtures.machine import cpython
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # An object whose finalizer runs only in the interpreter's teardown (a module global), and an atexit handler.
@@ -105,3 +109,17 @@ def test_teardown_kept_when_something_may_need_it():
     """
     got = _run(code)
     assert got.returncode == 0 and "still here" in got.stdout and "teardown ran" in got.stderr
+
+
+@pytest.mark.parametrize("minor", ["3.8", "3.11", "3.12", "3.13"])
+def test_cprofile_gets_its_report_on_every_python(tmp_path, minor):
+    """From 3.12 cProfile watches through ``sys.monitoring``, not ``sys.setprofile``: ``python -m cProfile -m
+    envvault ...`` must still print its report (the device's start-up profiles lost theirs on 3.12 before)."""
+    script = tmp_path / "probe.py"
+    script.write_text("from envvault import entry\nentry.leave_now(0)\nprint('still here')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ENVVAULT_QUICK_EXIT", "PYTHONUNBUFFERED")}
+    env["PYTHONPATH"] = str(ROOT)  # entry.py imports only the standard library
+    got = subprocess.run([str(cpython(minor)), "-m", "cProfile", str(script)], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert "still here" in got.stdout and "function calls" in got.stdout
