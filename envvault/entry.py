@@ -37,31 +37,37 @@ def leave_now(code) -> None:
     every module and object one by one: 20-60 ms of a 0.15-0.3 s command, bench/results/issue11_device.md),
     as ``os._exit`` does; returns (the normal exit follows) when anything could still need that teardown:
     another thread alive (a non-daemon one would be joined), a tracer or profiler (coverage, cProfile want
-    their report), an exit code that is not a number (Python prints it), output that cannot be flushed, or
+    their report), an exit code that is not a number or does not fit a C int (Python deals with those), output
+    that cannot be flushed, or
     ``ENVVAULT_QUICK_EXIT=0``. What ``atexit`` was given runs first, as at a normal exit. Files envvault
     writes are closed (and made durable) by the code that writes them, never by the teardown."""
     if code is None:
         code = 0
-    if not isinstance(code, int) or os.environ.get("ENVVAULT_QUICK_EXIT", "") == "0" or _observed():
+    if (not isinstance(code, int) or not -(1 << 31) <= code < 1 << 31 or _observed()
+            or os.environ.get("ENVVAULT_QUICK_EXIT", "") == "0"):
         return
     import threading
 
-    if threading.active_count() > 1:
-        return
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
+    if threading.active_count() > 1 or not _flushed():
         return  # a closed pipe, a closed stream: the normal exit reports it as it always did
     import atexit
 
     atexit._run_exitfuncs()  # what was registered (the stage report, a bucket's pending heads) runs once
+    # The OS keeps the low byte of the code, as at a normal exit (-1 is 255); output that could not be
+    # flushed after atexit's handlers ends with 120, as Python's own exit does.
+    os._exit(code & 0xFF if _flushed() else 120)
+
+
+def _flushed() -> bool:
+    """stdout and stderr flushed; False when one could not be (a stream that is None, because its file
+    descriptor was closed when Python started, is skipped: nothing was written to it)."""
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-    os._exit(code & 0xFF if code >= 0 else 1)
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except Exception:  # noqa: BLE001 - whatever a stream raises, the normal exit deals with it
+        return False
+    return True
 
 
 def _observed() -> bool:

@@ -123,3 +123,29 @@ def test_cprofile_gets_its_report_on_every_python(tmp_path, minor):
                          env=env, timeout=120)
     assert got.returncode == 0, got.stderr[-2000:]
     assert "still here" in got.stdout and "function calls" in got.stdout
+
+
+def test_closed_streams_and_odd_codes_exit_as_python_does(tmp_path):
+    """A stream whose descriptor was closed at start is None in Python; an exit code is kept to its low byte
+    (-1 is 255); in both the quick exit ends as the normal one does, with no traceback."""
+    from envvault.vault.store import Vault
+
+    vault = str(tmp_path / "v")
+    Vault.open(vault, create=True)
+    launch = [sys.executable, "-c", _PRELUDE + _MAIN]
+    for args, closing, code in ((["--version"], ">&-", 0), (["--vault", vault, "show", "nosuch"], "2>&-", 4),
+                                (["--vault", vault, "list"], ">&- 2>&-", 0)):
+        for quick in ("1", "0"):
+            env = dict(os.environ, PYTHONPATH=str(ROOT), ENVVAULT_QUICK_EXIT=quick)
+            env.pop("PYTHONUNBUFFERED", None)
+            got = subprocess.run(["sh", "-c", f'"$@" {closing}', "sh", *launch, *args], capture_output=True,
+                                 text=True, env=env, timeout=120)
+            assert got.returncode == code, (args, closing, quick, got.stderr[-1500:])
+            assert "Traceback" not in got.stderr, (args, closing, quick)
+    for raw, low in ((-1, 255), (-2, 254), (256, 0), (300, 44)):
+        got = _run(f"""
+        from envvault import entry
+        entry.leave_now({raw})
+        print("still here")
+        """)
+        assert got.returncode == low and "still here" not in got.stdout and "teardown ran" not in got.stderr, raw
