@@ -13,7 +13,7 @@ import click
 from envvault import __version__
 from envvault.errors import EnvvaultError
 
-__all__ = ["main", "cli", "python_option"]
+__all__ = ["main", "cli", "python_option", "chosen_python"]
 
 
 PYTHON_HELP = "An interpreter: act on the installation it sees (its site directories, the user site), not a venv."
@@ -25,7 +25,7 @@ def python_option(help_text: str = PYTHON_HELP):
     install) and the other commands share it without importing each other."""
 
     def choose(ctx, param, value):
-        if value is None and "envvault.env.probe" not in sys.modules:
+        if value is None and chosen_python() is None:
             return value  # nothing chosen before, nothing to forget: a quick command need not import the probe
         from envvault.env.probe import choose_python
 
@@ -34,6 +34,13 @@ def python_option(help_text: str = PYTHON_HELP):
 
     return click.option("--python", "python", type=click.Path(dir_okay=False), expose_value=False,
                         callback=choose, help=help_text)
+
+
+def chosen_python() -> str | None:
+    """The ``--python`` this process was given (``env.probe.chosen_python``), without importing the probe
+    when none was: a Python is chosen only through the probe, so an unimported probe has none."""
+    probe = sys.modules.get("envvault.env.probe")
+    return probe.chosen_python() if probe is not None else None
 
 
 # Which module defines each command: a command imports only its own module, so a quick command (a

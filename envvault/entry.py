@@ -37,10 +37,10 @@ def leave_now(code) -> None:
     every module and object one by one: 20-60 ms of a 0.15-0.3 s command, bench/results/issue11_device.md),
     as ``os._exit`` does; returns (the normal exit follows) when anything could still need that teardown:
     another thread alive (a non-daemon one would be joined), a tracer or profiler (coverage, cProfile want
-    their report), an exit code that is not a number or does not fit a C int (Python deals with those), output
-    that cannot be flushed, or
-    ``ENVVAULT_QUICK_EXIT=0``. What ``atexit`` was given runs first, as at a normal exit. Files envvault
-    writes are closed (and made durable) by the code that writes them, never by the teardown."""
+    their report), an exit code that is not a number or does not fit a C int (Python deals with those),
+    output that cannot be flushed, or ``ENVVAULT_QUICK_EXIT=0``. What ``atexit`` was given runs first, as at
+    a normal exit. Files envvault writes are closed (and made durable) by the code that writes them, never
+    by the teardown."""
     if code is None:
         code = 0
     if (not isinstance(code, int) or not -(1 << 31) <= code < 1 << 31 or _observed()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from envvault.cli import cli, python_option
+from envvault.cli import chosen_python, cli, python_option
 from envvault.errors import NotFoundError
 from envvault.output import emit_json, human_bytes, style
 
@@ -31,7 +31,7 @@ def _vault(ctx: click.Context, create: bool = False):
 
 
 def _venv(venv: str | None) -> Path | None:
-    if venv is not None or "envvault.env.probe" in sys.modules and sys.modules["envvault.env.probe"].chosen_python():
+    if venv is not None or chosen_python():
         from envvault.env.probe import find_target
 
         return find_target(venv)
