@@ -149,3 +149,33 @@ def test_closed_streams_and_odd_codes_exit_as_python_does(tmp_path):
         print("still here")
         """)
         assert got.returncode == low and "still here" not in got.stdout and "teardown ran" not in got.stderr, raw
+
+
+def test_output_that_fails_after_atexit_and_huge_codes_end_as_python_ends():
+    """An atexit handler writing to a pipe the reader closed: the flush fails, and the quick exit ends with 120
+    as Python's own exit does; a code beyond a C int is left to Python. Both compared with ENVVAULT_QUICK_EXIT=0."""
+    code = """
+    import time
+    from envvault import entry
+    atexit.register(lambda: sys.stdout.write("after the reader left"))
+    time.sleep(0.5)  # the reader has closed its end by now
+    entry.leave_now(0)
+    """
+    for quick in ("1", "0"):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), ENVVAULT_QUICK_EXIT=quick)
+        env.pop("PYTHONUNBUFFERED", None)
+        proc = subprocess.Popen([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env)
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 120, (quick, err[-1500:])
+    huge = {}
+    for quick in ("1", "0"):
+        got = _run("""
+        from envvault import entry
+        entry.leave_now(1 << 40)
+        sys.exit(1 << 40)
+        """, ENVVAULT_QUICK_EXIT=quick)
+        huge[quick] = got.returncode
+        assert "teardown ran" in got.stderr, quick  # left to the normal exit
+    assert huge["1"] == huge["0"]
