@@ -67,6 +67,38 @@ def test_a_lying_object_stages_nothing(tmp_path):
     assert _files(tmp_path) == []  # every temp file of the run is gone
 
 
+def test_runs_come_back_in_order_and_an_error_at_its_turn():
+    import threading
+    import time
+
+    before = threading.active_count()
+
+    def slow_first(n: int) -> int:
+        time.sleep(0.05 if n == 0 else 0)  # the first item finishes last
+        return n * n
+
+    assert list(materialize._in_order(slow_first, list(range(20)), 4, threading.Event())) == [n * n for n in range(20)]
+    assert threading.active_count() == before  # every thread joined
+
+    seen: list[int] = []
+    failed = threading.Event()
+
+    def fails_at_5(n: int) -> int:
+        seen.append(n)
+        if n == 5:
+            raise OSError("disk full")
+        time.sleep(0.01)
+        return n
+
+    got: list[int] = []
+    with pytest.raises(OSError, match="disk full"):
+        for r in materialize._in_order(fails_at_5, list(range(200)), 3, failed):
+            got.append(r)
+    assert got == [0, 1, 2, 3, 4]  # the results before it, in order
+    assert failed.is_set() and threading.active_count() == before
+    assert len(seen) < 200  # the threads stopped taking items
+
+
 def test_a_short_file_is_refused(tmp_path):
     blobs = {"o": b"abc"}
     spec = FileSpec("f", ("o",), 4, None, 0o644)

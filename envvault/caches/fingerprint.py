@@ -12,17 +12,16 @@ records (``Fingerprint``, ``GpuInfo``) live in ``envvault.model.cache``.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..env.reader import reader_for
-from ..env.static import find_dist_info, module_constants, record_digest
 from ..model.cache import FINGERPRINT_FORMAT as FORMAT
 from ..model.cache import Fingerprint, GpuInfo  # the records (re-exported here)
-from . import _torchkey
+
+# The environment reader, the static readers of module files and RECORDs, torch's key and subprocess are
+# imported where a venv is fingerprinted or a GPU asked: a restore that only compares two recorded
+# fingerprints (or has no venv to compare with) starts without them.
 
 __all__ = [
     "FORMAT",
@@ -78,6 +77,9 @@ def compile_env(env: Mapping[str, str]) -> dict[str, str]:
 def probe_gpus(env: Mapping[str, str] = os.environ) -> tuple[GpuInfo, ...] | None:
     """NVIDIA GPUs from ``nvidia-smi``: empty when it is not on ``PATH`` (normal without a GPU), None
     when it is there but fails."""
+    import shutil
+    import subprocess
+
     exe = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
     if exe is None:
         return ()
@@ -104,6 +106,10 @@ def fingerprint_venv(
     ``exact``, also hashes torch's module files as Inductor's ``torch_key`` does (about a second), which
     catches files edited in place. Raises ``UsageError`` when ``venv`` is not a venv.
     """
+    from ..env.reader import reader_for
+    from ..env.static import find_dist_info, module_constants, record_digest
+    from . import _torchkey
+
     reader = reader_for(Path(venv))
     site = reader.site_packages()
     python = reader.python_version()
