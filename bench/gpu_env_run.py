@@ -232,13 +232,15 @@ def main() -> int:
     if "into" not in skip:
         if a.profile:
             profile("into", f"restore full --into {W}/into-prof")
-        into = timed("restore --into", f"{EV} restore full --into {W}/into", 1, before=f"rm -rf {W}/into")
+        # ENVVAULT_STAGES=1: the verification's seconds on stderr
+        into = timed("restore --into", f"ENVVAULT_STAGES=1 {EV} restore full --into {W}/into", r,
+                     before=f"rm -rf {W}/into")
         sh(f"{W}/into/bin/python -c 'import torch; print(torch.__version__, torch.cuda.is_available())'",
            name="torch in --into venv")
         exp = timed("export", f"{EV} export full -o {W}/exp/pylock.toml", 1, before=f"rm -rf {W}/exp")
         uvi = timed("uv pip install exported wheels",
                     f"{UV} pip install -q --offline --no-deps --python {W}/uvv/bin/python {W}/exp/pylock.wheels/*.whl",
-                    1, before=f"rm -rf {W}/uvv && {UV} venv -q --python {base} {W}/uvv")
+                    r, before=f"rm -rf {W}/uvv && {UV} venv -q --python {base} {W}/uvv")
         row("restore --into whole venv", into, uvi, "uv pip install --offline --no-deps of exported wheels", "<= 1.0x")
         row("export (all wheels)", exp, None, "", "<= 10 s")
 

@@ -172,3 +172,76 @@ def test_status_sees_an_edit_in_a_childs_slice(tmp_path, make_venv, wheelhouse):
     assert got["forked"] and got["again"] and not got["left"]
     assert got["lasts"] >= 2  # more than one part each
     assert all(len(names) == 1 for names in got["changed"]) and len(got["changed"]) == got["lasts"]
+
+
+@pytest.mark.parametrize("how", ["raise", "kill", "short"])
+def test_map_all_answers_are_the_serial_ones_whatever_a_child_does(how):
+    """``map_all``: answers of any length (empty ones too) come back in order; a child that raises, is killed
+    or sends a cut answer leaves its items to this process, which answers them with the same function."""
+    got = _fresh(f"""
+        def answer(i):
+            if os.getpid() != parent and i % 7 == 3:
+                if {how!r} == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if {how!r} == "raise":
+                    raise RuntimeError("child broke")
+            return b"x" * (i % 5) + str(i).encode()
+
+        items = list(range(60))
+        if {how!r} == "short":
+            real_write = os.write
+            os.write = lambda fd, data: real_write(fd, bytes(data)[:len(data) // 2]) or os._exit(0)
+        answers = forked.map_all(answer, items, [1000] * len(items))
+        os.write = os.write if {how!r} != "short" else real_write
+        print(json.dumps({{"same": answers == [answer(i) for i in items], "forks": len(forks),
+                          "left": not no_children_left()}}))
+    """)
+    assert got == {"same": True, "forks": got["forks"], "left": False} and got["forks"] >= 1
+
+
+def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make_venv, wheelhouse):
+    """A check scan with file entries but no distribution groups (a venv ``restore --into`` just wrote) builds
+    every manifest in forked children: its packages, warnings, and the stat cache it saves (the groups, the
+    entry of a file edited in place that a child read) are those of the same scan in one process."""
+    from envvault.snap import take_snapshot
+    from envvault.vault.store import Vault
+
+    venv = make_venv("uv")
+    uv_install(venv, *(str(wheelhouse[k]) for k in (C.SMALL_01, C.NS_ALPHA, C.WITH_HEADERS)))
+    vault = Vault.open(tmp_path / "v", create=True)
+    take_snapshot(vault, venv, argv=["test"])
+    got = _fresh(f"""
+        from pathlib import Path
+        from envvault.snap.scan import scan_current, statcache_for
+        from envvault.vault.store import Vault
+
+        vault, venv = Vault.open({str(tmp_path / "v")!r}), Path({str(venv)!r})
+        from envvault.vault.ingest import group_paths
+
+        cache = statcache_for(vault, venv)
+        largest = max(cache.groups.values(), key=lambda g: len(group_paths(g)))  # a child's: this process takes the lightest
+        edited = sorted(p for p in group_paths(largest) if p.endswith(".py"))[0]
+        data = (venv / edited).read_bytes()
+        (venv / edited).write_bytes(data[:-1] + (b"#" if data[-1:] != b"#" else b"!"))
+        saved = cache.files_path.read_bytes()
+
+        def run(fork):
+            cache.groups_path.unlink(missing_ok=True)
+            cache.files_path.write_bytes(saved)
+            forked.FORK_MIN_WEIGHT = forked._WEIGHT_A_CHILD = 1 if fork else 10 ** 9
+            n = len(forks)
+            got = scan_current(vault, venv, facts=False)
+            after = statcache_for(vault, venv)
+            return {{"packages": got["packages"], "warnings": got["warnings"], "groups": after.groups,
+                    "files": after.files, "edited": after.files.get(edited), "forks": len(forks) - n}}
+
+        a, b = run(True), run(False)
+        out = {{"forks": [a.pop("forks"), b.pop("forks")], "same": a == b, "edited_known": a["edited"] is not None,
+               "was_known": json.loads(__import__("zstandard").ZstdDecompressor().decompress(saved))["files"].get(edited),
+               "modified": [p["name"] for p in a["packages"] if p["modified"]], "groups": len(a["groups"]),
+               "left": not no_children_left()}}
+        print(json.dumps(out))
+    """)
+    assert got["forks"][0] >= 1 and got["forks"][1] == 0 and not got["left"]
+    assert got["same"] and got["groups"] == 3
+    assert got["edited_known"] and got["modified"] and len(got["modified"]) == 1

@@ -40,6 +40,7 @@ from envvault.restore.managed import refuse_uncopyable, venv_manifest, venv_view
 from envvault.restore.installed import (find_dist_info, installed_script, read_record, reapply_state, replace_file,
                                         stored_record)
 from envvault.restore.result import RestoreResult
+from envvault.vault import timing
 from envvault.vault.fsutil import makedirs_recording
 from envvault.vault.store import ObjectReader
 from envvault.restore.uv import (
@@ -114,11 +115,14 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
                 from envvault.restore.apply import populate_statcache
 
                 populate_statcache(vault, dest, staged)  # the verification stats, never re-reads
+    t0 = timing.clock()
     with _removed_on_failure(dest, created):  # the verification too: a failure leaves no half-built venv
         after = scan_current(vault, dest, facts=False)
         remaining = diff_snapshots(after, snapshot, vault=vault, old_label=str(dest), new_label=sid[:12],
                                    scope="environment")
         differs = _provenance_differences(dest, python, provenance) + _pyvenv_differences(dest, pyvenv)
+    if timing.ON:
+        timing.add("into: verification (scan, compare)", t0)
     python_ok = not any(k in remaining.python for k in ("implementation", "abi", "soabi", "platform"))
     for k, (o, n) in remaining.python.items():
         warnings.append(f"python {k} is {o}, the snapshot had {n}")

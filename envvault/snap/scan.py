@@ -6,6 +6,7 @@ is re-scanned from metadata alone), else read (``envvault.env.dists``) and built
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 from pathlib import Path
@@ -207,6 +208,9 @@ def scan_environment(
     # stored in this order (then each manifest): the same packs whatever the thread count.
     if timing.ON:
         timing.add("scan: probe, stat cache, dist-info read", t0)
+    if mode == "check" and writer is None and progress is None and _built_forked(builder, vault, cache, prefix,
+                                                                                 slow, packages):
+        slow = []
     planned = _planned(builder, ing, slow)
     try:
         _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
@@ -223,25 +227,70 @@ def _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, p
     for plan in planned:
         dist = plan.dist
         t0 = timing.clock()
-        man = builder.finish(plan)
-        data = canonical_json(man.to_dict())
-        oid = object_id(data)
-        if writer is not None and not vault.has(oid) and not writer.queued(oid):
-            writer.add(oid, data, "m")
-        summary = summary_of(man, oid)
-        if builder.interp.environment != "venv":  # its site directory (docs/format.md, "Environment kinds")
-            summary["site"] = posixpath.dirname(man.dist_info)
-        packages.append(summary)
-        if dist.record is not None:
-            try:
-                _remember_group(cache, dist, prefix, man, summary, mode, oid)
-            except OSError:
-                pass
+        packages.append(_build_one(plan, builder, writer, vault, cache, prefix, mode))
         done += sum(e.size or 0 for e in (dist.record or ()))
         if progress:
             progress(done)
         if timing.ON:
             timing.add("scan: manifests built and stored (main thread)", t0)
+
+
+def _build_one(plan, builder, writer, vault, cache, prefix, mode) -> dict:
+    """The summary of one distribution whose reads are done: its manifest built (and queued on ``writer``),
+    what the stat cache learns remembered."""
+    dist = plan.dist
+    man = builder.finish(plan)
+    data = canonical_json(man.to_dict())
+    oid = object_id(data)
+    if writer is not None and not vault.has(oid) and not writer.queued(oid):
+        writer.add(oid, data, "m")
+    summary = summary_of(man, oid)
+    if builder.interp.environment != "venv":  # its site directory (docs/format.md, "Environment kinds")
+        summary["site"] = posixpath.dirname(man.dist_info)
+    if dist.record is not None:
+        try:
+            _remember_group(cache, dist, prefix, man, summary, mode, oid)
+        except OSError:
+            pass
+    return summary
+
+
+def _built_forked(builder, vault, cache, prefix, dists: list, packages: list) -> bool:
+    """A check scan's distributions built in forked children (``forked.map_all``) when it pays: each
+    answers a distribution's summary, its stat cache group, the file entries of the files it read and its
+    warnings, applied here in the distributions' order (this process's own answers go the same way). False,
+    with nothing done, when one process would do them all (then the reader threads' path is faster)."""
+    from .forked import map_all, workers_for
+
+    weights = [len(d.record or ()) + 1 for d in dists]
+    if workers_for(sum(weights)) < 2:
+        return False
+    cache.files  # loaded once, before any fork
+
+    def answer(dist) -> bytes:
+        seen = len(builder.warnings)
+        plan = builder.plan(dist)
+        for need in plan.reads:
+            builder.took(need, builder.ing.ingest(need.absolute, need.st.st_size))
+        summary = _build_one(plan, builder, None, vault, cache, prefix, "check")
+        warnings = builder.warnings[seen:]
+        del builder.warnings[seen:]  # they come back with the answer, in order
+        key = dist.dist_info.relative_to(prefix).as_posix()
+        return json.dumps({
+            "summary": summary,
+            "group": [key, cache.groups[key]] if dist.record is not None and key in cache.groups else None,
+            "files": {need.rel: cache.files[need.rel] for need in plan.reads},
+            "warnings": warnings,
+        }, separators=(",", ":")).encode()
+
+    for raw in map_all(answer, dists, weights):
+        got = json.loads(raw)
+        packages.append(got["summary"])
+        if got["group"] is not None:
+            cache.set_group(*got["group"])
+        cache.learn(got["files"])
+        builder.warnings.extend(got["warnings"])
+    return True
 
 
 def _weight(item) -> int | None:

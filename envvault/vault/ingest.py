@@ -702,6 +702,13 @@ class StatCache:
         self.touched.add(rel)
         self._dirty_files = True
 
+    def learn(self, entries: dict[str, list]) -> None:
+        """Take file entries another process made with ``put`` (a forked check scan's answers)."""
+        if entries:
+            self.files.update(entries)
+            self.touched.update(entries)
+            self._dirty_files = True
+
     def set_group(self, key: str, value: dict) -> None:
         """Keep ``value`` for ``key``; its ``files`` and ``stats`` lists (paths, stat keys) are stored packed
         (``encode_stats``), so compare groups with ``group_paths`` / the packed fields."""

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Same-session A/B of two envvault builds on the device's venv for the rows this session's changes touch:
+# `restore --into` a new venv (ENVVAULT_STAGES=1: the verification's seconds) and `cache restore` of the H200
+# compile cache, the builds alternately (old, new, ...), beside their anchors.
+# Usage: OUT=$OUT bash bench/gpu_into_ab.sh OLD_WHEEL_DIR NEW_WHEEL_DIR [ROUNDS]   (dependencies' wheels in NEW;
+# the compile cache archive at bench/out/inductor-cache.tar.zst)
+set -euo pipefail
+OLD=$1 NEW=$2 ROUNDS=${3:-3}
+PY=python3
+VENV=$($PY -c 'import sys; print(sys.prefix)')
+BASE=$($PY -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
+W=/tmp/iab
+ZD='import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
+ZC='import sys, zstandard; zstandard.ZstdCompressor(level=3, threads=-1).copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
+rm -rf $W && mkdir -p $W/c
+$PY -m pip install -q --no-index --no-deps --target $W/new "$NEW"/*.whl
+mkdir -p $W/oldw && cp "$NEW"/*.whl $W/oldw/ && rm $W/oldw/envvault-*.whl && cp "$OLD"/envvault-*.whl $W/oldw/
+$PY -m pip install -q --no-index --no-deps --target $W/old $W/oldw/*.whl
+$PY -m compileall -q -j 0 $W/old $W/new >/dev/null
+log=${OUT:-/tmp}/gpu_into_ab.txt
+: >"$log"
+now() { date +%s.%N; }
+secs() { $PY -c "print(round($2 - $1, 3))"; }
+ev() { local b=$1; shift; PYTHONPATH=$W/$b ENVVAULT_HOME=$W/v $W/$b/bin/envvault "$@"; }
+tar -cf - -C "$VENV" . | cat >/dev/null
+ev new snap --venv "$VENV" --no-caches -m full >/dev/null
+ev new tag latest full >/dev/null
+$PY -c "$ZD" <bench/out/inductor-cache.tar.zst | tar -xf - -C $W/c
+ev new cache snap --no-discover --cache-dir $W/c -m c >/dev/null
+tar -cf - -C $W/c . | $PY -c "$ZC" >$W/c.tar.zst
+for i in $(seq 7); do
+  rm -rf $W/r && mkdir -p $W/r && sync
+  t0=$(now); $PY -c "$ZD" <$W/c.tar.zst | tar -xf - -C $W/r; t1=$(now)
+  echo "cache restore anchor round $i: $(secs $t0 $t1) s" | tee -a "$log"
+  for b in old new; do
+    rm -rf $W/r && sync
+    t0=$(now); ev $b cache restore --to $W/r >/dev/null 2>&1; t1=$(now)
+    echo "cache restore $b round $i: $(secs $t0 $t1) s" | tee -a "$log"
+  done
+done
+# the anchor of --into: uv's install of the exported wheels into a fresh venv
+ev new export full -o $W/exp/pylock.toml >/dev/null
+for i in $(seq "$ROUNDS"); do
+  rm -rf $W/uvv && $W/new/bin/uv venv -q --python "$BASE" $W/uvv && sync
+  t0=$(now); $W/new/bin/uv pip install -q --offline --no-deps --python $W/uvv/bin/python $W/exp/pylock.wheels/*.whl; t1=$(now)
+  echo "into anchor (uv install) round $i: $(secs $t0 $t1) s" | tee -a "$log"
+  for b in old new; do
+    rm -rf $W/into && sync
+    t0=$(now); ENVVAULT_STAGES=1 ev $b restore full --into $W/into >/dev/null 2>$W/into.err || echo "rc $?" >>"$log"; t1=$(now)
+    echo "restore --into $b round $i: $(secs $t0 $t1) s; $(grep -E 'into:|scan:' $W/into.err | sed 's/envvault-stage //' | tr '\n' ' ')" | tee -a "$log"
+  done
+done
+ev new status --venv $W/into --exit-code >/dev/null && echo "status of the last --into venv: unchanged" | tee -a "$log"
