@@ -200,9 +200,10 @@ def test_map_all_answers_are_the_serial_ones_whatever_a_child_does(how):
 
 
 def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make_venv, wheelhouse):
-    """A check scan with file entries but no distribution groups (a venv ``restore --into`` just wrote) builds
-    every manifest in forked children: its packages, warnings, and the stat cache it saves (the groups, the
-    entry of a file edited in place that a child read) are those of the same scan in one process."""
+    """A check scan with file entries but no distribution groups (a venv ``restore --into`` just wrote) reads
+    and builds every distribution in forked children: its packages, warnings and the stat cache it saves (the
+    groups, the entry of a file edited in place that a child read) are those of the same scan in one process,
+    and so is the error when a child's distribution has lost its RECORD."""
     from envvault.snap import take_snapshot
     from envvault.vault.store import Vault
 
@@ -224,6 +225,7 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
         data = (venv / edited).read_bytes()
         (venv / edited).write_bytes(data[:-1] + (b"#" if data[-1:] != b"#" else b"!"))
         saved = cache.files_path.read_bytes()
+        largest_key = max(cache.groups, key=lambda k: len(group_paths(cache.groups[k])))
 
         def run(fork):
             cache.groups_path.unlink(missing_ok=True)
@@ -235,13 +237,26 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
             return {{"packages": got["packages"], "warnings": got["warnings"], "groups": after.groups,
                     "files": after.files, "edited": after.files.get(edited), "forks": len(forks) - n}}
 
+        def failed(fork):
+            try:
+                run(fork)
+            except Exception as err:
+                return f"{{type(err).__name__}}: {{err}}"
+
+        record = venv / largest_key / "RECORD"
+        kept = record.read_bytes()
+        record.unlink()  # an error in a child's distribution: raised here, as by one process
+        errors = [failed(True), failed(False)]
+        record.write_bytes(kept)
         a, b = run(True), run(False)
         out = {{"forks": [a.pop("forks"), b.pop("forks")], "same": a == b, "edited_known": a["edited"] is not None,
                "was_known": json.loads(__import__("zstandard").ZstdDecompressor().decompress(saved))["files"].get(edited),
                "modified": [p["name"] for p in a["packages"] if p["modified"]], "groups": len(a["groups"]),
+               "errors": errors,
                "left": not no_children_left()}}
         print(json.dumps(out))
     """)
     assert got["forks"][0] >= 1 and got["forks"][1] == 0 and not got["left"]
     assert got["same"] and got["groups"] == 3
     assert got["edited_known"] and got["modified"] and len(got["modified"]) == 1
+    assert got["errors"][0] == got["errors"][1] and "RECORD is missing" in got["errors"][0]

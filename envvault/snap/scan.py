@@ -181,6 +181,7 @@ def scan_environment(
         mid = group and (group.get(mkey) or (mode == "check" and group.get("manifest_full")))
         entries.append((dist_info, site, group, mid))
     fresh = _fresh_groups(entries, prefix) if mode != "lock" else set()
+    pending: list[tuple[Path, Path]] = []  # (dist_info, site) of the distributions to read and build
     for n, (dist_info, site, group, mid) in enumerate(entries):
         if n in fresh:
             summary = dict(group["summary"], manifest=mid)
@@ -190,27 +191,19 @@ def scan_environment(
         if mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
             packages.append(dict(group["lock"]["summary"]))
             continue
-        dist = reader.read(dist_info, site)
-        if dist is not None:
-            slow.append(dist)
+        pending.append((dist_info, site))
+    # A check scan of many distributions without groups (a venv restore --into just wrote): read and built in
+    # forked children. Otherwise read here, built with the reader threads below.
+    if not (mode == "check" and writer is None and progress is None
+            and _built_forked(reader, builder, vault, cache, prefix, pending, packages, warnings)):
+        slow = [d for d in (reader.read(di, site) for di, site in pending) if d is not None]
     if progress is not None:
         progress.set_total(sum(e.size or 0 for d in slow for e in (d.record or ())))
-    for dist in slow:
-        if dist.kind == "egg-link":
-            warnings.append(f"{dist.display} is an old-style editable ({dist.dist_info.name}): its files live "
-                            f"outside the environment, in {dist.target or '?'}, and are not stored")
-        elif dist.record is None and dist.installer == "debian":  # a system environment's (env/system.py)
-            warnings.append(f"{dist.display} is managed by the system package manager and has no RECORD: its "
-                            "files are not stored; restore it with apt")
-        elif dist.record is None:
-            warnings.append(f"{dist.display} has no RECORD ({dist.kind} install): its files are not stored; reinstall it with pip to make it restorable")
+    warnings.extend(w for w in map(_unstored_warning, slow) if w)
     # Files are read on the ingester's reader threads, distribution after distribution, and their objects
     # stored in this order (then each manifest): the same packs whatever the thread count.
     if timing.ON:
         timing.add("scan: probe, stat cache, dist-info read", t0)
-    if mode == "check" and writer is None and progress is None and _built_forked(builder, vault, cache, prefix,
-                                                                                 slow, packages):
-        slow = []
     planned = _planned(builder, ing, slow)
     try:
         _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
@@ -220,6 +213,20 @@ def scan_environment(
     warnings = builder.warnings + warnings
     stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
     return interp, packages, warnings, cache, ing, stats
+
+
+def _unstored_warning(dist: InstalledDist) -> str | None:
+    """Why a distribution's files are not stored, when they are not."""
+    if dist.kind == "egg-link":
+        return (f"{dist.display} is an old-style editable ({dist.dist_info.name}): its files live outside the "
+                f"environment, in {dist.target or '?'}, and are not stored")
+    if dist.record is None and dist.installer == "debian":  # a system environment's (env/system.py)
+        return (f"{dist.display} is managed by the system package manager and has no RECORD: its files are not "
+                "stored; restore it with apt")
+    if dist.record is None:
+        return (f"{dist.display} has no RECORD ({dist.kind} install): its files are not stored; reinstall it with "
+                "pip to make it restorable")
+    return None
 
 
 def _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress) -> None:
@@ -255,41 +262,55 @@ def _build_one(plan, builder, writer, vault, cache, prefix, mode) -> dict:
     return summary
 
 
-def _built_forked(builder, vault, cache, prefix, dists: list, packages: list) -> bool:
-    """A check scan's distributions built in forked children (``forked.map_all``) when it pays: each
-    answers a distribution's summary, its stat cache group, the file entries of the files it read and its
-    warnings, applied here in the distributions' order (this process's own answers go the same way). False,
-    with nothing done, when one process would do them all (then the reader threads' path is faster)."""
+def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages: list, warnings: list) -> bool:
+    """A check scan's distributions (``pending``: dist-info folders and their sites) read and built in forked
+    children (``forked.map_all``) when it pays: each answers a distribution's summary, its stat cache group,
+    the file entries of the files it read, its warnings and why its files are not stored (if so), applied here
+    in the distributions' order (this process's own answers go the same way). False, with nothing done, when
+    one process would do them all (the reader threads' path is then faster)."""
     from .forked import map_all, workers_for
 
-    weights = [len(d.record or ()) + 1 for d in dists]
+    weights = []
+    for dist_info, _ in pending:  # the RECORD's bytes, about 100 a file
+        try:
+            weights.append(os.stat(dist_info / "RECORD").st_size // 100 + 1)
+        except OSError:
+            weights.append(1)
     if workers_for(sum(weights)) < 2:
         return False
     cache.files  # loaded once, before any fork
 
-    def answer(dist) -> bytes:
+    def answer(item) -> bytes:
+        dist = reader.read(*item)
+        if dist is None:
+            return b"null"
         seen = len(builder.warnings)
         plan = builder.plan(dist)
         for need in plan.reads:
             builder.took(need, builder.ing.ingest(need.absolute, need.st.st_size))
         summary = _build_one(plan, builder, None, vault, cache, prefix, "check")
-        warnings = builder.warnings[seen:]
+        built = builder.warnings[seen:]
         del builder.warnings[seen:]  # they come back with the answer, in order
         key = dist.dist_info.relative_to(prefix).as_posix()
         return json.dumps({
             "summary": summary,
             "group": [key, cache.groups[key]] if dist.record is not None and key in cache.groups else None,
             "files": {need.rel: cache.files[need.rel] for need in plan.reads},
-            "warnings": warnings,
+            "warnings": built,
+            "unstored": _unstored_warning(dist),
         }, separators=(",", ":")).encode()
 
-    for raw in map_all(answer, dists, weights):
+    for raw in map_all(answer, pending, weights):
         got = json.loads(raw)
+        if got is None:
+            continue
         packages.append(got["summary"])
         if got["group"] is not None:
             cache.set_group(*got["group"])
         cache.learn(got["files"])
         builder.warnings.extend(got["warnings"])
+        if got["unstored"]:
+            warnings.append(got["unstored"])
     return True
 
 
