@@ -21,16 +21,17 @@ log=${OUT:-/tmp}/gpu_into_ab.txt
 : >"$log"
 now() { date +%s.%N; }
 secs() { $PY -c "print(round($2 - $1, 3))"; }
-ev() { local b=$1; shift; PYTHONPATH=$W/$b ENVVAULT_HOME=$W/v $W/$b/bin/envvault "$@"; }
+ev() { local b=$1; shift; PATH=$W/$b/bin:$PATH PYTHONPATH=$W/$b ENVVAULT_HOME=$W/v $W/$b/bin/envvault "$@"; }
 tar -cf - -C "$VENV" . | cat >/dev/null
 ev new snap --venv "$VENV" --no-caches -m full >/dev/null
 ev new tag latest full >/dev/null
-$PY -c "$ZD" <bench/out/inductor-cache.tar.zst | tar -xf - -C $W/c
+ZPY="env PYTHONPATH=$W/new $PY"  # zstandard: carried, not in the measured venv
+$ZPY -c "$ZD" <bench/out/inductor-cache.tar.zst | tar -xf - -C $W/c
 ev new cache snap --no-discover --cache-dir $W/c -m c >/dev/null
-tar -cf - -C $W/c . | $PY -c "$ZC" >$W/c.tar.zst
-for i in $(seq 7); do
+tar -cf - -C $W/c . | $ZPY -c "$ZC" >$W/c.tar.zst
+for i in $(seq "${CACHE_ROUNDS:-7}"); do
   rm -rf $W/r && mkdir -p $W/r && sync
-  t0=$(now); $PY -c "$ZD" <$W/c.tar.zst | tar -xf - -C $W/r; t1=$(now)
+  t0=$(now); $ZPY -c "$ZD" <$W/c.tar.zst | tar -xf - -C $W/r; t1=$(now)
   echo "cache restore anchor round $i: $(secs $t0 $t1) s" | tee -a "$log"
   for b in old new; do
     rm -rf $W/r && sync
@@ -46,7 +47,7 @@ for i in $(seq "$ROUNDS"); do
   echo "into anchor (uv install) round $i: $(secs $t0 $t1) s" | tee -a "$log"
   for b in old new; do
     rm -rf $W/into && sync
-    t0=$(now); ENVVAULT_STAGES=1 ev $b restore full --into $W/into >/dev/null 2>$W/into.err || echo "rc $?" >>"$log"; t1=$(now)
+    t0=$(now); ENVVAULT_STAGES=1 ev $b restore full --into $W/into >/dev/null 2>$W/into.err || tail -3 $W/into.err >>"$log"; t1=$(now)
     echo "restore --into $b round $i: $(secs $t0 $t1) s; $(grep -E 'into:|scan:' $W/into.err | sed 's/envvault-stage //' | tr '\n' ' ')" | tee -a "$log"
   done
 done

@@ -276,9 +276,12 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
             weights.append(os.stat(dist_info / "RECORD").st_size // 100 + 1)
         except OSError:
             weights.append(1)
-    if workers_for(sum(weights)) < 2:
+    if len(pending) < 2 or workers_for(sum(weights)) < 2:
         return False
     cache.files  # loaded once, before any fork
+
+    def read(need, read_file):
+        return need, read_file(need.absolute, need.st.st_size)
 
     def answer(item) -> bytes:
         dist = reader.read(*item)
@@ -286,8 +289,9 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
             return b"null"
         seen = len(builder.warnings)
         plan = builder.plan(dist)
-        for need in plan.reads:
-            builder.took(need, builder.ing.ingest(need.absolute, need.st.st_size))
+        if plan.reads:  # files changed since their entries: read on the reader threads, as without children
+            for need, fd in builder.ing.map_ordered(read, plan.reads, weight=_weight, path=_path):
+                builder.took(need, fd)
         summary = _build_one(plan, builder, None, vault, cache, prefix, "check")
         built = builder.warnings[seen:]
         del builder.warnings[seen:]  # they come back with the answer, in order
