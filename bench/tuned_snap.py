@@ -1,0 +1,22 @@
+"""envvault with the pack writer's in-flight bounds changed (bench only: bench/gpu_tuning.sh). The
+environment variable TUNE is "BYTES_MIB:FRAMES_A_WORKER" (empty: the defaults); the rest of argv is
+envvault's. Peak RSS is printed on stderr at exit."""
+
+import atexit
+import os
+import resource
+import sys
+
+tune = os.environ.get("TUNE", "")
+if tune:
+    import envvault.vault.packs as packs
+
+    mib, a_worker = tune.split(":")
+    packs._IN_FLIGHT_BYTES = int(mib) << 20
+    packs.PackWriter._in_flight_a_worker = int(a_worker)
+atexit.register(lambda: print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB",
+                              file=sys.stderr))
+sys.argv[0] = "envvault"
+from envvault.entry import main  # noqa: E402
+
+main()
