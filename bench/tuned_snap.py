@@ -1,6 +1,7 @@
 """envvault with the pack writer's in-flight bounds changed (bench only: bench/gpu_tuning.sh). The
-environment variable TUNE is "BYTES_MIB:FRAMES_A_WORKER" (empty: the defaults); the rest of argv is
-envvault's. Peak RSS is printed on stderr at exit."""
+environment variable TUNE is "BYTES_MIB:FRAMES_A_WORKER" (empty: the defaults) and MMAP_KIB the mmap
+threshold a snap pins glibc's malloc at while it stores (envvault: 256); the rest of argv is envvault's.
+Peak RSS is printed on stderr at exit."""
 
 import atexit
 import os
@@ -14,6 +15,15 @@ if tune:
     mib, a_worker = tune.split(":")
     packs._IN_FLIGHT_BYTES = int(mib) << 20
     packs.PackWriter._in_flight_a_worker = int(a_worker)
+mmap_kib = os.environ.get("MMAP_KIB", "")
+if mmap_kib:
+    import envvault.vault.ingest as ingest
+
+    def _steady_malloc() -> None:
+        if ingest._MALLOC is None:
+            ingest._MALLOC = ingest._mallopt((ingest._M_MMAP_THRESHOLD, int(mmap_kib) << 10))
+
+    ingest._steady_malloc = _steady_malloc
 atexit.register(lambda: print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB",
                               file=sys.stderr))
 sys.argv[0] = "envvault"
