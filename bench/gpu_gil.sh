@@ -5,18 +5,10 @@
 # and the tar | zstd anchor are timed beside them.
 set -u
 OUT=${OUT:-/tmp}
-PY=python3
-VENV=$($PY -c 'import sys; print(sys.prefix)')
+source bench/gpu_site.sh
 SPY=$PWD/bench/out/pyspy/py-spy
 chmod +x "$SPY"
-rm -rf /tmp/site /tmp/gil && mkdir -p /tmp/gil
-$PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-$PY -m compileall -q -j 0 /tmp/site >/dev/null
-export PYTHONPATH=/tmp/site
-ZC='import sys, zstandard; zstandard.ZstdCompressor(level=3, threads=-1).copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
-tar -cf - -C "$VENV" . | cat >/dev/null
-now() { date +%s.%N; }
-secs() { $PY -c "print(round($2 - $1, 3))"; }
+rm -rf /tmp/gil && mkdir -p /tmp/gil
 {
 for i in 1 2; do
   t0=$(now); tar -cf - -C "$VENV" . | $PY -c "$ZC" >/tmp/gil/venv.tar.zst; t1=$(now); echo "anchor tar|zstd $i: $(secs $t0 $t1) s"

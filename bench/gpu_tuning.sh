@@ -7,16 +7,8 @@ set -u
 OUT=${OUT:-/tmp}
 ROUNDS=${1:-2}; shift || true
 SETTINGS=("$@"); [ ${#SETTINGS[@]} -eq 0 ] && SETTINGS=("" "64:2" "128:2" "64:4")
-PY=python3
-VENV=$($PY -c 'import sys; print(sys.prefix)')
-rm -rf /tmp/site /tmp/tun && mkdir -p /tmp/tun
-$PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-$PY -m compileall -q -j 0 /tmp/site >/dev/null
-export PYTHONPATH=/tmp/site
-ZC='import sys, zstandard; zstandard.ZstdCompressor(level=3, threads=-1).copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
-tar -cf - -C "$VENV" . | cat >/dev/null
-now() { date +%s.%N; }
-secs() { $PY -c "print(round($2 - $1, 3))"; }
+source bench/gpu_site.sh
+rm -rf /tmp/tun && mkdir -p /tmp/tun
 for i in $(seq "$ROUNDS"); do
   t0=$(now); tar -cf - -C "$VENV" . | $PY -c "$ZC" >/tmp/tun/venv.tar.zst; t1=$(now); echo "anchor tar|zstd round $i: $(secs $t0 $t1) s"
   for s in "${SETTINGS[@]}"; do
