@@ -260,3 +260,34 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
     assert got["same"] and got["groups"] == 3
     assert got["edited_known"] and got["modified"] and len(got["modified"]) == 1
     assert got["errors"][0] == got["errors"][1] and "RECORD is missing" in got["errors"][0]
+
+
+def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv):
+    """``restore --into`` of a venv made by ``python -m venv`` and pip with real torch 2.13.0+cpu and numpy
+    (about 16,000 files): the verification reads and builds the distributions in forked children, the new venv
+    is verified and imports torch, and ``status`` then finds it unchanged."""
+    from evtools import ev, ev_json
+
+    vault = tmp_path / "v"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", torch_venv)["id"]
+    new = tmp_path / "new"
+    got = _fresh(f"""
+        import contextlib, io
+        os.environ["ENVVAULT_HOME"] = {str(vault)!r}
+        os.environ.pop("VIRTUAL_ENV", None)
+        from envvault.cli import main
+        out, code = io.StringIO(), 0
+        try:
+            with contextlib.redirect_stdout(out):
+                main(["restore", {sid!r}, "--into", {str(new)!r}, "--json"])
+        except SystemExit as done:
+            code = done.code
+        print(json.dumps({{"code": code, "result": json.loads(out.getvalue() or "null"), "forks": len(forks),
+                          "left": not no_children_left()}}))
+    """)
+    assert got["code"] in (0, None) and got["result"]["verified"] is True, got
+    assert got["forks"] >= 1 and not got["left"]
+    version = subprocess.run([str(new / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, timeout=300)
+    assert version.stdout.strip() == "2.13.0+cpu", version.stderr[-2000:]
+    assert ev(vault, "status", "--venv", new, "--exit-code").returncode == 0
