@@ -202,8 +202,8 @@ def test_map_all_answers_are_the_serial_ones_whatever_a_child_does(how):
 def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make_venv, wheelhouse):
     """A check scan with file entries but no distribution groups (a venv ``restore --into`` just wrote) reads
     and builds every distribution in forked children: its packages, warnings and the stat cache it saves (the
-    groups, the entry of a file edited in place that a child read) are those of the same scan in one process,
-    and so is the error when a child's distribution has lost its RECORD."""
+    groups, the entry of a file edited in place that a child read, the entries the scan used) are those of the
+    same scan in one process, and so is the error when a child's distribution has lost its RECORD."""
     from envvault.snap import take_snapshot
     from envvault.vault.store import Vault
 
@@ -232,10 +232,16 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
             cache.files_path.write_bytes(saved)
             forked.FORK_MIN_WEIGHT = forked._WEIGHT_A_CHILD = 1 if fork else 10 ** 9
             n = len(forks)
-            got = scan_current(vault, venv, facts=False)
+            used = statcache_for(vault, venv)  # a restore's way: its own cache, saved by the caller
+            got = scan_current(vault, venv, facts=False, cache=used, save_cache=False)
+            used._expand_touched()
+            touched = sorted(used.touched)  # the entries a save keeps
+            used.touch(list(used.files))
+            used.save()
             after = statcache_for(vault, venv)
             return {{"packages": got["packages"], "warnings": got["warnings"], "groups": after.groups,
-                    "files": after.files, "edited": after.files.get(edited), "forks": len(forks) - n}}
+                    "files": after.files, "edited": after.files.get(edited), "touched": touched,
+                    "forks": len(forks) - n}}
 
         def failed(fork):
             try:
@@ -252,12 +258,12 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
         out = {{"forks": [a.pop("forks"), b.pop("forks")], "same": a == b, "edited_known": a["edited"] is not None,
                "was_known": json.loads(__import__("zstandard").ZstdDecompressor().decompress(saved))["files"].get(edited),
                "modified": [p["name"] for p in a["packages"] if p["modified"]], "groups": len(a["groups"]),
-               "errors": errors,
+               "errors": errors, "touched": len(a["touched"]),
                "left": not no_children_left()}}
         print(json.dumps(out))
     """)
     assert got["forks"][0] >= 1 and got["forks"][1] == 0 and not got["left"]
-    assert got["same"] and got["groups"] == 3
+    assert got["same"] and got["groups"] == 3 and got["touched"] > 3
     assert got["edited_known"] and got["modified"] and len(got["modified"]) == 1
     assert got["errors"][0] == got["errors"][1] and "RECORD is missing" in got["errors"][0]
 

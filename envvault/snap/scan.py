@@ -311,6 +311,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
         packages.append(got["summary"])
         if got["group"] is not None:
             cache.set_group(*got["group"])
+            cache.touch_group(cache.groups[got["group"][0]])  # its files' entries were used, as a child's lookups say
         cache.learn(got["files"])
         builder.warnings.extend(got["warnings"])
         if got["unstored"]:
