@@ -189,37 +189,41 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
 
 def _in_order(fn: Callable, items: Sequence, workers: int, failed: threading.Event) -> Iterator:
     """``fn(item)`` for each item on ``workers`` threads, results yielded in the items' order (an error
-    raised at its item's turn). Closing the generator sets ``failed`` and waits for every thread. Plain
-    threads, not ``concurrent.futures``: its import (with ``logging``) is a tenth of a compile cache
-    restore's start."""
-    if workers <= 1:
-        for item in items:
-            yield fn(item)
-        return
-    results: list = [None] * len(items)
-    errors: dict[int, BaseException] = {}
-    done = [threading.Event() for _ in items]
-    taken = iter(range(len(items)))
-    take = threading.Lock()
-
-    def work() -> None:
-        while not failed.is_set():
-            with take:
-                i = next(taken, None)
-            if i is None:
-                return
-            try:
-                results[i] = fn(items[i])
-            except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread at its turn
-                errors[i] = exc
-            finally:
-                done[i].set()
-
-    threads = [threading.Thread(target=work, name=f"envvault-write-{n}") for n in range(workers)]
-    for t in threads:
-        t.start()
+    raised at its item's turn). Closed before its end (an error here or in the caller), it sets ``failed``
+    (for ``fn`` to stop early) and waits for every thread; the threads take every item otherwise, whatever
+    else sets ``failed``. Plain threads, not ``concurrent.futures``: its import (with ``logging``) is a tenth
+    of a compile cache restore's start."""
     finished = False
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
     try:
+        if workers <= 1:
+            for item in items:
+                yield fn(item)
+            finished = True
+            return
+        results: list = [None] * len(items)
+        errors: dict[int, BaseException] = {}
+        done = [threading.Event() for _ in items]
+        taken = iter(range(len(items)))
+        take = threading.Lock()
+
+        def work() -> None:
+            while not stop.is_set():
+                with take:
+                    i = next(taken, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = fn(items[i])
+                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread at its turn
+                    errors[i] = exc
+                finally:
+                    done[i].set()
+
+        threads = [threading.Thread(target=work, name=f"envvault-write-{n}") for n in range(workers)]
+        for t in threads:
+            t.start()
         for i in range(len(items)):
             done[i].wait()
             if i in errors:
@@ -229,9 +233,11 @@ def _in_order(fn: Callable, items: Sequence, workers: int, failed: threading.Eve
         finished = True
     finally:
         if not finished:
-            failed.set()  # the threads stop before their next item
+            stop.set()  # the threads stop before their next item
+            failed.set()
         for t in threads:
-            t.join()
+            if t.ident is not None:  # started (a thread that could not start is not waited for)
+                t.join()
 
 
 def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempName) -> Staged:

@@ -174,29 +174,48 @@ def test_status_sees_an_edit_in_a_childs_slice(tmp_path, make_venv, wheelhouse):
     assert all(len(names) == 1 for names in got["changed"]) and len(got["changed"]) == got["lasts"]
 
 
-@pytest.mark.parametrize("how", ["raise", "kill", "short"])
+@pytest.mark.parametrize("how", ["none", "raise", "kill", "short"])
 def test_map_all_answers_are_the_serial_ones_whatever_a_child_does(how):
-    """``map_all``: answers of any length (empty ones too) come back in order; a child that raises, is killed
-    or sends a cut answer leaves its items to this process, which answers them with the same function."""
+    """``map_all``: answers of any length (empty ones too) come back in order, most from the children; a
+    child that raises, is killed or sends its answers cut short leaves what it did not answer to this process,
+    which answers it with the same function."""
     got = _fresh(f"""
+        here = []  # the items this process answered
+
         def answer(i):
-            if os.getpid() != parent and i % 7 == 3:
+            if os.getpid() == parent:
+                here.append(i)
+            elif i == 3:  # one child's item (this process takes items 0, 4, 8, ...)
                 if {how!r} == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 if {how!r} == "raise":
                     raise RuntimeError("child broke")
-            return b"x" * (i % 5) + str(i).encode()
+            return b"" if i % 11 == 0 else b"x" * (i % 5) + str(i).encode()
 
         items = list(range(60))
-        if {how!r} == "short":
+        if {how!r} == "short":  # every child writes the first half of its answers' bytes, then ends
             real_write = os.write
-            os.write = lambda fd, data: real_write(fd, bytes(data)[:len(data) // 2]) or os._exit(0)
+
+            def half(fd, data):
+                real_write(fd, bytes(data)[:len(data) // 2])
+                os._exit(0)
+
+            os.write = half
         answers = forked.map_all(answer, items, [1000] * len(items))
-        os.write = os.write if {how!r} != "short" else real_write
+        if {how!r} == "short":
+            os.write = real_write
+        answered_here = sorted(here)
         print(json.dumps({{"same": answers == [answer(i) for i in items], "forks": len(forks),
-                          "left": not no_children_left()}}))
+                          "here": answered_here, "left": not no_children_left()}}))
     """)
-    assert got == {"same": True, "forks": got["forks"], "left": False} and got["forks"] >= 1
+    assert got["same"] and got["forks"] == 3 and not got["left"]
+    mine = list(range(0, 60, 4))  # this process's slice
+    if how == "none":
+        assert got["here"] == mine  # every other answer came from a child
+    elif how in ("raise", "kill"):
+        assert got["here"] == sorted(mine + list(range(3, 60, 4)))  # and the failed child's slice
+    else:
+        assert set(mine) < set(got["here"]) and len(got["here"]) < 60  # the answers each child sent whole were used
 
 
 def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make_venv, wheelhouse):
@@ -227,7 +246,19 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
         saved = cache.files_path.read_bytes()
         largest_key = max(cache.groups, key=lambda k: len(group_paths(cache.groups[k])))
 
+        from envvault.env.venv import VenvReader
+
+        real_read, read_here = VenvReader.read, []
+
+        def counted_read(self, *args):
+            if os.getpid() == parent:
+                read_here.append(args[0])
+            return real_read(self, *args)
+
+        VenvReader.read = counted_read
+
         def run(fork):
+            read_here.clear()
             cache.groups_path.unlink(missing_ok=True)
             cache.files_path.write_bytes(saved)
             forked.FORK_MIN_WEIGHT = forked._WEIGHT_A_CHILD = 1 if fork else 10 ** 9
@@ -241,7 +272,7 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
             after = statcache_for(vault, venv)
             return {{"packages": got["packages"], "warnings": got["warnings"], "groups": after.groups,
                     "files": after.files, "edited": after.files.get(edited), "touched": touched,
-                    "forks": len(forks) - n}}
+                    "forks": len(forks) - n, "read_here": len(read_here)}}
 
         def failed(fork):
             try:
@@ -255,7 +286,8 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
         errors = [failed(True), failed(False)]
         record.write_bytes(kept)
         a, b = run(True), run(False)
-        out = {{"forks": [a.pop("forks"), b.pop("forks")], "same": a == b, "edited_known": a["edited"] is not None,
+        out = {{"forks": [a.pop("forks"), b.pop("forks")], "read_here": [a.pop("read_here"), b.pop("read_here")],
+               "same": a == b, "edited_known": a["edited"] is not None,
                "was_known": json.loads(__import__("zstandard").ZstdDecompressor().decompress(saved))["files"].get(edited),
                "modified": [p["name"] for p in a["packages"] if p["modified"]], "groups": len(a["groups"]),
                "errors": errors, "touched": len(a["touched"]),
@@ -263,6 +295,7 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
         print(json.dumps(out))
     """)
     assert got["forks"][0] >= 1 and got["forks"][1] == 0 and not got["left"]
+    assert got["read_here"][1] == 3 and got["read_here"][0] < 3  # children read and built some distributions
     assert got["same"] and got["groups"] == 3 and got["touched"] > 3
     assert got["edited_known"] and got["modified"] and len(got["modified"]) == 1
     assert got["errors"][0] == got["errors"][1] and "RECORD is missing" in got["errors"][0]

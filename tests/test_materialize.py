@@ -98,6 +98,17 @@ def test_runs_come_back_in_order_and_an_error_at_its_turn():
     assert failed.is_set() and threading.active_count() == before
     assert len(seen) < 200  # the threads stopped taking items
 
+    for workers in (1, 3):  # closed early by the caller: ``failed`` set, every thread joined
+        failed = threading.Event()
+        gen = materialize._in_order(lambda n: n, list(range(50)), workers, failed)
+        assert next(gen) == 0
+        gen.close()
+        assert failed.is_set() and threading.active_count() == before
+
+    failed = threading.Event()  # set by something else, with no error: every item still comes back
+    failed.set()
+    assert list(materialize._in_order(lambda n: n, list(range(30)), 3, failed)) == list(range(30))
+
 
 def test_a_short_file_is_refused(tmp_path):
     blobs = {"o": b"abc"}

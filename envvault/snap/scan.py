@@ -267,7 +267,9 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
     children (``forked.map_all``) when it pays: each answers a distribution's summary, its stat cache group,
     the file entries of the files it read, its warnings and why its files are not stored (if so), applied here
     in the distributions' order (this process's own answers go the same way). False, with nothing done, when
-    one process would do them all (the reader threads' path is then faster)."""
+    one process would do them all (the reader threads' path is then faster), and when any distribution failed
+    (a RECORD gone, a file that cannot be read): the one-process scan then says why, the same error in the same
+    order as without children."""
     from .forked import map_all, workers_for
 
     weights = []
@@ -284,17 +286,21 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
         return need, read_file(need.absolute, need.st.st_size)
 
     def answer(item) -> bytes:
-        dist = reader.read(*item)
-        if dist is None:
-            return b"null"
         seen = len(builder.warnings)
-        plan = builder.plan(dist)
-        if plan.reads:  # files changed since their entries: read on the reader threads, as without children
-            for need, fd in builder.ing.map_ordered(read, plan.reads, weight=_weight, path=_path):
-                builder.took(need, fd)
-        summary = _build_one(plan, builder, None, vault, cache, prefix, "check")
-        built = builder.warnings[seen:]
-        del builder.warnings[seen:]  # they come back with the answer, in order
+        try:
+            dist = reader.read(*item)
+            if dist is None:
+                return b"null"
+            plan = builder.plan(dist)
+            if plan.reads:  # files changed since their entries: read on the reader threads, as without children
+                for need, fd in builder.ing.map_ordered(read, plan.reads, weight=_weight, path=_path):
+                    builder.took(need, fd)
+            summary = _build_one(plan, builder, None, vault, cache, prefix, "check")
+            built = builder.warnings[seen:]
+        except Exception:  # noqa: BLE001 - the one-process scan raises it, in its order
+            return b""
+        finally:
+            del builder.warnings[seen:]  # they come back with the answer, in order
         key = dist.dist_info.relative_to(prefix).as_posix()
         return json.dumps({
             "summary": summary,
@@ -304,7 +310,10 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
             "unstored": _unstored_warning(dist),
         }, separators=(",", ":")).encode()
 
-    for raw in map_all(answer, pending, weights):
+    answers = map_all(answer, pending, weights)
+    if b"" in answers:
+        return False
+    for raw in answers:
         got = json.loads(raw)
         if got is None:
             continue
