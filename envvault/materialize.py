@@ -221,7 +221,7 @@ def _in_order(fn: Callable, items: Sequence, workers: int, failed: threading.Eve
                 finally:
                     done[i].set()
 
-        threads = [threading.Thread(target=work, name=f"envvault-write-{n}") for n in range(workers)]
+        threads = [threading.Thread(target=work, name=f"envvault-stage-{n}") for n in range(workers)]
         for t in threads:
             t.start()
         for i in range(len(items)):

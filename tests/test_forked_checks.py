@@ -330,3 +330,78 @@ def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv)
                              capture_output=True, text=True, timeout=300)
     assert version.stdout.strip() == "2.13.0+cpu", version.stderr[-2000:]
     assert ev(vault, "status", "--venv", new, "--exit-code").returncode == 0
+
+
+def _odd_venv(root: Path) -> Path:
+    """A venv (``python -m venv``) whose distributions hold what a scan must warn of or tell apart: a RECORD row
+    outside the environment, a row with no hash, a file edited in place, a file two distributions list, a file
+    gone, an egg-info that cannot be read and an old-style editable (``.egg-link``)."""
+    import base64
+    import hashlib
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = next((root / "lib").glob("python*/site-packages"))
+
+    def dist(name: str, nfiles: int, extra: tuple = (), edit: bool = False) -> None:
+        info = site / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        (info / "INSTALLER").write_text("pip\n")
+        (site / name).mkdir()
+        rows = []
+        for i in range(nfiles):
+            data = f"x = {i}\n".encode()
+            (site / name / f"m{i}.py").write_bytes(data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{name}/m{i}.py,sha256={digest},{len(data)}")
+        if edit:
+            (site / name / "m0.py").write_bytes(b"edited\n")
+        rows += [*extra, f"{info.name}/METADATA,,", f"{info.name}/RECORD,,"]
+        (info / "RECORD").write_text("\n".join(rows) + "\n")
+
+    dist("alpha", 3, ("../../../../../../etc/hostname,,", "alpha/nohash.py,,"))
+    (site / "alpha" / "nohash.py").write_text("y = 1\n")
+    dist("beta", 400, edit=True)
+    dist("gamma", 200, ("alpha/m0.py,,",))
+    dist("zeta", 50, ("zeta/gone.py,sha256=abc,3",))
+    (site / "delta.egg-info").mkdir()
+    (site / "eps.egg-link").write_text("/nonexistent/eps\n")
+    return root
+
+
+def test_a_forked_check_scan_of_odd_distributions_says_what_one_process_says(tmp_path):
+    """The odd venv above, every file read (no stat cache yet), forking forced on: the packages, warnings (each
+    kind, in order) and stat cache are those of the one-process scan, and children did some of the work."""
+    from envvault.vault.store import Vault
+
+    venv = _odd_venv(tmp_path / "odd")
+    Vault.open(tmp_path / "v", create=True)
+    got = _fresh(f"""
+        from pathlib import Path
+        from envvault.snap.scan import scan_current, statcache_for
+        from envvault.vault.store import Vault
+
+        vault, venv = Vault.open({str(tmp_path / "v")!r}), Path({str(venv)!r})
+
+        def run(fork):
+            cache = statcache_for(vault, venv)
+            cache.groups_path.unlink(missing_ok=True)
+            cache.files_path.unlink(missing_ok=True)
+            forked.FORK_MIN_WEIGHT = forked._WEIGHT_A_CHILD = 1 if fork else 10 ** 9
+            n = len(forks)
+            got = scan_current(vault, venv, facts=False)
+            after = statcache_for(vault, venv)
+            return {{"packages": got["packages"], "warnings": got["warnings"], "groups": after.groups,
+                    "files": after.files, "forks": len(forks) - n}}
+
+        a, b = run(True), run(False)
+        print(json.dumps({{"forks": [a.pop("forks"), b.pop("forks")], "same": a == b, "warnings": a["warnings"],
+                          "modified": sorted(p["name"] for p in a["packages"] if p["modified"]),
+                          "left": not no_children_left()}}))
+    """)
+    assert got["forks"][0] >= 1 and got["forks"][1] == 0 and not got["left"]
+    assert got["same"], got
+    said = "\n".join(got["warnings"])
+    for needle in ("outside the environment", "old-style editable", "gone.py"):
+        assert needle in said, (needle, got["warnings"])
+    assert got["modified"] == ["beta"]
