@@ -2,7 +2,7 @@
 # First snaps of the device's venv with the pack writer's in-flight bounds changed (bench/tuned_snap.py),
 # settings alternately, beside tar | zstd: whether the compressors' idle time (py-spy, bench/gpu_gil.sh) comes
 # from the bounds, and what memory a wider window costs. Usage: OUT=$OUT bash bench/gpu_tuning.sh [ROUNDS] [SETTINGS...]
-# (a setting: bench/tuned_snap.py's variables, space-separated, e.g. "TUNE=64:4 MMAP_KIB=1024" or "PIECE_KIB=128";
+# (a setting: bench/tuned_snap.py's variables, space-separated, e.g. "TUNE=64:4 MMAP_KIB=1024" or "ARENA_MAX=4";
 # "" the defaults). Each snap's vault size is printed beside its time.
 set -u
 OUT=${OUT:-/tmp}

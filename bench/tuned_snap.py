@@ -1,7 +1,6 @@
 """envvault with the pack writer's in-flight bounds changed (bench only: bench/gpu_tuning.sh). The
 environment variable TUNE is "BYTES_MIB:FRAMES_A_WORKER" (empty: the defaults) and MMAP_KIB the mmap
-threshold a snap pins glibc's malloc at while it stores (envvault: 256), PIECE_KIB the size of the pieces a
-frame's compressed bytes come out in (``packs._OUT_PIECE``; 0: one piece), ARENA_MAX glibc's M_ARENA_MAX; the
+threshold a snap pins glibc's malloc at while it stores (envvault: 256), ARENA_MAX glibc's M_ARENA_MAX; the
 rest of argv is envvault's. Peak RSS is printed on stderr at exit."""
 
 import atexit
@@ -25,11 +24,6 @@ if mmap_kib:
             ingest._MALLOC = ingest._mallopt((ingest._M_MMAP_THRESHOLD, int(mmap_kib) << 10))
 
     ingest._steady_malloc = _steady_malloc
-piece_kib = os.environ.get("PIECE_KIB", "")
-if piece_kib:
-    import envvault.vault.packs as packs
-
-    packs._OUT_PIECE = int(piece_kib) << 10
 arena_max = os.environ.get("ARENA_MAX", "")
 if arena_max:
     import envvault.vault.ingest as ingest

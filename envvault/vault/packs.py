@@ -37,10 +37,6 @@ _CLOSING = 4  # packs handed to the closer thread and not yet stored, at most (e
 _BATCH_FRAMES = 64  # frames compressed already, placed and written as one batch (one pwritev), at most
 _IOV_MAX = 1024
 _HASH_READ = 4 << 20  # the closer reads a pack back in pieces of this size to hash it
-# A frame's compressed bytes come out in pieces of at most this size (0: one piece). Pieces under glibc's
-# mmap threshold come from the heap and go back to it when written: no mmap, page faults and munmap (with the
-# GIL held) per frame.
-_OUT_PIECE = 0
 
 Location = tuple  # (pack_id, frame_offset, frame_length, offset_in_frame, length, kind)
 
@@ -161,7 +157,7 @@ class PackWriter:
             self._frame = []
             self._frame_size = 0
 
-    def _compress(self, items: list) -> list:
+    def _compress(self, items: list) -> bytes:
         t0 = timing.clock()
         try:
             return self._compress_now(items)
@@ -169,8 +165,7 @@ class PackWriter:
             if timing.ON:
                 timing.add("compressors: busy", t0)
 
-    def _compress_now(self, items: list) -> list:
-        """One frame of ``items``' bytes, as the list of its pieces (``_OUT_PIECE``)."""
+    def _compress_now(self, items: list) -> bytes:
         large = len(items) == 1 and len(items[0][1]) >= FRAME_TARGET // 2
         key = "cctx_large" if large else "cctx"
         cctx = getattr(self._local, key, None)
@@ -184,20 +179,9 @@ class PackWriter:
                 raw = raw.view(items[0][0])
                 if timing.ON:
                     timing.add("compressors: read FileSlices again", t0)
-            parts = (raw,)
-        elif _OUT_PIECE:
-            parts = [it[1] for it in items]
         else:
-            parts = (b"".join(it[1] for it in items),)
-        if not _OUT_PIECE:
-            return [cctx.compress(parts[0])]
-        # the frame streamed: the same bytes however its input is split (one frame, its size in its header)
-        chunker = cctx.chunker(size=sum(len(p) for p in parts), chunk_size=_OUT_PIECE)
-        out: list = []
-        for part in parts:
-            out.extend(chunker.compress(part))
-        out.extend(chunker.finish())
-        return out
+            raw = b"".join(it[1] for it in items)
+        return cctx.compress(raw)
 
     def _submit(self, items: list) -> None:
         if self._pool is None:
@@ -288,21 +272,19 @@ class PackWriter:
         i = 0
         while i < len(ready):
             pack = self._pack or self._open_pack()
-            at, bufs, raw, frames = pack.length, [], 0, 0
+            at, bufs, raw = pack.length, [], 0
             while i < len(ready):  # a frame goes into the open pack, which is closed once it passes the target
                 comp, (_, meta, size) = comps[i], ready[i]
-                comp_len = sum(map(len, comp))
                 frame_index = len(pack.frames)
-                pack.frames.append([pack.length, comp_len])
+                pack.frames.append([pack.length, len(comp)])
                 off = 0
                 for oid, length, kind in meta:
                     pack.objects[oid] = [frame_index, off, length, kind]
                     off += length
-                pack.length += comp_len
-                bufs.extend(comp)
-                frames += 1
+                pack.length += len(comp)
+                bufs.append(comp)
                 raw += size
-                self.written_bytes += comp_len
+                self.written_bytes += len(comp)
                 self.written_objects += len(meta)
                 i += 1
                 if pack.length >= PACK_TARGET:
@@ -311,26 +293,25 @@ class PackWriter:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._writers = ThreadPoolExecutor(max_workers=default_writers(), thread_name_prefix="envvault-write")
-            pack.writes.append(self._writers.submit(self._write_frames, pack.fd, bufs, at, raw, frames))
+            pack.writes.append(self._writers.submit(self._write_frames, pack.fd, bufs, at, raw))
             if pack.length >= PACK_TARGET:
                 self._close_pack()
         if timing.ON:
             timing.add("pack thread: place frames", t0)
 
-    def _write_frames(self, fd: int, bufs: list, at: int, raw: int, frames: int) -> None:
-        """A writer thread: ``frames`` frames (their pieces, ``bufs``) written at their place; their room
-        given back to the producer."""
+    def _write_frames(self, fd: int, bufs: list, at: int, raw: int) -> None:
+        """A writer thread: frames written at their place; their room given back to the producer."""
         t0 = timing.clock()
         try:
             _pwrite_all(fd, bufs, at, self.backend)
-            for _ in range(frames):
+            for _ in bufs:
                 crash_point("pack_frame")
         except BaseException as err:  # noqa: BLE001 - the first error stops the writer
             self._failed(err)
             raise
         finally:
             with self._cv:
-                self._held -= frames
+                self._held -= len(bufs)
                 self._pending_bytes -= raw
                 self._cv.notify_all()
             if timing.ON:
