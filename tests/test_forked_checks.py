@@ -89,6 +89,73 @@ def test_a_child_that_fails_or_is_killed_is_checked_here(how):
     assert got["same"] and got["forks"] >= 1 and not got["left"]
 
 
+def test_a_second_ctrl_c_while_children_are_waited_for_leaves_none_running():
+    """Ctrl-C in this process's slice ends the children; another Ctrl-C while the first of them is waited
+    for still leaves every child ended (killed before any wait), though perhaps not yet reaped."""
+    got = _fresh("""
+        import time
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises here, however this was started
+        pids = []
+        forking = os.fork
+
+        def fork_and_note():
+            pid = forking()
+            if pid:
+                pids.append(pid)
+            return pid
+
+        os.fork = fork_and_note
+        real_waitpid = os.waitpid
+        waits = []
+
+        def waitpid(pid, options):
+            if not waits:
+                os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, as the first child is waited for
+            waits.append(pid)
+            return real_waitpid(pid, options)
+
+        os.waitpid = waitpid
+
+        def answer(i):
+            if os.getpid() == parent:
+                raise KeyboardInterrupt  # the first Ctrl-C, in this process's slice
+            time.sleep(60)
+            return b"x"
+
+        interrupted = False
+        try:
+            forked.map_all(answer, list(range(40)), [1000] * 40)
+        except KeyboardInterrupt:
+            interrupted = True
+        os.waitpid = real_waitpid
+
+        def state(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rpartition(")")[2].split()[0]
+            except FileNotFoundError:
+                return "gone"
+
+        def ended(pid):  # a killed process is a zombie (or reaped) a moment after SIGKILL; a sleeping one is not
+            deadline = time.monotonic() + 10
+            while state(pid) not in ("Z", "X", "gone") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return state(pid)
+
+        states = [ended(p) for p in pids]
+        for p in pids:  # tidy up whatever the code under test left
+            try:
+                os.kill(p, signal.SIGKILL)
+                real_waitpid(p, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        print(json.dumps({"interrupted": interrupted, "children": len(pids), "states": states}))
+    """)
+    assert got["interrupted"] and got["children"] == 3
+    assert all(s in ("Z", "X", "gone") for s in got["states"]), got["states"]  # none still running or asleep
+
+
 def test_no_fork_with_another_thread_or_little_work():
     got = _fresh("""
         # alone first: a joined thread may still be listed by /proc for a moment (no fork then: safe)

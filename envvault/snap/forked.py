@@ -57,8 +57,8 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
                 answers[i] = got
         finished = True
     finally:
-        for pid, fd, _ in kids:
-            _reap(pid, fd, kill=not finished)
+        if kids:
+            _end(kids, kill=not finished)
     # a child that failed or sent less, a slice no child took: here
     return [a if a is not None else fn(items[i]) for i, a in enumerate(answers)]
 
@@ -166,18 +166,29 @@ def _frames(data: bytes) -> Iterator[bytes]:
         at += 4 + n
 
 
-def _reap(pid: int, fd: int, kill: bool) -> None:
-    """Close the pipe and wait for the child (it has answered, or failed: it is ending); ``kill`` (this
-    process was interrupted while children ran) ends it first."""
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-    try:
-        if kill:
-            import signal
-
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ChildProcessError, ProcessLookupError):
-        pass
+def _end(kids: list, kill: bool) -> None:
+    """Close the pipes and wait for the children (each has answered, or failed: it is ending). ``kill`` (this
+    process was interrupted while children ran): every child is sent SIGKILL first, with Ctrl-C held back
+    for those few calls, so that a second Ctrl-C while they are waited for leaves none running (at worst some
+    unreaped until this process ends). The waits themselves stay interruptible: a child stuck in a read of a
+    hung network file system never makes this process deaf to Ctrl-C."""
+    if kill:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            for pid, _, _ in kids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    for _, fd, _ in kids:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    for pid, _, _ in kids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
