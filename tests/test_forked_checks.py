@@ -156,6 +156,30 @@ def test_a_second_ctrl_c_while_children_are_waited_for_leaves_none_running():
     assert all(s in ("Z", "X", "gone") for s in got["states"]), got["states"]  # none still running or asleep
 
 
+def test_childrens_stages_are_added_to_this_processs():
+    """ENVVAULT_STAGES: each child's stage seconds come back after its answers, named "forked children: ...";
+    what a child inherited from this process is not counted twice, and the answers are unchanged."""
+    got = _fresh("""
+        from envvault.vault import timing
+
+        timing.ON = True
+        timing.add("before the fork", timing.clock())  # this process's, inherited by every child
+
+        def answer(i):
+            t0 = timing.clock()
+            out = str(i * i).encode()
+            timing.add("answer", t0)
+            return out
+
+        answers = forked.map_all(answer, list(range(40)), [1000] * 40)
+        totals = {k: v[1] for k, v in timing._totals.items()}
+        print(json.dumps({"same": answers == [str(i * i).encode() for i in range(40)], "forks": len(forks),
+                          "totals": totals}))
+    """)
+    assert got["same"] and got["forks"] == 3
+    assert got["totals"] == {"before the fork": 1, "answer": 10, "forked children: answer": 30}
+
+
 def test_no_fork_with_another_thread_or_little_work():
     got = _fresh("""
         # alone first: a joined thread may still be listed by /proc for a moment (no fork then: safe)

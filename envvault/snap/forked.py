@@ -8,7 +8,8 @@ Children forked from this process each answer a slice and send their answers bac
 Forking is only for what it is safe and worth for: Linux, a process with no other thread (a child of a
 threaded process may inherit a lock another thread held), two cores or more and enough work
 (``FORK_MIN_WEIGHT``). A child drops the parent's signal handlers and its garbage collector, answers, and
-leaves with ``os._exit``. Whatever a child does not answer (it failed, was killed, sent too little) is answered
+leaves with ``os._exit``; with ``ENVVAULT_STAGES=1`` its stages' seconds follow its answers and are added to
+this process's as "forked children: <stage>". Whatever a child does not answer (it failed, was killed, sent too little) is answered
 here, in this process, by the same function: the answers never depend on the children.
 """
 
@@ -20,6 +21,8 @@ import signal
 import sys
 import threading
 from typing import Callable, Iterator, Sequence
+
+from envvault.vault import timing
 
 __all__ = ["check_all", "map_all", "workers_for", "FORK_MIN_WEIGHT"]
 
@@ -53,8 +56,11 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
         for i in slices[0]:  # this process takes the first slice meanwhile
             answers[i] = fn(items[i])
         for pid, fd, part in kids:
-            for i, got in zip(part, _frames(_read_to_end(fd))):
+            frames = list(_frames(_read_to_end(fd)))
+            for i, got in zip(part, frames):
                 answers[i] = got
+            if timing.ON and len(frames) > len(part):
+                timing.merge(frames[len(part)], "forked children: ")
         finished = True
     finally:
         if kids:
@@ -123,11 +129,17 @@ def _fork_one(fn: Callable, items: Sequence, part: list, kids: list) -> bool:
                 signal.signal(sig, signal.SIG_DFL)  # a signal ends the child; the parent checks its part
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
             os.close(r)
+            if timing.ON:
+                timing.clear()  # the stages inherited are the parent's: this child reports only its own
             # Every answer first, then one write: a child that waits on a full pipe while the parent reads
             # another's has already done its work.
             out = bytearray()
             for i in part:
                 got = fn(items[i])
+                out += len(got).to_bytes(4, "big")
+                out += got
+            if timing.ON:  # one more frame after the answers: this child's stages (ENVVAULT_STAGES)
+                got = timing.encoded()
                 out += len(got).to_bytes(4, "big")
                 out += got
             view = memoryview(out)

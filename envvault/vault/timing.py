@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-__all__ = ["ON", "add", "clock"]
+__all__ = ["ON", "add", "clock", "clear", "encoded", "merge"]
 
 ON = os.environ.get("ENVVAULT_STAGES") == "1"
 _totals: dict[str, list] = {}
@@ -26,6 +26,37 @@ def add(stage: str, since: float) -> None:
         else:
             got[0] += took
             got[1] += 1
+
+
+def clear() -> None:
+    """Forget every stage's seconds (a forked child: what it inherited is its parent's to report)."""
+    with _lock:
+        _totals.clear()
+
+
+def encoded() -> bytes:
+    """Every stage's seconds and calls so far, as bytes for ``merge`` in another process."""
+    import json
+
+    with _lock:
+        return json.dumps(_totals).encode()
+
+
+def merge(data: bytes, prefix: str) -> None:
+    """Add another process's ``encoded`` stages, each named with ``prefix``; anything malformed is ignored
+    (the stages are a measurement, never a reason to fail)."""
+    import json
+
+    try:
+        got = json.loads(data)
+        items = [(prefix + str(k), float(v[0]), int(v[1])) for k, v in got.items()]
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+        return
+    with _lock:
+        for stage, secs, n in items:
+            mine = _totals.setdefault(stage, [0.0, 0])
+            mine[0] += secs
+            mine[1] += n
 
 
 def _report() -> None:
