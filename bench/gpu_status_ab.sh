@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Same-session A/B of two envvault builds on the device's venv for the start-up-bound rows that share a forked
+# stat check (`status`, a second snap) and `--lock-only`, the builds alternately round by round beside
+# `pip freeze`. Usage: OUT=$OUT bash bench/gpu_status_ab.sh OLD_WHEEL_DIR NEW_WHEEL_DIR [ROUNDS]
+# (dependencies' wheels in NEW). Writes $OUT/gpu_status_ab.txt.
+set -euo pipefail
+OLD=$1 NEW=$2 ROUNDS=${3:-7}
+PY=python3
+VENV=$($PY -c 'import sys; print(sys.prefix)')
+W=/tmp/sab
+rm -rf $W && mkdir -p $W
+$PY -m pip install -q --no-index --no-deps --target $W/new "$NEW"/*.whl
+mkdir -p $W/oldw && cp "$NEW"/*.whl $W/oldw/ && rm $W/oldw/envvault-*.whl && cp "$OLD"/envvault-*.whl $W/oldw/
+$PY -m pip install -q --no-index --no-deps --target $W/old $W/oldw/*.whl
+$PY -m compileall -q -j 0 $W/old $W/new >/dev/null
+log=${OUT:-/tmp}/gpu_status_ab.txt
+: >"$log"
+now() { date +%s.%N; }
+secs() { $PY -c "print(round($2 - $1, 3))"; }
+ev() { local b=$1; shift; PYTHONPATH=$W/$b ENVVAULT_HOME=$W/v-$b $W/$b/bin/envvault "$@"; }
+tar -cf - -C "$VENV" . | cat >/dev/null
+for b in old new; do ev $b snap --venv "$VENV" --no-caches -m full >/dev/null; done
+t() { local name=$1; shift; local t0 t1; t0=$(now); "$@" >/dev/null 2>&1; t1=$(now); echo "$name: $(secs $t0 $t1) s" | tee -a "$log"; }
+for i in $(seq "$ROUNDS"); do
+  t "round $i pip freeze" $PY -m pip freeze
+  for b in old new; do
+    t "round $i $b status" ev $b status --venv "$VENV" --exit-code
+    t "round $i $b second snap" ev $b snap --venv "$VENV" --no-caches -m again
+    t "round $i $b lock-only" ev $b snap --venv "$VENV" --lock-only -m lo
+  done
+done
+$PY - "$log" <<'PY' | tee -a "$log"
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"round \d+ (.*): ([\d.]+) s", line)
+    if m:
+        rows.setdefault(m.group(1), []).append(float(m.group(2)))
+for k, v in rows.items():
+    print(f"median {k}: {statistics.median(v):.3f} s ({len(v)} runs, {min(v):.3f}-{max(v):.3f})")
+PY
+
