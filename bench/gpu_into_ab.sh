@@ -13,14 +13,9 @@ W=/tmp/iab
 ZD='import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
 ZC='import sys, zstandard; zstandard.ZstdCompressor(level=3, threads=-1).copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
 rm -rf $W && mkdir -p $W/c
-$PY -m pip install -q --no-index --no-deps --target $W/new "$NEW"/*.whl
-mkdir -p $W/oldw && cp "$NEW"/*.whl $W/oldw/ && rm $W/oldw/envvault-*.whl && cp "$OLD"/envvault-*.whl $W/oldw/
-$PY -m pip install -q --no-index --no-deps --target $W/old $W/oldw/*.whl
-$PY -m compileall -q -j 0 $W/old $W/new >/dev/null
+source bench/gpu_two_builds.sh
 log=${OUT:-/tmp}/gpu_into_ab.txt
 : >"$log"
-now() { date +%s.%N; }
-secs() { $PY -c "print(round($2 - $1, 3))"; }
 ev() { local b=$1; shift; PATH=$W/$b/bin:$PATH PYTHONPATH=$W/$b ENVVAULT_HOME=$W/v $W/$b/bin/envvault "$@"; }
 tar -cf - -C "$VENV" . | cat >/dev/null
 ev new snap --venv "$VENV" --no-caches -m full >/dev/null

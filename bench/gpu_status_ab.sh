@@ -8,15 +8,10 @@ OLD=$1 NEW=$2 ROUNDS=${3:-7}
 PY=python3
 VENV=$($PY -c 'import sys; print(sys.prefix)')
 W=/tmp/sab
-rm -rf $W && mkdir -p $W
-$PY -m pip install -q --no-index --no-deps --target $W/new "$NEW"/*.whl
-mkdir -p $W/oldw && cp "$NEW"/*.whl $W/oldw/ && rm $W/oldw/envvault-*.whl && cp "$OLD"/envvault-*.whl $W/oldw/
-$PY -m pip install -q --no-index --no-deps --target $W/old $W/oldw/*.whl
-$PY -m compileall -q -j 0 $W/old $W/new >/dev/null
+rm -rf $W
+source bench/gpu_two_builds.sh
 log=${OUT:-/tmp}/gpu_status_ab.txt
 : >"$log"
-now() { date +%s.%N; }
-secs() { $PY -c "print(round($2 - $1, 3))"; }
 ev() { local b=$1; shift; PYTHONPATH=$W/$b ENVVAULT_HOME=$W/v-$b $W/$b/bin/envvault "$@"; }
 tar -cf - -C "$VENV" . | cat >/dev/null
 for b in old new; do ev $b snap --venv "$VENV" --no-caches -m full >/dev/null; done

@@ -12,13 +12,13 @@ import time
 N = 800
 
 
-def made(paths, threads):
+def timed(make, paths, threads):
+    """Seconds for ``threads`` threads to ``make`` every path (each thread every threads-th path)."""
     def work(part):
         for p in part:
-            os.mkdir(p)
-    parts = [paths[i::threads] for i in range(threads)]
+            make(p)
+    ts = [threading.Thread(target=work, args=(paths[i::threads],)) for i in range(threads)]
     t0 = time.perf_counter()
-    ts = [threading.Thread(target=work, args=(p,)) for p in parts]
     for t in ts:
         t.start()
     for t in ts:
@@ -26,18 +26,8 @@ def made(paths, threads):
     return time.perf_counter() - t0
 
 
-def files(paths, threads):
-    def work(part):
-        for p in part:
-            os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    parts = [paths[i::threads] for i in range(threads)]
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=work, args=(p,)) for p in parts]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return time.perf_counter() - t0
+def empty_file(path):
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 for base in sys.argv[1:]:
@@ -50,9 +40,9 @@ for base in sys.argv[1:]:
                     os.makedirs(os.path.join(root, f"p{k}"))
                 os.sync()
                 paths = [os.path.join(root, f"p{i % parents}", f"d{i}") for i in range(N)]
-                t = made(paths, threads)
+                t = timed(os.mkdir, paths, threads)
                 fpaths = [os.path.join(root, f"p{i % parents}", f"f{i}") for i in range(N)]
-                tf = files(fpaths, threads)
+                tf = timed(empty_file, fpaths, threads)
                 print(f"{base} round {rnd + 1}: {N} mkdir in {parents} parent(s), {threads} thread(s): "
                       f"{t * 1000:.1f} ms ({t / N * 1e6:.0f} us each); {N} empty files: {tf * 1000:.1f} ms")
     shutil.rmtree(root, ignore_errors=True)
