@@ -132,6 +132,38 @@ def test_into_writes_from_the_vault_and_status_needs_no_rereading(tmp_path, make
     assert st.returncode == 0
 
 
+def test_into_where_an_earlier_venv_was_keeps_nothing_of_its_stat_cache(tmp_path, make_venv, wheelhouse):
+    """``--into`` a path where an earlier venv stood (and was removed): the new venv's stat cache starts
+    empty, so none of the earlier venv's file entries or groups survive its save; the verification takes the
+    cache from memory (it is read from disk by nobody) and the new venv is verified and unchanged."""
+    import shutil
+
+    from envvault.snap.scan import statcache_for
+    from envvault.vault.store import Vault
+
+    venv = _installed(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    new = tmp_path / "new"
+    assert ev_json(vault, "restore", sid, "--into", new)["verified"] is True
+    old = statcache_for(Vault.open(vault), new)
+    ghost = os.stat(venv / "pyvenv.cfg")
+    old.put("lib/ghost/gone.py", ghost, "x" * 43, None)  # an entry and a group of the earlier venv only
+    old.set_group("lib/ghost-1.0.dist-info", {"summary": {"name": "ghost"}, "files": [], "stats": []})
+    old.save()
+    assert "lib/ghost/gone.py" in statcache_for(Vault.open(vault), new).files
+    shutil.rmtree(new)
+    res = ev_json(vault, "restore", sid, "--into", new)
+    assert res["verified"] is True and res["warnings"] == [], res
+    cache = statcache_for(Vault.open(vault), new)
+    assert "lib/ghost/gone.py" not in cache.files and "lib/ghost-1.0.dist-info" not in cache.groups
+    site_files = [os.path.relpath(os.path.join(d, f), new) for d, _, fs in os.walk(new / "lib") for f in fs
+                  if not f.endswith(".pyc")]
+    assert [rel for rel in site_files if rel not in cache.files] == []
+    assert any(k.endswith(".dist-info") for k in cache.groups)  # the verification's groups were saved
+    assert ev(vault, "status", "--venv", new, "--exit-code").returncode == 0
+
+
 def test_export_in_parallel_writes_the_bytes_of_one_at_a_time(tmp_path, make_venv, wheelhouse, monkeypatch):
     from pathlib import Path
 

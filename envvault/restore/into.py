@@ -28,7 +28,7 @@ from typing import Iterator
 
 from envvault import materialize
 from envvault.diff import diff_snapshots
-from envvault.snap import scan_current
+from envvault.snap import scan_current, statcache_for
 from envvault.errors import EnvironmentProblem, RefusedError
 from envvault.materialize import FileSpec, Staged
 from envvault.lock.wheels import dist_layout
@@ -111,13 +111,17 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
                     _apply_provenance(dest, python, di, wanted)
             pyvenv = _pyvenv_wanted(python)
             _apply_pyvenv(dest, pyvenv)
+            cache = None
             if staged:
                 from envvault.restore.apply import populate_statcache
 
-                populate_statcache(vault, dest, staged)  # the verification stats, never re-reads
+                # The new venv's stat cache starts empty (an earlier venv's at this path says nothing of these
+                # files) and holds what was written; the verification scan takes it from memory and saves it.
+                cache = statcache_for(vault, dest, fresh=True)
+                populate_statcache(vault, dest, staged, cache)  # the verification stats, never re-reads
     t0 = timing.clock()
     with _removed_on_failure(dest, created):  # the verification too: a failure leaves no half-built venv
-        after = scan_current(vault, dest, facts=False)
+        after = scan_current(vault, dest, facts=False, cache=cache)
         remaining = diff_snapshots(after, snapshot, vault=vault, old_label=str(dest), new_label=sid[:12],
                                    scope="environment")
         differs = _provenance_differences(dest, python, provenance) + _pyvenv_differences(dest, pyvenv)

@@ -34,11 +34,12 @@ __all__ = ["scan_environment", "scan_current", "statcache_for"]
 JOURNAL_NAME = ".envvault-restore.json"
 
 
-def statcache_for(vault: Vault, target: Path) -> StatCache:
-    """The stat cache of the environment at ``target`` (one per real path: ``stat-<key>``)."""
+def statcache_for(vault: Vault, target: Path, *, fresh: bool = False) -> StatCache:
+    """The stat cache of the environment at ``target`` (one per real path: ``stat-<key>``); ``fresh``: an
+    empty one for a new environment there, replacing what an earlier one at that path left."""
     from envvault.safepaths import env_key
 
-    return vault.stat_cache(f"stat-{env_key(target)}")
+    return vault.stat_cache(f"stat-{env_key(target)}", fresh=fresh)
 
 
 def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: bool = True,

@@ -637,9 +637,11 @@ class StatCache:
 
     VERSION = 6  # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats
 
-    def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None):
+    def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None, fresh: bool = False):
         # ``lock()``: the shared vault lock saves hold; ``tmp_dir``: where saves stage (``Vault.stat_cache``
-        # passes both; the defaults are a local vault's, ``path`` being ``<vault>/state/<name>``).
+        # passes both; the defaults are a local vault's, ``path`` being ``<vault>/state/<name>``). ``fresh``:
+        # the target is new (a venv ``restore --into`` makes): nothing saved for its path is read, and the
+        # first save replaces both files.
         self._lock = lock or (lambda: flocked(path.parent.parent / "locks" / "vault.lock", exclusive=False))
         self._tmp_dir = tmp_dir or path.parent.parent / "tmp"
         self.groups_path = path.with_name(path.name + ".groups.json")
@@ -653,6 +655,10 @@ class StatCache:
         self._dirty_files = False
         self._epoch_path = path.parent / "gc-epoch"
         self._epoch = self._read_epoch()
+        if fresh:
+            self._files = {}
+            self._dirty_groups = self._dirty_files = True
+            return
         doc = self._load(self.groups_path, compressed=False)
         if doc:
             self.groups = doc.get("groups", {})

@@ -478,11 +478,12 @@ class Vault:
     def state_path(self, name: str) -> Path:
         return self.state.path(name)
 
-    def stat_cache(self, name: str):
-        """The stat cache ``name`` (``stat-<key>``, ``stat-caches``), saved under the shared vault lock."""
+    def stat_cache(self, name: str, *, fresh: bool = False):
+        """The stat cache ``name`` (``stat-<key>``, ``stat-caches``), saved under the shared vault lock;
+        ``fresh``: an empty one that replaces what is saved (``StatCache``)."""
         from envvault.vault.ingest import StatCache
 
-        return StatCache(self.state.path(name), lock=lambda: self.lock(), tmp_dir=self.state.tmp_dir)
+        return StatCache(self.state.path(name), lock=lambda: self.lock(), tmp_dir=self.state.tmp_dir, fresh=fresh)
 
     def clean_tmp(self, older_than: float = 3600) -> None:
         """Remove temp files left by killed writers (only old ones: a live writer may own new ones)."""
