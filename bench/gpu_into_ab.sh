@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Same-session A/B of two envvault builds on the device's venv for the rows this session's changes touch:
 # `restore --into` a new venv (ENVVAULT_STAGES=1: the verification's seconds) and `cache restore` of the H200
-# compile cache, the builds alternately (old, new, ...), beside their anchors.
+# compile cache, the builds alternately (old, new, ...; for --into, the build that goes first changes round by
+# round: the second write of 7.3 GB into space just freed runs slower), beside their anchors.
 # Usage: OUT=$OUT bash bench/gpu_into_ab.sh OLD_WHEEL_DIR NEW_WHEEL_DIR [ROUNDS]   (dependencies' wheels in NEW;
 # the compile cache archive at bench/out/inductor-cache.tar.zst)
 set -euo pipefail
@@ -40,7 +41,8 @@ for i in $(seq "$ROUNDS"); do
   rm -rf $W/uvv && $W/new/bin/uv venv -q --python "$BASE" $W/uvv && sync
   t0=$(now); $W/new/bin/uv pip install -q --offline --no-deps --python $W/uvv/bin/python $W/exp/pylock.wheels/*.whl; t1=$(now)
   echo "into anchor (uv install) round $i: $(secs $t0 $t1) s" | tee -a "$log"
-  for b in old new; do
+  order="old new"; [ $((i % 2)) -eq 0 ] && order="new old"  # each build goes first in every other round
+  for b in $order; do
     rm -rf $W/into && sync
     t0=$(now); ENVVAULT_STAGES=1 ev $b restore full --into $W/into >/dev/null 2>$W/into.err || tail -3 $W/into.err >>"$log"; t1=$(now)
     echo "restore --into $b round $i: $(secs $t0 $t1) s; $(grep -E 'into:|scan:' $W/into.err | sed 's/envvault-stage //' | tr '\n' ' ')" | tee -a "$log"
