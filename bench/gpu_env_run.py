@@ -86,10 +86,13 @@ def timed(name: str, cmd: str, repeat: int, *, before: str | None = None, want: 
 def timed_rounds(specs: list[tuple], repeat: int) -> list[list[float]]:
     """Each (name, cmd, before) of ``specs`` run once a round, in turn, ``repeat`` rounds: an anchor and the
     rows measured against it alternate, so a drift of the machine (the disk's writeback, another tenant) falls
-    on both. The walls of each, in the order of ``specs``."""
+    on both, and the one that goes first moves round by round (the order rotates): on the device a write of
+    gigabytes right after another ran 0.7-2.6 s slower whichever build it was (bench/results/issue11_device.md,
+    seventh session). The walls of each, in the order of ``specs``."""
     walls: list[list[float]] = [[] for _ in specs]
     for i in range(repeat):
-        for k, (name, cmd, before) in enumerate(specs):
+        for k in ((j + i) % len(specs) for j in range(len(specs))):
+            name, cmd, before = specs[k]
             if before:
                 sh(before, name=f"{name}: setup {i + 1}", want=None)
                 os.sync()
