@@ -156,6 +156,83 @@ def test_a_second_ctrl_c_while_children_are_waited_for_leaves_none_running():
     assert all(s in ("Z", "X", "gone") for s in got["states"]), got["states"]  # none still running or asleep
 
 
+@pytest.mark.parametrize("when", ["killing", "forking"])
+def test_a_ctrl_c_while_children_are_ended_or_made_leaves_no_pipe_open(when):
+    """A Ctrl-C that lands while the children are sent SIGKILL (a second one) or while one is forked (held
+    back until it is on the list) leaves no pipe of theirs open here and none of them running."""
+    got = _fresh(f"""
+        import time
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        pids = []
+        forking = os.fork
+        real_kill = os.kill
+
+        def fork_and_note():
+            pid = forking()
+            if pid:
+                pids.append(pid)
+                if {when!r} == "forking" and len(pids) == 2:
+                    real_kill(os.getpid(), signal.SIGINT)  # held back until the child is on the list
+            return pid
+
+        def kill_and_interrupt(pid, sig):
+            real_kill(pid, sig)
+            if sig == signal.SIGKILL and pid == pids[0]:
+                real_kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the children are killed
+
+        os.fork = fork_and_note
+        os.kill = kill_and_interrupt
+
+        def pipes():
+            out = set()
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{{fd}}").startswith("pipe:"):
+                        out.add(fd)
+                except OSError:
+                    pass
+            return out
+
+        def answer(i):
+            if os.getpid() == parent:
+                raise KeyboardInterrupt  # the first Ctrl-C, in this process's slice
+            time.sleep(60)
+            return b"x"
+
+        before = pipes()
+        interrupted = False
+        try:
+            forked.map_all(answer, list(range(40)), [1000] * 40)
+        except KeyboardInterrupt:
+            interrupted = True
+        os.kill = real_kill
+        left = sorted(pipes() - before)
+
+        def state(pid):
+            try:
+                with open(f"/proc/{{pid}}/stat") as f:
+                    return f.read().rpartition(")")[2].split()[0]
+            except FileNotFoundError:
+                return "gone"
+
+        deadline = time.monotonic() + 10
+        while any(state(p) not in ("Z", "X", "gone") for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        states = [state(p) for p in pids]
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+                os.waitpid(p, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        print(json.dumps({{"interrupted": interrupted, "children": len(pids), "left": left, "states": states}}))
+    """)
+    assert got["interrupted"] and got["children"] >= 2
+    assert got["left"] == [], got  # no pipe of a child's left open here
+    assert all(s in ("Z", "X", "gone") for s in got["states"]), got["states"]
+
+
 def test_childrens_stages_are_added_to_this_processs():
     """ENVVAULT_STAGES: each child's stage seconds come back after its answers, named "forked children: ...";
     what a child inherited from this process is not counted twice, and the answers are unchanged."""

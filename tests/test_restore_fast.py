@@ -18,7 +18,7 @@ from envvault.materialize import FileSpec
 from envvault.restore.installed import installed_script, shebang
 from envvault.vault.ingest import b64_sha256
 from fixtures import catalogue as C
-from fixtures.venvs import pip_install
+from fixtures.venvs import pip_install, uv_install
 from tests.evtools import ev, ev_json
 
 
@@ -132,6 +132,19 @@ def test_into_writes_from_the_vault_and_status_needs_no_rereading(tmp_path, make
     assert st.returncode == 0
 
 
+def _plant_ghost(vault, venv) -> None:
+    """A file entry and a group in the stat cache of ``venv`` that only an earlier venv there could have left."""
+    from envvault.snap.scan import statcache_for
+    from envvault.vault.store import Vault
+
+    old = statcache_for(Vault.open(vault), venv)
+    old.put("lib/ghost/gone.py", os.stat(venv / "pyvenv.cfg"), "x" * 43, None)
+    old.set_group("lib/ghost-1.0.dist-info", {"summary": {"name": "ghost"}, "files": [], "stats": []})
+    old.touch(list(old.files))
+    old.save()
+    assert "lib/ghost/gone.py" in statcache_for(Vault.open(vault), venv).files
+
+
 def test_into_where_an_earlier_venv_was_keeps_nothing_of_its_stat_cache(tmp_path, make_venv, wheelhouse):
     """``--into`` a path where an earlier venv stood (and was removed): the new venv's stat cache starts
     empty, so none of the earlier venv's file entries or groups survive its save; the verification takes the
@@ -146,12 +159,7 @@ def test_into_where_an_earlier_venv_was_keeps_nothing_of_its_stat_cache(tmp_path
     sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     new = tmp_path / "new"
     assert ev_json(vault, "restore", sid, "--into", new)["verified"] is True
-    old = statcache_for(Vault.open(vault), new)
-    ghost = os.stat(venv / "pyvenv.cfg")
-    old.put("lib/ghost/gone.py", ghost, "x" * 43, None)  # an entry and a group of the earlier venv only
-    old.set_group("lib/ghost-1.0.dist-info", {"summary": {"name": "ghost"}, "files": [], "stats": []})
-    old.save()
-    assert "lib/ghost/gone.py" in statcache_for(Vault.open(vault), new).files
+    _plant_ghost(vault, new)
     shutil.rmtree(new)
     res = ev_json(vault, "restore", sid, "--into", new)
     assert res["verified"] is True and res["warnings"] == [], res
@@ -161,6 +169,30 @@ def test_into_where_an_earlier_venv_was_keeps_nothing_of_its_stat_cache(tmp_path
                   if not f.endswith(".pyc")]
     assert [rel for rel in site_files if rel not in cache.files] == []
     assert any(k.endswith(".dist-info") for k in cache.groups)  # the verification's groups were saved
+    assert ev(vault, "status", "--venv", new, "--exit-code").returncode == 0
+
+
+def test_into_of_a_lock_only_snapshot_where_an_earlier_venv_was_keeps_nothing_of_its_stat_cache(
+        tmp_path, make_venv, wheelhouse):
+    """The same from a lock-only snapshot (its packages installed from the vault's wheels, nothing staged by
+    the materializer): the new venv's stat cache starts empty too."""
+    import shutil
+
+    from envvault.snap.scan import statcache_for
+    from envvault.vault.store import Vault
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_PLAIN_B], wheelhouse[C.SMALL_02])
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    lock = ev_json(vault, "snap", "--no-caches", "--venv", venv, "--lock-only")["id"]
+    new = tmp_path / "from-lock"
+    assert ev_json(vault, "restore", lock, "--into", new)["verified"] is True
+    _plant_ghost(vault, new)
+    shutil.rmtree(new)
+    assert ev_json(vault, "restore", lock, "--into", new)["verified"] is True
+    cache = statcache_for(Vault.open(vault), new)
+    assert "lib/ghost/gone.py" not in cache.files and "lib/ghost-1.0.dist-info" not in cache.groups
     assert ev(vault, "status", "--venv", new, "--exit-code").returncode == 0
 
 

@@ -28,7 +28,7 @@ from ..errors import StorageError
 from ..materialize import FileSpec, refuse_escapes
 from ..model.cache import CacheManifest, ManifestFile
 from ..safepaths import FinalTree
-from ..vault.fsutil import makedirs_recording
+from ..vault.fsutil import each_folder, makedirs_recording, remove_folders
 from ..vault.ingest import b64_sha256
 from ..vault.store import ObjectReader
 from .walk import walk_cache
@@ -156,16 +156,12 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
     created: list[str] = []
     try:
         _makedirs(str(dest), created)
-        for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""}):
-            _makedirs(os.path.join(dest, rel), created)
+        each_folder(lambda rel: _makedirs(os.path.join(dest, rel), created),
+                    {f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""})
         specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
         staged = materialize.stage(reader, dest, specs, lambda final: _tmp_path(final, pid), workers=_WORKERS)
     except BaseException:
-        for d in reversed(created):
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
+        remove_folders(created)
         raise
     # Every file is staged and verified: from here on only renames, kernels first, graph entries last.
     merge = plan.mode == "merge"

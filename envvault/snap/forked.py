@@ -151,8 +151,8 @@ def _fork_one(fn: Callable, items: Sequence, part: list, kids: list) -> bool:
         finally:
             os._exit(code)
     kids.append((pid, r, part))
+    os.close(w)  # before Ctrl-C can land: the parent keeps no write end of a child's pipe
     signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    os.close(w)
     return True
 
 
@@ -180,25 +180,25 @@ def _frames(data: bytes) -> Iterator[bytes]:
 
 def _end(kids: list, kill: bool) -> None:
     """Close the pipes and wait for the children (each has answered, or failed: it is ending). ``kill`` (this
-    process was interrupted while children ran): every child is sent SIGKILL first, with Ctrl-C held back
-    for those few calls, so that a second Ctrl-C while they are waited for leaves none running (at worst some
-    unreaped until this process ends). The waits themselves stay interruptible: a child stuck in a read of a
-    hung network file system never makes this process deaf to Ctrl-C."""
-    if kill:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-        try:
-            for pid, _, _ in kids:
+    process was interrupted while children ran): every child is sent SIGKILL first. Those calls and the
+    pipes' closing run with Ctrl-C held back (a few non-blocking calls), so that a second Ctrl-C leaves no child
+    running and no pipe open (at worst some children unreaped until this process ends). The waits stay
+    interruptible: a child stuck in a read of a hung network file system never makes this process deaf to
+    Ctrl-C."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        for pid, fd, _ in kids:
+            if kill:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    for _, fd, _ in kids:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
     for pid, _, _ in kids:
         try:
             os.waitpid(pid, 0)
