@@ -89,84 +89,18 @@ def test_a_child_that_fails_or_is_killed_is_checked_here(how):
     assert got["same"] and got["forks"] >= 1 and not got["left"]
 
 
-def test_a_second_ctrl_c_while_children_are_waited_for_leaves_none_running():
-    """Ctrl-C in this process's slice ends the children; another Ctrl-C while the first of them is waited
-    for still leaves every child ended (killed before any wait), though perhaps not yet reaped."""
-    got = _fresh("""
+@pytest.mark.parametrize("when", ["waiting", "killing", "forking"])
+def test_a_ctrl_c_while_children_are_ended_or_made_leaves_none_running_and_no_pipe_open(when):
+    """Ctrl-C in this process's slice ends the children; another Ctrl-C while the first of them is waited for
+    or while they are sent SIGKILL, or a Ctrl-C while one is forked (held back until it is on the list), still
+    leaves every child ended (killed before any wait, perhaps not yet reaped) and no pipe of theirs open here.
+    The code before left children asleep (waiting) and pipes open (killing, forking), checked."""
+    got = _fresh(f"""
         import time
 
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises here, however this was started
         pids = []
-        forking = os.fork
-
-        def fork_and_note():
-            pid = forking()
-            if pid:
-                pids.append(pid)
-            return pid
-
-        os.fork = fork_and_note
-        real_waitpid = os.waitpid
-        waits = []
-
-        def waitpid(pid, options):
-            if not waits:
-                os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, as the first child is waited for
-            waits.append(pid)
-            return real_waitpid(pid, options)
-
-        os.waitpid = waitpid
-
-        def answer(i):
-            if os.getpid() == parent:
-                raise KeyboardInterrupt  # the first Ctrl-C, in this process's slice
-            time.sleep(60)
-            return b"x"
-
-        interrupted = False
-        try:
-            forked.map_all(answer, list(range(40)), [1000] * 40)
-        except KeyboardInterrupt:
-            interrupted = True
-        os.waitpid = real_waitpid
-
-        def state(pid):
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    return f.read().rpartition(")")[2].split()[0]
-            except FileNotFoundError:
-                return "gone"
-
-        def ended(pid):  # a killed process is a zombie (or reaped) a moment after SIGKILL; a sleeping one is not
-            deadline = time.monotonic() + 10
-            while state(pid) not in ("Z", "X", "gone") and time.monotonic() < deadline:
-                time.sleep(0.01)
-            return state(pid)
-
-        states = [ended(p) for p in pids]
-        for p in pids:  # tidy up whatever the code under test left
-            try:
-                os.kill(p, signal.SIGKILL)
-                real_waitpid(p, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-        print(json.dumps({"interrupted": interrupted, "children": len(pids), "states": states}))
-    """)
-    assert got["interrupted"] and got["children"] == 3
-    assert all(s in ("Z", "X", "gone") for s in got["states"]), got["states"]  # none still running or asleep
-
-
-@pytest.mark.parametrize("when", ["killing", "forking"])
-def test_a_ctrl_c_while_children_are_ended_or_made_leaves_no_pipe_open(when):
-    """A Ctrl-C that lands while the children are sent SIGKILL (a second one) or while one is forked (held
-    back until it is on the list) leaves no pipe of theirs open here and none of them running."""
-    got = _fresh(f"""
-        import time
-
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        pids = []
-        forking = os.fork
-        real_kill = os.kill
+        forking, real_kill, real_waitpid = os.fork, os.kill, os.waitpid
 
         def fork_and_note():
             pid = forking()
@@ -178,11 +112,18 @@ def test_a_ctrl_c_while_children_are_ended_or_made_leaves_no_pipe_open(when):
 
         def kill_and_interrupt(pid, sig):
             real_kill(pid, sig)
-            if sig == signal.SIGKILL and pid == pids[0]:
+            if {when!r} == "killing" and sig == signal.SIGKILL and pid == pids[0]:
                 real_kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the children are killed
 
-        os.fork = fork_and_note
-        os.kill = kill_and_interrupt
+        waits = []
+
+        def waitpid(pid, options):
+            if {when!r} == "waiting" and not waits:
+                real_kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, as the first child is waited for
+            waits.append(pid)
+            return real_waitpid(pid, options)
+
+        os.fork, os.kill, os.waitpid = fork_and_note, kill_and_interrupt, waitpid
 
         def pipes():
             out = set()
@@ -206,7 +147,7 @@ def test_a_ctrl_c_while_children_are_ended_or_made_leaves_no_pipe_open(when):
             forked.map_all(answer, list(range(40)), [1000] * 40)
         except KeyboardInterrupt:
             interrupted = True
-        os.kill = real_kill
+        os.kill, os.waitpid = real_kill, real_waitpid
         left = sorted(pipes() - before)
 
         def state(pid):
@@ -216,11 +157,11 @@ def test_a_ctrl_c_while_children_are_ended_or_made_leaves_no_pipe_open(when):
             except FileNotFoundError:
                 return "gone"
 
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 10  # a killed process is a zombie (or reaped) a moment after SIGKILL
         while any(state(p) not in ("Z", "X", "gone") for p in pids) and time.monotonic() < deadline:
             time.sleep(0.01)
         states = [state(p) for p in pids]
-        for p in pids:
+        for p in pids:  # tidy up whatever the code under test left
             try:
                 os.kill(p, signal.SIGKILL)
                 os.waitpid(p, 0)
@@ -230,7 +171,7 @@ def test_a_ctrl_c_while_children_are_ended_or_made_leaves_no_pipe_open(when):
     """)
     assert got["interrupted"] and got["children"] >= 2
     assert got["left"] == [], got  # no pipe of a child's left open here
-    assert all(s in ("Z", "X", "gone") for s in got["states"]), got["states"]
+    assert all(s in ("Z", "X", "gone") for s in got["states"]), got["states"]  # none still running or asleep
 
 
 def test_childrens_stages_are_added_to_this_processs():
