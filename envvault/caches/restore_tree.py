@@ -28,7 +28,7 @@ from ..errors import StorageError
 from ..materialize import FileSpec, refuse_escapes
 from ..model.cache import CacheManifest, ManifestFile
 from ..safepaths import FinalTree
-from ..vault.fsutil import each_folder, makedirs_recording, remove_folders
+from ..vault.fsutil import makedirs_recording, remove_folders
 from ..vault.ingest import b64_sha256
 from ..vault.store import ObjectReader
 from .walk import walk_cache
@@ -156,8 +156,8 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
     created: list[str] = []
     try:
         _makedirs(str(dest), created)
-        each_folder(lambda rel: _makedirs(os.path.join(dest, rel), created),
-                    {f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""})
+        for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""}):
+            _makedirs(os.path.join(dest, rel), created)
         specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
         staged = materialize.stage(reader, dest, specs, lambda final: _tmp_path(final, pid), workers=_WORKERS)
     except BaseException:

@@ -19,7 +19,7 @@ from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
 from envvault.materialize import FileSpec, Staged
 from envvault.restore.plan import FileWrite, Plan
 from envvault.output import ProgressSink
-from envvault.vault.fsutil import each_folder, makedirs_recording, remove_folders, storage_error
+from envvault.vault.fsutil import makedirs_recording, remove_folders, storage_error
 from envvault.vault.store import ObjectReader, Vault
 
 __all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache"]
@@ -34,17 +34,14 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
     """Create the folders the writes need (recorded in ``created``) and stage every write. On failure the
     staged files are deleted; the caller removes ``created``."""
     reader = ObjectReader(vault)
-
-    def make(d: str) -> None:
+    for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
         full = paths.abs(d) if d else str(paths.target)
         if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):
             if os.path.islink(full) and os.path.isdir(full):
-                return  # a symlinked directory inside the target (checked by Paths)
+                continue  # a symlinked directory inside the target (checked by Paths)
             raise EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
         makedirs_recording(full, created, lambda p: EnvironmentProblem(
             f"{p} is in the way: the snapshot needs a directory there; move it and run again"))
-
-    each_folder(make, {os.path.dirname(w.path) for w in plan.writes})
     if progress is not None:
         progress.set_total(plan.bytes)  # now the real amount is known
     return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], lambda f: tmp_for(f, pid),

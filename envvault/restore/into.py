@@ -41,7 +41,7 @@ from envvault.restore.installed import (find_dist_info, installed_script, read_r
                                         stored_record)
 from envvault.restore.result import RestoreResult
 from envvault.vault import timing
-from envvault.vault.fsutil import each_folder, makedirs_recording
+from envvault.vault.fsutil import makedirs_recording
 from envvault.vault.store import ObjectReader
 from envvault.restore.uv import (
     make_venv,
@@ -166,10 +166,9 @@ def _write_all(vault, sid: str, python: PythonInfo, packages: tuple[PackageSumma
     materialize.refuse_escapes(dest, f"refusing to restore {sid[:12]}",
                                links={s.path: s.link for s in specs if s.link is not None},
                                entries=[s.path for s in specs if s.link is None], where="the new environment")
-    made: list[str] = []  # not removed one by one on failure: the caller removes the whole new venv
-    each_folder(lambda d: makedirs_recording(str(dest / d), made,
-                                             lambda q: EnvironmentProblem(f"{q} is in the way of the new venv")),
-                {os.path.dirname(s.path) for s in specs} - {""})
+    made: list[str] = []
+    for d in sorted({os.path.dirname(s.path) for s in specs} - {""}):
+        makedirs_recording(str(dest / d), made, lambda q: EnvironmentProblem(f"{q} is in the way of the new venv"))
     if progress is not None:
         progress.set_total(sum(s.size for s in specs))
     # The venv is new and nothing imports from it yet: files go straight under their final names, as an

@@ -8,7 +8,7 @@ import os
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from envvault.errors import CorruptError, RefusedError, StorageError
 
@@ -183,7 +183,7 @@ def makedirs_recording(path: str, created: list[str], in_the_way) -> None:
     while not os.path.isdir(p):
         if os.path.lexists(p):
             if os.path.isdir(p):
-                break  # made meanwhile, by another thread of this restore (``each_folder``)
+                break  # made meanwhile (by another process, or a thread): a folder is not in the way
             raise in_the_way(p)
         missing.append(p)
         p = os.path.dirname(p)
@@ -195,48 +195,6 @@ def makedirs_recording(path: str, created: list[str], in_the_way) -> None:
         except OSError as err:
             raise storage_error(err, d) from None
         created.append(d)
-
-
-FOLDER_THREADS = 8  # threads making folders (``each_folder``) ...
-_FOLDERS_SERIAL = 64  # ... once there are this many; fewer are made on the calling thread
-
-
-def each_folder(make: Callable[[str], None], paths: Iterable[str], workers: int = FOLDER_THREADS) -> None:
-    """``make(path)`` for each of ``paths`` (each once, sorted), on up to ``workers`` threads once there are
-    many: on a network file system each ``mkdir`` is a round trip to the server, and a venv has thousands of
-    folders. ``make`` must be safe to run again for a path (``makedirs_recording`` is): when any call fails,
-    every path is made again on this thread, in order, so the error raised is the one a serial loop raises.
-    Folders made by several threads are recorded in any order: remove them with ``remove_folders``."""
-    todo = sorted(set(paths))
-    if len(todo) < _FOLDERS_SERIAL or workers < 2:
-        for path in todo:
-            make(path)
-        return
-    import threading
-
-    failed = threading.Event()
-
-    def work(start: int) -> None:
-        for i in range(start, len(todo), workers):
-            if failed.is_set():
-                return
-            try:
-                make(todo[i])
-            except BaseException:  # noqa: BLE001 - made again below, on this thread, where it raises
-                failed.set()
-                return
-
-    threads = [threading.Thread(target=work, args=(n,), name=f"envvault-mkdir-{n}") for n in range(workers)]
-    try:
-        for t in threads:
-            t.start()
-    finally:
-        for t in threads:
-            if t.ident is not None:
-                t.join()
-    if failed.is_set():
-        for path in todo:
-            make(path)
 
 
 def remove_folders(created: Iterable[str]) -> None:
