@@ -9,8 +9,8 @@ Forking is only for what it is safe and worth for: Linux, a process with no othe
 threaded process may inherit a lock another thread held), two cores or more and enough work
 (``FORK_MIN_WEIGHT``). A child drops the parent's signal handlers and its garbage collector, answers, and
 leaves with ``os._exit``; with ``ENVVAULT_STAGES=1`` its stages' seconds follow its answers and are added to
-this process's as "forked children: <stage>". Whatever a child does not answer (it failed, was killed, sent too little) is answered
-here, in this process, by the same function: the answers never depend on the children.
+this process's as "forked children: <stage>". Whatever a child does not answer (it failed, was killed, sent
+too little) is answered here, in this process, by the same function: the answers never depend on the children.
 """
 
 from __future__ import annotations
