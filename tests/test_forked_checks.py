@@ -198,6 +198,19 @@ def test_childrens_stages_are_added_to_this_processs():
     assert got["totals"] == {"before the fork": 1, "answer": 10, "forked children: answer": 30}
 
 
+def test_a_malformed_stages_frame_is_ignored(monkeypatch):
+    """``timing.merge`` takes a child's stages as a measurement: bytes that are not its ``encoded`` form change
+    nothing and never raise; a good frame is added under its prefix."""
+    from envvault.vault import timing
+
+    monkeypatch.setattr(timing, "_totals", {"mine": [1.0, 1]})
+    for bad in (b"", b"not json", b"[1, 2]", b'{"a": 1}', b'{"a": ["x", 1]}', b'{"a": [1.0]}', b"\xff\xfe"):
+        timing.merge(bad, "forked children: ")
+    assert timing._totals == {"mine": [1.0, 1]}
+    timing.merge(b'{"mine": [0.5, 2]}', "forked children: ")
+    assert timing._totals == {"mine": [1.0, 1], "forked children: mine": [0.5, 2]}
+
+
 def test_no_fork_with_another_thread_or_little_work():
     got = _fresh("""
         # alone first: a joined thread may still be listed by /proc for a moment (no fork then: safe)
