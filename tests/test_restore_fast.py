@@ -322,3 +322,95 @@ def test_in_place_loads_the_stat_cache_once_and_verification_still_sees_tamperin
     monkeypatch.setattr(inplace, "populate_statcache", real_populate)
     res = clean_restore()
     assert res.verified is True, res
+
+
+def _target_cache_io(monkeypatch):
+    """Count the loads and saves of a target's stat cache (``stat-<key>``, not the caches' own)."""
+    from envvault.vault import ingest
+
+    loads, saves = [], []
+    real_init, real_save = ingest.StatCache.__init__, ingest.StatCache.save
+
+    def counting_init(self, path, **kw):
+        if path.name.startswith("stat-") and not path.name.startswith("stat-caches"):
+            loads.append(path.name)
+        real_init(self, path, **kw)
+
+    def counting_save(self):
+        if self.groups_path.name.startswith("stat-") and not self.groups_path.name.startswith("stat-caches"):
+            saves.append(self.groups_path.name)
+        real_save(self)
+
+    monkeypatch.setattr(ingest.StatCache, "__init__", counting_init)
+    monkeypatch.setattr(ingest.StatCache, "save", counting_save)
+    return loads, saves
+
+
+def _cache_ids_stored(vault_path, venv) -> tuple[int, list[str]]:
+    """How many manifest ids the target's saved stat cache names, and those the vault does not hold."""
+    from envvault.snap.scan import statcache_for
+    from envvault.vault.store import Vault
+
+    vault = Vault.open(vault_path)
+    cache = statcache_for(vault, venv)
+    ids = [g[k] for g in cache.groups.values() for k in ("manifest_full", "manifest_lock") if g.get(k)]
+    return len(ids), [i for i in ids if not vault.has(i)]
+
+
+def test_backup_shares_the_restores_stat_cache_and_saves_it_once(tmp_path, make_venv, wheelhouse, monkeypatch):
+    """With the default backup, the backup snap and the restore use one stat cache: loaded once, saved once,
+    after the backup committed; it names the backup's manifests (a later snap finds them fresh) and every id
+    it names is in the vault."""
+    from envvault.restore.dispatch import restore_snapshot
+    from envvault.vault.store import Vault
+
+    venv = _installed(make_venv, wheelhouse)
+    vault_path = tmp_path / "vault"
+    sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, "--reinstall-package", "torchlike", wheelhouse[C.TORCH_PLAIN_B])
+    loads, saves = _target_cache_io(monkeypatch)
+    res = restore_snapshot(Vault.open(vault_path), sid, venv, backup=True, caches=False)
+    assert res.verified is True and res.backup, res
+    assert len(loads) == 1 and len(saves) == 1, (loads, saves)
+    monkeypatch.undo()
+    named, missing = _cache_ids_stored(vault_path, venv)
+    assert named > 0 and missing == []
+    again = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)
+    assert again["new_objects"] == 0, again
+    back = ev_json(vault_path, "restore", res.backup, "--venv", venv, "--no-backup")
+    assert back["verified"] is True
+    assert ev_json(vault_path, "status", "--venv", venv)["snapshot"] == res.backup
+
+
+def test_a_backup_that_fails_before_its_commit_saves_no_stat_cache(tmp_path, make_venv, wheelhouse, monkeypatch):
+    """A backup snap that fails after scanning (its new manifests queued, never committed) ends the restore
+    with nothing changed and leaves the saved stat cache as it was: no group names a manifest the vault
+    lacks (a later snap trusts those ids without the index)."""
+    from envvault.errors import EnvvaultError
+    from envvault.restore.dispatch import restore_snapshot
+    from envvault.vault.store import Vault
+    from envvault.vault.transaction import SnapshotTransaction
+
+    venv = _installed(make_venv, wheelhouse)
+    vault_path = tmp_path / "vault"
+    sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, "--reinstall-package", "torchlike", wheelhouse[C.TORCH_PLAIN_B])
+    swapped = next(venv.glob("lib/python*/site-packages/torchlike/_C.so")).read_bytes()
+    before = sorted(p.name for p in (vault_path / "state").iterdir())
+    cache_before = {p.name: p.read_bytes() for p in (vault_path / "state").iterdir() if p.name.startswith("stat-")}
+
+    def disk_full(self):
+        raise EnvvaultError("no space left on device (injected)")
+
+    monkeypatch.setattr(SnapshotTransaction, "flush", disk_full)
+    with pytest.raises(EnvvaultError, match="injected"):
+        restore_snapshot(Vault.open(vault_path), sid, venv, backup=True, caches=False)
+    monkeypatch.undo()
+    assert next(venv.glob("lib/python*/site-packages/torchlike/_C.so")).read_bytes() == swapped
+    assert sorted(p.name for p in (vault_path / "state").iterdir()) == before
+    assert {p.name: p.read_bytes() for p in (vault_path / "state").iterdir()
+            if p.name.startswith("stat-")} == cache_before
+    named, missing = _cache_ids_stored(vault_path, venv)
+    assert named > 0 and missing == []
+    res = ev_json(vault_path, "restore", sid, "--venv", venv)
+    assert res["verified"] is True and res["backup"]

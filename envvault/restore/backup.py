@@ -15,20 +15,22 @@ from envvault.vault.store import Vault
 __all__ = ["take_backup", "scan_now", "discard_backup"]
 
 
-def take_backup(vault: Vault, target: Path, sid: str):
-    """Snapshot ``target`` before restoring ``sid`` onto it; returns the snap's result (``.id``, ``.snapshot``)."""
+def take_backup(vault: Vault, target: Path, sid: str, cache=None):
+    """Snapshot ``target`` before restoring ``sid`` onto it; returns the snap's result (``.id``, ``.snapshot``).
+    Given the target's stat ``cache``, the snap uses it and leaves saving it to the caller."""
     from envvault.snap import take_snapshot
 
     return take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}", trigger="restore-backup",
-                         argv=["envvault", "restore", sid])
+                         argv=["envvault", "restore", sid], cache=cache)
 
 
 def scan_now(vault: Vault, target: Path, sid: str, backup: bool, cache=None) -> tuple[Snapshot, str | None]:
     """The environment's state and the backup's id: from a backup snapshot (one read of every new file)
-    or, without ``backup``, a check scan (no id; no host or env facts: ``loose_snapshot``). A check scan
-    given the target's stat ``cache`` uses it and leaves saving it to the caller."""
+    or, without ``backup``, a check scan (no id; no host or env facts: ``loose_snapshot``). Either, given
+    the target's stat ``cache``, uses it and leaves saving it to the caller: a backup's cache may be saved
+    only once it returned (it holds the ids of the manifests it committed)."""
     if backup:
-        snap = take_backup(vault, target, sid)
+        snap = take_backup(vault, target, sid, cache=cache)
         return snap.snapshot, snap.id
     return loose_snapshot(scan_current(vault, target, facts=False, cache=cache, save_cache=cache is None)), None
 

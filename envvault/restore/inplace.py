@@ -62,13 +62,17 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         earlier = journal or Journal(snapshot=None)
         take_backup = backup and not dry_run and not resumed
         clock = _Clock()
-        # The target's stat cache: loaded once, passed through the scan, the files written and the verify
-        # scan, saved once on every way out. A backup snap saves its own first, so it is loaded after that.
-        cache = None if take_backup else statcache_for(vault, target)
+        # The target's stat cache: loaded once, passed through the backup or check scan, the files written
+        # and the verify scan, saved once on every way out, but never after a backup that did not commit
+        # (its groups would name manifests that were never stored).
+        cache = statcache_for(vault, target)
         try:
-            now, backup_id = scan_now(vault, target, sid, take_backup, cache=cache)
-            if cache is None:
-                cache = statcache_for(vault, target)
+            try:
+                now, backup_id = scan_now(vault, target, sid, take_backup, cache=cache)
+            except BaseException:
+                if take_backup:
+                    cache = None
+                raise
             clock.lap("backup" if take_backup else "scan")
             if resumed:
                 backup_id = journal.backup

@@ -23,6 +23,7 @@ from .scan import scan_environment
 
 if TYPE_CHECKING:
     from envvault.caches.snap import CacheHook
+    from envvault.vault.ingest import StatCache
 
 __all__ = ["take_snapshot", "SnapResult"]
 
@@ -48,14 +49,19 @@ def take_snapshot(
     progress: ProgressSink | None = None,
     cache_hook: CacheHook | None = None,
     extra: dict | None = None,
+    cache: StatCache | None = None,
 ) -> SnapResult:
     """Snapshot ``prefix`` into ``vault`` in one snapshot transaction: objects first, then the snapshot
-    document (the commit point)."""
+    document (the commit point). The stat cache is loaded and saved after the commit, unless the caller
+    passes its own ``cache`` (a restore's backup): then saving it is the caller's, and only once this
+    returned (the cache trusts the manifest ids it holds, and those exist only once committed)."""
     started = time.monotonic()
     t0 = timing.clock()
+    callers_cache = cache is not None
     with snapshot_transaction(vault) as txn:
         interp, packages, warnings, cache, ing, stats = scan_environment(
-            vault, prefix, mode="lock" if lock_only else "full", writer=txn.writer, progress=progress
+            vault, prefix, mode="lock" if lock_only else "full", writer=txn.writer, progress=progress,
+            cache=cache,
         )
         t0 = _stage("snap: scan (reads, manifests)", t0)
         caches = cache_hook(vault, ing, cache) if cache_hook else []
@@ -90,8 +96,9 @@ def take_snapshot(
         )
         sid = txn.commit(snapshot)
         t0 = _stage("snap: snapshot document and commit", t0)
-    cache.save()
-    _stage("snap: stat cache saved", t0)
+    if not callers_cache:
+        cache.save()
+        _stage("snap: stat cache saved", t0)
     return SnapResult(sid, snapshot)
 
 
