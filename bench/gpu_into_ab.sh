@@ -7,14 +7,12 @@
 # the compile cache archive at bench/out/inductor-cache.tar.zst)
 set -euo pipefail
 OLD=$1 NEW=$2 ROUNDS=${3:-3}
-PY=python3
-VENV=$($PY -c 'import sys; print(sys.prefix)')
-BASE=$($PY -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
 W=/tmp/iab
 ZD='import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
 ZC='import sys, zstandard; zstandard.ZstdCompressor(level=3, threads=-1).copy_stream(sys.stdin.buffer, sys.stdout.buffer)'
 rm -rf $W && mkdir -p $W/c
 source bench/gpu_two_builds.sh
+BASE=$($PY -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
 log=${OUT:-/tmp}/gpu_into_ab.txt
 : >"$log"
 ev() { local b=$1; shift; PATH=$W/$b/bin:$PATH PYTHONPATH=$W/$b ENVVAULT_HOME=$W/v $W/$b/bin/envvault "$@"; }

@@ -6,12 +6,10 @@
 # NEW). Writes $OUT/gpu_restore_ab.txt.
 set -euo pipefail
 OLD=$1 NEW=$2 ROUNDS=${3:-4}
-PY=python3
-VENV=$($PY -c 'import sys; print(sys.prefix)')
-SP=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 W=/tmp/rab
 rm -rf $W
 source bench/gpu_two_builds.sh
+SP=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 log=${OUT:-/tmp}/gpu_restore_ab.txt
 : >"$log"
 ev() { local b=$1; shift; PYTHONPATH=$W/$b ENVVAULT_HOME=$W/v-$b $W/$b/bin/envvault "$@"; }
@@ -36,13 +34,4 @@ for i in $(seq "$ROUNDS"); do
   for b in $order; do one $b "restore --no-backup" --no-backup; done
 done
 ev new status --venv "$VENV" --exit-code >/dev/null && echo "status after the last restore: unchanged" | tee -a "$log"
-$PY - "$log" <<'PY' | tee -a "$log"
-import re, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"(.+?) round \d+: ([0-9.]+) s", line)
-    if m:
-        rows.setdefault(m.group(1), []).append(float(m.group(2)))
-for name, xs in rows.items():
-    print(f"median {name}: {statistics.median(xs):.3f} s of {len(xs)} ({min(xs):.3f}-{max(xs):.3f})")
-PY
+medians "$log"

@@ -5,8 +5,6 @@
 # (dependencies' wheels in NEW). Writes $OUT/gpu_status_ab.txt.
 set -euo pipefail
 OLD=$1 NEW=$2 ROUNDS=${3:-7}
-PY=python3
-VENV=$($PY -c 'import sys; print(sys.prefix)')
 W=/tmp/sab
 rm -rf $W
 source bench/gpu_two_builds.sh
@@ -24,14 +22,5 @@ for i in $(seq "$ROUNDS"); do
     t "round $i $b lock-only" ev $b snap --venv "$VENV" --lock-only -m lo
   done
 done
-$PY - "$log" <<'PY' | tee -a "$log"
-import re, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"round \d+ (.*): ([\d.]+) s", line)
-    if m:
-        rows.setdefault(m.group(1), []).append(float(m.group(2)))
-for k, v in rows.items():
-    print(f"median {k}: {statistics.median(v):.3f} s ({len(v)} runs, {min(v):.3f}-{max(v):.3f})")
-PY
+medians "$log"
 
