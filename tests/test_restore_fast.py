@@ -359,24 +359,37 @@ def _cache_ids_stored(vault_path, venv) -> tuple[int, list[str]]:
 
 def test_backup_shares_the_restores_stat_cache_and_saves_it_once(tmp_path, make_venv, wheelhouse, monkeypatch):
     """With the default backup, the backup snap and the restore use one stat cache: loaded once, saved once,
-    after the backup committed; it names the backup's manifests (a later snap finds them fresh) and every id
-    it names is in the vault."""
+    after the backup committed; every id it names is in the vault, and, as after any snap, the file entries
+    this run did not use (a file gone since) are dropped."""
     from envvault.restore.dispatch import restore_snapshot
+    from envvault.snap.scan import statcache_for
     from envvault.vault.store import Vault
 
     venv = _installed(make_venv, wheelhouse)
     vault_path = tmp_path / "vault"
     sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
     uv_install(venv, "--reinstall-package", "torchlike", wheelhouse[C.TORCH_PLAIN_B])
+    ghost = "lib/ghost.py"  # an entry for a file that no longer exists
+    cache = statcache_for(Vault.open(vault_path), venv)
+    cache.put(ghost, os.lstat(venv / "pyvenv.cfg"), "x" * 43, None)
+    cache.save()
+    assert ghost in statcache_for(Vault.open(vault_path), venv).files
     loads, saves = _target_cache_io(monkeypatch)
+    snapshots = []
+    real_save = type(cache).save
+
+    def save_seeing_snapshots(self):
+        snapshots.append(len(os.listdir(vault_path / "snapshots")))
+        real_save(self)
+
+    monkeypatch.setattr(type(cache), "save", save_seeing_snapshots)
     res = restore_snapshot(Vault.open(vault_path), sid, venv, backup=True, caches=False)
     assert res.verified is True and res.backup, res
-    assert len(loads) == 1 and len(saves) == 1, (loads, saves)
+    assert len(loads) == 1 and len(saves) == 1 and snapshots == [2], (loads, saves, snapshots)
     monkeypatch.undo()
     named, missing = _cache_ids_stored(vault_path, venv)
     assert named > 0 and missing == []
-    again = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)
-    assert again["new_objects"] == 0, again
+    assert ghost not in statcache_for(Vault.open(vault_path), venv).files
     back = ev_json(vault_path, "restore", res.backup, "--venv", venv, "--no-backup")
     assert back["verified"] is True
     assert ev_json(vault_path, "status", "--venv", venv)["snapshot"] == res.backup

@@ -134,13 +134,13 @@ def populate_statcache(vault: Vault, target: Path, staged: list[Staged], cache=N
     """Record the hashes computed while writing, so verification and the next status need not re-read.
     Each written file's entry holds its stats after the rename (an lstat; a rename changes ctime) or, when
     it was written under its final name, the stats fstat gave. Given the target's stat ``cache`` (the
-    restore's one), it is filled and not saved: the caller saves it once."""
+    restore's one), it is filled and not saved: the caller saves it once, and decides which entries it keeps."""
     from envvault.snap import statcache_for
 
     own = cache is None
     if own:
         cache = statcache_for(vault, target)
-    cache.touch(list(cache.files))
+        cache.touch(list(cache.files))
     for s in staged:
         if s.spec.link is not None or s.sha256 is None:
             continue

@@ -136,7 +136,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             clock.lap("verify")
         finally:
             if cache is not None:
-                _save_cache(cache)
+                _save_cache(cache, pruned=take_backup)
     warnings = list(plan.warnings)
     if snapshot.venv and snapshot.venv != str(target) and any(w.path.startswith(_scripts_rel(snapshot)) for w in plan.writes):
         warnings.append(f"the snapshot was taken of {snapshot.venv}: scripts restored into bin/ keep that "
@@ -151,9 +151,12 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
     )
 
 
-def _save_cache(cache) -> None:
-    """Save the restore's stat cache, every file entry kept (other scans, cache trees, rely on them)."""
-    cache.touch(list(cache.files))
+def _save_cache(cache, pruned: bool) -> None:
+    """Save the restore's stat cache. After a backup snap, as after any snap, the file entries no scan or
+    write of this run used are dropped (files gone since); after a check scan every entry is kept (other
+    scans, cache trees, rely on them), as a check scan's own save does."""
+    if not pruned:
+        cache.touch(list(cache.files))
     cache.save()
 
 

@@ -52,9 +52,10 @@ def take_snapshot(
     cache: StatCache | None = None,
 ) -> SnapResult:
     """Snapshot ``prefix`` into ``vault`` in one snapshot transaction: objects first, then the snapshot
-    document (the commit point). The stat cache is loaded and saved after the commit, unless the caller
-    passes its own ``cache`` (a restore's backup): then saving it is the caller's, and only once this
-    returned (the cache trusts the manifest ids it holds, and those exist only once committed)."""
+    document (the commit point). The target's stat cache is loaded before the scan and saved after the
+    commit, unless the caller passes its own ``cache`` (a restore's backup): then saving it is the caller's,
+    and only once this returned (the cache trusts the manifest ids it holds, and those exist only once
+    committed)."""
     started = time.monotonic()
     t0 = timing.clock()
     callers_cache = cache is not None
