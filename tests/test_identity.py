@@ -214,6 +214,34 @@ def test_record_round_trip():
     assert parse_record(format_record(entries)) == (entries, [])
 
 
+def test_large_records_parse_once_and_each_caller_owns_its_lists(monkeypatch):
+    """A large RECORD read again (a restore reads torch's three or four times) is parsed once: the same rows
+    and problems, in lists each caller may change without touching the next caller's; the memo keeps a
+    few texts, the oldest dropped first, and never holds small ones."""
+    from envvault.model import record
+
+    rows = "".join(f"pkg/m{i}.py,sha256={'x' * 43},{i}\r\n" for i in range(3000))
+    big = rows + "bad.py,sha256=,1\r\n"
+    assert len(big) >= record._MEMO_MIN
+    calls = []
+    real = record._parse
+    monkeypatch.setattr(record, "_parse", lambda text: calls.append(len(text)) or real(text))
+    record._memo.clear()
+    first, problems = parse_record(big)
+    assert len(first) == 3000 and [str(p) for p in problems] == ["row 3001: 'bad.py' has a bad hash 'sha256=' (want algo=digest)"]
+    first.clear()
+    problems.clear()
+    again, problems2 = parse_record(big)
+    assert again == real(big)[0] and len(problems2) == 1 and len(calls) == 1
+    assert parse_record(big.replace("\r\n", "\n"))[0] == again  # another text: parsed, same rows
+    assert len(calls) == 2
+    for k in range(record._MEMO_SIZE):
+        parse_record(big + f"extra{k}.py,,\n")
+    assert big not in record._memo and len(record._memo) == record._MEMO_SIZE
+    parse_record("a.py,sha256=x,1\n")
+    assert "a.py,sha256=x,1\n" not in record._memo
+
+
 def _summary(name, build, identity=None, scripts=None, modified=()):
     p = {"name": name, "version": "1.0", "build_id": build, "state_id": build, "modified": list(modified),
          "missing": [], "manifest": "0" * 64, "files": 1, "size": 1}

@@ -36,7 +36,9 @@ def record_digest(dist_info: Path) -> str:
     lines of the wheel's own files, so pip and uv installs of one wheel give the same digest and another
     build of the same version does not."""
     try:
-        text = (dist_info / "RECORD").read_text(encoding="utf-8")
+        # bytes decoded as they are (no newline translation): the same text the scan's reader parses, so
+        # one parse serves both (``parse_record`` keeps the last few large ones)
+        text = (dist_info / "RECORD").read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise EnvironmentProblem(f"cannot read {dist_info / 'RECORD'}: {exc}") from exc
     entries, _problems = parse_record(text)  # garbled rows are the snapshot's to report
