@@ -75,12 +75,13 @@ def _entry(row: list[str], number: int, problems: list[RecordProblem]) -> Record
     return RecordEntry(path, algo, digest, size)
 
 
-# The last few large RECORDs parsed, by their text: one command reads the same RECORD several times (a
-# restore: its first scan, the plan's reading of the distributions it replaces, the verify scan; torch's
-# 11,700 rows are 60-100 ms a parse). Entries are frozen; each caller gets lists of its own.
+# The last few large RECORDs parsed, by a digest of their text (the text itself is not kept): one command
+# reads the same RECORD several times (a restore: its first scan, the plan's reading of the distributions it
+# replaces, the verify scan; torch's 11,700 rows are 60-100 ms a parse, its digest 2 ms). Entries are frozen;
+# each caller gets lists of its own.
 _MEMO_MIN = 64 << 10  # characters: smaller RECORDs parse in well under a millisecond
 _MEMO_SIZE = 4
-_memo: "OrderedDict[str, tuple[tuple[RecordEntry, ...], tuple[RecordProblem, ...]]]" = OrderedDict()
+_memo: "OrderedDict[bytes, tuple[tuple[RecordEntry, ...], tuple[RecordProblem, ...]]]" = OrderedDict()
 _memo_lock = threading.Lock()
 
 
@@ -89,18 +90,25 @@ def parse_record(text: str) -> tuple[list[RecordEntry], list[RecordProblem]]:
     whole file is well formed). Blank lines are skipped."""
     if len(text) < _MEMO_MIN:
         return _parse(text)
+    key = _text_key(text)
     with _memo_lock:
-        hit = _memo.get(text)
+        hit = _memo.get(key)
         if hit is not None:
-            _memo.move_to_end(text)
+            _memo.move_to_end(key)
     if hit is None:
         entries, problems = _parse(text)
         hit = (tuple(entries), tuple(problems))
         with _memo_lock:
-            _memo[text] = hit
+            _memo[key] = hit
             while len(_memo) > _MEMO_SIZE:
                 _memo.popitem(last=False)
     return list(hit[0]), list(hit[1])
+
+
+def _text_key(text: str) -> bytes:
+    import hashlib
+
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=32).digest()
 
 
 def _parse(text: str) -> tuple[list[RecordEntry], list[RecordProblem]]:
