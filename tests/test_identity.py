@@ -215,24 +215,24 @@ def test_record_round_trip():
 
 
 def test_large_records_parse_once_and_each_caller_owns_its_lists(monkeypatch):
-    """A large RECORD read again (a restore reads torch's three or four times) is parsed once: the same rows
-    and problems, in lists each caller may change without touching the next caller's; the memo keeps a
-    few texts, the oldest dropped first, and never holds small ones."""
+    """A large RECORD read again (a restore reads torch's three or four times) is parsed once: the same rows,
+    in lists each caller may change without touching the next caller's; the memo keeps a few texts (by a
+    digest, not the text), the oldest dropped first, and never holds small ones or garbled ones (a problem a
+    row of a 64 MiB file would be gigabytes kept)."""
     from envvault.model import record
 
-    rows = "".join(f"pkg/m{i}.py,sha256={'x' * 43},{i}\r\n" for i in range(3000))
-    big = rows + "bad.py,sha256=,1\r\n"
+    big = "".join(f"pkg/m{i}.py,sha256={'x' * 43},{i}\r\n" for i in range(3000))
     assert len(big) >= record._MEMO_MIN
     calls = []
     real = record._parse
     monkeypatch.setattr(record, "_parse", lambda text: calls.append(len(text)) or real(text))
     record._memo.clear()
     first, problems = parse_record(big)
-    assert len(first) == 3000 and [str(p) for p in problems] == ["row 3001: 'bad.py' has a bad hash 'sha256=' (want algo=digest)"]
+    assert len(first) == 3000 and problems == []
     first.clear()
-    problems.clear()
+    problems.append("mine")
     again, problems2 = parse_record(big)
-    assert again == real(big)[0] and len(problems2) == 1 and len(calls) == 1
+    assert again == real(big)[0] and problems2 == [] and len(calls) == 1
     assert parse_record(big.replace("\r\n", "\n"))[0] == again  # another text: parsed, same rows
     assert len(calls) == 2
     for k in range(record._MEMO_SIZE):
@@ -241,6 +241,62 @@ def test_large_records_parse_once_and_each_caller_owns_its_lists(monkeypatch):
     assert not any(isinstance(k, str) for k in record._memo)  # no text kept
     parse_record("a.py,sha256=x,1\n")
     assert record._text_key("a.py,sha256=x,1\n") not in record._memo
+    garbled = big + "bad.py,sha256=,1\r\n"
+    for _ in range(2):
+        rows, found = parse_record(garbled)
+        assert len(rows) == 3000 and [str(p) for p in found] == [
+            "row 3001: 'bad.py' has a bad hash 'sha256=' (want algo=digest)"]
+    assert record._text_key(garbled) not in record._memo and len(calls) == 2 + record._MEMO_SIZE + 1 + 2
+
+
+RECORD_TEXTS = {
+    "lf": "pkg/__init__.py,sha256={h},1\npkg/a.py,sha256={h},2\npkg-1.0.dist-info/RECORD,,\n",
+    "crlf (pip)": "pkg/__init__.py,sha256={h},1\r\npkg/a.py,sha256={h},2\r\npkg-1.0.dist-info/RECORD,,\r\n",
+    "cr only": "pkg/__init__.py,sha256={h},1\rpkg/a.py,sha256={h},2\rpkg-1.0.dist-info/RECORD,,\r",
+    "a lone cr in a row": "pkg/__init__.py,sha256={h},1\npkg/a.py,sha\r256={h},2\npkg/b.py,sha256={h},3\n",
+    "crlf in a quoted path": '"pkg/a\r\nb.py",sha256={h},1\r\npkg/__init__.py,sha256={h},2\r\n',
+    "bom, cr cr lf": "\ufeffpkg/__init__.py,sha256={h},1\r\r\npkg/a.py,sha256={h},2\r\n",
+}
+
+
+@pytest.mark.parametrize("style", sorted(RECORD_TEXTS))
+@pytest.mark.parametrize("large", [False, True])
+def test_record_digest_is_the_id_of_the_newline_translated_rows(tmp_path, style, large):
+    """The build id of a RECORD read without a scan (``env/static.py``) is what it always was, the id of the
+    rows Python's text mode gives (a lone CR ends a row), whatever the newlines, small or memoized."""
+    from envvault.env.static import record_digest
+    from envvault.model.identity import DistLayout, build_id
+
+    text = RECORD_TEXTS[style].format(h="x" * 43)
+    if large:
+        line = "\r\n" if "\r\n" in text else "\n"
+        text += "".join(f"pkg/m{i}.py,sha256={'y' * 43},{i}{line}" for i in range(1000))
+    d = tmp_path / "pkg-1.0.dist-info"
+    d.mkdir()
+    (d / "RECORD").write_bytes(text.encode("utf-8"))
+    before = build_id(parse_record((d / "RECORD").read_text(encoding="utf-8"))[0], DistLayout(d.name))
+    assert record_digest(d) == before
+    assert record_digest(d) == before  # again, from the memo when large
+
+
+def test_record_digest_shares_the_scans_parse_of_a_pip_record(tmp_path, monkeypatch):
+    """pip writes RECORD with CRLF: the scan's reader and the build id's reader parse one text, once."""
+    from envvault.env.dists import read_dist
+    from envvault.env.static import record_digest
+    from envvault.model import record
+
+    site = tmp_path / "site"
+    d = site / "pkg-1.0.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n")
+    (d / "RECORD").write_bytes("".join(f"pkg/m{i}.py,sha256={'y' * 43},{i}\r\n" for i in range(2000)).encode())
+    calls = []
+    real = record._parse
+    monkeypatch.setattr(record, "_parse", lambda text: calls.append(1) or real(text))
+    record._memo.clear()
+    assert len(read_dist(d, site).record) == 2000
+    record_digest(d)
+    assert len(calls) == 1
 
 
 def _summary(name, build, identity=None, scripts=None, modified=()):

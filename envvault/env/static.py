@@ -7,11 +7,25 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ..errors import EnvironmentProblem
+from ..errors import CorruptError, EnvironmentProblem
 from ..model.identity import DistLayout, build_id
 from ..model.record import parse_record
+from ..vault.fsutil import read_regular
 
-__all__ = ["find_dist_info", "record_digest", "module_constants"]
+__all__ = ["find_dist_info", "record_digest", "module_constants", "DIST_FILE_LIMIT"]
+
+DIST_FILE_LIMIT = 64 << 20  # a dist-info file is read up to this size (torch's RECORD is about 2 MB)
+
+
+def _record_bytes(dist_info: Path) -> bytes:
+    """A dist-info's RECORD: a FIFO, a device or a file over ``DIST_FILE_LIMIT`` is a CorruptError, never
+    waited on or read whole (a site folder may be writable by others)."""
+    return read_regular(dist_info / "RECORD", DIST_FILE_LIMIT, f"{dist_info.name}/RECORD", follow=True)
+
+
+def _universal_newlines(text: str) -> str:
+    """``text`` as a file opened in text mode reads it: every ``\r\n`` and lone ``\r`` a ``\n``."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def find_dist_info(site: Path, package: str) -> Path | None:
@@ -21,10 +35,9 @@ def find_dist_info(site: Path, package: str) -> Path | None:
     # Name-based guesses first (torch, triton, pytorch_triton ...), then every other dist-info.
     infos.sort(key=lambda p: package not in p.name.lower())
     for info in infos:
-        record = info / "RECORD"
         try:
-            text = record.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+            text = _universal_newlines(_record_bytes(info).decode("utf-8", errors="replace"))
+        except (OSError, CorruptError):
             continue
         if text.startswith(wanted) or f"\n{wanted}" in text:
             return info
@@ -36,11 +49,14 @@ def record_digest(dist_info: Path) -> str:
     lines of the wheel's own files, so pip and uv installs of one wheel give the same digest and another
     build of the same version does not."""
     try:
-        # bytes decoded as they are (no newline translation): the same text the scan's reader parses, so
-        # one parse serves both (``parse_record`` keeps the last few large ones)
-        text = (dist_info / "RECORD").read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = _record_bytes(dist_info).decode("utf-8")
+    except (OSError, CorruptError, UnicodeDecodeError) as exc:
         raise EnvironmentProblem(f"cannot read {dist_info / 'RECORD'}: {exc}") from exc
+    # The id has always been taken over the rows of the text with its newlines translated (a lone CR ends a
+    # row; a CRLF inside a quoted path is one LF). Only a lone CR or a quoted field can make those rows differ
+    # from the untranslated text's, which the scan parses: otherwise that text is parsed, and the parse shared.
+    if "\r" in text and ('"' in text or "\r" in text.replace("\r\n", "")):
+        text = _universal_newlines(text)
     entries, _problems = parse_record(text)  # garbled rows are the snapshot's to report
     return build_id(entries, DistLayout(dist_info.name))
 

@@ -97,7 +97,9 @@ def parse_record(text: str) -> tuple[list[RecordEntry], list[RecordProblem]]:
             _memo.move_to_end(key)
     if hit is None:
         entries, problems = _parse(text)
-        hit = (tuple(entries), tuple(problems))
+        if problems:  # a garbled RECORD is refused or ignored, not read again: never held (it may be huge)
+            return entries, problems
+        hit = (tuple(entries), ())
         with _memo_lock:
             _memo[key] = hit
             while len(_memo) > _MEMO_SIZE:

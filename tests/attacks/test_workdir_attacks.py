@@ -211,6 +211,30 @@ def test_a_fifo_or_dev_zero_in_a_dist_info_does_not_hang_a_snap(tmp_path, make_v
     assert len(lines) == 1 and "not a regular file" in lines[0], proc.stderr
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_the_cache_fingerprints_record_reader_waits_on_no_fifo(tmp_path, kind):
+    """The compile cache fingerprint reads torch's RECORD without a scan (``env/static.py``): a FIFO there,
+    or a link to /dev/zero, is skipped when looking for the package and one clear error for its build id,
+    at once (both had been read with ``read_text``: a FIFO waited for a writer forever)."""
+    site = tmp_path / "site"
+    d = site / "torch-2.0.dist-info"
+    d.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(d / "RECORD")
+    else:
+        os.symlink("/dev/zero", d / "RECORD")
+    code = ("import sys; from pathlib import Path; from envvault.env.static import find_dist_info, record_digest\n"
+            "from envvault.errors import EnvironmentProblem\n"
+            f"site = Path({str(site)!r})\n"
+            "print('found', find_dist_info(site, 'torch'))\n"
+            "try:\n    record_digest(site / 'torch-2.0.dist-info')\nexcept EnvironmentProblem as err:\n"
+            "    print('refused', err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc
+    out = proc.stdout.splitlines()
+    assert out[0] == "found None" and out[1].startswith("refused cannot read") and "RECORD" in out[1], proc.stdout
+
+
 def test_no_pth_file_of_the_environment_runs_when_envvault_asks_its_interpreter(tmp_path, make_venv):
     """A restored environment holds what a vault wrote, a .pth file included: envvault asks a venv's
     interpreter about itself with -I -S, so no .pth file runs (it ran on every probe before, during a restore's
