@@ -63,9 +63,9 @@ def record_digest(dist_info: Path) -> str:
 
 def module_constants(path: Path, names: set[str]) -> dict[str, object]:
     """Top-level ``NAME = <literal>`` (or annotated) assignments of a Python file, read without running it."""
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (OSError, SyntaxError, ValueError) as exc:
+    try:  # a FIFO or a device put there is never waited on, a huge file never read
+        tree = ast.parse(read_regular(path, DIST_FILE_LIMIT, str(path), follow=True), filename=str(path))
+    except (OSError, CorruptError, SyntaxError, ValueError) as exc:
         raise EnvironmentProblem(f"cannot parse {path}: {exc}") from exc
     found: dict[str, object] = {}
     for node in tree.body:

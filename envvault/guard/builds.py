@@ -17,7 +17,10 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from envvault.env.static import DIST_FILE_LIMIT
+from envvault.errors import CorruptError
 from envvault.model.identity import verbatim_rows
+from envvault.vault.fsutil import read_regular
 from envvault.model.record import parse_record
 from envvault.model.encoding import json_loads
 
@@ -38,10 +41,16 @@ def _parse_record(text: str) -> dict[str, str]:
     return {e.path: e.hash_field for e in entries}
 
 
+def _dist_file(dist_info: Path, name: str, errors: str = "replace") -> str:
+    """A dist-info file's text (a FIFO or a device in a site folder is never waited on: CorruptError)."""
+    data = read_regular(dist_info / name, DIST_FILE_LIMIT, f"{dist_info.name}/{name}", follow=True)
+    return data.decode("utf-8", errors=errors)
+
+
 def installed_rows(dist_info: Path) -> dict[str, str] | None:
     try:
-        return _parse_record((dist_info / "RECORD").read_text(encoding="utf-8", errors="replace"))
-    except OSError:
+        return _parse_record(_dist_file(dist_info, "RECORD"))
+    except (OSError, CorruptError):
         return None
 
 
@@ -135,8 +144,8 @@ def _direct_url_sha256(dist_info: Path) -> str | None:
     """The wheel hash pip keeps in ``direct_url.json`` for URL and path installs."""
 
     try:
-        info = json_loads((dist_info / "direct_url.json").read_text()).get("archive_info") or {}
-    except (OSError, ValueError, AttributeError):
+        info = json_loads(_dist_file(dist_info, "direct_url.json", "strict")).get("archive_info") or {}
+    except (OSError, CorruptError, ValueError, AttributeError):
         return None
     sha = (info.get("hashes") or {}).get("sha256")
     if not sha and str(info.get("hash", "")).startswith("sha256="):

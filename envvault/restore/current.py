@@ -14,6 +14,9 @@ from typing import Sequence
 
 from envvault.model.snapshot import PackageSummary, PythonInfo
 from envvault.restore.plan import CurrentDist, is_pyc
+from envvault.env.static import DIST_FILE_LIMIT
+from envvault.errors import CorruptError
+from envvault.vault.fsutil import read_regular
 from envvault.vault.ingest import b64_sha256
 
 __all__ = ["read_current", "Layout", "protected_dirs"]
@@ -122,13 +125,14 @@ class _Deferred(Mapping):
         return len(self._get())
 
 
-def _sha_of_small(path: str, limit: int = 64 << 20) -> str | None:
+def _sha_of_small(path: str) -> str | None:
+    """The sha256 of a small file of the environment (a RECORD), or None: a FIFO or a device in its place is
+    never waited on, a file over the dist-info limit never read whole."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError:
+        data = read_regular(path, DIST_FILE_LIMIT, path, follow=True)
+    except (OSError, CorruptError):
         return None
-    return None if len(data) > limit else b64_sha256(hashlib.sha256(data).digest())
+    return b64_sha256(hashlib.sha256(data).digest())
 
 
 @dataclass(frozen=True)

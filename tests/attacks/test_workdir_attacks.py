@@ -212,10 +212,11 @@ def test_a_fifo_or_dev_zero_in_a_dist_info_does_not_hang_a_snap(tmp_path, make_v
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
-def test_the_cache_fingerprints_record_reader_waits_on_no_fifo(tmp_path, kind):
-    """The compile cache fingerprint reads torch's RECORD without a scan (``env/static.py``): a FIFO there,
-    or a link to /dev/zero, is skipped when looking for the package and one clear error for its build id,
-    at once (both had been read with ``read_text``: a FIFO waited for a writer forever)."""
+def test_environment_files_read_outside_a_scan_wait_on_no_fifo(tmp_path, kind):
+    """The files of an environment read outside a scan (the compile cache fingerprint's RECORD and module
+    constants, guard's installed RECORD rows and ``direct_url.json``, the restore's hash of a RECORD it may
+    replace): a FIFO there, or a link to /dev/zero, is skipped or one clear error, at once (each had been read
+    with ``read_text``/``open``: a FIFO waited for a writer forever, /dev/zero grew until the limit or memory)."""
     site = tmp_path / "site"
     d = site / "torch-2.0.dist-info"
     d.mkdir(parents=True)
@@ -228,11 +229,22 @@ def test_the_cache_fingerprints_record_reader_waits_on_no_fifo(tmp_path, kind):
             f"site = Path({str(site)!r})\n"
             "print('found', find_dist_info(site, 'torch'))\n"
             "try:\n    record_digest(site / 'torch-2.0.dist-info')\nexcept EnvironmentProblem as err:\n"
-            "    print('refused', err)\n")
+            "    print('refused', err)\n"
+            "from envvault.env.static import module_constants\n"
+            "try:\n    module_constants(site / 'torch-2.0.dist-info' / 'RECORD', {'x'})\n"
+            "except EnvironmentProblem as err:\n    print('refused', err)\n"
+            "from envvault.guard.builds import installed_rows, _direct_url_sha256\n"
+            "print('rows', installed_rows(site / 'torch-2.0.dist-info'))\n"
+            "import os; os.replace(site / 'torch-2.0.dist-info' / 'RECORD', site / 'torch-2.0.dist-info' / 'direct_url.json')\n"
+            "print('direct url', _direct_url_sha256(site / 'torch-2.0.dist-info'))\n"
+            "from envvault.restore.current import _sha_of_small\n"
+            "print('sha', _sha_of_small(str(site / 'torch-2.0.dist-info' / 'direct_url.json')))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc
     out = proc.stdout.splitlines()
     assert out[0] == "found None" and out[1].startswith("refused cannot read") and "RECORD" in out[1], proc.stdout
+    assert out[2].startswith("refused cannot parse") and "not a regular file" in out[2], proc.stdout
+    assert out[3:] == ["rows None", "direct url None", "sha None"], proc.stdout
 
 
 def test_no_pth_file_of_the_environment_runs_when_envvault_asks_its_interpreter(tmp_path, make_venv):
