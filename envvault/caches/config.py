@@ -13,7 +13,7 @@ from typing import Iterable, Literal
 
 from ..errors import UsageError
 
-__all__ = ["VENV_FILE", "configured_dirs", "remember_dirs", "forget_dirs"]
+__all__ = ["VENV_FILE", "venv_doc", "configured_dirs", "remember_dirs", "forget_dirs"]
 
 VENV_FILE = ".envvault.toml"  # shared with the guard's per-venv settings
 
@@ -49,7 +49,7 @@ def _edit(vault, add: list[Path], drop: list[Path], where: str, venv: Path | Non
     if where == "venv":
         if venv is None:
             raise UsageError("keeping cache dirs in a venv needs --venv PATH or an active virtual environment")
-        doc = _venv_doc(venv)
+        doc = venv_doc(venv)
         table = doc.get("caches") if isinstance(doc.get("caches"), dict) else {}
         current = _dirs(table, f"{venv / VENV_FILE} [caches] dirs", venv)
     else:
@@ -86,13 +86,18 @@ def _absolute(path: Path, base: Path | None = None) -> Path:
     return Path(os.path.abspath(path))
 
 
-def _venv_doc(venv: Path) -> dict:
+def venv_doc(venv: Path) -> dict:
+    """``<venv>/.envvault.toml`` as a document (empty when there is none): the one reader of that file, for
+    the caches' ``[caches]`` and the guard's ``[guard]`` tables. Unreadable or not TOML: ``UsageError``."""
+    from ..errors import CorruptError
+    from ..vault.fsutil import read_regular
+
     path = venv / VENV_FILE
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a FIFO or a device put there is never waited on
+        text = read_regular(path, 1 << 20, str(path), follow=True).decode("utf-8")
     except FileNotFoundError:
         return {}
-    except (UnicodeDecodeError, OSError) as err:
+    except (UnicodeDecodeError, OSError, CorruptError) as err:
         raise UsageError(f"{path} cannot be read ({err}); fix or remove it") from None
     try:
         import tomllib
@@ -105,7 +110,7 @@ def _venv_doc(venv: Path) -> dict:
 
 
 def _venv_table(venv: Path) -> dict:
-    table = _venv_doc(venv).get("caches", {})
+    table = venv_doc(venv).get("caches", {})
     if not isinstance(table, dict):
         raise UsageError(f"{venv / VENV_FILE}: [caches] must be a table")
     return table

@@ -231,10 +231,13 @@ def _python_of(prefix: Path) -> Path | None:
 def read_pyvenv_cfg(prefix: Path) -> dict:
     """``pyvenv.cfg`` as ``{key: value}`` (both stripped; the last of a repeated key wins, as in ``site``);
     empty when it cannot be read. The one reader of that file (snapshots, cache fingerprints, usable caches)."""
+    from envvault.errors import CorruptError
+    from envvault.vault.fsutil import read_regular
+
     out: dict[str, str] = {}
-    try:
-        text = (prefix / "pyvenv.cfg").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    try:  # a FIFO or a device named pyvenv.cfg is never waited on; a file of a megabyte is not a venv's
+        text = read_regular(prefix / "pyvenv.cfg", 1 << 20, "pyvenv.cfg", follow=True).decode("utf-8", "replace")
+    except (OSError, CorruptError):
         return out
     for line in text.splitlines():
         if "=" in line:

@@ -19,17 +19,12 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from envvault.caches.config import VENV_FILE, venv_doc
 from envvault.errors import UsageError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 __all__ = [
     "DEFAULT_PROTECTED",
@@ -45,7 +40,6 @@ DEFAULT_PROTECTED = (
     "torch", "torchvision", "torchaudio", "triton", "nvidia-*", "jax", "jaxlib", "flash-attn", "xformers",
 )
 DEFAULT_KEEP = 20  # guard snapshots kept per environment (each guarded command makes two)
-VENV_FILE = ".envvault.toml"
 _SEP = re.compile(r"[-_.]+")
 
 
@@ -90,17 +84,7 @@ def _keep(value: object, where: str) -> int | None:
 
 def _venv_settings(venv: Path) -> dict:
     path = venv / VENV_FILE
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as err:
-        raise UsageError(f"cannot read {path}: {err.strerror}") from None
-    try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"{path} is not valid TOML ({err}); fix or remove it") from None
-    guard = doc.get("guard", {})
+    guard = venv_doc(venv).get("guard", {})
     if not isinstance(guard, dict):
         raise UsageError(f"{path}: [guard] must be a table")
     return guard
@@ -162,12 +146,7 @@ def save_venv_protection(venv: Path, *, protect: Iterable[str] = (), unprotect: 
     from envvault.vault.fsutil import atomic_write
 
     path = venv / VENV_FILE
-    doc: dict = {}
-    if path.exists():
-        try:
-            doc = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as err:
-            raise UsageError(f"{path} is not valid TOML ({err}); fix or remove it") from None
+    doc = venv_doc(venv)
     doc["guard"] = _edit(doc.get("guard") or {}, protect, unprotect, keep)
     atomic_write(path, tomli_w.dumps(doc).encode(), mode=0o644)
     return doc["guard"]

@@ -215,7 +215,7 @@ def test_a_fifo_or_dev_zero_in_a_dist_info_does_not_hang_a_snap(tmp_path, make_v
 def test_environment_files_read_outside_a_scan_wait_on_no_fifo(tmp_path, kind):
     """The files of an environment read outside a scan (the compile cache fingerprint's RECORD and module
     constants, guard's installed RECORD rows and ``direct_url.json``, the restore's hash of a RECORD it may
-    replace): a FIFO there, or a link to /dev/zero, is skipped or one clear error, at once (each had been read
+    replace, a venv's ``pyvenv.cfg`` and ``.envvault.toml``): a FIFO there, or a link to /dev/zero, is skipped or one clear error, at once (each had been read
     with ``read_text``/``open``: a FIFO waited for a writer forever, /dev/zero grew until the limit or memory)."""
     site = tmp_path / "site"
     d = site / "torch-2.0.dist-info"
@@ -238,13 +238,23 @@ def test_environment_files_read_outside_a_scan_wait_on_no_fifo(tmp_path, kind):
             "import os; os.replace(site / 'torch-2.0.dist-info' / 'RECORD', site / 'torch-2.0.dist-info' / 'direct_url.json')\n"
             "print('direct url', _direct_url_sha256(site / 'torch-2.0.dist-info'))\n"
             "from envvault.restore.current import _sha_of_small\n"
-            "print('sha', _sha_of_small(str(site / 'torch-2.0.dist-info' / 'direct_url.json')))\n")
+            "print('sha', _sha_of_small(str(site / 'torch-2.0.dist-info' / 'direct_url.json')))\n"
+            "from envvault.env.probe import read_pyvenv_cfg\n"
+            "from envvault.caches.config import venv_doc\n"
+            "from envvault.errors import UsageError\n"
+            "prev = site / 'torch-2.0.dist-info' / 'direct_url.json'\n"
+            "for name in ('pyvenv.cfg', '.envvault.toml'):\n"
+            "    os.replace(prev, site / name)\n"
+            "    prev = site / name\n"
+            "    try:\n        print(name, read_pyvenv_cfg(site) if name == 'pyvenv.cfg' else venv_doc(site))\n"
+            "    except UsageError as err:\n        print(name, 'refused', err)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc
     out = proc.stdout.splitlines()
     assert out[0] == "found None" and out[1].startswith("refused cannot read") and "RECORD" in out[1], proc.stdout
     assert out[2].startswith("refused cannot parse") and "not a regular file" in out[2], proc.stdout
-    assert out[3:] == ["rows None", "direct url None", "sha None"], proc.stdout
+    assert out[3:6] == ["rows None", "direct url None", "sha None"], proc.stdout
+    assert out[6] == "pyvenv.cfg {}" and out[7].startswith(".envvault.toml refused") and "cannot be read" in out[7]
 
 
 def test_no_pth_file_of_the_environment_runs_when_envvault_asks_its_interpreter(tmp_path, make_venv):
