@@ -52,9 +52,22 @@ def torch_source_key(torch_dir: Path, version: str, ext_suffixes: list[str]) -> 
     for rel in _EXTRA_FILES:
         path = os.path.join(torch_dir, rel)
         if os.path.exists(path):
-            with open(path, "rb") as f:
-                hasher.update(f.read())
+            hasher.update(_read(path))
     return hasher.digest()
+
+
+_READ_LIMIT = 1 << 30  # a module of torch's (its extension modules included)
+
+
+def _read(path: str) -> bytes:
+    """A file of the torch package: a FIFO or a device put in its place is never waited on."""
+    from envvault.errors import CorruptError, EnvironmentProblem
+    from envvault.vault.fsutil import read_regular
+
+    try:
+        return read_regular(path, _READ_LIMIT, path, follow=True)
+    except (OSError, CorruptError) as err:
+        raise EnvironmentProblem(f"cannot read {path} for torch's cache key: {err}") from None
 
 
 def fx_hash_of(value: object) -> str:
@@ -78,9 +91,9 @@ class _Finder:
     def build_code_hash(self, folder: str, prefix: str, hasher: "hashlib._Hash") -> None:
         for name, ispkg in sorted(self.iter_modules(folder, prefix)):
             origin, search = self.find_spec(folder, name)
-            with open(origin, "rb") as f:
-                hasher.update(name.encode("utf-8"))
-                hasher.update(f.read())
+            data = _read(origin)
+            hasher.update(name.encode("utf-8"))
+            hasher.update(data)
             if ispkg and search is not None:
                 self.build_code_hash(search, f"{name}.", hasher)
 
@@ -132,4 +145,8 @@ class _Finder:
             path = os.path.join(folder, tail + suffix)
             if tail + suffix in listing and os.path.isfile(path):
                 return path, None
-        raise FileNotFoundError(f"no module file for {fullname} in {folder}")
+        from envvault.errors import EnvironmentProblem  # torch's own key computation fails here too (no spec)
+
+        raise EnvironmentProblem(f"cannot read {os.path.join(folder, tail)}: no module file for {fullname} (a "
+                                 "FIFO, a device or a folder where torch has a module); torch's cache key cannot "
+                                 "be computed")

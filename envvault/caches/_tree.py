@@ -25,7 +25,9 @@ import re
 from pathlib import Path
 
 from .fingerprint import Fingerprint, GpuInfo, compile_env
+from envvault.errors import CorruptError
 from envvault.model.encoding import json_loads
+from envvault.vault.fsutil import read_regular
 
 __all__ = ["infer", "fingerprint_from_tree"]
 
@@ -102,10 +104,13 @@ def _newest_last(paths: list[Path]) -> list[Path]:
     return sorted(paths, key=key)
 
 
+_READ_LIMIT = 256 << 20  # a cache tree file read for its facts (a FIFO or a device there is never waited on)
+
+
 def _read(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
-    except OSError:
+        return read_regular(path, _READ_LIMIT, str(path), follow=True)
+    except (OSError, CorruptError):
         return None
 
 
@@ -117,7 +122,10 @@ def _triton_facts(root: Path, notes: list[str]) -> tuple[str | None, str | None,
         if path.name.startswith("__grp__") or path.name.endswith(".tmp"):
             continue
         try:
-            meta = json_loads(path.read_text(encoding="utf-8"))
+            data = _read(path)
+            if data is None:
+                continue
+            meta = json_loads(data.decode("utf-8"))
             mtime = path.stat().st_mtime_ns
         except (OSError, ValueError):
             continue

@@ -257,6 +257,43 @@ def test_environment_files_read_outside_a_scan_wait_on_no_fifo(tmp_path, kind):
     assert out[6] == "pyvenv.cfg {}" and out[7].startswith(".envvault.toml refused") and "cannot be read" in out[7]
 
 
+def test_compile_cache_fingerprints_wait_on_no_fifo(tmp_path):
+    """What a cache fingerprint reads besides RECORD: torch's modules for its source key (a FIFO as a module
+    is one ``EnvironmentProblem``, as it had been a ``FileNotFoundError``) and a cache tree's Triton and Inductor entries (a FIFO there is skipped),
+    at once; both had been read with ``open``/``read_text``, which wait for a writer."""
+    torch_dir = tmp_path / "site" / "torch"
+    torch_dir.mkdir(parents=True)
+    (torch_dir / "__init__.py").write_text("__version__ = '2.0'\n")
+    os.mkfifo(torch_dir / "evil.py")
+    other = tmp_path / "site2" / "torch"  # a FIFO as one of the non-module files torch's key reads
+    (other / "_inductor").mkdir(parents=True)
+    (other / "__init__.py").write_text("__version__ = '2.0'\n")
+    os.mkfifo(other / "_inductor" / "script.ld")
+    tree = tmp_path / "cache"
+    (tree / "triton" / "0" / "k").mkdir(parents=True)
+    os.mkfifo(tree / "triton" / "0" / "k" / "k.json")
+    (tree / "fxgraph" / "a" / "b").mkdir(parents=True)
+    os.mkfifo(tree / "fxgraph" / "a" / "b" / "entry")
+    code = ("from pathlib import Path\n"
+            "from envvault.caches._torchkey import torch_source_key\n"
+            "from envvault.caches._tree import infer\n"
+            "from envvault.errors import EnvironmentProblem\n"
+            "try:\n"
+            f"    torch_source_key(Path({str(torch_dir)!r}), '2.0', ['.so'])\n"
+            "except EnvironmentProblem as err:\n    print('refused', err)\n"
+            "try:\n"
+            f"    torch_source_key(Path({str(other)!r}), '2.0', ['.so'])\n"
+            "except EnvironmentProblem as err:\n    print('refused', err)\n"
+            f"fp = infer(Path({str(tree)!r}))\n"
+            "print('tree', fp.torch_version, fp.triton_version)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc
+    out = proc.stdout.splitlines()
+    assert out[0].startswith("refused cannot read") and "evil" in out[0] and "no module file" in out[0], out
+    assert out[1].startswith("refused cannot read") and "script.ld" in out[1] and "not a regular file" in out[1], out
+    assert out[2] == "tree None None", out
+
+
 def test_no_pth_file_of_the_environment_runs_when_envvault_asks_its_interpreter(tmp_path, make_venv):
     """A restored environment holds what a vault wrote, a .pth file included: envvault asks a venv's
     interpreter about itself with -I -S, so no .pth file runs (it ran on every probe before, during a restore's
