@@ -18,9 +18,10 @@ def lockfile_document(path: Path) -> dict:
         import tomli as tomllib  # type: ignore[no-redef]
 
     from envvault.errors import CorruptError, NotFoundError
+    from envvault.vault.fsutil import read_regular
 
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    try:  # a FIFO or a device given as the lockfile is refused at once, never waited on
+        data = tomllib.loads(read_regular(path, 64 << 20, str(path), follow=True).decode("utf-8"))
     except FileNotFoundError:
         raise NotFoundError(f"no lockfile at {path}") from None
     except (OSError, ValueError) as err:

@@ -294,6 +294,29 @@ def test_compile_cache_fingerprints_wait_on_no_fifo(tmp_path):
     assert out[2] == "tree None None", out
 
 
+def test_a_fifo_given_as_a_lockfile_is_refused_at_once(tmp_path):
+    """``diff A pylock.toml`` with a FIFO (or /dev/zero) in the lockfile's place: one line, a non-zero exit, at
+    once; and the lockfile reader itself refuses one (it read with ``read_text``: a FIFO swapped in after the
+    command's check would have been waited on)."""
+    from envvault.errors import CorruptError
+    from envvault.lock.pylock_doc import lockfile_document
+    from envvault.vault.store import Vault
+
+    Vault.open(tmp_path / "vault", create=True)
+    fifo = tmp_path / "pylock.toml"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero" / "pylock.toml"
+    zero.parent.mkdir()
+    os.symlink("/dev/zero", zero)
+    for lock in (fifo, zero):
+        proc = subprocess.run([sys.executable, "-m", "envvault", "diff", str(lock), str(lock)], capture_output=True,
+                              text=True, timeout=60, env=ev_env(tmp_path / "vault"))
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode not in (0, 70) and len(lines) == 1, proc
+        with pytest.raises(CorruptError, match="not a regular file"):  # the reader itself, past the CLI's check
+            lockfile_document(lock)
+
+
 def test_no_pth_file_of_the_environment_runs_when_envvault_asks_its_interpreter(tmp_path, make_venv):
     """A restored environment holds what a vault wrote, a .pth file included: envvault asks a venv's
     interpreter about itself with -I -S, so no .pth file runs (it ran on every probe before, during a restore's
