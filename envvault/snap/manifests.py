@@ -23,6 +23,7 @@ from envvault.model.identity import (
     state_id,
 )
 from envvault.model.manifest import FORMAT, DistManifest, FileEntry
+from envvault.vault.fsutil import open_regular_fd
 from envvault.vault.ingest import Ingester, StatCache
 from envvault.vault.store import Vault
 
@@ -221,7 +222,10 @@ class ManifestBuilder:
             return None
         absolute = f"{self._base}{kw['path']}"
         try:
-            with open(absolute, "rb") as fh:
+            fd = open_regular_fd(absolute)  # read and hashed a moment ago; a FIFO swapped in since is not waited on
+            if fd is None:
+                return None
+            with os.fdopen(fd, "rb") as fh:
                 head = fh.read(LAUNCHER_HEAD)
                 if is_generated(rec, layout, head):
                     return ""

@@ -317,6 +317,20 @@ def test_a_fifo_given_as_a_lockfile_is_refused_at_once(tmp_path):
             lockfile_document(lock)
 
 
+def test_a_script_swapped_for_a_fifo_after_its_read_is_not_waited_on(tmp_path):
+    """A script of bin/ is read once more after hashing, for its launcher check and shebang-normalised digest
+    (``ManifestBuilder._script``): a FIFO put in its place between the two reads is taken as edited (None), at
+    once; it was opened with ``open``, which waits for a writer."""
+    (tmp_path / "bin").mkdir()
+    os.mkfifo(tmp_path / "bin" / "tool")
+    code = ("from types import SimpleNamespace\n"
+            "from envvault.snap.manifests import ManifestBuilder\n"
+            f"me = SimpleNamespace(_base={str(tmp_path) + '/'!r})\n"
+            "print(ManifestBuilder._script(me, {'state': 'ok', 'path': 'bin/tool', 'size': 10}, None, None))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "None", proc
+
+
 def test_no_pth_file_of_the_environment_runs_when_envvault_asks_its_interpreter(tmp_path, make_venv):
     """A restored environment holds what a vault wrote, a .pth file included: envvault asks a venv's
     interpreter about itself with -I -S, so no .pth file runs (it ran on every probe before, during a restore's
