@@ -18,8 +18,7 @@ from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.identity import DistLayout, build_id, egg_link_build_id
 from envvault.model.record import RecordEntry, parse_record
 from envvault.model.encoding import json_loads
-from envvault.vault.fsutil import read_regular
-from envvault.env.static import DIST_FILE_LIMIT
+from envvault.env.static import read_env_file
 
 __all__ = ["RecordEntry", "InstalledDist", "scan_dists", "read_dist", "read_egg_info", "read_egg_link",
            "read_any", "dist_entries"]
@@ -59,7 +58,7 @@ def _read_text(path: Path) -> str | None:
     """A dist-info file's text; a FIFO, a device or a file over 64 MiB is refused in one line, never waited
     on or read whole (a site folder may be writable by others)."""
     try:
-        data = read_regular(path, DIST_FILE_LIMIT, f"{path.parent.name}/{path.name}", follow=True)
+        data = read_env_file(path)
     except FileNotFoundError:
         return None
     except CorruptError as err:

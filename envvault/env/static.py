@@ -12,15 +12,22 @@ from ..model.identity import DistLayout, build_id
 from ..model.record import parse_record
 from ..vault.fsutil import read_regular
 
-__all__ = ["find_dist_info", "record_digest", "module_constants", "DIST_FILE_LIMIT"]
+__all__ = ["find_dist_info", "record_digest", "module_constants", "read_env_file"]
 
-DIST_FILE_LIMIT = 64 << 20  # a dist-info file is read up to this size (torch's RECORD is about 2 MB)
+_ENV_FILE_LIMIT = 64 << 20  # a dist-info file or module is read up to this size (torch's RECORD is about 2 MB)
+
+
+def read_env_file(path: Path | str) -> bytes:
+    """The bytes of a file of an environment read whole (a dist-info file, a module read for its constants):
+    a FIFO, a device or a file over 64 MiB is a CorruptError, never waited on or read whole (a site folder may
+    be writable by others); symlinks are followed, as an environment's files may be links. The one rule for
+    those reads (``dists.py``, the guard's, the restore's)."""
+    path = Path(path)
+    return read_regular(path, _ENV_FILE_LIMIT, f"{path.parent.name}/{path.name}", follow=True)
 
 
 def _record_bytes(dist_info: Path) -> bytes:
-    """A dist-info's RECORD: a FIFO, a device or a file over ``DIST_FILE_LIMIT`` is a CorruptError, never
-    waited on or read whole (a site folder may be writable by others)."""
-    return read_regular(dist_info / "RECORD", DIST_FILE_LIMIT, f"{dist_info.name}/RECORD", follow=True)
+    return read_env_file(dist_info / "RECORD")
 
 
 def _universal_newlines(text: str) -> str:
@@ -64,7 +71,7 @@ def record_digest(dist_info: Path) -> str:
 def module_constants(path: Path, names: set[str]) -> dict[str, object]:
     """Top-level ``NAME = <literal>`` (or annotated) assignments of a Python file, read without running it."""
     try:  # a FIFO or a device put there is never waited on, a huge file never read
-        tree = ast.parse(read_regular(path, DIST_FILE_LIMIT, str(path), follow=True), filename=str(path))
+        tree = ast.parse(read_env_file(path), filename=str(path))
     except (OSError, CorruptError, SyntaxError, ValueError) as exc:
         raise EnvironmentProblem(f"cannot parse {path}: {exc}") from exc
     found: dict[str, object] = {}

@@ -17,10 +17,9 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from envvault.env.static import DIST_FILE_LIMIT
+from envvault.env.static import read_env_file
 from envvault.errors import CorruptError
 from envvault.model.identity import verbatim_rows
-from envvault.vault.fsutil import read_regular
 from envvault.model.record import parse_record
 from envvault.model.encoding import json_loads
 
@@ -43,8 +42,7 @@ def _parse_record(text: str) -> dict[str, str]:
 
 def _dist_file(dist_info: Path, name: str, errors: str = "replace") -> str:
     """A dist-info file's text (a FIFO or a device in a site folder is never waited on: CorruptError)."""
-    data = read_regular(dist_info / name, DIST_FILE_LIMIT, f"{dist_info.name}/{name}", follow=True)
-    return data.decode("utf-8", errors=errors)
+    return read_env_file(dist_info / name).decode("utf-8", errors=errors)
 
 
 def installed_rows(dist_info: Path) -> dict[str, str] | None:

@@ -14,9 +14,8 @@ from typing import Sequence
 
 from envvault.model.snapshot import PackageSummary, PythonInfo
 from envvault.restore.plan import CurrentDist, is_pyc
-from envvault.env.static import DIST_FILE_LIMIT
+from envvault.env.static import read_env_file
 from envvault.errors import CorruptError
-from envvault.vault.fsutil import read_regular
 from envvault.vault.ingest import b64_sha256
 
 __all__ = ["read_current", "Layout", "protected_dirs"]
@@ -129,7 +128,7 @@ def _sha_of_small(path: str) -> str | None:
     """The sha256 of a small file of the environment (a RECORD), or None: a FIFO or a device in its place is
     never waited on, a file over the dist-info limit never read whole."""
     try:
-        data = read_regular(path, DIST_FILE_LIMIT, path, follow=True)
+        data = read_env_file(path)
     except (OSError, CorruptError):
         return None
     return b64_sha256(hashlib.sha256(data).digest())
