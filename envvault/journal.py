@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -145,6 +144,8 @@ def clean_temps(target: Path, rel_dirs, paths: Paths, *, keep_pid: int | None = 
                 full = os.path.join(paths.abs(rel) if rel else target, name)
                 try:
                     if os.path.isdir(full) and not os.path.islink(full):
+                        import shutil  # here: status imports this module and rarely cleans anything
+
                         shutil.rmtree(full)  # a dist-info folder renamed away for deletion
                     else:
                         os.unlink(full)
@@ -185,6 +186,8 @@ def recover(target: Path, journal: Journal) -> None:
         full = paths.abs(rel)
         if os.path.isdir(full) and not os.path.islink(full) and not (
                 os.path.exists(os.path.join(full, "METADATA")) and os.path.exists(os.path.join(full, "RECORD"))):
+            import shutil
+
             shutil.rmtree(full, ignore_errors=True)
     protected = {str(target)} | {os.path.normpath(paths.abs(d)) for d in journal.protected
                                  if d == "." or paths.check(d) is None}

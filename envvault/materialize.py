@@ -34,7 +34,7 @@ from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
 from envvault.safepaths import FinalTree
 from envvault.vault.fsutil import storage_error
-from envvault.vault.ingest import b64_sha256
+from envvault.model.record import record_sha256
 from envvault.vault.store import ObjectReader
 
 __all__ = ["FileSpec", "Staged", "TempName", "refuse_escapes", "stage", "stored_bytes", "discard", "place",
@@ -266,7 +266,7 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
             os.close(fd)
     except OSError as err:
         raise storage_error(err, final) from None
-    sha = b64_sha256(h.digest())
+    sha = record_sha256(h.digest())
     if size != spec.size or (spec.sha256 is not None and sha != spec.sha256):
         why = ("sha256 differs" if size == spec.size else f"{size} bytes, recorded {spec.size}" if size < spec.size
                else f"more than the {spec.size} bytes recorded")

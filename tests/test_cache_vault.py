@@ -22,7 +22,7 @@ import pytest
 import zstandard
 
 from envvault.model.encoding import canonical_json, object_id
-from envvault.vault.ingest import b64_sha256
+from envvault.model.record import record_sha256
 from envvault.vault.store import Vault
 from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
 from fixtures.machine import H200_CACHE_TAR
@@ -218,7 +218,7 @@ def _hostile_vault(vault_dir: Path, files: list[dict], blobs: list[bytes], root:
 
 
 def _file(path: str, data: bytes, **extra) -> dict:
-    return {"path": path, "size": len(data), "mode": 0o644, "sha256": b64_sha256(hashlib.sha256(data).digest()),
+    return {"path": path, "size": len(data), "mode": 0o644, "sha256": record_sha256(hashlib.sha256(data).digest()),
             "chunks": [object_id(data)], **extra}
 
 

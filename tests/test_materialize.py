@@ -14,7 +14,7 @@ from envvault import materialize
 from envvault.errors import CorruptError, RefusedError
 from envvault.materialize import FileSpec
 from envvault.model.journal import Journal, parse_journal
-from envvault.vault.ingest import b64_sha256
+from envvault.model.record import record_sha256
 
 
 class _Reader:
@@ -32,7 +32,7 @@ class _Reader:
 
 
 def _spec(path: str, data: bytes, oid: str, **kw) -> FileSpec:
-    return FileSpec(path, (oid,), len(data), b64_sha256(hashlib.sha256(data).digest()), 0o755, **kw)
+    return FileSpec(path, (oid,), len(data), record_sha256(hashlib.sha256(data).digest()), 0o755, **kw)
 
 
 def _tmp(final: str) -> str:
@@ -61,7 +61,7 @@ def test_stage_then_place_writes_every_file_checked(tmp_path):
 def test_a_lying_object_stages_nothing(tmp_path):
     blobs = {f"o{i}": b"x" * i for i in range(1, 30)}
     specs = [_spec(f"f{i}", blobs[f"o{i}"], f"o{i}", owner="pkg 1.0") for i in range(1, 30)]
-    specs[20] = FileSpec("f21", ("o21",), 21, b64_sha256(hashlib.sha256(b"other").digest()), 0o644, owner="pkg 1.0")
+    specs[20] = FileSpec("f21", ("o21",), 21, record_sha256(hashlib.sha256(b"other").digest()), 0o644, owner="pkg 1.0")
     with pytest.raises(CorruptError, match=r"f21 \(pkg 1.0\): the vault's objects do not make the archived file"):
         materialize.stage(_Reader(blobs), tmp_path, specs, _tmp, workers=2)
     assert _files(tmp_path) == []  # every temp file of the run is gone

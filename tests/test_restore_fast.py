@@ -16,7 +16,7 @@ from envvault import materialize
 from envvault.errors import CorruptError
 from envvault.materialize import FileSpec
 from envvault.restore.installed import installed_script, shebang
-from envvault.vault.ingest import b64_sha256
+from envvault.model.record import record_sha256
 from fixtures import catalogue as C
 from fixtures.venvs import pip_install, uv_install
 from tests.evtools import ev, ev_json
@@ -35,7 +35,7 @@ class _Reader:
 
 
 def _sha(data: bytes) -> str:
-    return b64_sha256(hashlib.sha256(data).digest())
+    return record_sha256(hashlib.sha256(data).digest())
 
 
 def _tmp(final: str) -> str:

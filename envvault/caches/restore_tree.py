@@ -29,7 +29,7 @@ from ..materialize import FileSpec, refuse_escapes
 from ..model.cache import CacheManifest, ManifestFile
 from ..safepaths import FinalTree
 from ..vault.fsutil import makedirs_recording, remove_folders
-from ..vault.ingest import b64_sha256
+from ..model.record import record_sha256
 from ..vault.store import ObjectReader
 from .walk import walk_cache
 
@@ -143,7 +143,7 @@ def _same(path: str, st: os.stat_result, f: ManifestFile) -> bool:
                 h.update(block)
     except OSError:
         return False
-    return b64_sha256(h.digest()) == f.sha256
+    return record_sha256(h.digest()) == f.sha256
 
 
 # -- execution --------------------------------------------------------------------------------------

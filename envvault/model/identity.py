@@ -7,7 +7,6 @@ wheel's or the installer's?" asks here (snap, status, guard, caches, export, ``r
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import re
 from dataclasses import dataclass
@@ -138,6 +137,8 @@ def normalise_script(data: bytes) -> bytes:
 
 def script_digest(data: bytes) -> str:
     """RECORD-style sha256 of the normalised script."""
+    import hashlib  # here: a quick command (status, a second snap) loads no OpenSSL
+
     return record_sha256(hashlib.sha256(normalise_script(data)).digest())
 
 

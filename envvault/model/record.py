@@ -8,10 +8,8 @@ bytecode, the folder rows virtualenv's seeder writes) parse cleanly.
 
 from __future__ import annotations
 
-import base64
-import csv
-import io
 import threading
+from binascii import b2a_base64
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -114,6 +112,9 @@ def _text_key(text: str) -> bytes:
 
 
 def _parse(text: str) -> tuple[list[RecordEntry], list[RecordProblem]]:
+    import csv  # here: a quick command (status, a second snap) parses no RECORD
+    import io
+
     entries: list[RecordEntry] = []
     problems: list[RecordProblem] = []
     reader = csv.reader(io.StringIO(text))
@@ -131,6 +132,9 @@ def _parse(text: str) -> tuple[list[RecordEntry], list[RecordProblem]]:
 
 def format_record(rows) -> str:
     """RECORD text for ``rows`` (``RecordEntry`` or lists of three strings), CSV as installers write it."""
+    import csv
+    import io
+
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     for row in rows:
@@ -139,6 +143,10 @@ def format_record(rows) -> str:
 
 
 def record_sha256(digest: bytes) -> str:
-    """A raw sha256 digest as RECORD writes it: urlsafe base64 without padding."""
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+    """A raw digest (sha256, or another algorithm a RECORD names) as RECORD writes it: urlsafe base64 without
+    padding."""
+    return b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode("ascii")
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 

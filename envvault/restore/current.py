@@ -16,7 +16,7 @@ from envvault.model.snapshot import PackageSummary, PythonInfo
 from envvault.restore.plan import CurrentDist, is_pyc
 from envvault.env.static import read_env_file
 from envvault.errors import CorruptError
-from envvault.vault.ingest import b64_sha256
+from envvault.model.record import record_sha256
 
 __all__ = ["read_current", "Layout", "protected_dirs"]
 
@@ -131,7 +131,7 @@ def _sha_of_small(path: str) -> str | None:
         data = read_env_file(path)
     except (OSError, CorruptError):
         return None
-    return b64_sha256(hashlib.sha256(data).digest())
+    return record_sha256(hashlib.sha256(data).digest())
 
 
 @dataclass(frozen=True)

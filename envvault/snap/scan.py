@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Iterator
 from envvault.env.probe import Interpreter
 from envvault.env.reader import reader_for
 from envvault.model.encoding import canonical_json, object_id
-from envvault.model.manifest import DistManifest
 from envvault.output import ProgressSink
 from envvault.vault import timing
 from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_stats_fresh, stat_key, unpack_stats
 from envvault.vault.store import Vault
 
 from .forked import check_all
-from .manifests import DistPlan, ManifestBuilder, summary_of
 
 if TYPE_CHECKING:
+    from envvault.model.manifest import DistManifest
+
+    from .manifests import DistPlan, ManifestBuilder
     from envvault.env.dists import InstalledDist
 
 __all__ = ["scan_environment", "scan_current", "statcache_for"]
@@ -166,7 +167,6 @@ def scan_environment(
     reader = reader_for(prefix, cache)
     interp = reader.interpreter()
     ing = Ingester(writer, vault.has, store=mode == "full", threads=1 if mode == "lock" else None)
-    builder = ManifestBuilder(vault, interp, ing, cache, mode)
     mkey = "manifest_" + mode
     packages: list[dict] = []
     slow: list[InstalledDist] = []
@@ -193,10 +193,18 @@ def scan_environment(
             packages.append(dict(group["lock"]["summary"]))
             continue
         pending.append((dist_info, site))
+    # Every distribution fresh (an unchanged status or second snap): no manifest to build, and the builder's
+    # modules are not even imported.
+    builder = None
+    if pending:
+        from .manifests import ManifestBuilder
+
+        builder = ManifestBuilder(vault, interp, ing, cache, mode)
     # A check scan of many distributions without groups (a venv restore --into just wrote): read and built in
     # forked children. Otherwise read here, built with the reader threads below.
-    if not (mode == "check" and writer is None and progress is None
-            and _built_forked(reader, builder, vault, cache, prefix, pending, packages, warnings)):
+    if builder is not None and not (mode == "check" and writer is None and progress is None
+                                    and _built_forked(reader, builder, vault, cache, prefix, pending, packages,
+                                                      warnings)):
         slow = [d for d in (reader.read(di, site) for di, site in pending) if d is not None]
     if progress is not None:
         progress.set_total(sum(e.size or 0 for d in slow for e in (d.record or ())))
@@ -205,13 +213,14 @@ def scan_environment(
     # stored in this order (then each manifest): the same packs whatever the thread count.
     if timing.ON:
         timing.add("scan: probe, stat cache, dist-info read", t0)
-    planned = _planned(builder, ing, slow)
-    try:
-        _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
-    finally:
-        planned.close()  # on an error, stop the reader threads now
+    if builder is not None:
+        planned = _planned(builder, ing, slow)
+        try:
+            _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
+        finally:
+            planned.close()  # on an error, stop the reader threads now
+        warnings = builder.warnings + warnings
     packages.sort(key=lambda p: (p["name"], p["version"]))
-    warnings = builder.warnings + warnings
     stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
     return interp, packages, warnings, cache, ing, stats
 
@@ -246,6 +255,8 @@ def _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, p
 def _build_one(plan, builder, writer, vault, cache, prefix, mode) -> dict:
     """The summary of one distribution whose reads are done: its manifest built (and queued on ``writer``),
     what the stat cache learns remembered."""
+    from .manifests import summary_of
+
     dist = plan.dist
     man = builder.finish(plan)
     data = canonical_json(man.to_dict())
@@ -282,6 +293,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
     if len(pending) < 2 or workers_for(sum(weights)) < 2:
         return False
     cache.files  # loaded once, before any fork
+    weight, path = _read_fns()
 
     def read(need, read_file):
         return need, read_file(need.absolute, need.st.st_size)
@@ -294,7 +306,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
                 return b"null"
             plan = builder.plan(dist)
             if plan.reads:  # files changed since their entries: read on the reader threads, as without children
-                for need, fd in builder.ing.map_ordered(read, plan.reads, weight=_weight, path=_path):
+                for need, fd in builder.ing.map_ordered(read, plan.reads, weight=weight, path=path):
                     builder.took(need, fd)
             summary = _build_one(plan, builder, None, vault, cache, prefix, "check")
             built = builder.warnings[seen:]
@@ -329,14 +341,18 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
     return True
 
 
-def _weight(item) -> int | None:
-    """A read's bytes; None for a plan (its manifest is stored before the next distribution's objects)."""
-    return None if isinstance(item, DistPlan) else item.st.st_size
+def _read_fns():
+    """``(weight, path)`` for ``map_ordered`` over reads and plans: a read's bytes and the file it reads; None
+    for a plan (its manifest is stored before the next distribution's objects)."""
+    from .manifests import DistPlan
 
+    def weight(item) -> int | None:
+        return None if isinstance(item, DistPlan) else item.st.st_size
 
-def _path(item):
-    """The file a read reads (None for a plan)."""
-    return None if isinstance(item, DistPlan) else item.absolute
+    def path(item):
+        return None if isinstance(item, DistPlan) else item.absolute
+
+    return weight, path
 
 
 def _plans_ahead(builder: ManifestBuilder, dists: list) -> Iterator[DistPlan]:
@@ -388,6 +404,7 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[D
     """Each distribution's plan with every read done, in order; reads run ahead on the reader threads."""
     if not dists:
         return
+    from .manifests import DistPlan
 
     plans = _plans_ahead(builder, dists) if ing.threads > 1 else map(builder.plan, dists)
 
@@ -401,7 +418,8 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[D
             return item
         return item, read(item.absolute, item.st.st_size)
 
-    results = ing.map_ordered(run, items(), weight=_weight, path=_path)
+    weight, path = _read_fns()
+    results = ing.map_ordered(run, items(), weight=weight, path=path)
     try:
         for got in results:
             if isinstance(got, DistPlan):

@@ -6,11 +6,10 @@ skip the read.
 
 from __future__ import annotations
 
-import base64
-import hashlib
+import binascii
 import json
 import os
-import queue
+import re
 import stat as statmod
 import sys
 import threading
@@ -25,12 +24,13 @@ import zstandard
 from envvault import __version__
 from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
+from envvault.model.record import record_sha256
 from envvault.vault.fsutil import atomic_write, flocked, open_regular_fd, read_regular
 from envvault.vault import timing
 from envvault.vault.threads import default_namers, default_readers
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
-__all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "b64_sha256", "encode_stats", "group_paths",
+__all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "encode_stats", "group_paths",
            "group_stats_fresh", "unpack_stats"]
 
 SMALL_FILE = 1 << 20  # files below this are one object; larger ones are cut by FastCDC
@@ -44,10 +44,6 @@ def _chunker():
 
         _CDC = FastCDC(avg_size=1 << 20, min_size=256 << 10, max_size=4 << 20)
     return _CDC
-
-
-def b64_sha256(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def stat_key(st: os.stat_result) -> list[int]:
@@ -405,6 +401,8 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
     cuts and names its chunks (the two passes over its bytes run side by side); without ``store`` a large
     file is only hashed (no chunking). ``lazy`` (the reader threads of ``map_ordered``): a large file's
     chunks of half a frame or more are passed as a FileSlice, not as bytes (``_cut_named``)."""
+    import hashlib  # here: a quick command (status, a second snap) hashes nothing and loads no OpenSSL
+
     h = hashlib.new(algo)
     chunks: list[str] = []
     aside = None
@@ -459,7 +457,7 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
     finally:
         if aside is not None:
             aside.finish()
-    digest = b64_sha256(h.digest()) if algo == "sha256" else base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+    digest = record_sha256(h.digest())
     return FileDigest(digest, size, chunks if store else None)
 
 
@@ -533,6 +531,8 @@ class _HashAside:
     """Feeds chunks to a hash on its own thread (hashlib releases the GIL), a few chunks behind at most."""
 
     def __init__(self, h) -> None:
+        import queue
+
         self._h = h
         self._q: queue.Queue = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
@@ -568,6 +568,8 @@ class _Job:
     __slots__ = ("queue", "outstanding", "future")
 
     def __init__(self) -> None:
+        import queue  # here: a quick command (status, a second snap) reads no file through the readers
+
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.outstanding = 0
         self.future = None
@@ -782,7 +784,10 @@ def encode_stats(paths: list[str], stats: list[list[int]]) -> tuple:
         return list(paths), [list(k) for k in stats]
     if sys.byteorder != "little":
         arr.byteswap()
-    return "\n".join(paths), base64.b64encode(arr.tobytes()).decode("ascii")
+    return "\n".join(paths), binascii.b2a_base64(arr.tobytes(), newline=False).decode("ascii")
+
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 
 
 def group_paths(group: dict) -> list[str]:
@@ -800,8 +805,10 @@ def unpack_stats(group: dict) -> tuple[list[str], bytes] | None:
     if not (isinstance(files, str) and isinstance(stats, str)):
         return None
     try:
-        return (files.split("\n") if files else []), base64.b64decode(stats, validate=True)
-    except ValueError:
+        if not _BASE64.fullmatch(stats):  # what ``base64.b64decode(validate=True)`` refuses
+            return None
+        return (files.split("\n") if files else []), binascii.a2b_base64(stats)
+    except ValueError:  # binascii.Error: bad padding
         return None
 
 
