@@ -110,3 +110,28 @@ def test_a_stat_cache_whose_extra_is_not_an_object_is_ignored(tmp_path):
     groups.write_text(json.dumps({"version": StatCache.VERSION, "tool": __version__, "groups": {}, "extra": []}))
     result = take_cache_snapshot(vault, extra_dirs=[cache], discover=False, argv=["t"])
     assert result.snapshot.stats.files == 1
+
+
+def test_a_garbled_packed_group_decodes_to_nothing_and_is_never_fresh(tmp_path):
+    """The packed stats of a stat cache group (state/ of a vault that may come from someone else) are decoded
+    with ``binascii`` behind the check ``base64.b64decode(validate=True)`` made: whatever that refused is
+    refused, and such a group is stale (its distribution is read again), never an error."""
+    import base64
+
+    from envvault.vault.ingest import encode_stats, group_stats_fresh, unpack_stats
+
+    (tmp_path / "a").write_bytes(b"x")
+    st = (tmp_path / "a").lstat()
+    files, stats = encode_stats(["a"], [[st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]])
+    assert unpack_stats({"files": files, "stats": stats}) == (["a"], base64.b64decode(stats, validate=True))
+    base = f"{tmp_path}/"
+    assert group_stats_fresh(base, {"files": files, "stats": stats})
+    for bad in (stats[:-2] + "$=", stats[:-1], "é" * 44, stats + "\n", stats.replace("=", "") + "==="):
+        try:
+            base64.b64decode(bad, validate=True)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"{bad!r} is valid base64: not a garbled case")
+        assert unpack_stats({"files": files, "stats": bad}) is None, bad
+        assert group_stats_fresh(base, {"files": files, "stats": bad}) is False, bad
