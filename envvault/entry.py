@@ -8,6 +8,9 @@ GPU host, whose image sets PYTHONDONTWRITEBYTECODE=1, envvault installed by uv i
 compiles nothing unless asked) compiled 60 modules on every ``status``: 0.19 s of 0.5 s
 (bench/results/profiles/profile_status_own.txt). ``ENVVAULT_BYTECODE_CACHE=0`` leaves Python as it is.
 
+Then an unchanged ``status`` is answered from the verdict of the last full one (``quick.py``) before the
+CLI and the model are imported; every other command goes to ``cli.py``.
+
 Only the command does this: importing envvault as a library (``envvault.torch`` in a training script)
 changes nothing in the importing process.
 """
@@ -23,6 +26,18 @@ __all__ = ["main", "keep_bytecode", "leave_now"]
 
 def main() -> None:
     keep_bytecode()
+    from envvault.quick import answer
+
+    try:
+        code = answer(sys.argv[1:])  # an unchanged status, before the CLI is imported (quick.py)
+    except KeyboardInterrupt:
+        sys.stderr.write("envvault: interrupted\n")
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    if code is not None:
+        leave_now(code)
+        sys.exit(code)
     from envvault.cli import main as cli_main
 
     try:

@@ -266,13 +266,13 @@ def test_status_sees_an_edit_in_a_childs_slice(tmp_path, make_venv, wheelhouse):
     take_snapshot(vault, venv, argv=["test"])
     got = _fresh(f"""
         from pathlib import Path
-        from envvault.snap import scan
+        from envvault.snap import fresh
         from envvault.snap.scan import scan_current, statcache_for
-        from envvault.vault.ingest import group_paths
+        from envvault.vault.statcache import group_paths
         from envvault.vault.store import Vault
 
         forked.FORK_MIN_WEIGHT = forked._WEIGHT_A_CHILD = 1
-        scan._PART_FILES = 2
+        fresh._PART_FILES = 2
         vault, venv = Vault.open({str(tmp_path / "v")!r}), Path({str(venv)!r})
         first = scan_current(vault, venv, facts=False)
         out = {{"forked": len(forks), "again": scan_current(vault, venv, facts=False)["packages"] == first["packages"]}}
@@ -358,7 +358,7 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
         from envvault.vault.store import Vault
 
         vault, venv = Vault.open({str(tmp_path / "v")!r}), Path({str(venv)!r})
-        from envvault.vault.ingest import group_paths
+        from envvault.vault.statcache import group_paths
 
         cache = statcache_for(vault, venv)
         largest = max(cache.groups.values(), key=lambda g: len(group_paths(g)))  # a child's: this process takes the lightest

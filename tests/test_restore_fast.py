@@ -255,8 +255,8 @@ def test_in_place_loads_the_stat_cache_once_and_verification_still_sees_tamperin
     from envvault.restore import inplace
     from envvault.restore.dispatch import restore_snapshot
     from envvault.snap.scan import statcache_for
-    from envvault.vault import ingest
-    from envvault.vault.ingest import stat_key
+    from envvault.vault import statcache
+    from envvault.vault.statcache import stat_key
     from envvault.vault.store import Vault
     from fixtures.venvs import site_packages
 
@@ -272,7 +272,7 @@ def test_in_place_loads_the_stat_cache_once_and_verification_still_sees_tamperin
                  if k.endswith(".py") and not k.startswith("..") and "/" in k)
 
     loads, saves = [], []
-    real_init, real_save = ingest.StatCache.__init__, ingest.StatCache.save
+    real_init, real_save = statcache.StatCache.__init__, statcache.StatCache.save
 
     def counting_init(self, path, **kw):
         loads.append(path.name)
@@ -282,8 +282,8 @@ def test_in_place_loads_the_stat_cache_once_and_verification_still_sees_tamperin
         saves.append(self.groups_path.name)
         real_save(self)
 
-    monkeypatch.setattr(ingest.StatCache, "__init__", counting_init)
-    monkeypatch.setattr(ingest.StatCache, "save", counting_save)
+    monkeypatch.setattr(statcache.StatCache, "__init__", counting_init)
+    monkeypatch.setattr(statcache.StatCache, "save", counting_save)
 
     def clean_restore():
         for d in top:
@@ -326,10 +326,10 @@ def test_in_place_loads_the_stat_cache_once_and_verification_still_sees_tamperin
 
 def _target_cache_io(monkeypatch):
     """Count the loads and saves of a target's stat cache (``stat-<key>``, not the caches' own)."""
-    from envvault.vault import ingest
+    from envvault.vault import statcache
 
     loads, saves = [], []
-    real_init, real_save = ingest.StatCache.__init__, ingest.StatCache.save
+    real_init, real_save = statcache.StatCache.__init__, statcache.StatCache.save
 
     def counting_init(self, path, **kw):
         if path.name.startswith("stat-") and not path.name.startswith("stat-caches"):
@@ -341,8 +341,8 @@ def _target_cache_io(monkeypatch):
             saves.append(self.groups_path.name)
         real_save(self)
 
-    monkeypatch.setattr(ingest.StatCache, "__init__", counting_init)
-    monkeypatch.setattr(ingest.StatCache, "save", counting_save)
+    monkeypatch.setattr(statcache.StatCache, "__init__", counting_init)
+    monkeypatch.setattr(statcache.StatCache, "save", counting_save)
     return loads, saves
 
 

@@ -13,9 +13,9 @@ from tests.evtools import ev_env, ev_json
 
 def test_journal_name_spelt_out_agrees():
     from envvault import journal
-    from envvault.snap import scan
+    from envvault.snap import fresh
 
-    assert scan.JOURNAL_NAME == journal.JOURNAL_NAME
+    assert fresh.JOURNAL_NAME == journal.JOURNAL_NAME
 
 
 def test_nvidia_smi_answer_is_remembered_while_the_driver_stays(monkeypatch):

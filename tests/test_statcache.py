@@ -51,10 +51,10 @@ def test_snap_after_gc_references_only_stored_objects(tmp_path, make_venv, wheel
 
 
 def test_groups_are_stored_packed_and_read_back(tmp_path):
-    """Stat cache version 6: a group's files and stats are two strings; odd paths keep the lists."""
+    """Stat cache version 6 (and 7): a group's files and stats are two strings; odd paths keep the lists."""
     import json
 
-    from envvault.vault.ingest import StatCache, group_paths, group_stats_fresh, stat_key
+    from envvault.vault.statcache import StatCache, group_paths, group_stats_fresh, stat_key
 
     root = tmp_path / "env"
     root.mkdir()
@@ -71,7 +71,7 @@ def test_groups_are_stored_packed_and_read_back(tmp_path):
     cache.set_group("odd", {"files": names, "stats": keys})
     cache.save()
     doc = json.loads((tmp_path / "state" / "stat-x.groups.json").read_bytes())
-    assert doc["version"] == 6
+    assert doc["version"] == 7
     plain, odd = doc["groups"]["plain"], doc["groups"]["odd"]
     assert plain["files"] == "a.py\nsub dir/b.so\nc,d.txt" and isinstance(plain["stats"], str)
     assert odd["files"] == names and odd["stats"] == keys  # a newline in a path: the lists of version 5
@@ -95,7 +95,7 @@ def test_a_stat_cache_whose_extra_is_not_an_object_is_ignored(tmp_path):
 
     from envvault import __version__
     from envvault.caches.snap import take_cache_snapshot
-    from envvault.vault.ingest import StatCache
+    from envvault.vault.statcache import StatCache
     from envvault.vault.store import Vault
 
     vault = Vault.open(tmp_path / "v", create=True)
@@ -118,7 +118,7 @@ def test_a_garbled_packed_group_decodes_to_nothing_and_is_never_fresh(tmp_path):
     refused, and such a group is stale (its distribution is read again), never an error."""
     import base64
 
-    from envvault.vault.ingest import encode_stats, group_stats_fresh, unpack_stats
+    from envvault.vault.statcache import encode_stats, group_stats_fresh, unpack_stats
 
     (tmp_path / "a").write_bytes(b"x")
     st = (tmp_path / "a").lstat()

@@ -23,7 +23,8 @@ import blake3
 
 from ..errors import EnvironmentProblem
 from ..model.encoding import canonical_json, object_id
-from ..vault.ingest import Ingester, StatCache, group_stats_fresh, stat_key
+from ..vault.ingest import Ingester
+from ..vault.statcache import StatCache, group_stats_fresh, stat_key
 from .discover import CacheLocation
 from .entries import summarise_entries
 from .snap_fingerprint import builder_fingerprint

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import EnvironmentProblem, NotFoundError
-from ..vault.ingest import Ingester, StatCache
+from ..vault.ingest import Ingester
+from ..vault.statcache import StatCache
 from ..vault.transaction import Committed
 from .archive import archive_cache
 from .discover import usable_kinds

@@ -13,7 +13,7 @@ import blake3
 
 from ..errors import EnvironmentProblem, UsageError
 from ..model.encoding import canonical_json
-from ..vault.ingest import StatCache, stat_key
+from ..vault.statcache import StatCache, stat_key
 
 # fingerprint (and the venv readers) are imported when the environment changed: an unchanged one costs none.
 

@@ -171,32 +171,40 @@ def status(ctx, venv, against, as_json, exit_code):
       envvault status --venv ~/venvs/train --json
     """
     from envvault.diff import contents_note, diff_snapshots
-    from envvault.snap import scan_current
+    from envvault.snap.scan import save_checked, scan_current, statcache_for
+    from envvault.snap.verdict import record_verdict, unchanged_text, verdict_stamp
     from envvault.env.probe import find_target
     from envvault.restore.baseline import baseline_snapshot
     from envvault.journal import interrupted_restore, journal_file
 
     vault = open_vault(ctx)
+    stamp = None  # the vault's side of a verdict (snap/verdict.py), taken before the baseline is chosen
     if against:  # without --venv and an active venv: the environment the snapshot names
         sid = resolve_ref(vault, against)
         against_snap = vault.load_snapshot(sid).snapshot
         target = current_target(venv, against_snap.venv, against_snap)
     else:
         target = find_target(venv)
+        stamp = verdict_stamp(vault, target)
         sid = baseline_snapshot(vault, target)
     snap = vault.load_snapshot(sid).snapshot
     broken = interrupted_restore(journal_file(vault, target))
     if broken:
         click.echo(f"warning: a restore of {broken[:12]} onto {target} was interrupted; run "
                    f"`envvault restore {broken[:12]} --venv {target}` to finish it", err=True)
-    now = scan_current(vault, target, facts=False)
+    cache = statcache_for(vault, target)
+    now = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
     note = contents_note(vault, sid, snap, changed=not result.empty)
+    if stamp is not None and result.empty and not broken:  # the next status may answer from this one
+        record_verdict(cache, target=target, sid=sid, note=note, vault=stamp,
+                       snapshot_file=vault.backend.path("snapshots", sid))
+    save_checked(cache)
     if as_json:
         emit_json({"venv": str(target), "snapshot": sid, "interrupted_restore": broken,
                    "contents_recorded": not snap.lock_only, **result.to_json()})
     elif result.empty:
-        click.echo(f"{target}: unchanged since snapshot {style(sid[:12], 'yellow')}" + (f" ({note})" if note else ""))
+        click.echo(unchanged_text(target, sid, note))
     else:
         click.echo(f"{target}: changed since snapshot {style(sid[:12], 'yellow')}" + (f" ({note})" if note else ""))
         _render_diff(result)

@@ -29,7 +29,7 @@ __all__ = ["EnvironmentReader", "Memo", "reader_for"]
 
 
 class Memo(Protocol):
-    """Where a reader may keep answers between runs (``envvault.vault.ingest.StatCache`` is one)."""
+    """Where a reader may keep answers between runs (``envvault.vault.statcache.StatCache`` is one)."""
 
     extra: dict[str, Any]
 

@@ -97,7 +97,7 @@ class SystemReader:
         return self._interp
 
     def _key(self) -> list:
-        from envvault.vault.ingest import stat_key
+        from envvault.vault.statcache import stat_key
 
         real = os.path.realpath(self.exe)
         return ["system-probe-2", str(self.prefix), str(self.exe), real, *stat_key(os.stat(real)),

@@ -46,7 +46,7 @@ class VenvReader:
         return self._interp
 
     def _cached_probe(self) -> Interpreter:
-        from envvault.vault.ingest import stat_key
+        from envvault.vault.statcache import stat_key
 
         prefix, memo = self.prefix, self._memo
         if memo is None:

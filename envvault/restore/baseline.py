@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from envvault.errors import EnvvaultError, NotFoundError
-from envvault.safepaths import env_key
+from envvault.snap.verdict import restored_name
 from envvault.vault.fsutil import atomic_write, read_regular
 from envvault.model.encoding import json_loads, utc_timestamp
 from envvault.model.heads import head_of
@@ -36,7 +36,7 @@ def _same_python(target: Path):
 
 
 def _marker(vault: Vault, target: Path) -> Path:
-    return vault.state_path(f"restored-{env_key(target)}.json")
+    return vault.state_path(restored_name(target))
 
 
 def record_restored(vault: Vault, target: Path, sid: str) -> None:

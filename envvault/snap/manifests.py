@@ -24,7 +24,8 @@ from envvault.model.identity import (
 )
 from envvault.model.manifest import FORMAT, DistManifest, FileEntry
 from envvault.vault.fsutil import open_regular_fd
-from envvault.vault.ingest import Ingester, StatCache
+from envvault.vault.ingest import Ingester
+from envvault.vault.statcache import StatCache
 from envvault.vault.store import Vault
 
 if TYPE_CHECKING:

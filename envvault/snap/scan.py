@@ -17,10 +17,11 @@ from envvault.env.reader import reader_for
 from envvault.model.encoding import canonical_json, object_id
 from envvault.output import ProgressSink
 from envvault.vault import timing
-from envvault.vault.ingest import Ingester, StatCache, encode_stats, group_stats_fresh, stat_key, unpack_stats
+from envvault.vault.ingest import Ingester
+from envvault.vault.statcache import StatCache, encode_stats, stat_key
 from envvault.vault.store import Vault
 
-from .forked import check_all
+from .fresh import JOURNAL_NAME, base_of, entry_key, fresh_groups
 
 if TYPE_CHECKING:
     from envvault.model.manifest import DistManifest
@@ -28,12 +29,7 @@ if TYPE_CHECKING:
     from .manifests import DistPlan, ManifestBuilder
     from envvault.env.dists import InstalledDist
 
-__all__ = ["scan_environment", "scan_current", "statcache_for"]
-
-# envvault.journal.JOURNAL_NAME, spelt out: a scan that finds no journal need not import the restore journal
-# (tests/test_snap_fastpath.py checks the two agree).
-JOURNAL_NAME = ".envvault-restore.json"
-
+__all__ = ["scan_environment", "scan_current", "statcache_for", "save_checked"]
 
 def statcache_for(vault: Vault, target: Path, *, fresh: bool = False) -> StatCache:
     """The stat cache of the environment at ``target`` (one per real path: ``stat-<key>``); ``fresh``: an
@@ -41,6 +37,14 @@ def statcache_for(vault: Vault, target: Path, *, fresh: bool = False) -> StatCac
     from envvault.safepaths import env_key
 
     return vault.stat_cache(f"stat-{env_key(target)}", fresh=fresh)
+
+
+def save_checked(cache: StatCache) -> None:
+    """Save the stat cache a check scan used (``scan_current``), keeping every file entry it holds: other
+    scans (cache trees) rely on those a check scan does not touch."""
+    if getattr(cache, "_files", None) is not None:
+        cache.touch(list(cache.files))
+    cache.save()
 
 
 def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: bool = True,
@@ -60,9 +64,7 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
 
         host = host_facts_cached(cache)
     if save_cache:
-        if getattr(cache, "_files", None) is not None:
-            cache.touch(list(cache.files))  # keep file entries other scans (cache trees) rely on
-        cache.save()
+        save_checked(cache)
     if facts:
         from envvault.env.host import relevant_env
     return {
@@ -79,65 +81,6 @@ def scan_current(vault: Vault, prefix: Path, *, save_cache: bool = True, facts: 
         "warnings": warnings,
         "stats": stats,
     }
-
-
-def _base(prefix: Path) -> str:
-    """``prefix`` as the start of the paths under it: a system environment's root "/" gives "/", not "//"."""
-    return f"{str(prefix).rstrip('/')}/"
-
-
-def _group_fresh(group: dict, prefix: Path, dist_info: Path, start: int = 0, stop: int | None = None,
-                 unpacked: tuple | None = None) -> bool:
-    """True when RECORD and every stored file still have the stats recorded at the last snap. With
-    ``start``/``stop``, only those of the group's files (``group_stats_fresh``, given the group's
-    ``unpacked`` stats when decoded once for all its parts); the group's own checks (RECORD, METADATA, files
-    recorded missing) are made by the part that starts at 0."""
-    base = _base(prefix)
-    try:
-        if start == 0:
-            if stat_key(os.stat(dist_info / "RECORD")) != group["record_stat"]:
-                return False
-            if group.get("meta_stat") != stat_key(os.stat(dist_info / "METADATA")):
-                return False
-            if any(os.path.lexists(base + rel) for rel in group.get("missing", ())):
-                return False
-        if not group_stats_fresh(base, group, start, stop, unpacked):
-            return False
-    except (OSError, KeyError, TypeError, ValueError):
-        return False
-    return True
-
-
-_PART_FILES = 3000  # a large distribution's files are checked in parts of this many (torch: 11,700)
-
-
-def _fresh_groups(entries: list, prefix: Path) -> set[int]:
-    """The entries (by position) whose stat cache group is still fresh (``_group_fresh``): every stored
-    file's ``lstat``, in parts of ``_PART_FILES`` files shared out to forked children on a large
-    environment (``forked.check_all``); a group is fresh when all its parts are."""
-    parts, weights = [], []  # (entry, start, stop): the last part of a group runs to its end; files in each
-    unpacked: dict[int, tuple | None] = {}  # a group of several parts: its stats decoded once, before any fork
-    for n, (_, _, group, mid) in enumerate(entries):
-        if mid:
-            count = _group_files(group)
-            if count > _PART_FILES:
-                unpacked[n] = unpack_stats(group)
-            for a in range(0, max(count, 1), _PART_FILES):
-                last = a + _PART_FILES >= count
-                parts.append((n, a, None if last else a + _PART_FILES))
-                weights.append((count if last else a + _PART_FILES) - a + 1)
-    flags = check_all(lambda p: _group_fresh(entries[p[0]][2], prefix, entries[p[0]][0], p[1], p[2],
-                                             unpacked.get(p[0])), parts, weights)
-    stale = {p[0] for p, ok in zip(parts, flags) if not ok}
-    return {p[0] for p in parts} - stale
-
-
-def _group_files(group: dict) -> int:
-    """How many files a stat cache group lists (its packed stats: 32 bytes a file, in base64)."""
-    stats = group.get("stats")
-    if isinstance(stats, str):
-        return (len(stats) * 3 // 4 - stats[-2:].count("=")) // 32
-    return len(stats) if isinstance(stats, list) else 0
 
 
 def scan_environment(
@@ -172,16 +115,18 @@ def scan_environment(
     slow: list[InstalledDist] = []
     warnings: list[str] = []
     entries = []  # (dist_info, site, its stat cache group, the manifest id the cache has for this mode)
-    base = _base(prefix)
+    base = base_of(prefix)
+    listed = []  # the groups' keys, in order: what a verdict (verdict.py) records this scan saw
     for dist_info, site in reader.dist_entries():
-        where = str(dist_info)  # its key: the path under the prefix (string work; pathlib's is 0.1 ms a call)
-        group = cache.groups.get(where[len(base):] if where.startswith(base) else dist_info.relative_to(prefix).as_posix())
+        listed.append(entry_key(dist_info, prefix, base))
+        group = cache.groups.get(listed[-1])
         # Ids in the stat cache are trusted without consulting the index: the cache is saved only after
         # a commit, and gc deletes every stat cache before it removes anything.
         # A check scan takes the full scan's manifest of the same stats (the same files, chunks recorded).
         mid = group and (group.get(mkey) or (mode == "check" and group.get("manifest_full")))
         entries.append((dist_info, site, group, mid))
-    fresh = _fresh_groups(entries, prefix) if mode != "lock" else set()
+    cache.listed = tuple(listed)
+    fresh = fresh_groups(entries, prefix) if mode != "lock" else set()
     pending: list[tuple[Path, Path]] = []  # (dist_info, site) of the distributions to read and build
     for n, (dist_info, site, group, mid) in enumerate(entries):
         if n in fresh:

@@ -23,7 +23,7 @@ from .scan import scan_environment
 
 if TYPE_CHECKING:
     from envvault.caches.snap import CacheHook
-    from envvault.vault.ingest import StatCache
+    from envvault.vault.statcache import StatCache
 
 __all__ = ["take_snapshot", "SnapResult"]
 

@@ -1,37 +1,30 @@
 """Turning files into stored objects: one read, hashing while reading, chunking large files.
 
-Shared by environment snaps and cache snaps, together with the stat cache that lets an unchanged file
-skip the read.
+Shared by environment snaps and cache snaps; the stat cache that lets an unchanged file skip the read is
+``statcache.py``.
 """
 
 from __future__ import annotations
 
-import binascii
-import json
 import os
-import re
 import stat as statmod
 import sys
 import threading
-from array import array
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-import zstandard
 
-from envvault import __version__
-from envvault.errors import CorruptError, EnvironmentProblem
-from envvault.model.encoding import MAX_DOC_BYTES, json_loads, object_id
+from envvault.errors import EnvironmentProblem
+from envvault.model.encoding import object_id
 from envvault.model.record import record_sha256
-from envvault.vault.fsutil import atomic_write, flocked, open_regular_fd, read_regular
+from envvault.vault.fsutil import open_regular_fd
 from envvault.vault import timing
 from envvault.vault.threads import default_namers, default_readers
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
-__all__ = ["Ingester", "FileDigest", "StatCache", "stat_key", "encode_stats", "group_paths",
-           "group_stats_fresh", "unpack_stats"]
+__all__ = ["Ingester", "FileDigest"]
 
 SMALL_FILE = 1 << 20  # files below this are one object; larger ones are cut by FastCDC
 _CDC = None
@@ -44,10 +37,6 @@ def _chunker():
 
         _CDC = FastCDC(avg_size=1 << 20, min_size=256 << 10, max_size=4 << 20)
     return _CDC
-
-
-def stat_key(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 @dataclass(frozen=True)
@@ -628,224 +617,6 @@ class _Budget:
         with self.cv:
             self.aborted = True
             self.cv.notify_all()
-
-
-class StatCache:
-    """Per-target cache of file stats and hashes, and per-distribution shortcuts. Not vault data.
-
-    Two files: ``<name>.groups.json`` (per distribution: its files, their stats, its summary; read on every
-    snap) and ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
-    """
-
-    VERSION = 6  # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats
-
-    def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None, fresh: bool = False):
-        # ``lock()``: the shared vault lock saves hold; ``tmp_dir``: where saves stage (``Vault.stat_cache``
-        # passes both; the defaults are a local vault's, ``path`` being ``<vault>/state/<name>``). ``fresh``:
-        # the target is new (a venv ``restore --into`` makes): nothing saved for its path is read, and the
-        # first save replaces both files.
-        self._lock = lock or (lambda: flocked(path.parent.parent / "locks" / "vault.lock", exclusive=False))
-        self._tmp_dir = tmp_dir or path.parent.parent / "tmp"
-        self.groups_path = path.with_name(path.name + ".groups.json")
-        self.files_path = path.with_name(path.name + ".files.json.zst")
-        self._files: dict[str, list] | None = None
-        self.groups: dict[str, dict] = {}
-        self.extra: dict = {}
-        self.touched: set[str] = set()  # file entries used by this run; the rest is dropped on save
-        self._touched_groups: list[tuple[str, dict]] = []  # (key prefix, group): expanded only if saved
-        self._dirty_groups = False
-        self._dirty_files = False
-        self._epoch_path = path.parent / "gc-epoch"
-        self._epoch = self._read_epoch()
-        if fresh:
-            self._files = {}
-            self._dirty_groups = self._dirty_files = True
-            return
-        doc = self._load(self.groups_path, compressed=False)
-        if doc:
-            self.groups = doc.get("groups", {})
-            extra = doc.get("extra")
-            self.extra = extra if isinstance(extra, dict) else {}
-
-    def _load(self, path: Path, compressed: bool) -> dict | None:
-        try:
-            raw = read_regular(path, MAX_DOC_BYTES, path.name)  # no FIFO, no link to /dev/zero
-            if compressed:
-                if zstandard.get_frame_parameters(raw).content_size > MAX_DOC_BYTES:
-                    return None
-                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=MAX_DOC_BYTES)
-            doc = json_loads(raw)
-        except (OSError, ValueError, zstandard.ZstdError, CorruptError):
-            return None
-        if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:
-            return None
-        return doc
-
-    def _read_epoch(self) -> str:
-        try:
-            return read_regular(self._epoch_path, 4096, "gc-epoch").decode("ascii", "replace")
-        except (OSError, CorruptError):
-            return ""
-
-    @property
-    def files(self) -> dict[str, list]:
-        if self._files is None:
-            doc = self._load(self.files_path, compressed=True)
-            self._files = doc.get("files", {}) if doc else {}
-        return self._files
-
-    def lookup(self, rel: str, st: os.stat_result) -> list | None:
-        hit = self.files.get(rel)
-        if hit is not None and hit[0] == stat_key(st):
-            self.touched.add(rel)
-            return hit
-        return None
-
-    def put(self, rel: str, st: os.stat_result, sha256: str, chunks: list[str] | None) -> None:
-        old = self.files.get(rel)
-        # Keep stored chunks when a hash-only pass re-reads an unchanged file.
-        if chunks is None and old is not None and old[0] == stat_key(st):
-            chunks = old[2]
-        self.files[rel] = [stat_key(st), sha256, chunks]
-        self.touched.add(rel)
-        self._dirty_files = True
-
-    def learn(self, entries: dict[str, list]) -> None:
-        """Take file entries another process made with ``put`` (a forked check scan's answers)."""
-        if entries:
-            self.files.update(entries)
-            self.touched.update(entries)
-            self._dirty_files = True
-
-    def set_group(self, key: str, value: dict) -> None:
-        """Keep ``value`` for ``key``; its ``files`` and ``stats`` lists (paths, stat keys) are stored packed
-        (``encode_stats``), so compare groups with ``group_paths`` / the packed fields."""
-        if isinstance(value.get("files"), list) and isinstance(value.get("stats"), list):
-            value = dict(value)
-            value["files"], value["stats"] = encode_stats(value["files"], value["stats"])
-        self.groups[key] = value
-        self._dirty_groups = True
-
-    def mark_dirty(self) -> None:
-        self._dirty_groups = True
-
-    def touch(self, rels) -> None:
-        self.touched.update(rels)
-
-    def touch_group(self, group: dict, prefix: str = "") -> None:
-        """Keep the file entries of a group's stored files (``prefix`` + each path): ``touch`` of every
-        path, put off until a save that writes the file entries needs it (an unchanged scan never does)."""
-        self._touched_groups.append((prefix, group))
-
-    def _expand_touched(self) -> None:
-        for prefix, group in self._touched_groups:
-            paths = group_paths(group)
-            self.touched.update((prefix + p for p in paths) if prefix else paths)
-        self._touched_groups = []
-
-    def save(self) -> None:
-        """Write what changed; entries this run did not use are dropped. Never fails the caller.
-
-        Saved under the vault's shared lock, and only when no gc ran since this cache was loaded: gc deletes
-        objects, and the ids kept here are trusted without the index.
-        """
-        try:
-            with self._lock():
-                if self._read_epoch() != self._epoch:
-                    return
-                if self._files is not None:
-                    self._expand_touched()
-                if self._files is not None and (self._dirty_files or not self.touched >= self._files.keys()):
-                    self._files = {k: v for k, v in self._files.items() if k in self.touched}
-                    doc = {"version": self.VERSION, "tool": __version__, "files": self._files}
-                    data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
-                    atomic_write(self.files_path, data, tmp_dir=self._tmp_dir, durable=False)
-                if self._dirty_groups:
-                    doc = {"version": self.VERSION, "tool": __version__, "groups": self.groups, "extra": self.extra}
-                    data = json.dumps(doc, separators=(",", ":")).encode()
-                    atomic_write(self.groups_path, data, tmp_dir=self._tmp_dir, durable=False)
-        except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
-            pass
-
-
-def encode_stats(paths: list[str], stats: list[list[int]]) -> tuple:
-    """``files`` and ``stats`` of a stat cache group as stored (docs/format.md, "Stat cache"): the paths
-    joined by newlines and the stat keys packed as base64 little-endian int64, or the lists as they are when
-    a path holds a newline or a stat does not fit 64 bits."""
-    if any("\n" in p for p in paths) or len(paths) != len(stats):
-        return list(paths), [list(k) for k in stats]
-    arr = array("q")
-    try:
-        for key in stats:
-            arr.extend(key)
-    except (OverflowError, TypeError):
-        return list(paths), [list(k) for k in stats]
-    if len(arr) != 4 * len(paths):
-        return list(paths), [list(k) for k in stats]
-    if sys.byteorder != "little":
-        arr.byteswap()
-    return "\n".join(paths), binascii.b2a_base64(arr.tobytes(), newline=False).decode("ascii")
-
-
-_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
-
-
-def group_paths(group: dict) -> list[str]:
-    """The stored files of a stat cache group, in order."""
-    files = group.get("files")
-    if isinstance(files, str):
-        return files.split("\n") if files else []
-    return list(files or ())
-
-
-def unpack_stats(group: dict) -> tuple[list[str], bytes] | None:
-    """A packed stat cache group's stored files and their stat keys (32 bytes a file), decoded once for the
-    checks of its parts (``group_stats_fresh``); None when the group is not packed or does not decode."""
-    files, stats = group.get("files"), group.get("stats")
-    if not (isinstance(files, str) and isinstance(stats, str)):
-        return None
-    try:
-        if not _BASE64.fullmatch(stats):  # what ``base64.b64decode(validate=True)`` refuses
-            return None
-        return (files.split("\n") if files else []), binascii.a2b_base64(stats)
-    except ValueError:  # binascii.Error: bad padding
-        return None
-
-
-def group_stats_fresh(base: str, group: dict, start: int = 0, stop: int | None = None,
-                      unpacked: tuple[list[str], bytes] | None = None) -> bool:
-    """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash), or
-    those from ``start`` to ``stop``, still has the stat key recorded: one ``lstat`` a file, compared packed.
-    ``unpacked``: the group's ``unpack_stats``, when the caller decoded it already. False on any error."""
-    files, stats = group.get("files"), group.get("stats")
-    lstat = os.lstat
-    try:
-        if isinstance(files, str) and isinstance(stats, str):
-            if unpacked is None:
-                unpacked = unpack_stats(group)
-                if unpacked is None:
-                    return False
-            paths, want = unpacked
-            now = array("q")
-            add = now.extend
-            if start or stop is not None:
-                want = want[start * 32:len(want) if stop is None else stop * 32]
-                paths = paths[start:stop]
-            for rel in paths:
-                st = lstat(base + rel)
-                add((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
-            if sys.byteorder != "little":
-                now.byteswap()
-            return now.tobytes() == want
-        if len(files) != len(stats):
-            return False
-        for rel, key in zip(files[start:stop], stats[start:stop], strict=True):
-            st = lstat(base + rel)
-            if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns] != key:
-                return False
-        return True
-    except (OSError, TypeError, ValueError, OverflowError):
-        return False
 
 
 def is_regular(st: os.stat_result) -> bool:

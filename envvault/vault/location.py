@@ -1,20 +1,35 @@
-"""Vault locations that are URLs: ``s3://BUCKET[/PREFIX]`` opens a vault in a bucket (``envvault/vault/s3.py``);
+"""Where a vault is: ``default_vault_path`` for a local one (``--vault``, ``$ENVVAULT_HOME``, else
+``$XDG_DATA_HOME/envvault``); URLs: ``s3://BUCKET[/PREFIX]`` opens a vault in a bucket (``envvault/vault/s3.py``);
 anything else with a scheme, a malformed ``s3://`` URL, or ``s3://`` without the s3 extra is one line (exit 2),
-never a local folder named ``s3:``. Imported by every command (``Vault.open``): stdlib only, no client.
+never a local folder named ``s3:``. Imported by every command (``Vault.open``, the quick ``status``): stdlib
+only, no client.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 from envvault.errors import UsageError
 
-__all__ = ["vault_url", "parse_s3_url", "S3Url", "have_client", "EXTRA_HINT"]
+__all__ = ["default_vault_path", "vault_url", "parse_s3_url", "S3Url", "have_client", "EXTRA_HINT"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 EXTRA_HINT = "install the s3 extra: pip install 'envvault[s3]'"
+
+
+def default_vault_path(explicit: str | os.PathLike | None = None) -> Path:
+    url = vault_url(explicit or os.environ.get("ENVVAULT_HOME") or None)  # H6: a URL is never a local folder
+    if url:
+        raise UsageError(f"{url} is not a local folder")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    if os.environ.get("ENVVAULT_HOME"):
+        return Path(os.environ["ENVVAULT_HOME"]).expanduser().absolute()
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home).expanduser().absolute() / "envvault"
 
 
 def vault_url(location: str | os.PathLike | None) -> str | None:

@@ -23,7 +23,7 @@ from envvault.vault.config import FORMAT, MAX_SMALL_DOC, check_config, read_conf
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
 from envvault.vault.state import LocalState
-from envvault.vault.location import vault_url
+from envvault.vault.location import default_vault_path, vault_url
 from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_problem
 
 if TYPE_CHECKING:  # a manifest is parsed only where one is loaded: a cache snap or restore never imports it
@@ -43,18 +43,6 @@ def check_tag_name(name: str) -> str:
     if why:
         raise UsageError(f"bad tag name {name!r}: {why}")
     return name
-
-
-def default_vault_path(explicit: str | os.PathLike | None = None) -> Path:
-    url = vault_url(explicit or os.environ.get("ENVVAULT_HOME") or None)  # H6: a URL is never a local folder
-    if url:
-        raise UsageError(f"{url} is not a local folder")
-    if explicit:
-        return Path(explicit).expanduser().absolute()
-    if os.environ.get("ENVVAULT_HOME"):
-        return Path(os.environ["ENVVAULT_HOME"]).expanduser().absolute()
-    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data_home).expanduser().absolute() / "envvault"
 
 
 @dataclass(frozen=True)
@@ -481,7 +469,7 @@ class Vault:
     def stat_cache(self, name: str, *, fresh: bool = False):
         """The stat cache ``name`` (``stat-<key>``, ``stat-caches``), saved under the shared vault lock;
         ``fresh``: an empty one that replaces what is saved (``StatCache``)."""
-        from envvault.vault.ingest import StatCache
+        from envvault.vault.statcache import StatCache
 
         return StatCache(self.state.path(name), lock=lambda: self.lock(), tmp_dir=self.state.tmp_dir, fresh=fresh)
 

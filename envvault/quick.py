@@ -1,0 +1,87 @@
+"""The quick ``status``: an unchanged environment answered before the CLI is imported, from the verdict of
+its last full ``status`` (``snap/verdict.py``).
+
+``envvault [--vault PATH] status [--venv PATH] [--exit-code]``, in the spellings click takes for them
+(``--vault=PATH``, ``--venv=PATH``) and nothing else, is answered here when the verdict holds. Any other
+command line (``--json``, ``--against``, ``--python``, ``--help``, a repeated or unknown option), a vault in a
+bucket, and any status the verdict cannot answer go to the CLI (``cli.py``), which answers in full, errors
+included: this module never fails a command, it only answers it sooner. ``ENVVAULT_QUICK_STATUS=0`` sends
+every command to the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["parse_status", "answer"]
+
+_VALUED = {"--vault": "vault", "--venv": "venv"}
+
+
+def _take(args: list[str], i: int, allowed: set[str], got: dict) -> int | None:
+    """Read the option at ``args[i]`` into ``got``; the next index, or None for what is not taken here."""
+    arg = args[i]
+    name, eq, value = arg.partition("=")
+    if name not in allowed or _VALUED[name] in got:
+        return None
+    if not eq:
+        if i + 1 >= len(args):
+            return None
+        value, i = args[i + 1], i + 1
+    if not value or value.startswith("-"):
+        return None
+    got[_VALUED[name]] = value
+    return i + 1
+
+
+def parse_status(args: list[str]) -> tuple[str | None, str | None, bool] | None:
+    """``(vault, venv, exit_code)`` of a plain ``status`` command line, None for any other."""
+    got: dict = {}
+    i = 0
+    while i < len(args) and args[i] != "status":
+        nxt = _take(args, i, {"--vault"}, got)
+        if nxt is None:
+            return None
+        i = nxt
+    if i >= len(args):
+        return None
+    i += 1
+    exit_code = False
+    while i < len(args):
+        if args[i] == "--exit-code" and not exit_code:
+            exit_code, i = True, i + 1
+            continue
+        nxt = _take(args, i, {"--venv"}, got)
+        if nxt is None:
+            return None
+        i = nxt
+    return got.get("vault"), got.get("venv"), exit_code
+
+
+def answer(args: list[str]) -> int | None:
+    """The exit code of ``status`` when it was answered here (its line printed), else None."""
+    if os.environ.get("ENVVAULT_QUICK_STATUS", "") == "0":
+        return None
+    parsed = parse_status(args)
+    if parsed is None:
+        return None
+    vault, venv, _exit_code = parsed  # unchanged: 0 with or without --exit-code
+    try:
+        from envvault.vault.location import default_vault_path, vault_url
+
+        if vault_url(vault or os.environ.get("ENVVAULT_HOME") or None):
+            return None  # a bucket: its snapshots are not a folder to stat
+        root = default_vault_path(vault)
+        if not root.is_dir():
+            return None
+        from envvault.snap.verdict import unchanged_since, unchanged_text
+
+        hit = unchanged_since(root, venv)
+    except Exception:  # noqa: BLE001 - whatever went wrong, the full command finds it and says it
+        return None
+    if hit is None:
+        return None
+    target, verdict = hit
+    sys.stdout.write(unchanged_text(target, verdict.snapshot, verdict.note) + "\n")
+    return 0

@@ -1,0 +1,192 @@
+"""The verdict of the last ``status`` that found an environment equal to its snapshot, and the quick
+``status`` that answers from it (docs/format.md, "Stat cache", ``extra.verdict``).
+
+A ``status`` that finds nothing changed keeps, in the stat cache it scanned with, what its answer rested on:
+the snapshot and the note printed with it, the dist-info folders the scan listed (in order), and the vault's
+side (``vault_stamp``: the stat keys of ``snapshots/`` and of the environment's ``restored-`` marker, taken
+before the baseline was chosen, and of the snapshot's file). The stat cache drops a verdict whenever one of
+its groups or its ``extra`` changes (``StatCache.set_group``, ``mark_dirty``), so a saved verdict was made
+from exactly the groups saved with it.
+
+The next ``status`` answers "unchanged" from the verdict alone (``unchanged_since``) when the vault's side
+is the same, the environment lists the same dist-info folders, every one of their groups is still fresh
+(the scan's own rule, ``fresh.py``: one ``lstat`` a file) and the interpreter still answers from the memo:
+then the full command would scan the same groups into the same packages against the same snapshot. It
+imports neither the CLI, nor the model, the diff or the ingester. Anything else (another snapshot, a
+restore, an interrupted restore, a changed file, a new or removed distribution, a verdict that does not
+parse) sends the command down its full path, which records a new verdict when it finds nothing changed.
+
+A verdict in a vault copied from someone else is no more trusted than the stat cache it lives in: it
+answers only when every file of the environment has the size, mtime, inode and ctime recorded beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+from envvault.vault.statcache import VERDICT, StatCache, stat_key
+
+from .fresh import JOURNAL_NAME, base_of, entry_key, fresh_groups
+
+__all__ = ["Verdict", "parse_verdict", "restored_name", "vault_stamp", "verdict_stamp", "snapshot_stamp", "record_verdict",
+           "unchanged_since", "unchanged_text"]
+_ID = re.compile(r"[0-9a-f]{64}")
+
+
+class Verdict(NamedTuple):
+    """``extra.verdict`` of a stat cache, parsed (``parse_verdict``)."""
+
+    venv: str  # the environment's path as the command named it
+    snapshot: str  # the id of the snapshot it matched
+    note: str  # what the command printed after the id ("" for none)
+    vault: tuple[int, ...]  # vault_stamp before the baseline was chosen
+    snapshot_stat: tuple[int, ...]  # snapshot_stamp of that snapshot's file
+    entries: tuple[str, ...]  # the dist-info folders the scan listed, as keys of the stat cache's groups
+
+
+def _ints(value, what: str, problems: list[str]) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        problems.append(f"{what}: not a list of integers")
+        return ()
+    return tuple(value)
+
+
+def parse_verdict(doc) -> tuple[Verdict | None, list[str]]:
+    """A verdict from ``extra.verdict`` and the problems found (each with its field); ``(None, problems)``
+    when there are any. A cache's verdict that does not parse is simply not used."""
+    if not isinstance(doc, dict):
+        return None, ["verdict: not an object"]
+    problems: list[str] = []
+    venv, sid, note = doc.get("venv"), doc.get("snapshot"), doc.get("note")
+    if not isinstance(venv, str) or not venv:
+        problems.append("verdict.venv: not a path")
+    if not isinstance(sid, str) or not _ID.fullmatch(sid):
+        problems.append("verdict.snapshot: not a snapshot id")
+    if not isinstance(note, str) or len(note) > 4096:
+        problems.append("verdict.note: not a text of at most 4096 characters")
+    vault = _ints(doc.get("vault"), "verdict.vault", problems)
+    snap = _ints(doc.get("snapshot_stat"), "verdict.snapshot_stat", problems)
+    entries = doc.get("entries")
+    if not isinstance(entries, list) or not all(isinstance(e, str) and e for e in entries):
+        problems.append("verdict.entries: not a list of paths")
+        entries = []
+    unknown = sorted(set(doc) - set(Verdict._fields))
+    if unknown:
+        problems.append(f"verdict: unknown fields {', '.join(map(str, unknown))}")
+    if problems:
+        return None, problems
+    return Verdict(venv, sid, note, vault, snap, tuple(entries)), []
+
+
+def restored_name(target: str | os.PathLike) -> str:
+    """The state file naming the snapshot last restored onto ``target`` (``restore/baseline.py``)."""
+    from envvault.safepaths import env_key
+
+    return f"restored-{env_key(target)}.json"
+
+
+def _key_or_none(path: Path) -> list[int]:
+    try:
+        return stat_key(os.lstat(path))
+    except FileNotFoundError:
+        return [-1]
+
+
+def vault_stamp(snapshots_dir: Path, state_dir: Path, target: str | os.PathLike) -> tuple[int, ...]:
+    """What the baseline of ``target`` depends on in a local vault: the stat keys of its ``snapshots/``
+    folder (any snapshot added or removed changes it) and of the environment's ``restored-`` marker
+    (``[-1]`` when there is none). ``lstat``: a folder replaced by a link does not match."""
+    return tuple(_key_or_none(snapshots_dir) + _key_or_none(state_dir / restored_name(target)))
+
+
+def verdict_stamp(vault, target: Path) -> tuple[int, ...] | None:
+    """``vault_stamp`` of an open vault (``store.Vault``), None for a vault in a bucket: its snapshots are
+    not a folder whose stat tells a change."""
+    from envvault.vault.local import LocalBackend
+
+    if type(vault.backend) is not LocalBackend:
+        return None
+    return vault_stamp(snapshots_dir(vault.backend.root), vault.state.dir, target)
+
+
+def snapshots_dir(root: Path) -> Path:
+    """The folder of a local vault's snapshot files (docs/format.md, "Directory tree")."""
+    return Path(root) / "snapshots"
+
+
+def snapshot_stamp(snapshot_file: Path) -> tuple[int, ...]:
+    """The stat key of a snapshot's file (a document rewritten in place does not match)."""
+    return tuple(_key_or_none(snapshot_file))
+
+
+def record_verdict(cache: StatCache, *, target: Path, sid: str, note: str | None, vault: tuple[int, ...],
+                   snapshot_file: Path) -> None:
+    """Keep in ``cache`` (saved by the caller) that the environment at ``target`` matched snapshot ``sid``
+    when its last scan (``cache.listed``) was made, the vault's side being ``vault`` before the baseline was
+    chosen. Nothing is kept when that scan listed nothing or was not made with this cache."""
+    if cache.listed is None:
+        return
+    cache.set_verdict({
+        "venv": str(target), "snapshot": sid, "note": note or "", "vault": list(vault),
+        "snapshot_stat": list(snapshot_stamp(snapshot_file)), "entries": list(cache.listed),
+    })
+
+
+def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None:
+    """``(target, verdict)`` when the environment ``venv`` (or the active one) is unchanged since the
+    snapshot its last full ``status`` found it equal to, by the rules of the module docstring; None when that
+    cannot be told without the full command (which then answers, errors included)."""
+    from envvault.env.probe import find_target, system_of
+    from envvault.env.reader import reader_for
+    from envvault.errors import EnvvaultError
+    from envvault.safepaths import env_key
+    from envvault.vault.local import LocalBackend
+    from envvault.vault.state import LocalState
+
+    try:
+        target = find_target(venv)
+    except EnvvaultError:
+        return None
+    if system_of(target) is not None or not (target / "pyvenv.cfg").is_file():
+        return None  # a system environment: its baseline depends on the interpreter in use
+    backend, state = LocalBackend(root), LocalState.in_vault(root)
+    key = env_key(target)
+    if os.path.lexists(target / JOURNAL_NAME) or os.path.lexists(state.dir / f"journal-{key}.json"):
+        return None  # an interrupted restore: the full command settles it
+    cache = StatCache(state.dir / f"stat-{key}", tmp_dir=state.tmp_dir)
+    verdict, _ = parse_verdict(cache.extra.get(VERDICT))
+    if verdict is None or verdict.venv != str(target):
+        return None
+    if vault_stamp(snapshots_dir(root), state.dir, target) != verdict.vault or verdict.snapshot_stat == (-1,) \
+            or snapshot_stamp(backend.path("snapshots", verdict.snapshot)) != verdict.snapshot_stat:
+        return None
+    try:
+        reader = reader_for(target, cache)
+        reader.interpreter()
+        if cache.extra.get(VERDICT) is None:  # the interpreter was probed again: the memo changed
+            return None
+        base = base_of(target)
+        entries = []
+        for dist_info, _site in reader.dist_entries():
+            rel = entry_key(dist_info, target, base)
+            group = cache.groups.get(rel)
+            if not group or not (group.get("manifest_check") or group.get("manifest_full")):
+                return None
+            entries.append((dist_info, _site, group, True))
+            if len(entries) > len(verdict.entries) or rel != verdict.entries[len(entries) - 1]:
+                return None
+    except (EnvvaultError, OSError, ValueError):
+        return None
+    if len(entries) != len(verdict.entries) or len(fresh_groups(entries, target)) != len(entries):
+        return None
+    return target, verdict
+
+
+def unchanged_text(target: str | os.PathLike, sid: str, note: str | None) -> str:
+    """What ``status`` prints for an unchanged environment (the full command and the quick one)."""
+    from envvault.output import style
+
+    return f"{target}: unchanged since snapshot {style(sid[:12], 'yellow')}" + (f" ({note})" if note else "")
