@@ -1,0 +1,284 @@
+"""The quick status (issue 11; envvault/quick.py, envvault/snap/verdict.py): an unchanged environment answered
+from the verdict of the last full status, before the CLI and the model are imported, and every change after
+that verdict still seen, with the answer the full command gives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures import catalogue as C
+from fixtures import site_packages, uv_install, uv_pip
+from tests.evtools import ev, ev_env, ev_json
+
+# What the full command imports and the quick one must not: the CLI, the model, the diff, the vault's store.
+_FULL_ONLY = ("click", "envvault.cli", "envvault.diff", "envvault.model.snapshot", "envvault.vault.store",
+              "envvault.vault.ingest", "envvault.snap.scan")
+
+
+def _status(vault: Path, venv: Path, *extra: str, quick: bool = True) -> tuple[int, str, str, bool]:
+    """``status --venv venv --exit-code`` as users run it: (exit code, stdout, stderr, answered quickly: the
+    CLI was never imported)."""
+    env = ev_env(vault, **({} if quick else {"ENVVAULT_QUICK_STATUS": "0"}))
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "envvault", *extra, "status", "--venv",
+                           str(venv), "--exit-code"], capture_output=True, text=True, env=env, timeout=300)
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert "envvault.quick" in imported  # the measurement sees the command's imports
+    err = "\n".join(ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:"))
+    assert "Traceback" not in err, err
+    return proc.returncode, proc.stdout, err, not any(name in imported for name in _FULL_ONLY)
+
+
+def _agrees(vault: Path, venv: Path) -> tuple[int, str, bool]:
+    """The status with the quick path allowed, checked to answer as the full command does; (code, stdout,
+    quick). The full command runs second: it may record a verdict the first must not have needed."""
+    code, out, _err, quick = _status(vault, venv)
+    full_code, full_out, _err, full_quick = _status(vault, venv, quick=False)
+    assert not full_quick
+    assert (code, out) == (full_code, full_out)
+    return code, out, quick
+
+
+def _venv_with_two(make_venv, wheelhouse, kind: str = "uv") -> Path:
+    venv = make_venv(kind)
+    if kind == "uv":
+        uv_install(venv, str(wheelhouse[C.SMALL_01]), str(wheelhouse[C.NS_ALPHA]))
+    else:
+        from fixtures import pip_install
+
+        pip_install(venv, str(wheelhouse[C.SMALL_01]), str(wheelhouse[C.NS_ALPHA]))
+    return venv
+
+
+@pytest.mark.parametrize("kind", ["uv", "venv"])
+def test_a_second_unchanged_status_is_answered_before_the_cli(tmp_path, make_venv, wheelhouse, kind):
+    venv = _venv_with_two(make_venv, wheelhouse, kind)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    code, out, _err, quick = _status(vault, venv)
+    assert (code, quick) == (0, False)  # no verdict yet: the full command answers, and records one
+    assert out == f"{venv}: unchanged since snapshot {sid[:12]}\n"
+    code, again, _err, quick = _status(vault, venv)
+    assert (code, again, quick) == (0, out, True)
+    # --vault on the command line, in both spellings, is taken too
+    assert _status(tmp_path / "elsewhere", venv, "--vault", str(vault))[::3] == (0, True)
+    assert _status(tmp_path / "elsewhere", venv, f"--vault={vault}")[::3] == (0, True)
+
+
+def _edit_in_place(venv: Path) -> None:
+    path = site_packages(venv) / "smallpkg" / "__init__.py"
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + (b"#" if data[-1:] != b"#" else b"!"))  # same size, another byte
+
+
+def _install_other(venv: Path, wheelhouse) -> None:
+    uv_install(venv, str(wheelhouse[C.NS_BETA]))
+
+
+def _uninstall(venv: Path, wheelhouse) -> None:
+    uv_pip(venv, "uninstall", "nsa-alpha")
+
+
+def _upgrade(venv: Path, wheelhouse) -> None:
+    uv_install(venv, str(wheelhouse[C.SMALL_02]))
+
+
+def _delete_file(venv: Path, wheelhouse) -> None:
+    (site_packages(venv) / "smallpkg" / "__init__.py").unlink()
+
+
+@pytest.mark.parametrize("change", [
+    lambda venv, wh: _edit_in_place(venv), _install_other, _uninstall, _upgrade, _delete_file,
+], ids=["edit-in-place", "install", "uninstall", "upgrade", "delete-a-file"])
+def test_every_change_after_a_verdict_is_seen(tmp_path, make_venv, wheelhouse, change):
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    _status(vault, venv)  # records the verdict
+    assert _status(vault, venv)[3]
+    change(venv, wheelhouse)
+    code, out, quick = _agrees(vault, venv)
+    assert (code, quick) == (1, False)
+    assert "changed since snapshot" in out
+
+
+def test_a_new_snapshot_or_a_restore_moves_the_baseline(tmp_path, make_venv, wheelhouse):
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    first = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    _upgrade(venv, wheelhouse)
+    second = ev_json(vault, "snap", "--venv", venv, "--no-caches", "-m", "after the upgrade")["id"]
+    _status(vault, venv)
+    assert _status(vault, venv)[3]
+    # a restore of the first snapshot: its marker makes it the baseline
+    ev(vault, "restore", first, "--venv", venv, "--no-backup")
+    code, out, quick = _agrees(vault, venv)
+    assert (code, quick) == (0, False) and first[:12] in out
+    assert _status(vault, venv)[1:4:2] == (out, True)
+    # a snapshot of another environment changes the vault's snapshots: the verdict is not used, the answer stays
+    other = _venv_with_two(make_venv, wheelhouse)
+    ev_json(vault, "snap", "--venv", other, "--no-caches")
+    code, again, quick = _agrees(vault, venv)
+    assert (code, again, quick) == (0, out, False)
+    # a new snapshot of this environment: the baseline is now that one
+    third = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    code, out, quick = _agrees(vault, venv)
+    assert (code, quick) == (0, False) and third[:12] in out and second != third
+
+
+def test_what_else_the_answer_rests_on_sends_status_down_the_full_path(tmp_path, make_venv, wheelhouse):
+    """pyvenv.cfg (the interpreter's memo), an interrupted restore's journal, the snapshot's file rewritten,
+    a stat cache another envvault version wrote: each is the full command's to answer."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    _status(vault, venv)
+    assert _status(vault, venv)[3]
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text() + "# touched\n")
+    assert _agrees(vault, venv)[::2] == (0, False)
+    assert _status(vault, venv)[3]  # the full command recorded a new verdict
+    (venv / ".envvault-restore.json").write_text("{}")
+    code, _out, err, quick = _status(vault, venv)
+    assert not quick
+    (venv / ".envvault-restore.json").unlink(missing_ok=True)
+    _status(vault, venv)
+    assert _status(vault, venv)[3]
+    snap_file = vault / "snapshots" / f"{sid}.json"
+    snap_file.write_bytes(snap_file.read_bytes())  # the same bytes, written again in place
+    assert _agrees(vault, venv)[::2] == (0, False)
+
+
+def test_the_stat_cache_drops_a_verdict_when_its_groups_change(tmp_path):
+    from envvault.vault.statcache import StatCache
+
+    for d in ("state", "locks", "tmp"):
+        (tmp_path / d).mkdir()
+    path = tmp_path / "state" / "stat-x"
+    cache = StatCache(path)
+    cache.set_group("a", {"files": [], "stats": [], "summary": {}})
+    cache.set_verdict({"snapshot": "x"})
+    cache.save()
+    assert StatCache(path).extra["verdict"] == {"snapshot": "x"}
+    for change in (lambda c: c.set_group("b", {"summary": {}}), lambda c: c.mark_dirty()):
+        again = StatCache(path)
+        change(again)
+        assert "verdict" not in again.extra
+        again.save()
+        assert "verdict" not in StatCache(path).extra
+        cache.save()  # put it back for the next change (the first cache object still holds it)
+        cache.set_verdict({"snapshot": "x"})
+        cache.save()
+
+
+def _good_verdict() -> dict:
+    return {"venv": "/v", "snapshot": "a" * 64, "note": "", "vault": [1, 2, 3, 4, -1], "snapshot_stat": [1, 2, 3, 4],
+            "entries": ["lib/python3.12/site-packages/a-1.dist-info"]}
+
+
+@pytest.mark.parametrize("field,value,problem", [
+    ("snapshot", "../../etc/passwd", "verdict.snapshot"),
+    ("snapshot", "A" * 64, "verdict.snapshot"),
+    ("venv", 7, "verdict.venv"),
+    ("note", "x" * 5000, "verdict.note"),
+    ("vault", [1, "2"], "verdict.vault"),
+    ("vault", [1, True], "verdict.vault"),
+    ("snapshot_stat", {"a": 1}, "verdict.snapshot_stat"),
+    ("entries", ["ok", ""], "verdict.entries"),
+    ("entries", "lib", "verdict.entries"),
+    ("extra", 1, "unknown fields extra"),
+])
+def test_a_verdict_that_does_not_parse_is_not_used(field, value, problem):
+    from envvault.snap.verdict import parse_verdict
+
+    good, problems = parse_verdict(_good_verdict())
+    assert good is not None and problems == []
+    doc = dict(_good_verdict(), **{field: value})
+    verdict, problems = parse_verdict(doc)
+    assert verdict is None
+    assert any(problem in p for p in problems), problems
+    assert parse_verdict(["not", "an", "object"]) == (None, ["verdict: not an object"])
+
+
+def test_a_hostile_verdict_in_a_copied_vault_answers_nothing(tmp_path, make_venv, wheelhouse):
+    """state/ comes with a copied vault: a verdict claiming the environment unchanged while its files are not
+    the ones recorded, or one that is garbage, leaves the answer to the full command."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    _status(vault, venv)
+    groups_file = next((vault / "state").glob("stat-*.groups.json"))
+    doc = json.loads(groups_file.read_bytes())
+    assert doc["extra"]["verdict"]["venv"] == str(venv)
+    _edit_in_place(venv)
+    # The verdict kept, the stats of the edited file put back into its group: only a stat key that is not the
+    # file's own could make it answer, and an edit changes the ctime, which no one can set back.
+    for bad in (doc["extra"]["verdict"], {"venv": str(venv)}, "garbage", [1, 2], None):
+        doc["extra"]["verdict"] = bad
+        groups_file.write_text(json.dumps(doc))
+        code, out, quick = _agrees(vault, venv)
+        assert (code, quick) == (1, False) and "changed since snapshot" in out
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["status"], (None, None, False)),
+    (["status", "--exit-code"], (None, None, True)),
+    (["status", "--venv", "/v"], (None, "/v", False)),
+    (["status", "--venv=/v", "--exit-code"], (None, "/v", True)),
+    (["--vault", "/x", "status", "--venv", "/v"], ("/x", "/v", False)),
+    (["--vault=/x", "status"], ("/x", None, False)),
+    (["status", "--json"], None),
+    (["status", "--against", "latest"], None),
+    (["status", "--python", "/usr/bin/python3"], None),
+    (["status", "-h"], None),
+    (["status", "--help"], None),
+    (["status", "--venv"], None),
+    (["status", "--venv", "/a", "--venv", "/b"], None),
+    (["status", "--venv", "--exit-code"], None),
+    (["status", "--exit-code", "--exit-code"], None),
+    (["status", "--"], None),
+    (["status", "extra"], None),
+    (["--version"], None),
+    (["--vault", "/x"], None),
+    (["snap"], None),
+    (["diff", "status", "current"], None),
+    ([], None),
+])
+def test_the_quick_parser_takes_only_what_click_reads_the_same(argv, want):
+    """What the quick parser takes, click reads into the same vault, venv and --exit-code (the click
+    commands stay the one definition of the options; this checks the quick reading agrees)."""
+    from envvault.quick import parse_status
+
+    assert parse_status(argv) == want
+    if want is None:
+        return
+    from envvault.cli import cli
+    from envvault.commands.restore import status
+
+    at = argv.index("status")
+    group = cli.make_context("envvault", argv[:at] + ["status"], resilient_parsing=True)
+    command = status.make_context("status", argv[at + 1:])
+    assert (group.params["vault_path"], command.params["venv"], command.params["exit_code"]) == want
+
+
+def test_a_quick_status_of_a_real_pip_venv(tmp_path):
+    """A venv made as users make it (python -m venv, pip installing real packages from the registry): the
+    second status is answered quickly and as the full command answers; after pip removes a package, not."""
+    from fixtures.venvs import isolated_env
+
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--no-input", "--disable-pip-version-check"]
+    subprocess.run(pip + ["install", "six==1.17.0", "idna==3.10"], check=True, timeout=600, env=isolated_env())
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    _status(vault, venv)
+    code, out, quick = _agrees(vault, venv)
+    assert (code, quick) == (0, True)
+    subprocess.run(pip + ["uninstall", "-y", "idna"], check=True, timeout=300, env=isolated_env())
+    code, out, quick = _agrees(vault, venv)
+    assert (code, quick) == (1, False) and "idna" in out
