@@ -114,11 +114,10 @@ def test_a_new_snapshot_or_a_restore_moves_the_baseline(tmp_path, make_venv, whe
     second = ev_json(vault, "snap", "--venv", venv, "--no-caches", "-m", "after the upgrade")["id"]
     _status(vault, venv)
     assert _status(vault, venv)[3]
-    # a restore of the first snapshot: its marker makes it the baseline
+    # a restore of the first snapshot: its marker makes it the baseline (and its verdict answers at once)
     ev(vault, "restore", first, "--venv", venv, "--no-backup")
     code, out, quick = _agrees(vault, venv)
-    assert (code, quick) == (0, False) and first[:12] in out
-    assert _status(vault, venv)[1:4:2] == (out, True)
+    assert (code, quick) == (0, True) and first[:12] in out
     # a snapshot of another environment changes the vault's snapshots: the verdict is not used, the answer stays
     other = _venv_with_two(make_venv, wheelhouse)
     ev_json(vault, "snap", "--venv", other, "--no-caches")
@@ -128,6 +127,22 @@ def test_a_new_snapshot_or_a_restore_moves_the_baseline(tmp_path, make_venv, whe
     third = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
     code, out, quick = _agrees(vault, venv)
     assert (code, quick) == (0, False) and third[:12] in out and second != third
+
+
+@pytest.mark.parametrize("backup", [True, False], ids=["default-backup", "no-backup"])
+def test_the_first_status_after_a_restore_is_answered_from_the_restore(tmp_path, make_venv, wheelhouse, backup):
+    """The restore's verify scan found the environment equal to the snapshot: it leaves the verdict, so the
+    status right after it does not scan (and says what the full command says)."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    _upgrade(venv, wheelhouse)
+    _delete_file(venv, wheelhouse)
+    ev(vault, "restore", sid, "--venv", venv, *([] if backup else ["--no-backup"]))
+    code, out, quick = _agrees(vault, venv)
+    assert (code, out, quick) == (0, f"{venv}: unchanged since snapshot {sid[:12]}\n", True)
+    _edit_in_place(venv)
+    assert _agrees(vault, venv)[::2] == (1, False)
 
 
 def test_what_else_the_answer_rests_on_sends_status_down_the_full_path(tmp_path, make_venv, wheelhouse):

@@ -60,13 +60,43 @@ def restore_snapshot(
         # manifest must not leave a half-finished restore behind.
         _restore_caches(vault, snapshot, env_target, True)
     strategy = strategy_for(snapshot, into=into is not None)
-    result = strategy(vault, ref.id, snapshot, env_target, backup=backup, dry_run=dry_run, progress=progress)
+    remember = _Remember(vault, env_target, ref.id, snapshot)
+    result = strategy(vault, ref.id, snapshot, env_target, backup=backup, dry_run=dry_run, progress=progress,
+                      remember=remember)
     if result.verified and not result.dry_run:
-        record_restored(vault, env_target, ref.id)
+        remember()  # once: a strategy that held the verify scan's stat cache has called it already
     cache_result = None
     if caches and snapshot.caches:
         cache_result = _restore_caches(vault, snapshot, env_target, dry_run)
     return replace(result, caches=cache_result, seconds=round(time.monotonic() - started, 3))
+
+
+class _Remember:
+    """What a verified restore leaves for ``status``: the marker naming the snapshot restored
+    (``baseline.record_restored``), written once; and, given the stat cache of the verify scan that found the
+    environment equal to the snapshot (before that cache is saved), a verdict in it (``snap/verdict.py``), so
+    that the first ``status`` after the restore is answered from it, when the snapshot is now the
+    environment's baseline. A lock-only snapshot's status carries a note about contents: the full command
+    answers that one."""
+
+    def __init__(self, vault: Vault, target: Path, sid: str, snapshot: Snapshot) -> None:
+        self.vault, self.target, self.sid, self.snapshot = vault, target, sid, snapshot
+        self.done = False
+
+    def __call__(self, cache=None) -> None:
+        if self.done:
+            return
+        self.done = True
+        record_restored(self.vault, self.target, self.sid)
+        if cache is None or self.snapshot.lock_only:
+            return
+        from envvault.restore.baseline import baseline_snapshot
+        from envvault.snap.verdict import record_verdict, verdict_stamp
+
+        stamp = verdict_stamp(self.vault, self.target)  # the marker written, the backup committed
+        if stamp is not None and baseline_snapshot(self.vault, self.target) == self.sid:
+            record_verdict(cache, target=self.target, sid=self.sid, note=None, vault=stamp,
+                           snapshot_file=self.vault.backend.path("snapshots", self.sid))
 
 
 def _restore_caches(vault: Vault, snapshot: Snapshot, target: Path, dry_run: bool) -> dict:

@@ -49,7 +49,7 @@ def exclusive_target(vault: Vault, target: Path) -> Iterator[None]:
 
 
 def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *, backup: bool, dry_run: bool,
-                     progress: ProgressSink | None = None) -> RestoreResult:
+                     progress: ProgressSink | None = None, remember=None) -> RestoreResult:
     """Restore ``snapshot`` (id ``sid``) onto the environment ``target`` (a ``restore.result.Strategy``)."""
     if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists() and system_of(target) is None:
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
@@ -133,6 +133,8 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
             remove_journal(jfile)
             crash_point("verified")
+            if remember is not None and remaining.packages_empty:  # before the one save of the cache below
+                remember(cache if remaining.empty else None)
             clock.lap("verify")
         finally:
             if cache is not None:

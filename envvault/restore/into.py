@@ -56,7 +56,7 @@ __all__ = ["restore_into"]
 
 
 def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: bool = False, dry_run: bool,
-                 progress=None) -> RestoreResult:
+                 progress=None, remember=None) -> RestoreResult:
     """Build a new venv at ``dest`` holding snapshot ``sid`` (a ``result.Strategy``; ``backup`` has nothing
     to back up: the folder is new or empty)."""
     if (dest / "pyvenv.cfg").exists() or (dest / "bin" / "python").exists():

@@ -20,10 +20,12 @@ class Strategy(Protocol):
     """Restore snapshot ``sid`` (its record ``snapshot``) at ``target``: the environment to change, or the new
     folder for ``--into``. ``backup``: snapshot an environment before changing it (ignored where there is
     none); ``dry_run``: plan only, change nothing; ``progress(bytes_done)`` where the strategy writes bytes
-    itself. Raises ``EnvvaultError``s; returns what it did."""
+    itself. ``remember(cache)``: a strategy that verifies with a check scan of its own stat cache calls it
+    when the environment was found equal to the snapshot, before it saves that cache (``dispatch._Remember``);
+    the others leave it to the caller. Raises ``EnvvaultError``s; returns what it did."""
 
     def __call__(self, vault, sid: str, snapshot: "Snapshot", target: Path, *, backup: bool, dry_run: bool,
-                 progress: ProgressSink | None = None) -> "RestoreResult": ...
+                 progress: ProgressSink | None = None, remember=None) -> "RestoreResult": ...
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,7 @@ def sync_from_lock(sid: str, snapshot: Snapshot, entries: list[dict], python_exe
 
 
 def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, backup: bool, dry_run: bool,
-                      progress=None) -> RestoreResult:
+                      progress=None, remember=None) -> RestoreResult:
     """Restore a lock-only snapshot in place through uv. The sources of its packages are decided first
     (fast, from snapshot documents): a restore that cannot succeed fails before any slow work, and
     ``dry_run`` runs the same decision. Same-version build changes are forced with ``--reinstall-package``
