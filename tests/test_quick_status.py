@@ -5,6 +5,7 @@ that verdict still seen, with the answer the full command gives."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -147,7 +148,7 @@ def test_the_first_status_after_a_restore_is_answered_from_the_restore(tmp_path,
 
 def test_what_else_the_answer_rests_on_sends_status_down_the_full_path(tmp_path, make_venv, wheelhouse):
     """pyvenv.cfg (the interpreter's memo), an interrupted restore's journal, the snapshot's file rewritten,
-    a stat cache another envvault version wrote: each is the full command's to answer."""
+    the stat cache's groups saved again by someone else: each is the full command's to answer."""
     venv = _venv_with_two(make_venv, wheelhouse)
     vault = tmp_path / "vault"
     sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
@@ -166,33 +167,50 @@ def test_what_else_the_answer_rests_on_sends_status_down_the_full_path(tmp_path,
     snap_file = vault / "snapshots" / f"{sid}.json"
     snap_file.write_bytes(snap_file.read_bytes())  # the same bytes, written again in place
     assert _agrees(vault, venv)[::2] == (0, False)
+    assert _status(vault, venv)[3]
+    groups_file = next((vault / "state").glob("stat-*.groups.json"))
+    copy = groups_file.with_name("copy")
+    copy.write_bytes(groups_file.read_bytes())
+    os.replace(copy, groups_file)  # the same groups, saved by another process: not the file the verdict names
+    assert _agrees(vault, venv)[::2] == (0, False)
 
 
-def test_the_stat_cache_drops_a_verdict_when_its_groups_change(tmp_path):
-    from envvault.vault.statcache import StatCache
+def test_the_stat_cache_knows_which_groups_file_it_holds(tmp_path):
+    """``StatCache.identity``: the groups file loaded, or the one saved, while its groups and extra are
+    unchanged; None once they change, for a new cache, and after a save that did not happen."""
+    from envvault.vault.statcache import StatCache, file_key
 
     for d in ("state", "locks", "tmp"):
         (tmp_path / d).mkdir()
     path = tmp_path / "state" / "stat-x"
+    groups_file = tmp_path / "state" / "stat-x.groups.json"
     cache = StatCache(path)
+    assert cache.identity() is None  # nothing on disk
     cache.set_group("a", {"files": [], "stats": [], "summary": {}})
-    cache.set_verdict({"snapshot": "x"})
     cache.save()
-    assert StatCache(path).extra["verdict"] == {"snapshot": "x"}
+    assert cache.identity() == file_key(os.lstat(groups_file))
+    loaded = StatCache(path)
+    assert loaded.identity() == file_key(os.lstat(groups_file))
     for change in (lambda c: c.set_group("b", {"summary": {}}), lambda c: c.mark_dirty()):
         again = StatCache(path)
         change(again)
-        assert "verdict" not in again.extra
+        assert again.identity() is None
         again.save()
-        assert "verdict" not in StatCache(path).extra
-        cache.save()  # put it back for the next change (the first cache object still holds it)
-        cache.set_verdict({"snapshot": "x"})
-        cache.save()
+        assert again.identity() == file_key(os.lstat(groups_file)) != loaded.identity()
+        loaded = again
+    assert StatCache(path, fresh=True).identity() is None
+    (tmp_path / "state" / "gc-epoch").write_text("moved on\n")  # a gc ran: this cache may not be saved
+    stale = StatCache(path)
+    (tmp_path / "state" / "gc-epoch").write_text("moved again\n")
+    stale.mark_dirty()
+    stale.save()
+    assert stale.identity() is None
 
 
 def _good_verdict() -> dict:
-    return {"venv": "/v", "snapshot": "a" * 64, "note": "", "vault": [1, 2, 3, 4, -1], "snapshot_stat": [1, 2, 3, 4],
-            "entries": ["lib/python3.12/site-packages/a-1.dist-info"]}
+    return {"version": 1, "venv": "/v", "snapshot": "a" * 64, "note": "", "vault": [1, 2, 3, 4, -1],
+            "snapshot_stat": [1, 2, 3, 4], "entries": ["lib/python3.12/site-packages/a-1.dist-info"],
+            "groups": [10, 20, 30]}
 
 
 @pytest.mark.parametrize("field,value,problem", [
@@ -206,6 +224,9 @@ def _good_verdict() -> dict:
     ("entries", ["ok", ""], "verdict.entries"),
     ("entries", "lib", "verdict.entries"),
     ("extra", 1, "unknown fields extra"),
+    ("version", 2, "verdict.version"),
+    ("groups", [1, 2], "verdict.groups"),
+    ("groups", None, "verdict.groups"),
 ])
 def test_a_verdict_that_does_not_parse_is_not_used(field, value, problem):
     from envvault.snap.verdict import parse_verdict
@@ -221,20 +242,32 @@ def test_a_verdict_that_does_not_parse_is_not_used(field, value, problem):
 
 def test_a_hostile_verdict_in_a_copied_vault_answers_nothing(tmp_path, make_venv, wheelhouse):
     """state/ comes with a copied vault: a verdict claiming the environment unchanged while its files are not
-    the ones recorded, or one that is garbage, leaves the answer to the full command."""
+    the ones recorded, one naming another groups file, or one that is garbage, a link or a FIFO, leaves the
+    answer to the full command, which says what changed."""
     venv = _venv_with_two(make_venv, wheelhouse)
     vault = tmp_path / "vault"
     ev_json(vault, "snap", "--venv", venv, "--no-caches")
     _status(vault, venv)
-    groups_file = next((vault / "state").glob("stat-*.groups.json"))
-    doc = json.loads(groups_file.read_bytes())
-    assert doc["extra"]["verdict"]["venv"] == str(venv)
+    verdict_file = next((vault / "state").glob("verdict-*.json"))
+    good = json.loads(verdict_file.read_bytes())
+    assert good["venv"] == str(venv) and good["version"] == 1
     _edit_in_place(venv)
-    # The verdict kept, the stats of the edited file put back into its group: only a stat key that is not the
-    # file's own could make it answer, and an edit changes the ctime, which no one can set back.
-    for bad in (doc["extra"]["verdict"], {"venv": str(venv)}, "garbage", [1, 2], None):
-        doc["extra"]["verdict"] = bad
-        groups_file.write_text(json.dumps(doc))
+    # The verdict kept as it was: only a stat key that is not the file's own could make it answer, and an edit
+    # moves the ctime, which no one can set back.
+    bad_groups = dict(good, groups=[good["groups"][0] + 1] + good["groups"][1:])
+    for bad in (good, bad_groups, {"venv": str(venv)}, "garbage", [1, 2], None, "x" * (17 << 20)):
+        verdict_file.unlink(missing_ok=True)
+        verdict_file.write_text(json.dumps(bad))
+        code, out, quick = _agrees(vault, venv)
+        assert (code, quick) == (1, False) and "changed since snapshot" in out
+    for odd in ("link", "fifo"):
+        verdict_file.unlink(missing_ok=True)
+        if odd == "link":
+            target = tmp_path / "elsewhere.json"
+            target.write_text(json.dumps(good))
+            verdict_file.symlink_to(target)
+        else:
+            os.mkfifo(verdict_file)
         code, out, quick = _agrees(vault, venv)
         assert (code, quick) == (1, False) and "changed since snapshot" in out
 

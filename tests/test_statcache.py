@@ -51,7 +51,7 @@ def test_snap_after_gc_references_only_stored_objects(tmp_path, make_venv, wheel
 
 
 def test_groups_are_stored_packed_and_read_back(tmp_path):
-    """Stat cache version 6 (and 7): a group's files and stats are two strings; odd paths keep the lists."""
+    """Stat cache version 6: a group's files and stats are two strings; odd paths keep the lists."""
     import json
 
     from envvault.vault.statcache import StatCache, group_paths, group_stats_fresh, stat_key
@@ -71,7 +71,7 @@ def test_groups_are_stored_packed_and_read_back(tmp_path):
     cache.set_group("odd", {"files": names, "stats": keys})
     cache.save()
     doc = json.loads((tmp_path / "state" / "stat-x.groups.json").read_bytes())
-    assert doc["version"] == 7
+    assert doc["version"] == 6
     plain, odd = doc["groups"]["plain"], doc["groups"]["odd"]
     assert plain["files"] == "a.py\nsub dir/b.so\nc,d.txt" and isinstance(plain["stats"], str)
     assert odd["files"] == names and odd["stats"] == keys  # a newline in a path: the lists of version 5

@@ -196,10 +196,9 @@ def status(ctx, venv, against, as_json, exit_code):
     now = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
     note = contents_note(vault, sid, snap, changed=not result.empty)
-    if stamp is not None and result.empty and not broken:  # the next status may answer from this one
-        record_verdict(cache, target=target, sid=sid, note=note, vault=stamp,
-                       snapshot_file=vault.backend.path("snapshots", sid))
     save_checked(cache)
+    if stamp is not None and result.empty and not broken:  # the next status may answer from this one
+        record_verdict(vault, cache, target=target, sid=sid, note=note, stamp=stamp)
     if as_json:
         emit_json({"venv": str(target), "snapshot": sid, "interrupted_restore": broken,
                    "contents_recorded": not snap.lock_only, **result.to_json()})

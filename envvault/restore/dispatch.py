@@ -74,10 +74,9 @@ def restore_snapshot(
 class _Remember:
     """What a verified restore leaves for ``status``: the marker naming the snapshot restored
     (``baseline.record_restored``), written once; and, given the stat cache of the verify scan that found the
-    environment equal to the snapshot (before that cache is saved), a verdict in it (``snap/verdict.py``), so
-    that the first ``status`` after the restore is answered from it, when the snapshot is now the
-    environment's baseline. A lock-only snapshot's status carries a note about contents: the full command
-    answers that one."""
+    environment equal to the snapshot (once that cache is saved), a verdict (``snap/verdict.py``), so that
+    the first ``status`` after the restore is answered from it, when the snapshot is now the environment's
+    baseline. A lock-only snapshot's status carries a note about contents: the full command answers that one."""
 
     def __init__(self, vault: Vault, target: Path, sid: str, snapshot: Snapshot) -> None:
         self.vault, self.target, self.sid, self.snapshot = vault, target, sid, snapshot
@@ -95,8 +94,7 @@ class _Remember:
 
         stamp = verdict_stamp(self.vault, self.target)  # the marker written, the backup committed
         if stamp is not None and baseline_snapshot(self.vault, self.target) == self.sid:
-            record_verdict(cache, target=self.target, sid=self.sid, note=None, vault=stamp,
-                           snapshot_file=self.vault.backend.path("snapshots", self.sid))
+            record_verdict(self.vault, cache, target=self.target, sid=self.sid, note=None, stamp=stamp)
 
 
 def _restore_caches(vault: Vault, snapshot: Snapshot, target: Path, dry_run: bool) -> dict:

@@ -133,12 +133,12 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
             remove_journal(jfile)
             crash_point("verified")
-            if remember is not None and remaining.packages_empty:  # before the one save of the cache below
-                remember(cache if remaining.empty else None)
             clock.lap("verify")
         finally:
             if cache is not None:
                 _save_cache(cache, pruned=take_backup)
+    if remember is not None and remaining.packages_empty:  # the cache saved: the verdict can name its file
+        remember(cache if remaining.empty else None)
     warnings = list(plan.warnings)
     if snapshot.venv and snapshot.venv != str(target) and any(w.path.startswith(_scripts_rel(snapshot)) for w in plan.writes):
         warnings.append(f"the snapshot was taken of {snapshot.venv}: scripts restored into bin/ keep that "

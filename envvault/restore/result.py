@@ -21,7 +21,7 @@ class Strategy(Protocol):
     folder for ``--into``. ``backup``: snapshot an environment before changing it (ignored where there is
     none); ``dry_run``: plan only, change nothing; ``progress(bytes_done)`` where the strategy writes bytes
     itself. ``remember(cache)``: a strategy that verifies with a check scan of its own stat cache calls it
-    when the environment was found equal to the snapshot, before it saves that cache (``dispatch._Remember``);
+    when the environment was found equal to the snapshot, once it saved that cache (``dispatch._Remember``);
     the others leave it to the caller. Raises ``EnvvaultError``s; returns what it did."""
 
     def __call__(self, vault, sid: str, snapshot: "Snapshot", target: Path, *, backup: bool, dry_run: bool,

@@ -1,33 +1,39 @@
 """The verdict of the last ``status`` that found an environment equal to its snapshot, and the quick
-``status`` that answers from it (docs/format.md, "Stat cache", ``extra.verdict``).
+``status`` that answers from it (docs/format.md, "Status verdicts": ``state/verdict-<key>.json``).
 
-A ``status`` that finds nothing changed keeps, in the stat cache it scanned with, what its answer rested on:
-the snapshot and the note printed with it, the dist-info folders the scan listed (in order), and the vault's
-side (``vault_stamp``: the stat keys of ``snapshots/`` and of the environment's ``restored-`` marker, taken
-before the baseline was chosen, and of the snapshot's file). The stat cache drops a verdict whenever one of
-its groups or its ``extra`` changes (``StatCache.set_group``, ``mark_dirty``), so a saved verdict was made
-from exactly the groups saved with it.
+A ``status`` that finds nothing changed (and a restore in place whose verify scan found the environment
+equal to the snapshot, once that snapshot is its baseline) writes what its answer rested on: the snapshot and
+the note printed with it, the dist-info folders its scan listed (in order), the stat cache's groups file its
+scan used (``StatCache.identity``: the one it loaded unchanged, or the one it saved), and the vault's side
+(``vault_stamp``: the stat keys of ``snapshots/`` and of the environment's ``restored-`` marker, taken before
+the baseline was chosen, and of the snapshot's file).
 
 The next ``status`` answers "unchanged" from the verdict alone (``unchanged_since``) when the vault's side
-is the same, the environment lists the same dist-info folders, every one of their groups is still fresh
-(the scan's own rule, ``fresh.py``: one ``lstat`` a file) and the interpreter still answers from the memo:
-then the full command would scan the same groups into the same packages against the same snapshot. It
-imports neither the CLI, nor the model, the diff or the ingester. Anything else (another snapshot, a
-restore, an interrupted restore, a changed file, a new or removed distribution, a verdict that does not
-parse) sends the command down its full path, which records a new verdict when it finds nothing changed.
+is the same, the groups file is still that one (read, and checked to be the file that was read), the
+environment lists the same dist-info folders, every one of their groups is still fresh (the scan's own rule,
+``fresh.py``: one ``lstat`` a file) and the interpreter still answers from the memo: then the full command
+would scan the same groups into the same packages against the same snapshot. It imports neither the CLI,
+nor the model, the diff or the ingester. Anything else (another snapshot, a restore, an interrupted restore,
+a changed file, a new or removed distribution, a verdict that does not parse) sends the command down its
+full path, which writes a new verdict when it finds nothing changed. Writing one costs the full command a
+small file: the groups file is not rewritten for it.
 
-A verdict in a vault copied from someone else is no more trusted than the stat cache it lives in: it
-answers only when every file of the environment has the size, mtime, inode and ctime recorded beside it.
+A verdict in a vault copied from someone else is no more trusted than the stat cache beside it: it answers
+only when every file of the environment has the size, mtime, inode and ctime recorded there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 from typing import NamedTuple
 
-from envvault.vault.statcache import VERDICT, StatCache, stat_key
+from envvault.errors import CorruptError, EnvvaultError
+from envvault.model.encoding import json_loads
+from envvault.vault.fsutil import read_regular
+from envvault.vault.statcache import StatCache, stat_key
 
 from .fresh import JOURNAL_NAME, base_of, entry_key, fresh_groups
 
@@ -36,8 +42,12 @@ __all__ = ["Verdict", "parse_verdict", "restored_name", "vault_stamp", "verdict_
 _ID = re.compile(r"[0-9a-f]{64}")
 
 
+VERSION = 1
+_LIMIT = 16 << 20  # a verdict lists one path a distribution: thousands of them are well under a MiB
+
+
 class Verdict(NamedTuple):
-    """``extra.verdict`` of a stat cache, parsed (``parse_verdict``)."""
+    """``state/verdict-<key>.json``, parsed (``parse_verdict``)."""
 
     venv: str  # the environment's path as the command named it
     snapshot: str  # the id of the snapshot it matched
@@ -45,6 +55,7 @@ class Verdict(NamedTuple):
     vault: tuple[int, ...]  # vault_stamp before the baseline was chosen
     snapshot_stat: tuple[int, ...]  # snapshot_stamp of that snapshot's file
     entries: tuple[str, ...]  # the dist-info folders the scan listed, as keys of the stat cache's groups
+    groups: tuple[int, ...]  # the stat cache's groups file the scan used (``StatCache.identity``)
 
 
 def _ints(value, what: str, problems: list[str]) -> tuple[int, ...]:
@@ -55,11 +66,13 @@ def _ints(value, what: str, problems: list[str]) -> tuple[int, ...]:
 
 
 def parse_verdict(doc) -> tuple[Verdict | None, list[str]]:
-    """A verdict from ``extra.verdict`` and the problems found (each with its field); ``(None, problems)``
-    when there are any. A cache's verdict that does not parse is simply not used."""
+    """A verdict from its file's JSON and the problems found (each with its field); ``(None, problems)``
+    when there are any. A verdict that does not parse is simply not used."""
     if not isinstance(doc, dict):
         return None, ["verdict: not an object"]
     problems: list[str] = []
+    if doc.get("version") != VERSION:
+        problems.append(f"verdict.version: not {VERSION}")
     venv, sid, note = doc.get("venv"), doc.get("snapshot"), doc.get("note")
     if not isinstance(venv, str) or not venv:
         problems.append("verdict.venv: not a path")
@@ -69,16 +82,26 @@ def parse_verdict(doc) -> tuple[Verdict | None, list[str]]:
         problems.append("verdict.note: not a text of at most 4096 characters")
     vault = _ints(doc.get("vault"), "verdict.vault", problems)
     snap = _ints(doc.get("snapshot_stat"), "verdict.snapshot_stat", problems)
+    groups = _ints(doc.get("groups"), "verdict.groups", problems)
+    if len(groups) != 3:
+        problems.append("verdict.groups: not a size, an mtime and an inode")
     entries = doc.get("entries")
     if not isinstance(entries, list) or not all(isinstance(e, str) and e for e in entries):
         problems.append("verdict.entries: not a list of paths")
         entries = []
-    unknown = sorted(set(doc) - set(Verdict._fields))
+    unknown = sorted(set(doc) - set(Verdict._fields) - {"version"})
     if unknown:
         problems.append(f"verdict: unknown fields {', '.join(map(str, unknown))}")
     if problems:
         return None, problems
-    return Verdict(venv, sid, note, vault, snap, tuple(entries)), []
+    return Verdict(venv, sid, note, vault, snap, tuple(entries), groups), []
+
+
+def verdict_name(target: str | os.PathLike) -> str:
+    """The state file holding the verdict of the environment at ``target``."""
+    from envvault.safepaths import env_key
+
+    return f"verdict-{env_key(target)}.json"
 
 
 def restored_name(target: str | os.PathLike) -> str:
@@ -122,17 +145,22 @@ def snapshot_stamp(snapshot_file: Path) -> tuple[int, ...]:
     return tuple(_key_or_none(snapshot_file))
 
 
-def record_verdict(cache: StatCache, *, target: Path, sid: str, note: str | None, vault: tuple[int, ...],
-                   snapshot_file: Path) -> None:
-    """Keep in ``cache`` (saved by the caller) that the environment at ``target`` matched snapshot ``sid``
-    when its last scan (``cache.listed``) was made, the vault's side being ``vault`` before the baseline was
-    chosen. Nothing is kept when that scan listed nothing or was not made with this cache."""
-    if cache.listed is None:
+def record_verdict(vault, cache: StatCache, *, target: Path, sid: str, note: str | None,
+                   stamp: tuple[int, ...]) -> None:
+    """Write the verdict that the environment at ``target`` matched snapshot ``sid`` (of the open local
+    ``vault``) when ``cache``'s last scan (``cache.listed``) was made, the vault's side being ``stamp``
+    (``verdict_stamp``) before the baseline was chosen. Call it once ``cache`` is saved: nothing is written
+    when its groups are not those of a file on disk (``identity``) or no scan listed them. Never fails."""
+    groups = cache.identity()
+    if groups is None or cache.listed is None:
         return
-    cache.set_verdict({
-        "venv": str(target), "snapshot": sid, "note": note or "", "vault": list(vault),
-        "snapshot_stat": list(snapshot_stamp(snapshot_file)), "entries": list(cache.listed),
-    })
+    doc = {"version": VERSION, "venv": str(target), "snapshot": sid, "note": note or "", "vault": list(stamp),
+           "snapshot_stat": list(snapshot_stamp(vault.backend.path("snapshots", sid))),
+           "entries": list(cache.listed), "groups": list(groups)}
+    try:
+        vault.state.write(verdict_name(target), json.dumps(doc, separators=(",", ":")).encode(), durable=False)
+    except (OSError, EnvvaultError):
+        pass  # a cache: the next status answers in full
 
 
 def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None:
@@ -141,7 +169,6 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
     cannot be told without the full command (which then answers, errors included)."""
     from envvault.env.probe import find_target, system_of
     from envvault.env.reader import reader_for
-    from envvault.errors import EnvvaultError
     from envvault.safepaths import env_key
     from envvault.vault.local import LocalBackend
     from envvault.vault.state import LocalState
@@ -156,9 +183,14 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
     key = env_key(target)
     if os.path.lexists(target / JOURNAL_NAME) or os.path.lexists(state.dir / f"journal-{key}.json"):
         return None  # an interrupted restore: the full command settles it
-    cache = StatCache(state.dir / f"stat-{key}", tmp_dir=state.tmp_dir)
-    verdict, _ = parse_verdict(cache.extra.get(VERDICT))
+    try:
+        verdict, _ = parse_verdict(json_loads(read_regular(state.dir / verdict_name(target), _LIMIT, "verdict")))
+    except (OSError, ValueError, CorruptError):
+        return None
     if verdict is None or verdict.venv != str(target):
+        return None
+    cache = StatCache(state.dir / f"stat-{key}", tmp_dir=state.tmp_dir)
+    if cache.identity() != verdict.groups:  # not the groups file the verdict rested on
         return None
     if vault_stamp(snapshots_dir(root), state.dir, target) != verdict.vault or verdict.snapshot_stat == (-1,) \
             or snapshot_stamp(backend.path("snapshots", verdict.snapshot)) != verdict.snapshot_stat:
@@ -166,7 +198,7 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
     try:
         reader = reader_for(target, cache)
         reader.interpreter()
-        if cache.extra.get(VERDICT) is None:  # the interpreter was probed again: the memo changed
+        if cache.identity() != verdict.groups:  # the interpreter was probed again: the memo changed
             return None
         base = base_of(target)
         entries = []

@@ -66,6 +66,11 @@ def read_regular(path: Path | str, limit: int, what: str, *, follow: bool = Fals
 
     A symlink, a FIFO, a device or a folder, or a file over ``limit``, is a CorruptError naming ``what``;
     a missing file raises FileNotFoundError and other failures their OSError."""
+    return read_regular_stat(path, limit, what, follow=follow)[0]
+
+
+def read_regular_stat(path: Path | str, limit: int, what: str, *, follow: bool = False) -> tuple[bytes, os.stat_result]:
+    """``read_regular``, with the stat of the file read (taken from its open descriptor)."""
     fd, st = _open_regular(path, what, follow)
     try:
         if st.st_size > limit:
@@ -79,7 +84,7 @@ def read_regular(path: Path | str, limit: int, what: str, *, follow: bool = Fals
             total += len(block)
             if total > limit:  # grew while read
                 raise CorruptError(f"{what} is over the limit of {limit} bytes")
-        return b"".join(chunks)
+        return b"".join(chunks), st
     finally:
         os.close(fd)
 
@@ -123,8 +128,11 @@ def storage_error(err: OSError, where: Path | str) -> StorageError:
     return StorageError(f"cannot write {where}: {err.strerror or err}")
 
 
-def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: int = 0o600, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` so that ``path`` either does not change or holds all of ``data``.
+def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: int = 0o600,
+                 durable: bool = True) -> os.stat_result:
+    """Write ``data`` to ``path`` so that ``path`` either does not change or holds all of ``data``; the stat
+    of the file written, taken before it was renamed to ``path`` (its inode, size and mtime stay; its ctime
+    moves with the rename), so that it is this write's even when another writer replaces ``path`` at once.
 
     ``durable=False`` skips the fsyncs, for caches that may be lost in a crash but never seen half-written.
     """
@@ -139,11 +147,13 @@ def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: 
                 view = view[n:]
             if durable:
                 os.fsync(fd)
+            written = os.fstat(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
         if durable:
             fsync_dir(path.parent)
+        return written
     except OSError as err:
         try:
             os.unlink(tmp)

@@ -1,7 +1,7 @@
 """The stat cache (docs/format.md, "Stat cache"): per environment, what its last scan found (each
 distribution's files, their stats, its summary and manifest id; each file's sha256 and chunks), so that an
-unchanged file is not read again and an unchanged distribution is not even opened; and the verdict of the
-last ``status`` that found the environment equal to its snapshot (``verdict.py``).
+unchanged file is not read again and an unchanged distribution is not even opened. A status verdict
+(``snap/verdict.py``) names the groups file it rested on (``identity``).
 
 Light on purpose: an unchanged ``status`` imports this module and not the ingester (``ingest.py``), whose
 readers, chunker and pack writer only a changed file needs; zstandard is imported when the per-file half is.
@@ -20,11 +20,9 @@ from pathlib import Path
 from envvault import __version__
 from envvault.errors import CorruptError
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads
-from envvault.vault.fsutil import atomic_write, flocked, read_regular
+from envvault.vault.fsutil import atomic_write, flocked, read_regular, read_regular_stat
 
-VERDICT = "verdict"  # the key in extra of a status verdict (snap/verdict.py)
-
-__all__ = ["StatCache", "stat_key", "encode_stats", "group_paths", "group_stats_fresh", "unpack_stats"]
+__all__ = ["StatCache", "stat_key", "file_key", "encode_stats", "group_paths", "group_stats_fresh", "unpack_stats"]
 
 
 def stat_key(st: os.stat_result) -> list[int]:
@@ -38,7 +36,7 @@ class StatCache:
     snap) and ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
     """
 
-    VERSION = 7  # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats; 7: verdict
+    VERSION = 6  # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats
 
     def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None, fresh: bool = False):
         # ``lock()``: the shared vault lock saves hold; ``tmp_dir``: where saves stage (``Vault.stat_cache``
@@ -57,21 +55,22 @@ class StatCache:
         self._dirty_groups = False
         self._dirty_files = False
         self.listed: tuple[str, ...] | None = None  # the groups the last scan with this cache listed, in order
+        self._groups_key: tuple[int, ...] | None = None  # the groups file these groups are (``identity``)
         self._epoch_path = path.parent / "gc-epoch"
         self._epoch = self._read_epoch()
         if fresh:
             self._files = {}
             self._dirty_groups = self._dirty_files = True
             return
-        doc = self._load(self.groups_path, compressed=False)
+        doc = self._load(self.groups_path, compressed=False, identify=True)
         if doc:
             self.groups = doc.get("groups", {})
             extra = doc.get("extra")
             self.extra = extra if isinstance(extra, dict) else {}
 
-    def _load(self, path: Path, compressed: bool) -> dict | None:
+    def _load(self, path: Path, compressed: bool, identify: bool = False) -> dict | None:
         try:
-            raw = read_regular(path, MAX_DOC_BYTES, path.name)  # no FIFO, no link to /dev/zero
+            raw, st = read_regular_stat(path, MAX_DOC_BYTES, path.name)  # no FIFO, no link to /dev/zero
             if compressed:
                 import zstandard
 
@@ -86,7 +85,15 @@ class StatCache:
             return None
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:
             return None
+        if identify:
+            self._groups_key = file_key(st)
         return doc
+
+    def identity(self) -> tuple[int, ...] | None:
+        """The groups file whose groups (and ``extra``) this cache holds unchanged, as ``file_key`` of it: the
+        one it loaded, or the one it last saved; None when they changed since (or there is none). A status
+        verdict names it (``snap/verdict.py``): a verdict holds only while that file is the one on disk."""
+        return None if self._dirty_groups else self._groups_key
 
     def _read_epoch(self) -> str:
         try:
@@ -131,18 +138,9 @@ class StatCache:
             value = dict(value)
             value["files"], value["stats"] = encode_stats(value["files"], value["stats"])
         self.groups[key] = value
-        self.mark_dirty()
-
-    def mark_dirty(self) -> None:
-        """Save the groups and ``extra``, which changed: a verdict (``snap/verdict.py``) rested on what they
-        were, so it is dropped."""
-        self.extra.pop(VERDICT, None)
         self._dirty_groups = True
 
-    def set_verdict(self, value: dict) -> None:
-        """Keep ``value`` as ``extra.verdict`` (``snap/verdict.py``): made from the groups as they are now,
-        it lives until the next change to them or to ``extra`` (``mark_dirty``)."""
-        self.extra[VERDICT] = value
+    def mark_dirty(self) -> None:
         self._dirty_groups = True
 
     def touch(self, rels) -> None:
@@ -181,9 +179,18 @@ class StatCache:
                 if self._dirty_groups:
                     doc = {"version": self.VERSION, "tool": __version__, "groups": self.groups, "extra": self.extra}
                     data = json.dumps(doc, separators=(",", ":")).encode()
-                    atomic_write(self.groups_path, data, tmp_dir=self._tmp_dir, durable=False)
+                    self._groups_key = file_key(atomic_write(self.groups_path, data, tmp_dir=self._tmp_dir,
+                                                             durable=False))
+                    self._dirty_groups = False
         except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
             pass
+
+
+def file_key(st: os.stat_result) -> tuple[int, ...]:
+    """Which file a stat cache's groups file is: its size, mtime and inode (not its ctime, which a rename
+    moves: the key of a file written is taken before it is renamed into place, ``atomic_write``). Every
+    save writes a new file, so a file that is replaced never keeps its key."""
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def encode_stats(paths: list[str], stats: list[list[int]]) -> tuple:
