@@ -189,11 +189,11 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
         return None
     if verdict is None or verdict.venv != str(target):
         return None
-    cache = StatCache(state.dir / f"stat-{key}", tmp_dir=state.tmp_dir)
-    if cache.identity() != verdict.groups:  # not the groups file the verdict rested on
-        return None
     if vault_stamp(snapshots_dir(root), state.dir, target) != verdict.vault or verdict.snapshot_stat == (-1,) \
             or snapshot_stamp(backend.path("snapshots", verdict.snapshot)) != verdict.snapshot_stat:
+        return None
+    cache = StatCache(state.dir / f"stat-{key}", tmp_dir=state.tmp_dir)
+    if cache.identity() != verdict.groups:  # not the groups file the verdict rested on
         return None
     try:
         reader = reader_for(target, cache)
