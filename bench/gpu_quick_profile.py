@@ -82,6 +82,26 @@ def main() -> None:
     )
     p = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env)
     say(p.stdout + p.stderr[-2000:])
+    # The forked check's sizing (snap/forked.py: at most _MAX_CHILDREN processes, _WEIGHT_A_CHILD files
+    # each at least), in process, each setting in turn round by round.
+    sweep = (
+        "import time, sys\n"
+        "from envvault.snap import forked\n"
+        "from envvault.snap.verdict import unchanged_since\n"
+        "from envvault.vault.location import default_vault_path\n"
+        "root = default_vault_path(None)\n"
+        f"venv = {venv!r}\n"
+        "settings = [(8, 4000), (12, 3000), (16, 3000), (16, 2000), (24, 2000)]\n"
+        "ts = {s: [] for s in settings}\n"
+        "for r in range(9):\n"
+        "    for s in settings[r % 5:] + settings[:r % 5]:\n"
+        "        forked._MAX_CHILDREN, forked._WEIGHT_A_CHILD = s\n"
+        "        t = time.perf_counter(); assert unchanged_since(root, venv) is not None; ts[s].append(time.perf_counter() - t)\n"
+        "for s, v in ts.items():\n"
+        "    v.sort(); print(f'children {s[0]}, {s[1]} files a child at least: median {v[4]*1000:.1f} ms ({v[0]*1000:.1f}-{v[-1]*1000:.1f})')\n"
+    )
+    p = subprocess.run([py, "-c", sweep], capture_output=True, text=True, env=env)
+    say(p.stdout + p.stderr[-2000:])
     p = subprocess.run([py, "-X", "importtime", "-c", IMPORTS], capture_output=True, text=True, env=env)
     top = sorted((ln for ln in p.stderr.splitlines() if ln.startswith("import time:") and "self" not in ln),
                  key=lambda ln: -int(ln.split("|")[1]))[:25]

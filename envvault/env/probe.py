@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from envvault.model.encoding import json_loads
 from envvault.errors import UsageError
@@ -83,9 +82,10 @@ if any(os.path.isfile(os.path.join(d, "pyvenv.cfg")) for d in (exe_dir, site_pre
 _PROBE = _FACTS + _VENV + "print(json.dumps(facts))\n"
 
 
-@dataclass(frozen=True)
-class Interpreter:
-    """What a snapshot records about the target's Python; paths are absolute."""
+class Interpreter(NamedTuple):
+    """What a snapshot records about the target's Python; paths are absolute. A typed, immutable record (a
+    ``NamedTuple``, not a dataclass: the quick ``status`` builds one from the stat cache's memo, and
+    ``dataclasses`` with what it imports is 5-7 ms of a 0.13 s command; ``_replace`` gives a changed copy)."""
 
     prefix: Path
     executable: Path
@@ -112,7 +112,7 @@ class Interpreter:
         return ".".join(self.version.split(".")[:2])
 
     def to_cache(self) -> dict:
-        d = {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
+        d = {k: str(v) if isinstance(v, Path) else v for k, v in self._asdict().items()}
         d["sites"] = [str(p) for p in self.sites]
         d.pop("prefix")
         return d

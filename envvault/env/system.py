@@ -93,7 +93,7 @@ class SystemReader:
             if interp.prefix != self.prefix:
                 raise UsageError(f"{self.exe} now sees the environment rooted at {interp.prefix}, not {self.prefix}")
             # Site directories are probed as candidates; the ones that exist now are the environment's.
-            self._interp = dataclasses.replace(interp, sites=tuple(p for p in interp.sites if p.is_dir()))
+            self._interp = interp._replace(sites=tuple(p for p in interp.sites if p.is_dir()))
         return self._interp
 
     def _key(self) -> list:

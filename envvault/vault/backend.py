@@ -44,9 +44,8 @@ Machine-local files (stat caches, markers, temp files) are not a backend's busin
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from envvault.errors import NotFoundError, StorageError
 
@@ -68,8 +67,10 @@ class ReadFailed(StorageError):
         self.why = why
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
+class ObjectInfo(NamedTuple):
+    """A stored object's name and size (a ``NamedTuple``: the quick ``status`` imports this module, and not
+    ``dataclasses``)."""
+
     name: str
     size: int
 
