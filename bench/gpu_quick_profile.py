@@ -66,12 +66,12 @@ def main() -> None:
     for name, ws in walls.items():
         say(f"{name}: median {statistics.median(ws) * 1000:.1f} ms ({min(ws) * 1000:.1f}-{max(ws) * 1000:.1f})")
     # In process, under the tool's interpreter: unchanged_since's own time, and where it goes.
-    code = (
-        "import cProfile, pstats, io, time, sys\n"
-        "from envvault.snap.verdict import unchanged_since\n"
-        "from envvault.vault.location import default_vault_path\n"
-        "root = default_vault_path(None)\n"
-        f"venv = {venv!r}\n"
+    prelude = ("import cProfile, pstats, io, time, sys\n"
+               "from envvault.snap import forked\n"
+               "from envvault.snap.verdict import unchanged_since\n"
+               "from envvault.vault.location import default_vault_path\n"
+               f"root, venv = default_vault_path(None), {venv!r}\n")
+    code = prelude + (
         "ts = []\n"
         "for _ in range(7):\n"
         "    t = time.perf_counter(); hit = unchanged_since(root, venv); ts.append(time.perf_counter() - t)\n"
@@ -84,13 +84,7 @@ def main() -> None:
     say(p.stdout + p.stderr[-2000:])
     # The forked check's sizing (snap/forked.py: at most _MAX_CHILDREN processes, _WEIGHT_A_CHILD files
     # each at least), in process, each setting in turn round by round.
-    sweep = (
-        "import time, sys\n"
-        "from envvault.snap import forked\n"
-        "from envvault.snap.verdict import unchanged_since\n"
-        "from envvault.vault.location import default_vault_path\n"
-        "root = default_vault_path(None)\n"
-        f"venv = {venv!r}\n"
+    sweep = prelude + (
         "settings = [(8, 4000), (12, 3000), (16, 3000), (16, 2000), (24, 2000)]\n"
         "ts = {s: [] for s in settings}\n"
         "for r in range(9):\n"
