@@ -1,7 +1,8 @@
 """Where the quick ``status`` spends its time on the device (issue 11): envvault in a venv of its own (uv,
 bytecode compiled), the device's real venv snapped into a fresh vault, one full ``status`` to leave the
 verdict, then, 9 rounds each, alternately: the interpreter alone (``python -c pass``), the quick path's
-imports alone, and the quick ``status``; and one cProfile of ``verdict.unchanged_since`` in process.
+imports alone, and the quick ``status``; one cProfile of ``verdict.unchanged_since`` in process, and its time
+in process under five sizings of the forked check.
 
 Run by ``bench/gpu_quick_profile.sh`` (which installs the carried wheels first); writes
 ``$OUT/gpu_quick_profile.txt``.
@@ -72,18 +73,14 @@ def main() -> None:
                "from envvault.vault.location import default_vault_path\n"
                f"root, venv = default_vault_path(None), {venv!r}\n")
     code = prelude + (
-        "ts = []\n"
-        "for _ in range(7):\n"
-        "    t = time.perf_counter(); hit = unchanged_since(root, venv); ts.append(time.perf_counter() - t)\n"
-        "    assert hit is not None\n"
-        "ts.sort(); print(f'unchanged_since in process: median {ts[3]*1000:.1f} ms ({ts[0]*1000:.1f}-{ts[-1]*1000:.1f})')\n"
+        "assert unchanged_since(root, venv) is not None\n"
         "pr = cProfile.Profile(); pr.enable(); unchanged_since(root, venv); pr.disable()\n"
         "s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats('tottime').print_stats(18); print(s.getvalue())\n"
     )
     p = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env)
     say(p.stdout + p.stderr[-2000:])
-    # The forked check's sizing (snap/forked.py: at most _MAX_CHILDREN processes, _WEIGHT_A_CHILD files
-    # each at least), in process, each setting in turn round by round.
+    # unchanged_since in process, under each sizing of the forked check (snap/forked.py: at most
+    # _MAX_CHILDREN processes, _WEIGHT_A_CHILD files each at least; 8, 4000 is envvault's), in turn round by round.
     sweep = prelude + (
         "settings = [(8, 4000), (12, 3000), (16, 3000), (16, 2000), (24, 2000)]\n"
         "ts = {s: [] for s in settings}\n"
