@@ -80,7 +80,7 @@ def main() -> None:
     p = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env)
     say(p.stdout + p.stderr[-2000:])
     # unchanged_since in process, under each sizing of the forked check (snap/forked.py: at most
-    # _MAX_CHILDREN processes, _WEIGHT_A_CHILD files each at least; 8, 4000 is envvault's), in turn round by round.
+    # _MAX_CHILDREN processes, _WEIGHT_A_CHILD files each at least; 16, 3000 is envvault's since 6969ae6's sweep), in turn round by round.
     sweep = prelude + (
         "settings = [(8, 4000), (12, 3000), (16, 3000), (16, 2000), (24, 2000)]\n"
         "ts = {s: [] for s in settings}\n"

@@ -77,7 +77,9 @@ def read_regular_stat(path: Path | str, limit: int, what: str, *, follow: bool =
             raise CorruptError(f"{what} is {st.st_size} bytes, over the limit of {limit}")
         chunks, total = [], 0
         while True:
-            block = os.read(fd, min(1 << 20, limit + 1 - total))
+            # the whole file in one read (no copy to join them: 3 ms of the quick status's 6 MB stat cache),
+            # then blocks for one that grows while read
+            block = os.read(fd, min(st.st_size + 1 if not chunks else 1 << 20, limit + 1 - total))
             if not block:
                 break
             chunks.append(block)
