@@ -60,9 +60,12 @@ def test_a_second_unchanged_status_is_answered_before_the_cli(tmp_path, make_ven
     venv = _venv_with_two(make_venv, wheelhouse, kind)
     vault = tmp_path / "vault"
     sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
-    code, out, _err, quick, _ = _status(vault, venv)
-    assert (code, quick) == (0, False)  # no verdict yet: the full command answers, and records one
+    code, out, quick = _agrees(vault, venv)  # the snap left the verdict
+    assert (code, quick) == (0, True)
     assert out == f"{venv}: unchanged since snapshot {sid[:12]}\n"
+    (next((vault / "state").glob("verdict-*.json"))).unlink()
+    code, again, _err, quick, _ = _status(vault, venv)
+    assert (code, again, quick) == (0, out, False)  # no verdict: the full command answers, and leaves one
     code, again, _err, quick, imported = _status(vault, venv)
     assert (code, again, quick) == (0, out, True)
     # nor what only the records of the full path need (dataclasses and inspect: 5-7 ms on the GPU host)
@@ -126,10 +129,15 @@ def test_a_new_snapshot_or_a_restore_moves_the_baseline(tmp_path, make_venv, whe
     ev_json(vault, "snap", "--venv", other, "--no-caches")
     code, again, quick = _agrees(vault, venv)
     assert (code, again, quick) == (0, out, False)
-    # a new snapshot of this environment: the baseline is now that one
+    # a new snapshot of this environment: the baseline is now that one (and the snap left its verdict)
     third = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
     code, out, quick = _agrees(vault, venv)
-    assert (code, quick) == (0, False) and third[:12] in out and second != third
+    assert (code, quick) == (0, True) and third[:12] in out and second != third
+    # a lock-only snapshot leaves none: its status says how contents were compared
+    ev_json(vault, "snap", "--venv", venv, "--lock-only")
+    code, out, quick = _agrees(vault, venv)
+    assert (code, quick) == (0, False) and "lock-only" in out
+    assert _status(vault, venv)[1:4:2] == (out, True)
 
 
 @pytest.mark.parametrize("backup", [True, False], ids=["default-backup", "no-backup"])

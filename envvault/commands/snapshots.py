@@ -59,7 +59,7 @@ def snap(ctx, venv, message, lock_only, no_caches, cache_dirs, as_json):
       envvault snap -m "before installing sglang"
       envvault snap --venv ~/venvs/train --lock-only
     """
-    from envvault.snap import take_snapshot
+    from envvault.snap import statcache_for, take_snapshot
 
     target = find_target(venv)
     vault = open_vault(ctx, create=True)
@@ -67,10 +67,17 @@ def snap(ctx, venv, message, lock_only, no_caches, cache_dirs, as_json):
     hook = None
     if not no_caches and not lock_only:
         hook = _cache_hook(vault, target, cache_dirs)
+    cache = statcache_for(vault, target)  # saved here once the snapshot committed, then named by a verdict
     try:
-        result = take_snapshot(vault, target, message=message, lock_only=lock_only, progress=progress, cache_hook=hook)
+        result = take_snapshot(vault, target, message=message, lock_only=lock_only, progress=progress,
+                               cache_hook=hook, cache=cache)
     finally:
         progress.close()
+    cache.save()
+    if not lock_only:  # the next status answers from this snap (a lock-only baseline's status has a note)
+        from envvault.restore.baseline import leave_verdict
+
+        leave_verdict(vault, cache, target, result.id)
     if as_json:
         emit_json(result.to_json())
         return

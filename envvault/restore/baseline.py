@@ -18,7 +18,7 @@ from envvault.model.heads import head_of
 from envvault.vault.heads import newest_head
 from envvault.vault.store import Vault
 
-__all__ = ["baseline_snapshot", "record_restored"]
+__all__ = ["baseline_snapshot", "record_restored", "leave_verdict"]
 
 
 
@@ -68,3 +68,15 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     return best[1]
 
 
+def leave_verdict(vault: Vault, cache, target: Path, sid: str) -> None:
+    """After a command that left the environment at ``target`` equal to snapshot ``sid`` (a snap, a verified
+    restore) and saved ``cache``, the stat cache of the scan that found it so: the verdict the next ``status``
+    answers from (``snap/verdict.py``), when ``sid`` is now the environment's baseline. Never fails."""
+    from envvault.snap.verdict import record_verdict, verdict_stamp
+
+    try:
+        stamp = verdict_stamp(vault, target)  # before the baseline is chosen
+        if stamp is not None and baseline_snapshot(vault, target) == sid:
+            record_verdict(vault, cache, target=target, sid=sid, note=None, stamp=stamp)
+    except (EnvvaultError, OSError):
+        pass  # a cache: the next status answers in full

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from envvault.model.snapshot import Snapshot
-from envvault.restore.baseline import record_restored
+from envvault.restore.baseline import leave_verdict, record_restored
 from envvault.output import ProgressSink
 from envvault.restore.result import RestoreResult, Strategy
 from envvault.vault.store import Vault
@@ -87,14 +87,8 @@ class _Remember:
             return
         self.done = True
         record_restored(self.vault, self.target, self.sid)
-        if cache is None or self.snapshot.lock_only:
-            return
-        from envvault.restore.baseline import baseline_snapshot
-        from envvault.snap.verdict import record_verdict, verdict_stamp
-
-        stamp = verdict_stamp(self.vault, self.target)  # the marker written, the backup committed
-        if stamp is not None and baseline_snapshot(self.vault, self.target) == self.sid:
-            record_verdict(self.vault, cache, target=self.target, sid=self.sid, note=None, stamp=stamp)
+        if cache is not None and not self.snapshot.lock_only:  # the marker written, the backup committed
+            leave_verdict(self.vault, cache, self.target, self.sid)
 
 
 def _restore_caches(vault: Vault, snapshot: Snapshot, target: Path, dry_run: bool) -> dict:
