@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -11,11 +12,22 @@ from fixtures import uv_install
 from tests.evtools import ev_env, ev_json
 
 
-def test_journal_name_spelt_out_agrees():
+def test_journal_name_spelt_out_agrees(monkeypatch):
     from envvault import journal
+    from envvault.env import probe
     from envvault.snap import fresh
 
     assert fresh.JOURNAL_NAME == journal.JOURNAL_NAME
+
+    class _State:  # what journal_file uses of a vault
+        class state:
+            path = staticmethod(lambda name: Path("/state") / name)
+
+    root = Path("/opt/some-python-root")
+    monkeypatch.setitem(probe._SYSTEMS, str(root), (root / "bin" / "python3", None))  # a system environment
+    from envvault.safepaths import env_key
+
+    assert journal.journal_file(_State, root) == Path("/state") / fresh.STATE_JOURNAL.format(key=env_key(root))
 
 
 def test_nvidia_smi_answer_is_remembered_while_the_driver_stays(monkeypatch):

@@ -13,11 +13,22 @@ from envvault.vault.statcache import group_stats_fresh, stat_key, unpack_stats
 
 from .forked import check_all
 
-__all__ = ["JOURNAL_NAME", "base_of", "entry_key", "fresh_groups"]
+__all__ = ["JOURNAL_NAME", "STATE_JOURNAL", "journal_left", "base_of", "entry_key", "fresh_groups"]
 
 # envvault.journal.JOURNAL_NAME, spelt out: a scan that finds no journal need not import the restore journal
 # (tests/test_snap_fastpath.py checks the two agree).
 JOURNAL_NAME = ".envvault-restore.json"
+STATE_JOURNAL = "journal-{key}.json"  # a system environment's, in the vault's state/ (journal.journal_file)
+
+
+def journal_left(prefix: Path, state_dir: Path) -> bool:
+    """A restore of the environment at ``prefix`` was killed: its journal is in the environment (a venv)
+    or in the vault's ``state_dir`` (a system environment's); a scan settles it first, the quick ``status``
+    leaves it to the full command."""
+    from envvault.safepaths import env_key
+
+    return os.path.lexists(os.path.join(prefix, JOURNAL_NAME)) or os.path.lexists(
+        os.path.join(state_dir, STATE_JOURNAL.format(key=env_key(prefix))))
 
 
 def base_of(prefix: Path) -> str:

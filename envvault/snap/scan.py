@@ -21,7 +21,7 @@ from envvault.vault.ingest import Ingester
 from envvault.vault.statcache import StatCache, encode_stats, stat_key
 from envvault.vault.store import Vault
 
-from .fresh import JOURNAL_NAME, base_of, entry_key, fresh_groups
+from .fresh import base_of, entry_key, fresh_groups, journal_left
 
 if TYPE_CHECKING:
     from envvault.model.manifest import DistManifest
@@ -95,12 +95,9 @@ def scan_environment(
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
     queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
-    from envvault.safepaths import env_key
-
     # A killed restore (its journal in a venv, or a system environment's in the vault's state): clean what it
     # half-made first.
-    if os.path.lexists(os.path.join(prefix, JOURNAL_NAME)) or os.path.lexists(
-            vault.state.path(f"journal-{env_key(prefix)}.json")):
+    if journal_left(prefix, vault.state.dir):
         from envvault.journal import settle_interrupted
 
         settle_interrupted(vault, prefix)

@@ -35,13 +35,12 @@ from envvault.model.encoding import json_loads
 from envvault.vault.fsutil import read_regular
 from envvault.vault.statcache import StatCache, stat_key
 
-from .fresh import JOURNAL_NAME, base_of, entry_key, fresh_groups
+from .fresh import base_of, entry_key, fresh_groups, journal_left
 
-__all__ = ["Verdict", "parse_verdict", "restored_name", "vault_stamp", "verdict_stamp", "snapshot_stamp", "record_verdict",
-           "unchanged_since", "unchanged_text"]
+__all__ = ["Verdict", "parse_verdict", "verdict_name", "restored_name", "vault_stamp", "verdict_stamp",
+           "snapshots_dir", "snapshot_stamp", "record_verdict", "unchanged_since", "unchanged_text"]
+
 _ID = re.compile(r"[0-9a-f]{64}")
-
-
 VERSION = 1
 _LIMIT = 16 << 20  # a verdict lists one path a distribution: thousands of them are well under a MiB
 
@@ -180,8 +179,7 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
     if system_of(target) is not None or not (target / "pyvenv.cfg").is_file():
         return None  # a system environment: its baseline depends on the interpreter in use
     backend, state = LocalBackend(root), LocalState.in_vault(root)
-    key = env_key(target)
-    if os.path.lexists(target / JOURNAL_NAME) or os.path.lexists(state.dir / f"journal-{key}.json"):
+    if journal_left(target, state.dir):
         return None  # an interrupted restore: the full command settles it
     try:
         verdict, _ = parse_verdict(json_loads(read_regular(state.dir / verdict_name(target), _LIMIT, "verdict")))
@@ -192,7 +190,7 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
     if vault_stamp(snapshots_dir(root), state.dir, target) != verdict.vault or verdict.snapshot_stat == (-1,) \
             or snapshot_stamp(backend.path("snapshots", verdict.snapshot)) != verdict.snapshot_stat:
         return None
-    cache = StatCache(state.dir / f"stat-{key}", tmp_dir=state.tmp_dir)
+    cache = StatCache(state.dir / f"stat-{env_key(target)}", tmp_dir=state.tmp_dir)
     if cache.identity() != verdict.groups:  # not the groups file the verdict rested on
         return None
     try:
@@ -202,12 +200,12 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
             return None
         base = base_of(target)
         entries = []
-        for dist_info, _site in reader.dist_entries():
+        for dist_info, site in reader.dist_entries():
             rel = entry_key(dist_info, target, base)
             group = cache.groups.get(rel)
             if not group or not (group.get("manifest_check") or group.get("manifest_full")):
                 return None
-            entries.append((dist_info, _site, group, True))
+            entries.append((dist_info, site, group, True))  # (as the scan's: True, a manifest id is there)
             if len(entries) > len(verdict.entries) or rel != verdict.entries[len(entries) - 1]:
                 return None
     except (EnvvaultError, OSError, ValueError):
