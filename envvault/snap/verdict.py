@@ -110,7 +110,8 @@ def restored_name(target: str | os.PathLike) -> str:
     return f"restored-{env_key(target)}.json"
 
 
-def _key_or_none(path: Path) -> list[int]:
+def _stat_key_or_absent(path: Path) -> list[int]:
+    """The ``lstat`` key of ``path``, or ``[-1]`` when there is nothing there."""
     try:
         return stat_key(os.lstat(path))
     except FileNotFoundError:
@@ -121,7 +122,7 @@ def vault_stamp(snapshots_dir: Path, state_dir: Path, target: str | os.PathLike)
     """What the baseline of ``target`` depends on in a local vault: the stat keys of its ``snapshots/``
     folder (any snapshot added or removed changes it) and of the environment's ``restored-`` marker
     (``[-1]`` when there is none). ``lstat``: a folder replaced by a link does not match."""
-    return tuple(_key_or_none(snapshots_dir) + _key_or_none(state_dir / restored_name(target)))
+    return tuple(_stat_key_or_absent(snapshots_dir) + _stat_key_or_absent(state_dir / restored_name(target)))
 
 
 def verdict_stamp(vault, target: Path) -> tuple[int, ...] | None:
@@ -141,7 +142,7 @@ def snapshots_dir(root: Path) -> Path:
 
 def snapshot_stamp(snapshot_file: Path) -> tuple[int, ...]:
     """The stat key of a snapshot's file (a document rewritten in place does not match)."""
-    return tuple(_key_or_none(snapshot_file))
+    return tuple(_stat_key_or_absent(snapshot_file))
 
 
 def record_verdict(vault, cache: StatCache, *, target: Path, sid: str, note: str | None,
