@@ -45,12 +45,20 @@ class VenvReader:
             self._interp = self._cached_probe()
         return self._interp
 
-    def _cached_probe(self) -> Interpreter:
+    def memoised_interpreter(self) -> Interpreter | None:
+        """The interpreter's answers from the memo alone: None when it holds none for the environment as it
+        is now (nothing is run; the quick ``status``, which then leaves the answer to the full command)."""
+        if self._interp is None:
+            key = self._probe_key()
+            self._interp = None if key is None else self._memo_hit(key)
+        return self._interp
+
+    def _probe_key(self) -> list | None:
+        """What a memoised probe answer holds for: the prefix as given, the interpreter's real path and
+        stat key, and ``pyvenv.cfg``'s; None when they cannot be read."""
         from envvault.vault.statcache import stat_key
 
-        prefix, memo = self.prefix, self._memo
-        if memo is None:
-            return probe(prefix)
+        prefix = self.prefix
         try:
             exe = prefix / "bin" / "python"
             if not exe.exists():
@@ -59,18 +67,30 @@ class VenvReader:
             # (its <key> is the real path), and the probe answers with paths under the prefix it was given.
             key = [str(prefix), str(exe.resolve())] + stat_key(exe.stat())
             cfg = prefix / "pyvenv.cfg"
-            key += stat_key(cfg.stat()) if cfg.exists() else []
+            return key + (stat_key(cfg.stat()) if cfg.exists() else [])
         except OSError:
-            return probe(prefix)
-        hit = memo.extra.get("probe")
-        if hit and hit.get("key") == key:
+            return None
+
+    def _memo_hit(self, key: list) -> Interpreter | None:
+        """The memo's answer when it was kept under ``key``."""
+        hit = self._memo.extra.get("probe") if self._memo is not None else None
+        if isinstance(hit, dict) and hit.get("key") == key:
             try:
-                return Interpreter.from_cache(prefix, hit["value"])
-            except (KeyError, TypeError):
+                return Interpreter.from_cache(self.prefix, hit["value"])
+            except (KeyError, TypeError, AttributeError, ValueError):
                 pass
-        interp = probe(prefix)
-        memo.extra["probe"] = {"key": key, "value": interp.to_cache()}
-        memo.mark_dirty()
+        return None
+
+    def _cached_probe(self) -> Interpreter:
+        memo = self._memo
+        key = None if memo is None else self._probe_key()
+        if key is None:
+            return probe(self.prefix)
+        interp = self._memo_hit(key)
+        if interp is None:
+            interp = probe(self.prefix)
+            memo.extra["probe"] = {"key": key, "value": interp.to_cache()}
+            memo.mark_dirty()
         return interp
 
     def site_dirs(self) -> list[Path]:

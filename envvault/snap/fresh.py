@@ -68,16 +68,19 @@ def _group_fresh(group: dict, prefix: Path, dist_info: Path, start: int = 0, sto
 _PART_FILES = 3000  # a large distribution's files are checked in parts of this many (torch: 11,700)
 
 
-def fresh_groups(entries: list, prefix: Path) -> set[int]:
+def fresh_groups(entries: list, prefix: Path, unpacked: dict[int, tuple] | None = None) -> set[int]:
     """The entries (by position) whose stat cache group is still fresh (``_group_fresh``): every stored
     file's ``lstat``, in parts of ``_PART_FILES`` files shared out to forked children on a large
-    environment (``forked.check_all``); a group is fresh when all its parts are."""
+    environment (``forked.check_all``); a group is fresh when all its parts are. ``unpacked``: by position,
+    groups whose files and stats the caller holds unpacked (``unpack_stats``'s form; a status verdict's
+    table), their ``files`` and ``stats`` then not read."""
     parts, weights = [], []  # (entry, start, stop): the last part of a group runs to its end; files in each
-    unpacked: dict[int, tuple | None] = {}  # a group of several parts: its stats decoded once, before any fork
+    # a group of several parts: its stats decoded once, before any fork
+    unpacked = dict(unpacked) if unpacked else {}
     for n, (_, _, group, mid) in enumerate(entries):
         if mid:
-            count = _group_files(group)
-            if count > _PART_FILES:
+            count = len(unpacked[n][0]) if n in unpacked else _group_files(group)
+            if count > _PART_FILES and n not in unpacked:
                 unpacked[n] = unpack_stats(group)
             for a in range(0, max(count, 1), _PART_FILES):
                 last = a + _PART_FILES >= count

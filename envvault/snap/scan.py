@@ -18,7 +18,7 @@ from envvault.model.encoding import canonical_json, object_id
 from envvault.output import ProgressSink
 from envvault.vault import timing
 from envvault.vault.ingest import Ingester
-from envvault.vault.statcache import StatCache, encode_stats, stat_key
+from envvault.vault.statcache import StatCache, encode_stats, env_cache_name, stat_key
 from envvault.vault.store import Vault
 
 from .fresh import base_of, entry_key, fresh_groups, journal_left
@@ -34,9 +34,7 @@ __all__ = ["scan_environment", "scan_current", "statcache_for", "save_checked"]
 def statcache_for(vault: Vault, target: Path, *, fresh: bool = False) -> StatCache:
     """The stat cache of the environment at ``target`` (one per real path: ``stat-<key>``); ``fresh``: an
     empty one for a new environment there, replacing what an earlier one at that path left."""
-    from envvault.safepaths import env_key
-
-    return vault.stat_cache(f"stat-{env_key(target)}", fresh=fresh)
+    return vault.stat_cache(env_cache_name(target), fresh=fresh)
 
 
 def save_checked(cache: StatCache) -> None:

@@ -22,7 +22,8 @@ from envvault.errors import CorruptError
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads
 from envvault.vault.fsutil import atomic_write, flocked, read_regular, read_regular_stat
 
-__all__ = ["StatCache", "stat_key", "file_key", "encode_stats", "group_paths", "group_stats_fresh", "unpack_stats"]
+__all__ = ["StatCache", "stat_key", "file_key", "env_cache_name", "groups_path", "encode_stats", "group_paths",
+           "group_stats_fresh", "unpack_stats", "packed_group"]
 
 
 def stat_key(st: os.stat_result) -> list[int]:
@@ -45,7 +46,7 @@ class StatCache:
         # first save replaces both files.
         self._lock = lock or (lambda: flocked(path.parent.parent / "locks" / "vault.lock", exclusive=False))
         self._tmp_dir = tmp_dir or path.parent.parent / "tmp"
-        self.groups_path = path.with_name(path.name + ".groups.json")
+        self.groups_path = groups_path(path)
         self.files_path = path.with_name(path.name + ".files.json.zst")
         self._files: dict[str, list] | None = None
         self.groups: dict[str, dict] = {}
@@ -186,6 +187,18 @@ class StatCache:
             pass
 
 
+def env_cache_name(target: str | os.PathLike) -> str:
+    """The name of the stat cache of the environment at ``target`` (``state/stat-<key>``: one per real path)."""
+    from envvault.safepaths import env_key
+
+    return f"stat-{env_key(target)}"
+
+
+def groups_path(path: Path) -> Path:
+    """The groups file of the stat cache at ``path`` (``<path>.groups.json``)."""
+    return path.with_name(path.name + ".groups.json")
+
+
 def file_key(st: os.stat_result) -> tuple[int, ...]:
     """Which file a stat cache's groups file is: its size, mtime and inode (not its ctime, which a rename
     moves: the key of a file written is taken before it is renamed into place, ``atomic_write``). Every
@@ -229,27 +242,48 @@ def unpack_stats(group: dict) -> tuple[list[str], bytes] | None:
     files, stats = group.get("files"), group.get("stats")
     if not (isinstance(files, str) and isinstance(stats, str)):
         return None
+    raw = _decode_stats(stats)
+    return None if raw is None else ((files.split("\n") if files else []), raw)
+
+
+def _decode_stats(stats: str) -> bytes | None:
+    """Packed stat keys from their base64; None when they do not decode."""
     try:
         if not _BASE64.fullmatch(stats):  # what ``base64.b64decode(validate=True)`` refuses
             return None
-        return (files.split("\n") if files else []), binascii.a2b_base64(stats)
+        return binascii.a2b_base64(stats)
     except ValueError:  # binascii.Error: bad padding
         return None
+
+
+def packed_group(group: dict) -> tuple[str, bytes] | None:
+    """A stat cache group's stored files joined by newlines and their stat keys packed (32 bytes a file, as
+    ``unpack_stats`` gives them), whichever way the group is stored; None when it cannot be packed (a path
+    with a newline, a stat over 64 bits) or its stats do not decode. A status verdict keeps them so
+    (``snap/verdict.py``)."""
+    files, stats = group.get("files"), group.get("stats")
+    if isinstance(files, list) and isinstance(stats, list):
+        files, stats = encode_stats(files, stats)
+    if not (isinstance(files, str) and isinstance(stats, str)):
+        return None
+    raw = _decode_stats(stats)
+    return None if raw is None else (files, raw)
 
 
 def group_stats_fresh(base: str, group: dict, start: int = 0, stop: int | None = None,
                       unpacked: tuple[list[str], bytes] | None = None) -> bool:
     """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash), or
     those from ``start`` to ``stop``, still has the stat key recorded: one ``lstat`` a file, compared packed.
-    ``unpacked``: the group's ``unpack_stats``, when the caller decoded it already. False on any error."""
+    ``unpacked``: the group's ``unpack_stats``, when the caller decoded it already (or has the group's files
+    and stats only so: a status verdict's table). False on any error."""
     files, stats = group.get("files"), group.get("stats")
     lstat = os.lstat
     try:
-        if isinstance(files, str) and isinstance(stats, str):
+        if unpacked is None and isinstance(files, str) and isinstance(stats, str):
+            unpacked = unpack_stats(group)
             if unpacked is None:
-                unpacked = unpack_stats(group)
-                if unpacked is None:
-                    return False
+                return False
+        if unpacked is not None:
             paths, want = unpacked
             now = array("q")
             add = now.extend
