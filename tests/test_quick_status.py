@@ -272,7 +272,7 @@ def test_a_verdict_that_does_not_parse_is_not_used(field, value, body, problem):
     header, good_body = _good_verdict()
     good, problems = parse_verdict(pack_verdict(header, good_body))
     assert good is not None and problems == []
-    assert [g.paths for g in good.table] == [["a/x.py", "b"], []] and good.table[1].missing == ("b/gone.py",)
+    assert [list(g.paths) for g in good.table] == [["a/x.py", "b"], []] and good.table[1].missing == ("b/gone.py",)
     verdict, problems = parse_verdict(pack_verdict(dict(header, **{field: value}), good_body if body is None else body))
     assert verdict is None
     assert any(problem in p for p in problems), problems

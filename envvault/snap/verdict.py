@@ -39,7 +39,7 @@ from envvault.vault.statcache import StatCache, env_cache_name, file_key, groups
 
 from .fresh import base_of, entry_key, fresh_groups, journal_left
 
-__all__ = ["Verdict", "VerdictGroup", "parse_verdict", "pack_verdict", "verdict_name", "restored_name",
+__all__ = ["Verdict", "VerdictGroup", "Paths", "parse_verdict", "pack_verdict", "verdict_name", "restored_name",
            "vault_stamp", "verdict_stamp", "snapshots_dir", "snapshot_stamp", "record_verdict",
            "unchanged_since", "unchanged_text"]
 
@@ -56,8 +56,33 @@ class VerdictGroup(NamedTuple):
     record_stat: tuple[int, ...]  # RECORD's stat key
     meta_stat: tuple[int, ...]  # METADATA's
     missing: tuple[str, ...]  # files RECORD lists that were not there
-    paths: list[str]  # the stored files, relative to the environment
+    paths: Paths  # the stored files, relative to the environment
     stats: bytes  # their stat keys, packed (32 bytes a file: ``statcache.unpack_stats``)
+
+
+class Paths:
+    """A table entry's stored files: their UTF-8 bytes, joined by newlines, split into a list only when
+    first read (by the forked child that checks them: the quick status's own process splits none but its
+    share). A sequence of str of the count the parser checked."""
+
+    __slots__ = ("_raw", "_count", "_split")
+
+    def __init__(self, raw: bytes, count: int):
+        self._raw, self._count, self._split = raw, count, None
+
+    def _list(self) -> list[str]:
+        if self._split is None:
+            self._split = self._raw.decode().split("\n") if self._raw else []
+        return self._split
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index):
+        return self._list()[index]
+
+    def __iter__(self):
+        return iter(self._list())
 
 
 class Verdict(NamedTuple):
@@ -157,16 +182,17 @@ def _parse_table(entries, data: bytes, at: int, problems: list[str]) -> tuple[tu
         if stop > len(data):
             problems.append(f"{where}: its files and stats run past the file's end")
             return (), None
-        try:
-            text = data[at:at + size].decode()
-        except UnicodeDecodeError:
-            problems.append(f"{where}.paths: not UTF-8")
-            text = ""
-        paths = text.split("\n") if text else []
-        if len(paths) != files:
-            problems.append(f"{where}.paths: {len(paths)} paths for {files} files")
+        raw = data[at:at + size]
+        if not raw.isascii():  # (what is ASCII is UTF-8: the one pass over every path, in C)
+            try:
+                raw.decode()
+            except UnicodeDecodeError:
+                problems.append(f"{where}.paths: not UTF-8")
+        count = raw.count(b"\n") + 1 if raw else 0
+        if count != files:
+            problems.append(f"{where}.paths: {count} paths for {files} files")
         if len(problems) == bad:
-            table.append(VerdictGroup(key, record, meta, tuple(missing), paths, data[at + size:stop]))
+            table.append(VerdictGroup(key, record, meta, tuple(missing), Paths(raw, count), data[at + size:stop]))
         at = stop
     return tuple(table), at
 
