@@ -63,7 +63,7 @@ def test_a_second_unchanged_status_is_answered_before_the_cli(tmp_path, make_ven
     code, out, quick = _agrees(vault, venv)  # the snap left the verdict
     assert (code, quick) == (0, True)
     assert out == f"{venv}: unchanged since snapshot {sid[:12]}\n"
-    (next((vault / "state").glob("verdict-*.bin"))).unlink()
+    (next((vault / "state").glob("verdict-*.json"))).unlink()
     code, again, _err, quick, _ = _status(vault, venv)
     assert (code, again, quick) == (0, out, False)  # no verdict: the full command answers, and leaves one
     code, again, _err, quick, imported = _status(vault, venv)
@@ -178,7 +178,7 @@ def test_what_else_the_answer_rests_on_sends_status_down_the_full_path(tmp_path,
     snap_file.write_bytes(snap_file.read_bytes())  # the same bytes, written again in place
     assert _agrees(vault, venv)[::2] == (0, False)
     assert _status(vault, venv)[3]
-    groups_file = next((vault / "state").glob("stat-*.groups.json"))
+    groups_file = next((vault / "state").glob("stat-*.groups.bin"))
     copy = groups_file.with_name("copy")
     copy.write_bytes(groups_file.read_bytes())
     os.replace(copy, groups_file)  # the same groups, saved by another process: not the file the verdict names
@@ -193,7 +193,7 @@ def test_the_stat_cache_knows_which_groups_file_it_holds(tmp_path):
     for d in ("state", "locks", "tmp"):
         (tmp_path / d).mkdir()
     path = tmp_path / "state" / "stat-x"
-    groups_file = tmp_path / "state" / "stat-x.groups.json"
+    groups_file = tmp_path / "state" / "stat-x.groups.bin"
     cache = StatCache(path)
     assert cache.identity() is None  # nothing on disk
     cache.set_group("a", {"files": [], "stats": [], "summary": {}})
@@ -217,68 +217,37 @@ def test_the_stat_cache_knows_which_groups_file_it_holds(tmp_path):
     assert stale.identity() is None
 
 
-def _good_verdict() -> tuple[dict, list[bytes]]:
-    """A verdict's header and body (two distributions, the second with no stored files)."""
-    table = [{"key": "lib/python3.12/site-packages/a-1.dist-info", "record_stat": [1, 2, 3, 4],
-              "meta_stat": [5, 6, 7, 8], "missing": [], "files": 2, "paths": 8},
-             {"key": "lib/python3.12/site-packages/b-1.dist-info", "record_stat": [1, 2, 3, 4],
-              "meta_stat": [5, 6, 7, 8], "missing": ["b/gone.py"], "files": 0, "paths": 0}]
-    return ({"version": 2, "venv": "/v", "snapshot": "a" * 64, "note": "", "vault": [1, 2, 3, 4, -1],
-             "snapshot_stat": [1, 2, 3, 4], "groups": [10, 20, 30], "probe": {"key": ["/v"], "value": {}},
-             "table": table}, [b"a/x.py\nb", bytes(64)])
+def _good_verdict() -> dict:
+    return {"version": 1, "venv": "/v", "snapshot": "a" * 64, "note": "", "vault": [1, 2, 3, 4, -1],
+            "snapshot_stat": [1, 2, 3, 4], "entries": ["lib/python3.12/site-packages/a-1.dist-info"],
+            "groups": [10, 20, 30]}
 
 
-def _split(data: bytes) -> tuple[dict, bytes]:
-    """A verdict file's header and body, as written (``pack_verdict``)."""
-    from envvault.snap.verdict import MAGIC
-
-    assert data.startswith(MAGIC)
-    size = int.from_bytes(data[len(MAGIC):len(MAGIC) + 4], "big")
-    return json.loads(data[len(MAGIC) + 4:len(MAGIC) + 4 + size]), data[len(MAGIC) + 4 + size:]
-
-
-def _entry(n: int, **change) -> dict:
-    header, _ = _good_verdict()
-    return dict(header["table"][n], **change)
-
-
-@pytest.mark.parametrize("field,value,body,problem", [
-    ("snapshot", "../../etc/passwd", None, "verdict.snapshot"),
-    ("snapshot", "A" * 64, None, "verdict.snapshot"),
-    ("venv", 7, None, "verdict.venv"),
-    ("note", "x" * 5000, None, "verdict.note"),
-    ("vault", [1, "2"], None, "verdict.vault"),
-    ("vault", [1, True], None, "verdict.vault"),
-    ("snapshot_stat", {"a": 1}, None, "verdict.snapshot_stat"),
-    ("extra", 1, None, "unknown fields extra"),
-    ("version", 1, None, "verdict.version"),
-    ("groups", [1, 2], None, "verdict.groups"),
-    ("groups", None, None, "verdict.groups"),
-    ("probe", {"key": "x", "value": {}}, None, "verdict.probe"),
-    ("table", "lib", None, "verdict.table"),
-    ("table", [_entry(0, key="")], [b"a/x.py\nb", bytes(64)], "verdict.table[0].key"),
-    ("table", [_entry(0, missing=[""])], [b"a/x.py\nb", bytes(64)], "verdict.table[0].missing"),
-    ("table", [_entry(0, record_stat=[1, 2, 3])], [b"a/x.py\nb", bytes(64)], "verdict.table[0].record_stat"),
-    ("table", [_entry(0, files=-1)], [b"a/x.py\nb"], "verdict.table[0].files"),
-    ("table", [_entry(0, extra=1)], [b"a/x.py\nb", bytes(64)], "verdict.table[0]: not an object"),
-    ("table", [_entry(0, files=3)], [b"a/x.py\nb", bytes(96)], "verdict.table[0].paths: 2 paths for 3 files"),
-    ("table", [_entry(0)], [b"a/x.py\n\xff", bytes(64)], "verdict.table[0].paths: not UTF-8"),
-    ("table", [_entry(0, files=9)], [b"a/x.py\nb", bytes(64)], "run past the file's end"),
-    ("table", [_entry(0)], [b"a/x.py\nb", bytes(65)], "1 bytes after the table's end"),
+@pytest.mark.parametrize("field,value,problem", [
+    ("snapshot", "../../etc/passwd", "verdict.snapshot"),
+    ("snapshot", "A" * 64, "verdict.snapshot"),
+    ("venv", 7, "verdict.venv"),
+    ("note", "x" * 5000, "verdict.note"),
+    ("vault", [1, "2"], "verdict.vault"),
+    ("vault", [1, True], "verdict.vault"),
+    ("snapshot_stat", {"a": 1}, "verdict.snapshot_stat"),
+    ("entries", ["ok", ""], "verdict.entries"),
+    ("entries", "lib", "verdict.entries"),
+    ("extra", 1, "unknown fields extra"),
+    ("version", 2, "verdict.version"),
+    ("groups", [1, 2], "verdict.groups"),
+    ("groups", None, "verdict.groups"),
 ])
-def test_a_verdict_that_does_not_parse_is_not_used(field, value, body, problem):
-    from envvault.snap.verdict import MAGIC, pack_verdict, parse_verdict
+def test_a_verdict_that_does_not_parse_is_not_used(field, value, problem):
+    from envvault.snap.verdict import parse_verdict
 
-    header, good_body = _good_verdict()
-    good, problems = parse_verdict(pack_verdict(header, good_body))
+    good, problems = parse_verdict(_good_verdict())
     assert good is not None and problems == []
-    assert [list(g.paths) for g in good.table] == [["a/x.py", "b"], []] and good.table[1].missing == ("b/gone.py",)
-    verdict, problems = parse_verdict(pack_verdict(dict(header, **{field: value}), good_body if body is None else body))
+    doc = dict(_good_verdict(), **{field: value})
+    verdict, problems = parse_verdict(doc)
     assert verdict is None
     assert any(problem in p for p in problems), problems
-    assert parse_verdict(b"garbage") == (None, ["verdict: not a verdict file (no magic)"])
-    assert parse_verdict(MAGIC + (1 << 30).to_bytes(4, "big"))[1][0].startswith("verdict: a header of")
-    assert parse_verdict(MAGIC + (4).to_bytes(4, "big") + b"[1] ") == (None, ["verdict: the header is not an object"])
+    assert parse_verdict(["not", "an", "object"]) == (None, ["verdict: not an object"])
 
 
 def test_a_hostile_verdict_in_a_copied_vault_answers_nothing(tmp_path, make_venv, wheelhouse):
@@ -289,27 +258,23 @@ def test_a_hostile_verdict_in_a_copied_vault_answers_nothing(tmp_path, make_venv
     vault = tmp_path / "vault"
     ev_json(vault, "snap", "--venv", venv, "--no-caches")
     _status(vault, venv)
-    verdict_file = next((vault / "state").glob("verdict-*.bin"))
-    data = verdict_file.read_bytes()
-    good, body = _split(data)
-    assert good["venv"] == str(venv) and good["version"] == 2
+    verdict_file = next((vault / "state").glob("verdict-*.json"))
+    good = json.loads(verdict_file.read_bytes())
+    assert good["venv"] == str(venv) and good["version"] == 1
     _edit_in_place(venv)
     # The verdict kept as it was: only a stat key that is not the file's own could make it answer, and an edit
     # moves the ctime, which no one can set back.
-    from envvault.snap.verdict import pack_verdict
-
-    bad_groups = pack_verdict(dict(good, groups=[good["groups"][0] + 1] + good["groups"][1:]), [body])
-    for bad in (data, bad_groups, data[:len(data) // 2], pack_verdict({"venv": str(venv)}, []), b"garbage",
-                json.dumps(good).encode(), b"x" * (17 << 20)):
+    bad_groups = dict(good, groups=[good["groups"][0] + 1] + good["groups"][1:])
+    for bad in (good, bad_groups, {"venv": str(venv)}, "garbage", [1, 2], None, "x" * (17 << 20)):
         verdict_file.unlink(missing_ok=True)
-        verdict_file.write_bytes(bad)
+        verdict_file.write_text(json.dumps(bad))
         code, out, quick = _agrees(vault, venv)
         assert (code, quick) == (1, False) and "changed since snapshot" in out
     for odd in ("link", "fifo"):
         verdict_file.unlink(missing_ok=True)
         if odd == "link":
-            target = tmp_path / "elsewhere.bin"
-            target.write_bytes(data)
+            target = tmp_path / "elsewhere.json"
+            target.write_text(json.dumps(good))
             verdict_file.symlink_to(target)
         else:
             os.mkfifo(verdict_file)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from fixtures import catalogue as C
 from fixtures import uv_install
@@ -31,7 +32,7 @@ def test_cache_loaded_before_gc_is_not_saved_back(tmp_path, make_venv, wheelhous
     fresh.extra["probe"] = {"key": [], "value": {}}
     fresh.mark_dirty()
     fresh.save()
-    assert list((vault_dir / "state").glob("stat-*.groups.json"))
+    assert list((vault_dir / "state").glob("stat-*.groups.bin"))
 
 
 def test_snap_after_gc_references_only_stored_objects(tmp_path, make_venv, wheelhouse):
@@ -54,8 +55,11 @@ def test_groups_are_stored_packed_and_read_back(tmp_path):
     """Stat cache version 6: a group's files and stats are two strings; odd paths keep the lists."""
     import json
 
-    from envvault.vault.statcache import StatCache, group_paths, group_stats_fresh, stat_key
+    from array import array
 
+    from envvault.vault.statcache import GROUPS_MAGIC, StatCache, group_paths, group_stats_fresh, stat_key
+
+    assert sys.byteorder == "little"  # (the layout checked below is the file's: little-endian int64)
     root = tmp_path / "env"
     root.mkdir()
     names = ["a.py", "sub dir/b.so", "c,d.txt", "odd\nname.py"]
@@ -69,11 +73,18 @@ def test_groups_are_stored_packed_and_read_back(tmp_path):
     cache = StatCache(tmp_path / "state" / "stat-x")
     cache.set_group("plain", {"files": names[:3], "stats": keys[:3], "summary": {"name": "p"}})
     cache.set_group("odd", {"files": names, "stats": keys})
+    (tmp_path / "state" / "stat-x.groups.json").write_text("{}")  # version 6's groups file: no version reads it
     cache.save()
-    doc = json.loads((tmp_path / "state" / "stat-x.groups.json").read_bytes())
-    assert doc["version"] == 6
-    plain, odd = doc["groups"]["plain"], doc["groups"]["odd"]
-    assert plain["files"] == "a.py\nsub dir/b.so\nc,d.txt" and isinstance(plain["stats"], str)
+    assert not (tmp_path / "state" / "stat-x.groups.json").exists()
+    raw = (tmp_path / "state" / "stat-x.groups.bin").read_bytes()
+    assert raw.startswith(GROUPS_MAGIC)
+    size = int.from_bytes(raw[len(GROUPS_MAGIC):len(GROUPS_MAGIC) + 4], "big")
+    header = json.loads(raw[len(GROUPS_MAGIC) + 4:len(GROUPS_MAGIC) + 4 + size])
+    assert header["version"] == 7
+    plain, odd = header["groups"]["plain"], header["groups"]["odd"]
+    # the packed group: its paths and stats after the header, no JSON string of them
+    assert "files" not in plain and plain["packed"] == [len("a.py\nsub dir/b.so\nc,d.txt"), 3]
+    assert raw.endswith(b"a.py\nsub dir/b.so\nc,d.txt" + array("q", sum(keys[:3], [])).tobytes())
     assert odd["files"] == names and odd["stats"] == keys  # a newline in a path: the lists of version 5
     again = StatCache(tmp_path / "state" / "stat-x")
     base = f"{root}/"
@@ -91,47 +102,68 @@ def test_groups_are_stored_packed_and_read_back(tmp_path):
 def test_a_stat_cache_whose_extra_is_not_an_object_is_ignored(tmp_path):
     """state/ comes with a copied vault: a groups file whose ``extra`` is a list (or anything but an object)
     gives an empty memo, and a cache snap that consults it (nvidia-smi's answer) still snaps."""
-    import json
 
     from envvault import __version__
     from envvault.caches.snap import take_cache_snapshot
-    from envvault.vault.statcache import StatCache
+    from envvault.vault.statcache import StatCache, encode_groups_file
     from envvault.vault.store import Vault
 
     vault = Vault.open(tmp_path / "v", create=True)
-    groups = tmp_path / "v" / "state" / "stat-caches.groups.json"
+    groups = tmp_path / "v" / "state" / "stat-caches.groups.bin"
     groups.parent.mkdir(parents=True, exist_ok=True)
     for extra in ([], "x", 7, None):
-        groups.write_text(json.dumps({"version": StatCache.VERSION, "tool": __version__, "groups": {}, "extra": extra}))
+        groups.write_bytes(encode_groups_file({"version": StatCache.VERSION, "tool": __version__, "extra": extra}, {}))
         assert vault.stat_cache("stat-caches").extra == {}
     cache = tmp_path / "inductor"
     cache.mkdir()
     (cache / "entry").write_bytes(b"compiled" * 10)
-    groups.write_text(json.dumps({"version": StatCache.VERSION, "tool": __version__, "groups": {}, "extra": []}))
+    groups.write_bytes(encode_groups_file({"version": StatCache.VERSION, "tool": __version__, "extra": []}, {}))
     result = take_cache_snapshot(vault, extra_dirs=[cache], discover=False, argv=["t"])
     assert result.snapshot.stats.files == 1
 
 
-def test_a_garbled_packed_group_decodes_to_nothing_and_is_never_fresh(tmp_path):
-    """The packed stats of a stat cache group (state/ of a vault that may come from someone else) are decoded
-    with ``binascii`` behind the check ``base64.b64decode(validate=True)`` made: whatever that refused is
-    refused, and such a group is stale (its distribution is read again), never an error."""
-    import base64
+def test_a_garbled_groups_file_is_an_empty_cache_never_an_error(tmp_path):
+    """The groups file (state/ of a vault that may come from someone else) is one whole or nothing: no magic,
+    a header that is not a JSON object, a length past the end, a packed count that is not one, bytes missing or
+    left over, paths that are not UTF-8: the cache is empty (every distribution is read again), never an
+    error, and nothing is read past the file."""
+    import json
 
-    from envvault.vault.statcache import encode_stats, group_stats_fresh, unpack_stats
+    from envvault import __version__
+    from envvault.vault.statcache import GROUPS_MAGIC, StatCache, decode_groups_file, encode_groups_file, encode_stats
 
+    for d in ("state", "locks", "tmp"):
+        (tmp_path / d).mkdir()
     (tmp_path / "a").write_bytes(b"x")
     st = (tmp_path / "a").lstat()
-    files, stats = encode_stats(["a"], [[st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]])
-    assert unpack_stats({"files": files, "stats": stats}) == (["a"], base64.b64decode(stats, validate=True))
-    base = f"{tmp_path}/"
-    assert group_stats_fresh(base, {"files": files, "stats": stats})
-    for bad in (stats[:-2] + "$=", stats[:-1], "é" * 44, stats + "\n", stats.replace("=", "") + "==="):
+    files, stats = encode_stats(["a", "b"], [[st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]] * 2)
+    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
+    good = encode_groups_file(head, {"g": {"files": files, "stats": stats, "summary": {}}})
+    assert decode_groups_file(good)["groups"]["g"] == {"files": "a\nb", "stats": stats, "summary": {}}
+
+    def header(groups) -> bytes:
+        text = json.dumps(dict(head, groups=groups)).encode()
+        return GROUPS_MAGIC + len(text).to_bytes(4, "big") + text
+
+    bad = [
+        b"", b"garbage", good[:len(GROUPS_MAGIC) + 2], good[:-1], good + b"\0",
+        GROUPS_MAGIC + (1 << 31).to_bytes(4, "big") + b"{}",
+        header([]), header({"g": {"packed": [3, -1]}}) + b"a\nb",
+        header({"g": {"packed": "3,2"}}) + b"a\nb" + stats,
+        header({"g": {"packed": [3, 2, 1]}}) + b"a\nb" + stats,
+        header({"g": {"packed": [3, 2]}}) + b"a\n\xff" + stats,
+        header({"g": {"packed": [3, 1 << 40]}}) + b"a\nb" + stats,
+        GROUPS_MAGIC + (2).to_bytes(4, "big") + b"[]",
+    ]
+    path = tmp_path / "state" / "stat-x"
+    for raw in bad:
         try:
-            base64.b64decode(bad, validate=True)
-        except ValueError:
-            pass
-        else:
-            raise AssertionError(f"{bad!r} is valid base64: not a garbled case")
-        assert unpack_stats({"files": files, "stats": bad}) is None, bad
-        assert group_stats_fresh(base, {"files": files, "stats": bad}) is False, bad
+            decoded = decode_groups_file(raw)
+        except ValueError:  # (the JSON of the header: the loader takes it as nothing)
+            decoded = None
+        assert decoded is None, raw[:80]
+        (tmp_path / "state" / "stat-x.groups.bin").write_bytes(raw)
+        cache = StatCache(path)
+        assert cache.groups == {} and cache.identity() is None, raw[:80]
+    (tmp_path / "state" / "stat-x.groups.bin").write_bytes(good)
+    assert StatCache(path).groups["g"]["stats"] == stats

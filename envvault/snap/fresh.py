@@ -13,7 +13,7 @@ from envvault.vault.statcache import group_stats_fresh, stat_key, unpack_stats
 
 from .forked import check_all
 
-__all__ = ["JOURNAL_NAME", "STATE_JOURNAL", "journal_left", "base_of", "entry_key", "fresh_groups"]
+__all__ = ["JOURNAL_NAME", "STATE_JOURNAL", "journal_left", "env_cache_name", "base_of", "entry_key", "fresh_groups"]
 
 # envvault.journal.JOURNAL_NAME, spelt out: a scan that finds no journal need not import the restore journal
 # (tests/test_snap_fastpath.py checks the two agree).
@@ -29,6 +29,14 @@ def journal_left(prefix: Path, state_dir: Path) -> bool:
 
     return os.path.lexists(os.path.join(prefix, JOURNAL_NAME)) or os.path.lexists(
         os.path.join(state_dir, STATE_JOURNAL.format(key=env_key(prefix))))
+
+
+def env_cache_name(target: str | os.PathLike) -> str:
+    """The name of the stat cache of the environment at ``target`` (``state/stat-<key>``: one per real path;
+    every scan's, and the quick ``status``'s)."""
+    from envvault.safepaths import env_key
+
+    return f"stat-{env_key(target)}"
 
 
 def base_of(prefix: Path) -> str:
@@ -68,19 +76,16 @@ def _group_fresh(group: dict, prefix: Path, dist_info: Path, start: int = 0, sto
 _PART_FILES = 3000  # a large distribution's files are checked in parts of this many (torch: 11,700)
 
 
-def fresh_groups(entries: list, prefix: Path, unpacked: dict[int, tuple] | None = None) -> set[int]:
+def fresh_groups(entries: list, prefix: Path) -> set[int]:
     """The entries (by position) whose stat cache group is still fresh (``_group_fresh``): every stored
     file's ``lstat``, in parts of ``_PART_FILES`` files shared out to forked children on a large
-    environment (``forked.check_all``); a group is fresh when all its parts are. ``unpacked``: by position,
-    groups whose files and stats the caller holds unpacked (``unpack_stats``'s form; a status verdict's
-    table), their ``files`` and ``stats`` then not read."""
+    environment (``forked.check_all``); a group is fresh when all its parts are."""
     parts, weights = [], []  # (entry, start, stop): the last part of a group runs to its end; files in each
-    # a group of several parts: its stats decoded once, before any fork
-    unpacked = dict(unpacked) if unpacked else {}
+    unpacked: dict[int, tuple | None] = {}  # a group of several parts: its files split once, before any fork
     for n, (_, _, group, mid) in enumerate(entries):
         if mid:
-            count = len(unpacked[n][0]) if n in unpacked else _group_files(group)
-            if count > _PART_FILES and n not in unpacked:
+            count = _group_files(group)
+            if count > _PART_FILES:
                 unpacked[n] = unpack_stats(group)
             for a in range(0, max(count, 1), _PART_FILES):
                 last = a + _PART_FILES >= count
@@ -93,8 +98,8 @@ def fresh_groups(entries: list, prefix: Path, unpacked: dict[int, tuple] | None 
 
 
 def _group_files(group: dict) -> int:
-    """How many files a stat cache group lists (its packed stats: 32 bytes a file, in base64)."""
+    """How many files a stat cache group lists (its packed stats: 32 bytes a file)."""
     stats = group.get("stats")
-    if isinstance(stats, str):
-        return (len(stats) * 3 // 4 - stats[-2:].count("=")) // 32
+    if isinstance(stats, bytes):
+        return len(stats) // 32
     return len(stats) if isinstance(stats, list) else 0

@@ -18,10 +18,12 @@ from envvault.model.encoding import canonical_json, object_id
 from envvault.output import ProgressSink
 from envvault.vault import timing
 from envvault.vault.ingest import Ingester
-from envvault.vault.statcache import StatCache, encode_stats, env_cache_name, stat_key
+from envvault.vault.statcache import (
+    StatCache, encode_stats, group_from_portable, portable_group, stat_key,
+)
 from envvault.vault.store import Vault
 
-from .fresh import base_of, entry_key, fresh_groups, journal_left
+from .fresh import base_of, entry_key, env_cache_name, fresh_groups, journal_left
 
 if TYPE_CHECKING:
     from envvault.model.manifest import DistManifest
@@ -257,7 +259,8 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
         key = dist.dist_info.relative_to(prefix).as_posix()
         return json.dumps({
             "summary": summary,
-            "group": [key, cache.groups[key]] if dist.record is not None and key in cache.groups else None,
+            "group": [key, portable_group(cache.groups[key])] if dist.record is not None and key in cache.groups
+            else None,
             "files": {need.rel: cache.files[need.rel] for need in plan.reads},
             "warnings": built,
             "unstored": _unstored_warning(dist),
@@ -272,7 +275,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
             continue
         packages.append(got["summary"])
         if got["group"] is not None:
-            cache.set_group(*got["group"])
+            cache.set_group(got["group"][0], group_from_portable(got["group"][1]))
             cache.touch_group(cache.groups[got["group"][0]])  # its files' entries were used, as a child's lookups say
         cache.learn(got["files"])
         builder.warnings.extend(got["warnings"])

@@ -9,10 +9,8 @@ readers, chunker and pack writer only a changed file needs; zstandard is importe
 
 from __future__ import annotations
 
-import binascii
 import json
 import os
-import re
 import sys
 from array import array
 from pathlib import Path
@@ -22,8 +20,9 @@ from envvault.errors import CorruptError
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads
 from envvault.vault.fsutil import atomic_write, flocked, read_regular, read_regular_stat
 
-__all__ = ["StatCache", "stat_key", "file_key", "env_cache_name", "groups_path", "encode_stats", "group_paths",
-           "group_stats_fresh", "unpack_stats", "packed_group"]
+__all__ = ["StatCache", "stat_key", "file_key", "groups_path", "encode_groups_file",
+           "decode_groups_file", "encode_stats", "group_paths", "group_stats_fresh", "unpack_stats", "portable_group",
+           "group_from_portable"]
 
 
 def stat_key(st: os.stat_result) -> list[int]:
@@ -33,11 +32,13 @@ def stat_key(st: os.stat_result) -> list[int]:
 class StatCache:
     """Per-target cache of file stats and hashes, and per-distribution shortcuts. Not vault data.
 
-    Two files: ``<name>.groups.json`` (per distribution: its files, their stats, its summary; read on every
-    snap) and ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
+    Two files: ``<name>.groups.bin`` (per distribution: its files, their stats, its summary; read on every
+    snap: a JSON header and the files and stats packed after it, ``encode_groups_file``) and ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
     """
 
-    VERSION = 6  # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats
+    # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats; 7: the groups file
+    # binary (a JSON header, then the files and stats: no base64, no JSON string of every path to parse)
+    VERSION = 7
 
     def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None, fresh: bool = False):
         # ``lock()``: the shared vault lock saves hold; ``tmp_dir``: where saves stage (``Vault.stat_cache``
@@ -63,13 +64,15 @@ class StatCache:
             self._files = {}
             self._dirty_groups = self._dirty_files = True
             return
-        doc = self._load(self.groups_path, compressed=False, identify=True)
+        doc = self._load(self.groups_path, compressed=False)
         if doc:
             self.groups = doc.get("groups", {})
             extra = doc.get("extra")
             self.extra = extra if isinstance(extra, dict) else {}
 
-    def _load(self, path: Path, compressed: bool, identify: bool = False) -> dict | None:
+    def _load(self, path: Path, compressed: bool) -> dict | None:
+        """The files document (``compressed``: zstd over JSON) or the groups file (``decode_groups_file``),
+        None when it is missing, unreadable, does not decode or another version or envvault wrote it."""
         try:
             raw, st = read_regular_stat(path, MAX_DOC_BYTES, path.name)  # no FIFO, no link to /dev/zero
             if compressed:
@@ -81,12 +84,14 @@ class StatCache:
                     raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=MAX_DOC_BYTES)
                 except zstandard.ZstdError:
                     return None
-            doc = json_loads(raw)
+                doc = json_loads(raw)
+            else:
+                doc = decode_groups_file(raw)
         except (OSError, ValueError, CorruptError):
             return None
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:
             return None
-        if identify:
+        if not compressed:
             self._groups_key = file_key(st)
         return doc
 
@@ -178,25 +183,75 @@ class StatCache:
                     data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
                     atomic_write(self.files_path, data, tmp_dir=self._tmp_dir, durable=False)
                 if self._dirty_groups:
-                    doc = {"version": self.VERSION, "tool": __version__, "groups": self.groups, "extra": self.extra}
-                    data = json.dumps(doc, separators=(",", ":")).encode()
+                    data = encode_groups_file({"version": self.VERSION, "tool": __version__, "extra": self.extra},
+                                              self.groups)
                     self._groups_key = file_key(atomic_write(self.groups_path, data, tmp_dir=self._tmp_dir,
                                                              durable=False))
                     self._dirty_groups = False
+                    try:  # version 6's groups file, which no version reads now
+                        os.unlink(self.groups_path.with_suffix(".json"))
+                    except FileNotFoundError:
+                        pass
         except Exception:  # noqa: BLE001 - a cache that cannot be saved only costs speed next time
             pass
 
 
-def env_cache_name(target: str | os.PathLike) -> str:
-    """The name of the stat cache of the environment at ``target`` (``state/stat-<key>``: one per real path)."""
-    from envvault.safepaths import env_key
-
-    return f"stat-{env_key(target)}"
-
-
 def groups_path(path: Path) -> Path:
-    """The groups file of the stat cache at ``path`` (``<path>.groups.json``)."""
-    return path.with_name(path.name + ".groups.json")
+    """The groups file of the stat cache at ``path`` (``<path>.groups.bin``)."""
+    return path.with_name(path.name + ".groups.bin")
+
+
+GROUPS_MAGIC = b"envvault stat cache groups\n"
+
+
+def encode_groups_file(head: dict, groups: dict[str, dict]) -> bytes:
+    """A groups file (docs/format.md, "Stat cache"): ``GROUPS_MAGIC``, the header's length (4 bytes,
+    big-endian), the header (JSON: ``head`` and the groups, each packed group's ``files`` and ``stats`` left
+    out and ``packed``, ``[bytes of its paths, files]``, put in their place), then each packed group's paths
+    (UTF-8, joined by newlines) and stats (32 bytes a file), in the header's order."""
+    out, body = {}, []
+    for key, group in groups.items():
+        files, stats = group.get("files"), group.get("stats")
+        if isinstance(files, str) and isinstance(stats, bytes):
+            paths = files.encode()
+            group = {k: v for k, v in group.items() if k not in ("files", "stats")}
+            group["packed"] = [len(paths), len(stats) // 32]
+            body += [paths, stats]
+        out[key] = group
+    header = json.dumps(dict(head, groups=out), separators=(",", ":")).encode()
+    return b"".join([GROUPS_MAGIC, len(header).to_bytes(4, "big"), header, *body])
+
+
+def decode_groups_file(raw: bytes) -> dict | None:
+    """A groups file's header with every packed group's ``files`` (str) and ``stats`` (bytes) put back; None
+    when it is not one whole (no magic, a header that is not a JSON object, a count that is not one, bytes
+    missing or left over, paths that are not UTF-8)."""
+    start = len(GROUPS_MAGIC) + 4
+    if not raw.startswith(GROUPS_MAGIC) or len(raw) < start:
+        return None
+    at = start + int.from_bytes(raw[len(GROUPS_MAGIC):start], "big")
+    if at > len(raw):
+        return None
+    doc = json_loads(raw[start:at])
+    groups = doc.get("groups") if isinstance(doc, dict) else None
+    if not isinstance(groups, dict):
+        return None
+    for group in groups.values():
+        if not isinstance(group, dict) or "packed" not in group:
+            continue
+        packed = group.pop("packed")
+        if not (isinstance(packed, list) and len(packed) == 2 and all(type(n) is int and n >= 0 for n in packed)):
+            return None
+        size, count = packed
+        stop = at + size + 32 * count
+        if stop > len(raw):
+            return None
+        try:
+            group["files"] = raw[at:at + size].decode()
+        except UnicodeDecodeError:
+            return None
+        group["stats"], at = raw[at + size:stop], stop
+    return doc if at == len(raw) else None
 
 
 def file_key(st: os.stat_result) -> tuple[int, ...]:
@@ -207,9 +262,9 @@ def file_key(st: os.stat_result) -> tuple[int, ...]:
 
 
 def encode_stats(paths: list[str], stats: list[list[int]]) -> tuple:
-    """``files`` and ``stats`` of a stat cache group as stored (docs/format.md, "Stat cache"): the paths
-    joined by newlines and the stat keys packed as base64 little-endian int64, or the lists as they are when
-    a path holds a newline or a stat does not fit 64 bits."""
+    """``files`` and ``stats`` of a stat cache group as kept (docs/format.md, "Stat cache"): the paths joined
+    by newlines and the stat keys packed as little-endian int64, four a file, or the lists as they are when a
+    path holds a newline or a stat does not fit 64 bits."""
     if any("\n" in p for p in paths) or len(paths) != len(stats):
         return list(paths), [list(k) for k in stats]
     arr = array("q")
@@ -222,10 +277,20 @@ def encode_stats(paths: list[str], stats: list[list[int]]) -> tuple:
         return list(paths), [list(k) for k in stats]
     if sys.byteorder != "little":
         arr.byteswap()
-    return "\n".join(paths), binascii.b2a_base64(arr.tobytes(), newline=False).decode("ascii")
+    return "\n".join(paths), arr.tobytes()
 
 
-_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+def portable_group(group: dict) -> dict:
+    """``group`` as JSON carries it (a forked child's answer, ``snap/scan.py``): its packed stats as hex;
+    ``group_from_portable`` gives it back."""
+    stats = group.get("stats")
+    return dict(group, stats=stats.hex()) if isinstance(stats, bytes) else group
+
+
+def group_from_portable(group: dict) -> dict:
+    """The group ``portable_group`` made (``ValueError`` for stats that are not hex)."""
+    stats = group.get("stats")
+    return dict(group, stats=bytes.fromhex(stats)) if isinstance(stats, str) else group
 
 
 def group_paths(group: dict) -> list[str]:
@@ -237,52 +302,24 @@ def group_paths(group: dict) -> list[str]:
 
 
 def unpack_stats(group: dict) -> tuple[list[str], bytes] | None:
-    """A packed stat cache group's stored files and their stat keys (32 bytes a file), decoded once for the
-    checks of its parts (``group_stats_fresh``); None when the group is not packed or does not decode."""
+    """A packed stat cache group's stored files and their stat keys (32 bytes a file), split once for the
+    checks of its parts (``group_stats_fresh``); None when the group is not packed."""
     files, stats = group.get("files"), group.get("stats")
-    if not (isinstance(files, str) and isinstance(stats, str)):
+    if not (isinstance(files, str) and isinstance(stats, bytes)):
         return None
-    raw = _decode_stats(stats)
-    return None if raw is None else ((files.split("\n") if files else []), raw)
-
-
-def _decode_stats(stats: str) -> bytes | None:
-    """Packed stat keys from their base64; None when they do not decode."""
-    try:
-        if not _BASE64.fullmatch(stats):  # what ``base64.b64decode(validate=True)`` refuses
-            return None
-        return binascii.a2b_base64(stats)
-    except ValueError:  # binascii.Error: bad padding
-        return None
-
-
-def packed_group(group: dict) -> tuple[str, bytes] | None:
-    """A stat cache group's stored files joined by newlines and their stat keys packed (32 bytes a file, as
-    ``unpack_stats`` gives them), whichever way the group is stored; None when it cannot be packed (a path
-    with a newline, a stat over 64 bits) or its stats do not decode. A status verdict keeps them so
-    (``snap/verdict.py``)."""
-    files, stats = group.get("files"), group.get("stats")
-    if isinstance(files, list) and isinstance(stats, list):
-        files, stats = encode_stats(files, stats)
-    if not (isinstance(files, str) and isinstance(stats, str)):
-        return None
-    raw = _decode_stats(stats)
-    return None if raw is None else (files, raw)
+    return (files.split("\n") if files else []), stats
 
 
 def group_stats_fresh(base: str, group: dict, start: int = 0, stop: int | None = None,
                       unpacked: tuple[list[str], bytes] | None = None) -> bool:
     """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash), or
     those from ``start`` to ``stop``, still has the stat key recorded: one ``lstat`` a file, compared packed.
-    ``unpacked``: the group's ``unpack_stats``, when the caller decoded it already (or has the group's files
-    and stats only so: a status verdict's table). False on any error."""
+    ``unpacked``: the group's ``unpack_stats``, when the caller split it already. False on any error."""
     files, stats = group.get("files"), group.get("stats")
     lstat = os.lstat
     try:
-        if unpacked is None and isinstance(files, str) and isinstance(stats, str):
+        if unpacked is None and isinstance(files, str) and isinstance(stats, bytes):
             unpacked = unpack_stats(group)
-            if unpacked is None:
-                return False
         if unpacked is not None:
             paths, want = unpacked
             now = array("q")
