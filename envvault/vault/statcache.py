@@ -33,7 +33,8 @@ class StatCache:
     """Per-target cache of file stats and hashes, and per-distribution shortcuts. Not vault data.
 
     Two files: ``<name>.groups.bin`` (per distribution: its files, their stats, its summary; read on every
-    snap: a JSON header and the files and stats packed after it, ``encode_groups_file``) and ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
+    snap: a JSON header and the files and stats packed after it, ``encode_groups_file``) and
+    ``<name>.files.json.zst`` (per file: sha256 and chunk ids; read only when a file changed).
     """
 
     # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats; 7: the groups file
@@ -225,14 +226,17 @@ def encode_groups_file(head: dict, groups: dict[str, dict]) -> bytes:
 def decode_groups_file(raw: bytes) -> dict | None:
     """A groups file's header with every packed group's ``files`` (str) and ``stats`` (bytes) put back; None
     when it is not one whole (no magic, a header that is not a JSON object, a count that is not one, bytes
-    missing or left over, paths that are not UTF-8)."""
+    missing or left over, paths that are not UTF-8). Never raises."""
     start = len(GROUPS_MAGIC) + 4
     if not raw.startswith(GROUPS_MAGIC) or len(raw) < start:
         return None
     at = start + int.from_bytes(raw[len(GROUPS_MAGIC):start], "big")
     if at > len(raw):
         return None
-    doc = json_loads(raw[start:at])
+    try:
+        doc = json_loads(raw[start:at])
+    except (ValueError, CorruptError):
+        return None
     groups = doc.get("groups") if isinstance(doc, dict) else None
     if not isinstance(groups, dict):
         return None
