@@ -156,6 +156,21 @@ def test_the_first_status_after_a_restore_is_answered_from_the_restore(tmp_path,
     assert _agrees(vault, venv)[::2] == (1, False)
 
 
+def test_the_first_status_of_a_venv_restored_into_is_answered_from_the_restore(tmp_path, make_venv, wheelhouse):
+    """``restore --into``: its verification scan found the new venv equal to the snapshot and saved the new
+    venv's stat cache, so it leaves the verdict too; the status of the new venv right after it does not scan,
+    and an edit there is still seen."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    new = tmp_path / "copy"
+    ev(vault, "restore", sid, "--into", new)
+    code, out, quick = _agrees(vault, new)
+    assert (code, out, quick) == (0, f"{new}: unchanged since snapshot {sid[:12]}\n", True)
+    _edit_in_place(new)
+    assert _agrees(vault, new)[::2] == (1, False)
+
+
 def test_what_else_the_answer_rests_on_sends_status_down_the_full_path(tmp_path, make_venv, wheelhouse):
     """pyvenv.cfg (the interpreter's memo), an interrupted restore's journal, the snapshot's file rewritten,
     the stat cache's groups saved again by someone else: each is the full command's to answer."""

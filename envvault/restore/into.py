@@ -131,6 +131,8 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         warnings.append(f"python {k} is {o}, the snapshot had {n}")
     warnings.extend(differs)
     verified = remaining.packages_empty and python_ok and not differs
+    if remember is not None and verified and remaining.empty:  # the verification saved the new venv's cache
+        remember(cache)
     return RestoreResult(
         sid, str(dest), "into", None, len(packages), verified, False,
         written_files=len(staged) if staged else sum(p.files for p in packages),

@@ -1,8 +1,8 @@
 """The verdict of the last ``status`` that found an environment equal to its snapshot, and the quick
 ``status`` that answers from it (docs/format.md, "Status verdicts": ``state/verdict-<key>.json``).
 
-A ``status`` that finds nothing changed (and a restore in place whose verify scan found the environment
-equal to the snapshot, once that snapshot is its baseline) writes what its answer rested on: the snapshot and
+A ``status`` that finds nothing changed (and a snap, or a restore, in place or ``--into``, whose verify scan
+found the environment equal to the snapshot, once that snapshot is its baseline) writes what its answer rested on: the snapshot and
 the note printed with it, the dist-info folders its scan listed (in order), the stat cache's groups file its
 scan used (``StatCache.identity``: the one it loaded unchanged, or the one it saved), and the vault's side
 (``vault_stamp``: the stat keys of ``snapshots/`` and of the environment's ``restored-`` marker, taken before
