@@ -3,13 +3,16 @@ do costs with no pipeline around it, beside the anchors, in the same call.
 
 - ``tar -cf - | cat >/dev/null``: reading the venv's files in one stream (tar's own floor).
 - ``tar | zstd -3`` (the first snap's anchor, zstandard with every core).
-- Python threads (one a core) reading every file whole and hashing it with sha256 (the RECORD check every
-  first snap must make), then the same with BLAKE3 ids of each 1 MiB piece, then with zstd level 3 of each
-  piece too: every file on its own, no order, no output, no dedup, no manifests. Each the median of 3.
+- Python threads (one a core) reading every file in 1 MiB pieces and doing to each piece part of what a first
+  snap does: sha256 (the RECORD check); zstd level 3; BLAKE3 and zstd; sha256, BLAKE3 and zstd (all of it):
+  every file on its own, no order, no output, no dedup, no manifests.
+- With ``EV`` (an envvault command) set, the first snap itself (``--no-caches``, a fresh vault each run).
+  Every row ``FLOOR_ROUNDS`` times (3), the order rotating round by round; medians, and each row's ratio to
+  the anchor of its own round.
 - Where uv's cache lies (its file system and the one of /tmp) and the kernel's dirty-page limits: uv's
   install (the anchor of ``--into``) links or copies from its cache; envvault writes every byte.
 - ``dd`` of 2 GiB into /tmp, page cache only and then with ``fdatasync``: the disk's write speed.
-- With ``EV`` (an envvault command) set: the venv snapped and exported, then, 2 rounds in turn, uv's install of
+- With ``EV`` set and ``INTO`` not 0: the venv snapped and exported, then, 2 rounds in turn, uv's install of
   the exported wheels as ``--into``'s anchor runs it (uv's default link mode) and with ``--link-mode copy``,
   and ``restore --into``; the link count of the largest file each left says whether uv linked or copied.
 
@@ -95,56 +98,60 @@ def main() -> None:
     import blake3
     import zstandard
 
-    def sha(path: str) -> None:
-        with open(path, "rb", buffering=0) as f:
-            h = hashlib.sha256()
-            while True:
-                b = f.read(PIECE)
-                if not b:
-                    return
-                h.update(b)
-
-    def sha_b3(path: str) -> None:
-        with open(path, "rb", buffering=0) as f:
-            h = hashlib.sha256()
-            while True:
-                b = f.read(PIECE)
-                if not b:
-                    return
-                h.update(b)
-                blake3.blake3(b).digest()
-
     local = threading.local()
 
-    def sha_b3_zstd(path: str) -> None:
-        c = getattr(local, "c", None)
-        if c is None:
-            c = local.c = zstandard.ZstdCompressor(level=3)
-        with open(path, "rb", buffering=0) as f:
-            h = hashlib.sha256()
-            while True:
-                b = f.read(PIECE)
-                if not b:
-                    return
-                h.update(b)
-                blake3.blake3(b).digest()
-                c.compress(b)
+    def work(sha256: bool, b3: bool, zstd: bool):
+        """Read each file in 1 MiB pieces and do to each piece what is asked."""
+        def one(path: str) -> None:
+            c = getattr(local, "c", None)
+            if c is None and zstd:
+                c = local.c = zstandard.ZstdCompressor(level=3)
+            h = hashlib.sha256() if sha256 else None
+            with open(path, "rb", buffering=0) as f:
+                while True:
+                    b = f.read(PIECE)
+                    if not b:
+                        return
+                    if h is not None:
+                        h.update(b)
+                    if b3:
+                        blake3.blake3(b).digest()
+                    if zstd:
+                        c.compress(b)
+        return one
 
+    t = f"{cores} threads: read"
     rows = {
         "tar -cf - | cat >/dev/null": lambda: sh(f"tar -cf - -C {venv} . | cat >/dev/null")[0],
         "tar | zstd -3 (all cores) >/tmp/floors.tar.zst": lambda: sh(
             f"tar -cf - -C {venv} . | {TOOL_PY} -c '{zc}' >/tmp/floors.tar.zst")[0],
-        f"{cores} threads: read + sha256": lambda: parallel(files, sha, cores),
-        f"{cores} threads: read + sha256 + BLAKE3 a MiB": lambda: parallel(files, sha_b3, cores),
-        f"{cores} threads: read + sha256 + BLAKE3 + zstd -3 a MiB": lambda: parallel(files, sha_b3_zstd, cores),
+        f"{t} + sha256": lambda: parallel(files, work(True, False, False), cores),
+        f"{t} + zstd -3 a MiB": lambda: parallel(files, work(False, False, True), cores),
+        f"{t} + BLAKE3 + zstd -3 a MiB": lambda: parallel(files, work(False, True, True), cores),
+        f"{t} + sha256 + BLAKE3 + zstd -3 a MiB": lambda: parallel(files, work(True, True, True), cores),
     }
+    ev = os.environ.get("EV")
+    if ev:  # the first snap itself, a fresh vault each time, in the same rounds
+        def first_snap() -> float:
+            sh("rm -rf /tmp/floors-snap-vault")
+            wall, text = sh(f"ENVVAULT_HOME=/tmp/floors-snap-vault {ev} snap --venv {venv} --no-caches -m first")
+            if "snapshot" not in text:
+                say(f"first snap failed: {text[-300:]}")
+            return wall
+        rows["envvault first snap (--no-caches)"] = first_snap
     walls: dict[str, list[float]] = {k: [] for k in rows}
     names = list(rows)
-    for i in range(3):
+    for i in range(int(os.environ.get("FLOOR_ROUNDS", "3"))):
         for name in names[i % len(names):] + names[:i % len(names)]:
             walls[name].append(rows[name]())
     for name, ws in walls.items():
         say(f"{name}: median {statistics.median(ws):.2f} s ({', '.join(f'{w:.2f}' for w in ws)})")
+    anchor = walls["tar | zstd -3 (all cores) >/tmp/floors.tar.zst"]
+    for name, ws in walls.items():  # round by round against the anchor of the same round
+        ratios = sorted(w / a for w, a in zip(ws, anchor))
+        say(f"{name} / tar | zstd, round by round: median {statistics.median(ratios):.2f}x "
+            f"({', '.join(f'{r:.2f}' for r in ratios)})")
+    sh("rm -rf /tmp/floors-snap-vault")
     os.unlink("/tmp/floors.tar.zst")
     for cmd in (f"{UV} cache dir", "df -h /tmp ~ $( " + UV + " cache dir ) 2>&1 | sort -u",
                 "stat -f -c '%T' /tmp; stat -f -c '%T' $(" + UV + " cache dir) 2>&1",
@@ -157,8 +164,7 @@ def main() -> None:
         wall, text = sh(cmd)
         say(f"$ {cmd}: {wall:.2f} s: {text}")
         os.unlink("/tmp/floors.dd")
-    ev = os.environ.get("EV")
-    if ev:
+    if ev and os.environ.get("INTO", "1") != "0":
         into_rows(ev, venv, files[0][0][len(venv) + 1:])
 
 
