@@ -10,10 +10,7 @@ Run by ``bench/gpu_quick_profile.sh`` (which installs the carried wheels first);
 
 from __future__ import annotations
 
-import cProfile
-import io
 import os
-import pstats
 import statistics
 import subprocess
 import sys
