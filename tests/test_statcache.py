@@ -7,7 +7,7 @@ import sys
 
 from fixtures import catalogue as C
 from fixtures import uv_install
-from tests.evtools import ev, ev_json
+from tests.evtools import ev, ev_env, ev_json
 
 
 def test_cache_loaded_before_gc_is_not_saved_back(tmp_path, make_venv, wheelhouse):
@@ -163,3 +163,99 @@ def test_a_garbled_groups_file_is_an_empty_cache_never_an_error(tmp_path):
         assert cache.groups == {} and cache.identity() is None, raw[:80]
     (tmp_path / "state" / "stat-x.groups.bin").write_bytes(good)
     assert StatCache(path).groups["g"]["stats"] == stats
+
+
+def test_a_group_that_is_not_what_a_group_holds_makes_the_whole_file_nothing():
+    """Each reader of a group (the scan, the freshness check, the compile cache snap) takes its fields with
+    ``.get`` and uses them as what they are; a group of another shape (a string, a list, a field of another
+    type, files and stats that do not pair up) makes the groups file nothing, never an internal error."""
+    import json
+
+    from envvault import __version__
+    from envvault.vault.statcache import (GROUPS_MAGIC, StatCache, decode_groups_file, encode_groups_file,
+                                          group_problem)
+
+    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
+    key = [1, 2, 3, 4]
+    good = {"record_stat": key, "meta_stat": key, "files": "a\nb", "stats": b"\0" * 64, "missing": ["c"],
+            "summary": {"name": "a"}, "manifest_full": "a" * 64, "manifest_check": "b" * 64,
+            "lock": {"record_stat": key, "meta_stat": key, "summary": {}}}
+    cache_group = {"dirs": [["", 1, 2], ["x", 3, 4]], "files": ["f"], "stats": [key], "tree_fp": {},
+                   "env_key": "k", "entry": {}}
+    for group in (good, cache_group, {"summary": {}}, {}):
+        assert group_problem(group) is None, group
+        assert decode_groups_file(encode_groups_file(head, {"g": group})) is not None, group
+    bad = ["x", [1], 7, None, True,
+           dict(good, record_stat="x"), dict(good, meta_stat=[1, 2]), dict(good, record_stat=[1, 2, 3, "4"]),
+           dict(good, missing="c"), dict(good, missing=[1]), dict(good, summary=[]), dict(good, summary="s"),
+           dict(good, manifest_full=7), dict(good, manifest_check="short"),
+           dict(good, lock={"summary": {}}), dict(good, lock={"record_stat": key, "meta_stat": key, "summary": 1}),
+           dict(good, lock=[]),
+           dict(cache_group, dirs=[["a", 1]]), dict(cache_group, dirs="d"), dict(cache_group, dirs=[[1, 2, 3]]),
+           dict(cache_group, tree_fp=[]), dict(cache_group, env_key=1), dict(cache_group, entry="e"),
+           dict(good, stats=b"\0" * 32), dict(good, files="a", stats=b"\0" * 64), dict(good, files="", stats=b"\0" * 32),
+           dict(cache_group, stats=[[1, 2, 3]]), dict(cache_group, files=["f", "g"]), dict(cache_group, files=[1]),
+           dict(cache_group, stats="s"), {"files": "a", "stats": None}, {"stats": [key]}]
+    for group in bad:
+        assert group_problem(group) is not None, group
+        if isinstance(group, dict):
+            raw = encode_groups_file(head, {"ok": good, "g": group})
+        else:  # not an object: the encoder takes none, so the header is written here
+            text = json.dumps(dict(head, groups={"g": group})).encode()
+            raw = GROUPS_MAGIC + len(text).to_bytes(4, "big") + text
+        assert decode_groups_file(raw) is None, group
+
+
+def _broken_group_file(groups_file, change) -> None:
+    """Rewrite the groups file with ``change(groups)`` applied to its decoded groups, as a copied vault could."""
+    import json
+
+    from envvault.vault.statcache import decode_groups_file, encode_groups_file
+
+    from envvault.vault.statcache import GROUPS_MAGIC
+
+    doc = decode_groups_file(groups_file.read_bytes())
+    change(doc["groups"])
+    odd = {k: v for k, v in doc["groups"].items() if not isinstance(v, dict)}  # the encoder takes objects only
+    groups = {k: ({"odd": k} if k in odd else v) for k, v in doc["groups"].items()}
+    raw = encode_groups_file({k: v for k, v in doc.items() if k != "groups"}, groups)
+    start = len(GROUPS_MAGIC) + 4
+    end = start + int.from_bytes(raw[len(GROUPS_MAGIC):start], "big")
+    header = raw[start:end]
+    for k, v in odd.items():
+        header = header.replace(json.dumps({"odd": k}, separators=(",", ":")).encode(), json.dumps(v).encode())
+    groups_file.write_bytes(GROUPS_MAGIC + len(header).to_bytes(4, "big") + header + raw[end:])
+
+
+def test_a_broken_group_in_a_copied_vault_is_read_again_never_an_internal_error(tmp_path, make_venv, wheelhouse):
+    """state/ comes with a copied vault (the key of a common venv path can be guessed): a group that is a
+    string, or one whose files all match but whose summary the model does not take, costs a read of that
+    distribution again; status and snap answer as on a clean cache, and the next save puts a good group back."""
+    from envvault.vault.statcache import decode_groups_file
+
+    venv = make_venv("uv")
+    uv_install(venv, str(wheelhouse[C.SMALL_01]), str(wheelhouse[C.NS_ALPHA]))
+    vault = tmp_path / "vault"
+    ev(vault, "snap", "--venv", venv, "--no-caches")
+    groups_file = next((vault / "state").glob("stat-*.groups.bin"))
+    keys = sorted(decode_groups_file(groups_file.read_bytes())["groups"])
+    assert len(keys) == 2
+
+    def as_string(groups):
+        groups[keys[0]] = "x"
+
+    def bad_summary(groups):
+        groups[keys[1]]["summary"] = dict(groups[keys[1]]["summary"], version=7)
+
+    for change in (as_string, bad_summary):
+        _broken_group_file(groups_file, change)
+        for quick in ("1", "0"):
+            proc = ev(vault, "status", "--venv", venv, "--exit-code", check=False,
+                      env=ev_env(vault, ENVVAULT_QUICK_STATUS=quick))
+            assert (proc.returncode, proc.stderr) == (0, ""), proc
+            assert "unchanged since snapshot" in proc.stdout
+        _broken_group_file(groups_file, change)
+        proc = ev(vault, "snap", "--venv", venv, "--no-caches", check=False)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc
+        healed = decode_groups_file(groups_file.read_bytes())["groups"]
+        assert sorted(healed) == keys and all(isinstance(healed[k]["summary"]["version"], str) for k in keys)

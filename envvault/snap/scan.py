@@ -128,12 +128,15 @@ def scan_environment(
     for n, (dist_info, site, group, mid) in enumerate(entries):
         if n in fresh:
             summary = dict(group["summary"], manifest=mid)
-            packages.append(summary)
-            cache.touch_group(group)
-            continue
-        if mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
-            packages.append(dict(group["lock"]["summary"]))
-            continue
+            if _summary_ok(summary):  # else read again: the new group replaces this one
+                packages.append(summary)
+                cache.touch_group(group)
+                continue
+        elif mode == "lock" and group and group.get("lock") and _lock_fresh(group["lock"], dist_info):
+            summary = dict(group["lock"]["summary"])
+            if _summary_ok(summary):
+                packages.append(summary)
+                continue
         pending.append((dist_info, site))
     # Every distribution fresh (an unchanged status or second snap): no manifest to build, and the builder's
     # modules are not even imported.
@@ -374,6 +377,16 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[D
         close = getattr(plans, "close", None)
         if close is not None:
             close()
+
+
+def _summary_ok(summary: dict) -> bool:
+    """A package summary from the stat cache that the snapshot model takes as it is (the model's one parser:
+    a group whose files all match but whose summary does not parse is read again, never a failed command)."""
+    from envvault.model.snapshot import parse_package_summary
+
+    problems: list[str] = []
+    parse_package_summary(summary, "", problems)
+    return not problems
 
 
 def _lock_fresh(lock: dict, dist_info: Path) -> bool:

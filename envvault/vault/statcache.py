@@ -21,7 +21,7 @@ from envvault.model.encoding import MAX_DOC_BYTES, json_loads
 from envvault.vault.fsutil import atomic_write, flocked, read_regular, read_regular_stat
 
 __all__ = ["StatCache", "stat_key", "file_key", "groups_path", "encode_groups_file",
-           "decode_groups_file", "encode_stats", "group_paths", "group_stats_fresh", "unpack_stats", "portable_group",
+           "decode_groups_file", "group_problem", "encode_stats", "group_paths", "group_stats_fresh", "unpack_stats", "portable_group",
            "group_from_portable"]
 
 
@@ -241,7 +241,9 @@ def decode_groups_file(raw: bytes) -> dict | None:
     if not isinstance(groups, dict):
         return None
     for group in groups.values():
-        if not isinstance(group, dict) or "packed" not in group:
+        if not isinstance(group, dict):
+            return None  # every group an object, or no cache: a scan reads each with .get
+        if "packed" not in group:
             continue
         packed = group.pop("packed")
         if not (isinstance(packed, list) and len(packed) == 2 and all(type(n) is int and n >= 0 for n in packed)):
@@ -255,7 +257,65 @@ def decode_groups_file(raw: bytes) -> dict | None:
         except UnicodeDecodeError:
             return None
         group["stats"], at = raw[at + size:stop], stop
-    return doc if at == len(raw) else None
+    if at != len(raw) or any(group_problem(group) for group in groups.values()):
+        return None
+    return doc
+
+
+def _ints(v, n: int | None = None) -> bool:
+    return type(v) is list and (n is None or len(v) == n) and all(type(x) is int for x in v)
+
+
+def _strs(v) -> bool:
+    return type(v) is list and all(type(x) is str for x in v)
+
+
+def _obj(v) -> bool:
+    return type(v) is dict
+
+
+def _hex_id(v) -> bool:
+    return type(v) is str and len(v) == 64
+
+
+# What a group's fields must be for its readers (``snap/scan.py``, ``snap/fresh.py``, ``caches/archive.py``)
+# to use it as they do; a field a group lacks is not checked (each reader looks for its own).
+_GROUP_FIELDS = {
+    "record_stat": lambda v: _ints(v, 4),
+    "meta_stat": lambda v: _ints(v, 4),
+    "missing": _strs,
+    "summary": _obj,
+    "manifest_full": _hex_id,
+    "manifest_check": _hex_id,
+    "lock": lambda v: (_obj(v) and _ints(v.get("record_stat"), 4) and _ints(v.get("meta_stat"), 4)
+                       and _obj(v.get("summary"))),
+    "dirs": lambda v: type(v) is list and all(type(d) is list and len(d) == 3 and type(d[0]) is str
+                                              and _ints(d[1:]) for d in v),
+    "tree_fp": _obj,
+    "env_key": lambda v: type(v) is str,
+    "entry": _obj,
+}
+
+
+def group_problem(group) -> str | None:
+    """Why a stat cache group (as ``decode_groups_file`` gives it back) cannot be used, or None: not an
+    object, a field of the wrong type (``_GROUP_FIELDS``), or files and stats that do not pair up (a
+    newline-joined string with 32 bytes of stats a path, or two lists of the same length, each stat key four
+    integers). Any problem makes the whole groups file nothing (docs/format.md, "Stat cache")."""
+    if type(group) is not dict:
+        return "not an object"
+    for name, ok in _GROUP_FIELDS.items():
+        if name in group and not ok(group[name]):
+            return f"{name}: not what a group holds"
+    files, stats = group.get("files"), group.get("stats")
+    if files is None and stats is None:
+        return None
+    if type(files) is str and type(stats) is bytes:
+        count = files.count("\n") + 1 if files else 0
+        return None if len(stats) == 32 * count else "files and stats do not pair up"
+    if _strs(files) and type(stats) is list and len(stats) == len(files) and all(_ints(k, 4) for k in stats):
+        return None
+    return "files and stats do not pair up"
 
 
 def file_key(st: os.stat_result) -> tuple[int, ...]:
