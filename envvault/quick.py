@@ -83,5 +83,42 @@ def answer(args: list[str]) -> int | None:
     if hit is None:
         return None
     target, verdict = hit
-    sys.stdout.write(unchanged_text(target, verdict.snapshot, verdict.note) + "\n")
+    from envvault.output import use_colour
+
+    out = sys.stdout
+    try:
+        tty = out is not None and out.isatty()
+    except (AttributeError, ValueError, OSError):
+        tty = False
+    # As the full command prints it (click.echo): styles only on a terminal, whatever FORCE_COLOR says.
+    return _emit(unchanged_text(target, verdict.snapshot, verdict.note, colour=use_colour() and tty) + "\n")
+
+
+def _emit(line: str) -> int | None:
+    """Write ``line`` to stdout; 0 once written, None to leave the command to the CLI (which prints, or says
+    why it cannot, its own way): no stdout, a line stdout's encoding cannot hold, or a write that failed
+    before any byte went out. A closed pipe ends the command as the CLI ends it (0, nothing more); a write
+    that fails half way is one line on stderr and exit 6, as the CLI's."""
+    out = sys.stdout
+    if out is None:
+        return None
+    try:
+        data = line.encode(out.encoding or "utf-8", out.errors or "strict")
+        fd = out.fileno()
+        out.flush()
+    except (AttributeError, ValueError, OSError, UnicodeError):
+        return None
+    written = 0
+    try:
+        while written < len(data):
+            written += os.write(fd, data[written:])
+    except BrokenPipeError:
+        return 0
+    except OSError as err:
+        if not written:
+            return None
+        from envvault.vault.fsutil import storage_error
+
+        sys.stderr.write(f"envvault: error: {storage_error(err, 'standard output')}\n")
+        return 6
     return 0

@@ -243,6 +243,9 @@ def _good_verdict() -> dict:
     ("snapshot", "A" * 64, "verdict.snapshot"),
     ("venv", 7, "verdict.venv"),
     ("note", "x" * 5000, "verdict.note"),
+    ("note", "ok\n\x1b]0;owned\x07second line", "verdict.note"),
+    ("note", "tab\there", "verdict.note"),
+    ("note", "c1 \x9b31m", "verdict.note"),
     ("vault", [1, "2"], "verdict.vault"),
     ("vault", [1, True], "verdict.vault"),
     ("snapshot_stat", {"a": 1}, "verdict.snapshot_stat"),
@@ -355,3 +358,100 @@ def test_a_quick_status_of_a_real_pip_venv(tmp_path):
     subprocess.run(pip + ["uninstall", "-y", "idna"], check=True, timeout=300, env=isolated_env())
     code, out, quick = _agrees(vault, venv)
     assert (code, quick) == (1, False) and "idna" in out
+
+
+def test_a_vault_the_full_command_refuses_is_refused_by_the_quick_one(tmp_path, make_venv, wheelhouse):
+    """The quick status opens the vault as every command does (``vault/config.py`` ``open_local``): its
+    config.json gone, not envvault's, of a newer format, or one of its own entries a symlink, and the quick
+    status gives the answer the full command gives (its error and exit code), never "unchanged"."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    _status(vault, venv)
+    assert _status(vault, venv)[3]
+    config = vault / "config.json"
+    good = config.read_bytes()
+
+    def newer():
+        config.write_text(json.dumps(dict(json.loads(good), format=999)))
+
+    def moved_state():
+        (vault / "state").rename(tmp_path / "elsewhere")
+        (vault / "state").symlink_to(tmp_path / "elsewhere")
+
+    def put_state_back():
+        (vault / "state").unlink()
+        (tmp_path / "elsewhere").rename(vault / "state")
+
+    for spoil, codes, undo in ((config.unlink, (4,), None), (lambda: config.write_text("garbage"), (5,), None),
+                               (newer, (2,), None), (moved_state, (3,), put_state_back)):
+        spoil()
+        code, out, err, quick, _ = _status(vault, venv)
+        full = _status(vault, venv, quick=False)
+        assert (code, out, err, quick) == (full[0], full[1], full[2], False)
+        assert code in codes and "unchanged" not in out and err.startswith("envvault: error:"), (code, out, err)
+        if undo is not None:
+            undo()
+        config.write_bytes(good)
+        assert _status(vault, venv)[3]  # the same vault again: answered quickly as before
+
+
+def test_the_quick_answer_is_printed_as_the_full_command_prints_it(tmp_path, make_venv, wheelhouse):
+    """Into a pipe with FORCE_COLOR set, the quick status prints what the full command prints (click.echo
+    leaves styles out of anything but a terminal); a stdout that cannot take the line (closed, a full disk,
+    an encoding without the path's letters) gets what the full command gives it, never a traceback."""
+    venv = make_venv("uv", name="v\u65e5\u672c")  # a path ASCII cannot write
+    uv_install(venv, str(wheelhouse[C.SMALL_01]))
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    _status(vault, venv)
+    assert _status(vault, venv)[3]
+    env = ev_env(vault, FORCE_COLOR="1")
+    args = [sys.executable, "-m", "envvault", "status", "--venv", str(venv)]
+    quick = subprocess.run(args, capture_output=True, env=env, timeout=300)
+    full = subprocess.run(args, capture_output=True, env=dict(env, ENVVAULT_QUICK_STATUS="0"), timeout=300)
+    assert quick.stdout == full.stdout and b"\x1b" not in quick.stdout and quick.returncode == full.returncode == 0
+    assert "\u65e5".encode() in quick.stdout
+    _status(vault, venv)
+    for name, extra, shell in (("closed", {}, " >&-"), ("full disk", {}, " >/dev/full"),
+                               ("ascii", {"PYTHONIOENCODING": "ascii"}, " >/dev/null")):
+        got = []
+        for quick_on in ("1", "0"):
+            e = dict(ev_env(vault, ENVVAULT_QUICK_STATUS=quick_on), **extra)
+            cmd = " ".join(f"'{a}'" for a in args) + shell
+            proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=e, timeout=300)
+            assert "Traceback" not in proc.stderr, (name, proc.stderr)
+            assert len(proc.stderr.strip().splitlines()) <= 1, (name, proc.stderr)
+            got.append((proc.returncode, proc.stderr))
+        assert got[0] == got[1], (name, got)
+    e = dict(ev_env(vault), PYTHONIOENCODING="ascii")
+    quick = subprocess.run(args, capture_output=True, env=e, timeout=300)
+    full = subprocess.run(args, capture_output=True, env=dict(e, ENVVAULT_QUICK_STATUS="0"), timeout=300)
+    assert (quick.returncode, quick.stdout, quick.stderr) == (full.returncode, full.stdout, full.stderr)
+
+
+def test_a_verdict_or_a_groups_header_past_its_size_limit_is_not_read(tmp_path, make_venv, wheelhouse):
+    """What is parsed from state/ (a copied vault's) stays bounded: a verdict over 4 MiB and a groups file
+    whose header is over 16 MiB are not parsed (JSON of empty objects takes about 30 times its size), even
+    when what they hold is right: the full command answers, and saves a good cache again."""
+    from envvault.vault.statcache import GROUPS_MAGIC, HEADER_LIMIT
+
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    _status(vault, venv)
+    assert _status(vault, venv)[3]
+    verdict_file = next((vault / "state").glob("verdict-*.json"))
+    good = verdict_file.read_bytes()
+    verdict_file.write_bytes(good + b" " * (4 << 20))  # the same verdict, and white space past the limit
+    assert _agrees(vault, venv)[::2] == (0, False)
+    assert _status(vault, venv)[3]  # the full command wrote a verdict of its size again
+    groups_file = next((vault / "state").glob("stat-*.groups.bin"))
+    raw = groups_file.read_bytes()
+    start = len(GROUPS_MAGIC) + 4
+    end = start + int.from_bytes(raw[len(GROUPS_MAGIC):start], "big")
+    header = raw[start:end] + b" " * (HEADER_LIMIT - (end - start) + 1)
+    groups_file.write_bytes(GROUPS_MAGIC + len(header).to_bytes(4, "big") + header + raw[end:])
+    assert _agrees(vault, venv)[::2] == (0, False)
+    assert len(groups_file.read_bytes()) < 2 * len(raw)  # saved again by the full command, without the padding
+    assert _status(vault, venv)[3]

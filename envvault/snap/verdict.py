@@ -42,8 +42,11 @@ __all__ = ["Verdict", "parse_verdict", "verdict_name", "restored_name", "vault_s
            "snapshots_dir", "snapshot_stamp", "record_verdict", "unchanged_since", "unchanged_text"]
 
 _ID = re.compile(r"[0-9a-f]{64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # a note is printed as it is: no escape sequence, no new line
 VERSION = 1
-_LIMIT = 16 << 20  # a verdict lists one path a distribution: thousands of them are well under a MiB
+# A verdict lists one path a distribution: 10,000 of them are well under 4 MiB; parsed, the largest file
+# takes at most about 60 MB (a list of one-letter strings), read from a vault that may be someone else's.
+_LIMIT = 4 << 20
 
 
 class Verdict(NamedTuple):
@@ -78,8 +81,8 @@ def parse_verdict(doc) -> tuple[Verdict | None, list[str]]:
         problems.append("verdict.venv: not a path")
     if not isinstance(sid, str) or not _ID.fullmatch(sid):
         problems.append("verdict.snapshot: not a snapshot id")
-    if not isinstance(note, str) or len(note) > 4096:
-        problems.append("verdict.note: not a text of at most 4096 characters")
+    if not isinstance(note, str) or len(note) > 4096 or _CONTROL.search(note):
+        problems.append("verdict.note: not a text of at most 4096 characters, none a control character")
     vault = _ints(doc.get("vault"), "verdict.vault", problems)
     snap = _ints(doc.get("snapshot_stat"), "verdict.snapshot_stat", problems)
     groups = _ints(doc.get("groups"), "verdict.groups", problems)
@@ -170,6 +173,7 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
     cannot be told without the full command (which then answers, errors included)."""
     from envvault.env.probe import find_target, system_of
     from envvault.env.venv import VenvReader
+    from envvault.vault.config import open_local
     from envvault.vault.local import LocalBackend
     from envvault.vault.state import LocalState
 
@@ -180,6 +184,10 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
     if system_of(target) is not None or not (target / "pyvenv.cfg").is_file():
         return None  # a system environment: its baseline depends on the interpreter in use
     backend, state = LocalBackend(root), LocalState.in_vault(root)
+    try:
+        open_local(backend)  # what opening the vault checks: one the full command refuses answers nothing here
+    except (EnvvaultError, OSError):
+        return None
     if journal_left(target, state.dir):
         return None  # an interrupted restore: the full command settles it
     try:
@@ -215,8 +223,9 @@ def unchanged_since(root: Path, venv: str | None) -> tuple[Path, Verdict] | None
     return target, verdict
 
 
-def unchanged_text(target: str | os.PathLike, sid: str, note: str | None) -> str:
-    """What ``status`` prints for an unchanged environment (the full command and the quick one)."""
+def unchanged_text(target: str | os.PathLike, sid: str, note: str | None, colour: bool | None = None) -> str:
+    """What ``status`` prints for an unchanged environment (the full command and the quick one); ``colour``:
+    style the id or not (None: ``output.use_colour``)."""
     from envvault.output import style
 
-    return f"{target}: unchanged since snapshot {style(sid[:12], 'yellow')}" + (f" ({note})" if note else "")
+    return f"{target}: unchanged since snapshot {style(sid[:12], 'yellow', colour)}" + (f" ({note})" if note else "")

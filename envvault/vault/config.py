@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 
-from envvault.errors import CorruptError, StorageError, UsageError
+from envvault.errors import CorruptError, NotFoundError, StorageError, UsageError
 from envvault.model.encoding import parse_json, utc_timestamp
 from envvault.vault.backend import Backend, Missing, ReadFailed
 
-__all__ = ["FORMAT", "MAX_SMALL_DOC", "write_config", "read_config", "check_config"]
+__all__ = ["FORMAT", "MAX_SMALL_DOC", "write_config", "read_config", "check_config", "open_local"]
 
 FORMAT = 1
 MAX_SMALL_DOC = 1 << 20  # config.json, settings.json
@@ -55,3 +55,24 @@ def check_config(backend: Backend, config: dict | None) -> dict:
             f"this vault was written by a newer envvault (format {config['format']}, this one reads {FORMAT}); upgrade envvault"
         )
     return config
+
+
+def open_local(backend, *, create: bool = False) -> dict:
+    """What every opening of the local vault of ``backend`` (a ``LocalBackend``) checks, and its config: there
+    (made when absent and ``create``), none of its own entries a symlink, a config this envvault reads.
+    ``Vault.open`` and the quick status (``snap/verdict.py``) both ask here: a vault the full command refuses
+    is refused by both. Raises NotFoundError, UsageError (another program's folder, a newer format),
+    CorruptError, StorageError."""
+    root = backend.root
+    if not backend.exists():
+        if not create:
+            raise NotFoundError(f"no vault at {root}; run `envvault snap` first or pass --vault PATH")
+        backend.create()
+        write_config(backend)
+    backend.check_links()
+    config = read_config(backend)
+    if config is None and not backend.looks_like_vault():  # another program's folder, not a damaged vault
+        cfg_path = backend.where("config", "config")
+        raise UsageError(f"{root} is not an envvault vault ({cfg_path} is not envvault's); pass --vault "
+                         "with a new or empty folder")
+    return check_config(backend, config)

@@ -203,6 +203,10 @@ def groups_path(path: Path) -> Path:
 
 
 GROUPS_MAGIC = b"envvault stat cache groups\n"
+# The header holds about 1.6 KB a distribution (10,000 of them in 16 MiB; the paths and stats are after it);
+# parsed, the largest header takes at most about 30 times its size (a list of empty objects), and it is read
+# from a vault that may be someone else's: a longer one makes the cache empty.
+HEADER_LIMIT = 16 << 20
 
 
 def encode_groups_file(head: dict, groups: dict[str, dict]) -> bytes:
@@ -231,7 +235,7 @@ def decode_groups_file(raw: bytes) -> dict | None:
     if not raw.startswith(GROUPS_MAGIC) or len(raw) < start:
         return None
     at = start + int.from_bytes(raw[len(GROUPS_MAGIC):start], "big")
-    if at > len(raw):
+    if at > len(raw) or at - start > HEADER_LIMIT:
         return None
     try:
         doc = json_loads(raw[start:at])

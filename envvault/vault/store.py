@@ -19,7 +19,7 @@ from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoun
 from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, json_loads, object_id, parse_json
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.heads import newest_head
-from envvault.vault.config import FORMAT, MAX_SMALL_DOC, check_config, read_config, write_config
+from envvault.vault.config import FORMAT, MAX_SMALL_DOC, check_config, open_local, read_config, write_config
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
 from envvault.vault.state import LocalState
@@ -146,18 +146,7 @@ class Vault:
             return open_vault(cls, url, create=create)
         root = default_vault_path(path)
         backend = LocalBackend(root)
-        if not backend.exists():
-            if not create:
-                raise NotFoundError(f"no vault at {root}; run `envvault snap` first or pass --vault PATH")
-            backend.create()
-            write_config(backend)
-        backend.check_links()
-        config = read_config(backend)
-        if config is None and not backend.looks_like_vault():  # another program's folder, not a damaged vault
-            cfg_path = backend.where("config", "config")
-            raise UsageError(f"{root} is not an envvault vault ({cfg_path} is not envvault's); pass --vault "
-                             "with a new or empty folder")
-        return cls(backend, check_config(backend, config), LocalState.in_vault(root))
+        return cls(backend, open_local(backend, create=create), LocalState.in_vault(root))
 
     @classmethod
     def from_backend(cls, backend: Backend, state: LocalState, *, create: bool = False) -> "Vault":
