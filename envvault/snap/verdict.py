@@ -20,7 +20,11 @@ new verdict when it finds nothing changed. Writing one costs the full command a 
 is not rewritten for it.
 
 A verdict in a vault copied from someone else is no more trusted than the stat cache beside it: it answers
-only when every file of the environment has the size, mtime, inode and ctime recorded there.
+only when every file of the environment has the size, mtime, inode and ctime recorded there, which no one
+can know of another machine's files. Someone who can write this machine's ``state/`` can make a verdict name
+the groups file there now (its size, mtime and inode are theirs to read), as they can rewrite the stat cache
+itself: state/ is trusted as the vault's own folders are, against a copy, not against its own machine's
+users (docs/format.md, "Threat model").
 """
 
 from __future__ import annotations
