@@ -11,6 +11,7 @@ every command to the CLI.
 
 from __future__ import annotations
 
+import codecs
 import os
 import sys
 
@@ -96,13 +97,16 @@ def answer(args: list[str]) -> int | None:
 
 def _emit(line: str) -> int | None:
     """Write ``line`` to stdout; 0 once written, None to leave the command to the CLI (which prints, or says
-    why it cannot, its own way): no stdout, a line stdout's encoding cannot hold, or a write that failed
-    before any byte went out. A closed pipe ends the command as the CLI ends it (0, nothing more); a write
-    that fails half way is one line on stderr and exit 6, as the CLI's."""
+    why it cannot, its own way): no stdout, an ASCII stdout (click writes UTF-8 to it), a line stdout's
+    encoding cannot hold, or a write that failed before any byte went out. A closed pipe ends the command as
+    click ends the CLI (exit 1, nothing more); a write that fails half way is one line on stderr and exit 6,
+    as the CLI's."""
     out = sys.stdout
     if out is None:
         return None
     try:
+        if codecs.lookup(out.encoding or "utf-8").name == "ascii":
+            return None  # click writes UTF-8 to a stdout that says ASCII: the CLI prints it
         data = line.encode(out.encoding or "utf-8", out.errors or "strict")
         fd = out.fileno()
         out.flush()
@@ -113,7 +117,7 @@ def _emit(line: str) -> int | None:
         while written < len(data):
             written += os.write(fd, data[written:])
     except BrokenPipeError:
-        return 0
+        return 1  # as click ends the CLI on a closed pipe
     except OSError as err:
         if not written:
             return None

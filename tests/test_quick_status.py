@@ -424,10 +424,23 @@ def test_the_quick_answer_is_printed_as_the_full_command_prints_it(tmp_path, mak
             assert len(proc.stderr.strip().splitlines()) <= 1, (name, proc.stderr)
             got.append((proc.returncode, proc.stderr))
         assert got[0] == got[1], (name, got)
-    e = dict(ev_env(vault), PYTHONIOENCODING="ascii")
-    quick = subprocess.run(args, capture_output=True, env=e, timeout=300)
-    full = subprocess.run(args, capture_output=True, env=dict(e, ENVVAULT_QUICK_STATUS="0"), timeout=300)
-    assert (quick.returncode, quick.stdout, quick.stderr) == (full.returncode, full.stdout, full.stderr)
+    for encoding in ("ascii", "ascii:replace", "ascii:backslashreplace", "latin-1"):
+        e = dict(ev_env(vault), PYTHONIOENCODING=encoding)
+        quick = subprocess.run(args, capture_output=True, env=e, timeout=300)
+        full = subprocess.run(args, capture_output=True, env=dict(e, ENVVAULT_QUICK_STATUS="0"), timeout=300)
+        assert (quick.returncode, quick.stdout, quick.stderr) == (full.returncode, full.stdout, full.stderr), encoding
+    codes = []
+    for quick_on in ("1", "0"):  # a pipe whose reader is gone: click ends the CLI with 1, and so does the quick path
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            proc = subprocess.run(args, stdout=w, stderr=subprocess.PIPE, text=True, timeout=300,
+                                  env=ev_env(vault, ENVVAULT_QUICK_STATUS=quick_on))
+        finally:
+            os.close(w)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        codes.append(proc.returncode)
+    assert codes[0] == codes[1], codes
 
 
 def test_a_verdict_or_a_groups_header_past_its_size_limit_is_not_read(tmp_path, make_venv, wheelhouse):

@@ -193,7 +193,7 @@ def test_a_group_that_is_not_what_a_group_holds_makes_the_whole_file_nothing():
            dict(good, lock=[]),
            dict(cache_group, dirs=[["a", 1]]), dict(cache_group, dirs="d"), dict(cache_group, dirs=[[1, 2, 3]]),
            dict(cache_group, tree_fp=[]), dict(cache_group, env_key=1), dict(cache_group, entry="e"),
-           dict(good, stats=b"\0" * 32), dict(good, files="a", stats=b"\0" * 64), dict(good, files="", stats=b"\0" * 32),
+           dict(good, stats=b"\0" * 33), {k: v for k, v in good.items() if k != "summary"},
            dict(cache_group, stats=[[1, 2, 3]]), dict(cache_group, files=["f", "g"]), dict(cache_group, files=[1]),
            dict(cache_group, stats="s"), {"files": "a", "stats": None}, {"stats": [key]}]
     for group in bad:
@@ -259,3 +259,24 @@ def test_a_broken_group_in_a_copied_vault_is_read_again_never_an_internal_error(
         assert proc.returncode == 0 and "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc
         healed = decode_groups_file(groups_file.read_bytes())["groups"]
         assert sorted(healed) == keys and all(isinstance(healed[k]["summary"]["version"], str) for k in keys)
+
+
+def test_the_writer_never_writes_a_header_the_reader_refuses(monkeypatch):
+    """A header past ``HEADER_LIMIT`` would make the whole cache nothing on every load: the writer leaves out
+    the compile cache roots' groups first (a row a folder in the header), then every group, so the
+    distributions' shortcuts survive a cache of very many folders."""
+    from envvault import __version__
+    from envvault.vault import statcache
+    from envvault.vault.statcache import StatCache, decode_groups_file, encode_groups_file
+
+    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {"probe": {}}}
+    env_group = {"record_stat": [1, 2, 3, 4], "files": "a", "stats": b"\0" * 32, "summary": {"name": "a"}}
+    cache_group = {"dirs": [[f"d{i}", i, i] for i in range(2000)], "files": "f", "stats": b"\0" * 32,
+                   "tree_fp": {}, "env_key": "k", "entry": {}}
+    groups = {"lib/a.dist-info": env_group, "cache:/c": cache_group}
+    assert set(decode_groups_file(encode_groups_file(head, groups))["groups"]) == set(groups)
+    monkeypatch.setattr(statcache, "HEADER_LIMIT", 4096)
+    assert set(decode_groups_file(encode_groups_file(head, groups))["groups"]) == {"lib/a.dist-info"}
+    many = {f"lib/p{i}.dist-info": env_group for i in range(100)}
+    assert decode_groups_file(encode_groups_file(head, many))["groups"] == {}
+    assert decode_groups_file(encode_groups_file(dict(head, extra={"x": "y" * 5000}), {}))["extra"] == {}

@@ -203,7 +203,8 @@ def groups_path(path: Path) -> Path:
 
 
 GROUPS_MAGIC = b"envvault stat cache groups\n"
-# The header holds about 1.6 KB a distribution (10,000 of them in 16 MiB; the paths and stats are after it);
+# The header holds about 2 KB a distribution (8,000 of them in 16 MiB; the paths and stats are after it) and a
+# row a folder of each compile cache root (``encode_groups_file`` drops those first when they do not fit);
 # parsed, the largest header takes at most about 30 times its size (a list of empty objects), and it is read
 # from a vault that may be someone else's: a longer one makes the cache empty.
 HEADER_LIMIT = 16 << 20
@@ -213,7 +214,9 @@ def encode_groups_file(head: dict, groups: dict[str, dict]) -> bytes:
     """A groups file (docs/format.md, "Stat cache"): ``GROUPS_MAGIC``, the header's length (4 bytes,
     big-endian), the header (JSON: ``head`` and the groups, each packed group's ``files`` and ``stats`` left
     out and ``packed``, ``[bytes of its paths, files]``, put in their place), then each packed group's paths
-    (UTF-8, joined by newlines) and stats (32 bytes a file), in the header's order."""
+    (UTF-8, joined by newlines) and stats (32 bytes a file), in the header's order. A header that would pass
+    ``HEADER_LIMIT`` is written without the compile cache roots' groups (their ``dirs`` rows), else without
+    any group: those are scanned again, the rest keeps its shortcuts."""
     out, body = {}, []
     for key, group in groups.items():
         files, stats = group.get("files"), group.get("stats")
@@ -224,6 +227,12 @@ def encode_groups_file(head: dict, groups: dict[str, dict]) -> bytes:
             body += [paths, stats]
         out[key] = group
     header = json.dumps(dict(head, groups=out), separators=(",", ":")).encode()
+    if len(header) > HEADER_LIMIT:  # never a file the reader refuses: what makes the header long goes first
+        if any("dirs" in g for g in groups.values()):  # compile cache roots: a row a folder in the header
+            return encode_groups_file(head, {k: g for k, g in groups.items() if "dirs" not in g})
+        if groups:  # more distributions than a header holds: no groups (every scan reads them)
+            return encode_groups_file(head, {})
+        return encode_groups_file(dict(head, extra={}), {})
     return b"".join([GROUPS_MAGIC, len(header).to_bytes(4, "big"), header, *body])
 
 
@@ -311,12 +320,14 @@ def group_problem(group) -> str | None:
     for name, ok in _GROUP_FIELDS.items():
         if name in group and not ok(group[name]):
             return f"{name}: not what a group holds"
+    if ("manifest_full" in group or "manifest_check" in group) and "summary" not in group:
+        return "a manifest id without its summary"
     files, stats = group.get("files"), group.get("stats")
     if files is None and stats is None:
         return None
-    if type(files) is str and type(stats) is bytes:
-        count = files.count("\n") + 1 if files else 0
-        return None if len(stats) == 32 * count else "files and stats do not pair up"
+    if type(files) is str and type(stats) is bytes:  # packed: the loader sliced 32 bytes a counted file
+        # (paths that are not that count only make the group stale: the freshness rule compares all of them)
+        return None if len(stats) % 32 == 0 else "files and stats do not pair up"
     if _strs(files) and type(stats) is list and len(stats) == len(files) and all(_ints(k, 4) for k in stats):
         return None
     return "files and stats do not pair up"
