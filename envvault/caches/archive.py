@@ -22,7 +22,7 @@ from pathlib import Path
 import blake3
 
 from ..errors import EnvironmentProblem
-from ..model.encoding import canonical_json, object_id
+from ..model.encoding import canonical_json, not_utf8, object_id
 from ..vault.ingest import Ingester
 from ..vault.statcache import StatCache, group_stats_fresh, stat_key
 from .discover import CacheLocation
@@ -53,6 +53,9 @@ def archive_cache(
     are queued on ``ingester.writer``; the caller flushes it and commits the snapshot."""
     started = time.monotonic()
     root = Path(location.path)
+    if not_utf8(root):
+        raise EnvironmentProblem(f"cannot archive the cache folder {os.fsencode(root)!r}: its path is not UTF-8, "
+                                 "which a snapshot cannot record; rename it or leave it out")
     gkey = KEY_PREFIX + str(root)
     env_key = blake3.blake3(canonical_json(env_fp)).hexdigest()
     group = statcache.groups.get(gkey)
@@ -171,7 +174,8 @@ def _read_tree(root: Path, dirs: list[list], ing: Ingester, cache: StatCache, pr
     def take(rel: str, read):
         return rel, _take_file(f"{root}/{rel}", prefix + rel, read, cache)
 
-    pending = walk_cache(root)
+    skipped: list[str] = []
+    pending = walk_cache(root, skipped)
     for _ in range(_ROUNDS):
         regular = []
         for cf in pending:
@@ -203,7 +207,7 @@ def _read_tree(root: Path, dirs: list[list], ing: Ingester, cache: StatCache, pr
             pending = []
             break  # no folder changed: nothing appeared or vanished since the listing
         dirs = now
-        pending = [cf for cf in walk_cache(root) if cf.path not in seen]
+        pending = [cf for cf in walk_cache(root, skipped) if cf.path not in seen]
         if not pending:
             break
     else:
@@ -211,6 +215,12 @@ def _read_tree(root: Path, dirs: list[list], ing: Ingester, cache: StatCache, pr
             f"{root}: still being written while it was archived; {len(pending)} file(s) that appeared during "
             "the snap were left out (every archived file is complete); snap again when the compile has finished"
         )
+    if skipped:
+        names = sorted(set(skipped))
+        shown = ", ".join(repr(n.encode("utf-8", "surrogateescape"))[2:-1] for n in names[:3])
+        warnings.append(f"{root}: left out {len(names)} entr{'y' if len(names) == 1 else 'ies'} whose name (or link "
+                        f"target) is not UTF-8, which a snapshot cannot record: {shown}"
+                        + (" and more" if len(names) > 3 else ""))
     # A folder noted empty that got files meanwhile is implied by them.
     dirs_with_content = {p.rsplit("/", 1)[0] for p in files if "/" in p}
     for rel in [r for r, f in files.items() if f.kind == "dir" and r in dirs_with_content]:

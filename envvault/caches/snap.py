@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import EnvironmentProblem, NotFoundError
+from ..model.encoding import recordable
 from ..vault.ingest import Ingester
 from ..vault.statcache import StatCache
 from ..vault.transaction import Committed
@@ -72,9 +73,10 @@ def make_cache_hook(
                 continue  # removed since it was found: nothing to archive
             except EnvironmentProblem as err:
                 # An unreadable cache must not fail the environment's snap: record why it is missing.
-                entries.append({"kind": loc.kind, "root": str(loc.path), "reason": loc.reason, "manifest": None,
+                root = recordable(str(loc.path))  # a path that is not UTF-8 is the reason, written as typed
+                entries.append({"kind": loc.kind, "root": root, "reason": loc.reason, "manifest": None,
                                 "files": 0, "bytes": 0, "entries": {}, "fingerprint": None,
-                                "warnings": [f"{loc.path}: not archived: {err}"]})
+                                "warnings": [f"{root}: not archived: {err}"]})
         if why and entries:
             entries[0]["warnings"] = entries[0]["warnings"] + [why]
         return entries

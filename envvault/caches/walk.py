@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import EnvironmentProblem, NotFoundError
+from ..model.encoding import not_utf8
 
 __all__ = ["CacheFile", "walk_cache", "stable_read", "is_transient"]
 
@@ -60,8 +61,11 @@ def is_transient(relpath: str, *, is_dir: bool) -> bool:
     return name.endswith(".tmp")
 
 
-def walk_cache(root: Path) -> list[CacheFile]:
+def walk_cache(root: Path, skipped: list[str] | None = None) -> list[CacheFile]:
     """Every regular file, symlink and empty folder under ``root``, sorted by path.
+
+    An entry whose name (or a symlink whose target) is not UTF-8 is left out, and its path (as Python
+    decodes it) added to ``skipped``: manifests record names as UTF-8 text (``safepaths.not_utf8``).
 
     Leaves out transient files and folders and the content of a top-level ``locks/`` (which is noted as
     an ``is_dir`` entry). Sockets, FIFOs and devices are skipped. Entries that vanish during the walk
@@ -76,12 +80,12 @@ def walk_cache(root: Path) -> list[CacheFile]:
         raise NotFoundError(f"cache root {root} does not exist") from None
     real_root = os.path.realpath(root)
     found: list[CacheFile] = []
-    _walk(str(root), "", real_root, found)
+    _walk(str(root), "", real_root, found, skipped if skipped is not None else [])
     found.sort(key=lambda f: f.path)
     return found
 
 
-def _walk(folder: str, prefix: str, real_root: str, found: list[CacheFile]) -> None:
+def _walk(folder: str, prefix: str, real_root: str, found: list[CacheFile], skipped: list[str]) -> None:
     try:
         with os.scandir(folder) as it:
             entries = list(it)
@@ -93,19 +97,26 @@ def _walk(folder: str, prefix: str, real_root: str, found: list[CacheFile]) -> N
         _note_dir(folder, prefix.rstrip("/"), found)
     for entry in entries:
         rel = prefix + entry.name
+        if not_utf8(entry.name):
+            skipped.append(rel)
+            continue
         try:
             st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:
             continue
         if stat.S_ISLNK(st.st_mode):
-            found.append(_link(entry.path, rel, st, real_root))
+            link = _link(entry.path, rel, st, real_root)
+            if not_utf8(link.target):
+                skipped.append(rel)
+                continue
+            found.append(link)
         elif stat.S_ISDIR(st.st_mode):
             if is_transient(rel, is_dir=True):
                 continue
             if rel == _LOCKS:
                 _note_dir(entry.path, rel, found)
                 continue
-            _walk(entry.path, rel + "/", real_root, found)
+            _walk(entry.path, rel + "/", real_root, found, skipped)
         elif stat.S_ISREG(st.st_mode) and not is_transient(rel, is_dir=False):
             found.append(
                 CacheFile(path=rel, size=st.st_size, mode=stat.S_IMODE(st.st_mode), mtime_ns=st.st_mtime_ns)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from envvault.model.encoding import json_loads
+from envvault.model.encoding import json_loads, not_utf8
 from envvault.errors import UsageError
 
 __all__ = ["Interpreter", "use_system", "system_of", "choose_python", "chosen_python", "find_target", "probe",
@@ -174,6 +174,9 @@ def find_target(venv: str | os.PathLike | None, python: str | os.PathLike | None
         if not venv:
             raise UsageError("no environment given: pass --venv PATH, --python PATH or activate a virtual environment")
     path = Path(venv).expanduser().absolute()
+    if not_utf8(path):
+        raise UsageError(f"{os.fsencode(path)!r} is not a UTF-8 path, which a snapshot cannot record; move the "
+                         "environment to a path of UTF-8 letters")
     if not path.is_dir():
         raise UsageError(f"{path} is not a directory; pass --venv with the path of a virtual environment")
     if system_of(path) is not None:  # a root found by --python earlier in this process

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -10,10 +11,29 @@ import blake3
 
 from envvault.errors import CorruptError
 
-__all__ = ["canonical_json", "object_id", "parse_json", "short", "utc_timestamp", "MAX_DOC_BYTES"]
+__all__ = ["canonical_json", "object_id", "parse_json", "short", "utc_timestamp", "MAX_DOC_BYTES", "not_utf8", "recordable"]
 
 # A snapshot or manifest larger than this is refused as hostile or damaged.
 MAX_DOC_BYTES = 512 * 1024 * 1024
+
+
+def not_utf8(text: str | os.PathLike) -> bool:
+    """True for a name or path Python decoded from bytes that are not UTF-8 (surrogate escapes): no document
+    of envvault's can record it (every one is UTF-8 JSON), so it is refused or left out with a warning."""
+    try:
+        os.fspath(text).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def recordable(text: str) -> str:
+    """``text`` as a UTF-8 document can hold it: bytes that are not UTF-8 (a path or a message on the command
+    line, a variable of another locale, as Python decodes them: surrogate escapes) are written ``\\xNN``,
+    as the user typed them, never a failed snap."""
+    if not not_utf8(text):
+        return text
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
 
 
 def canonical_json(doc: Any) -> bytes:

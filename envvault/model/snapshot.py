@@ -21,7 +21,7 @@ from envvault.model._fields import (
     check_opt_hex_id, check_opt_int, check_opt_list, check_opt_str, check_opt_str_list, check_str, check_str_list,
     check_str_map, dump_fields, is_id, load_fields, load_record, raise_problems, record_loader,
 )
-from envvault.model.encoding import canonical_json
+from envvault.model.encoding import canonical_json, recordable
 from envvault.model.provenance import ProvenanceEntry, load_provenance
 
 __all__ = ["FORMAT", "Snapshot", "PackageSummary", "PythonInfo", "Host", "Gpu", "Stats", "CacheEntry", "GuardInfo",
@@ -511,9 +511,9 @@ def build_snapshot(*, kind: str = "snapshot", created: str, message: str, trigge
     from envvault.model._fields import plain
 
     doc: dict[str, Any] = {
-        "format": FORMAT, "kind": kind, "created": created, "message": message, "trigger": trigger,
-        "argv": list(argv), "venv": venv, "lock_only": lock_only, "python": plain(python), "host": plain(host),
-        "env": dict(env), "packages": plain(packages), "caches": plain(caches), "fingerprint": fingerprint,
+        "format": FORMAT, "kind": kind, "created": created, "message": recordable(message), "trigger": trigger,
+        "argv": [recordable(a) for a in argv], "venv": venv, "lock_only": lock_only, "python": plain(python),
+        "host": plain(host), "env": {k: recordable(v) for k, v in env.items()}, "packages": plain(packages), "caches": plain(caches), "fingerprint": fingerprint,
         "warnings": list(warnings), "stats": plain(stats), "tool": plain(tool),
     }
     if extra:
