@@ -40,16 +40,23 @@ def run(cmd: list[str], env: dict | None = None) -> float:
     return wall
 
 
-def main() -> None:
-    venv = sys.prefix
+def tool_venv(work: str) -> tuple[str, dict]:
+    """envvault in a venv of its own under ``work`` (made afresh: uv, the carried wheels, bytecode compiled)
+    and the environment to run it in (a vault at ``work``/vault); (the venv, the environment)."""
     base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run(["rm", "-rf", W], check=True)
-    os.makedirs(W)
-    tool = f"{W}/tool"
+    subprocess.run(["rm", "-rf", work], check=True)
+    os.makedirs(work)
+    tool = f"{work}/tool"
     subprocess.run(f"{base} -m venv --without-pip {tool} && {UV} pip install -q --offline --no-index --no-deps "
                    f"--compile-bytecode --python {tool}/bin/python {WHEELS}/*.whl", shell=True, check=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["ENVVAULT_HOME"] = f"{W}/vault"
+    env["ENVVAULT_HOME"] = f"{work}/vault"
+    return tool, env
+
+
+def main() -> None:
+    venv = sys.prefix
+    tool, env = tool_venv(W)
     ev = [f"{tool}/bin/envvault"]
     say(f"snap: {run(ev + ['snap', '--venv', venv, '--no-caches', '-m', 'full'], env):.2f} s")
     say(f"full status (leaves the verdict): {run(ev + ['status', '--venv', venv], env):.3f} s")

@@ -18,10 +18,9 @@ import subprocess
 import sys
 import time
 
-OUT = os.environ.get("OUT", "/tmp")
+from gpu_quick_profile import OUT, UV, tool_venv  # the same device set-up (bench/ is this script's folder)
+
 W = "/tmp/gsp"
-UV = os.environ.get("UV", "/tmp/site/bin/uv")
-WHEELS = os.environ["WHEELS"]
 CACHE_TAR = os.environ.get("CACHE_TAR", "")
 ZSTD_D = "import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(sys.stdin.buffer, sys.stdout.buffer)"
 
@@ -83,14 +82,7 @@ def profiles(name: str, args: list[str], py: str, env: dict, before: str | None 
 
 def main() -> None:
     venv = sys.prefix
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run(["rm", "-rf", W], check=True)
-    os.makedirs(W)
-    tool = f"{W}/tool"
-    subprocess.run(f"{base} -m venv --without-pip {tool} && {UV} pip install -q --offline --no-index --no-deps "
-                   f"--compile-bytecode --python {tool}/bin/python {WHEELS}/*.whl", shell=True, check=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["ENVVAULT_HOME"] = f"{W}/vault"
+    tool, env = tool_venv(W)
     ev = f"{tool}/bin/envvault"
     py = f"{tool}/bin/python"
     say(f"snap: {run([ev, 'snap', '--venv', venv, '-m', 'full'], env):.2f} s")
