@@ -127,9 +127,8 @@ def scan_environment(
     pending: list[tuple[Path, Path]] = []  # (dist_info, site) of the distributions to read and build
     for n, (dist_info, site, group, mid) in enumerate(entries):
         if n in fresh:
-            summary = group.get("summary")
-            summary = dict(summary, manifest=mid) if type(summary) is dict else None
-            if summary is not None and _summary_ok(summary):  # else read again: the new group replaces this one
+            summary = dict(group["summary"], manifest=mid)  # an object with its manifest id: group_problem
+            if _summary_ok(summary):  # else read again: the new group replaces this one
                 packages.append(summary)
                 cache.touch_group(group)
                 continue
