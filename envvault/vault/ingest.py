@@ -21,8 +21,8 @@ from envvault.model.encoding import object_id
 from envvault.model.record import record_sha256
 from envvault.vault.fsutil import open_regular_fd
 from envvault.vault import timing
-from envvault.vault.threads import default_ahead_bytes, default_namers, default_readers
-from envvault.vault.packs import FRAME_TARGET, Compressed, FileSlice, PackWriter
+from envvault.vault.threads import default_namers, default_readers
+from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
 __all__ = ["Ingester", "FileDigest"]
 
@@ -74,11 +74,9 @@ class Ingester:
         """Read one file on this thread, storing its new objects at once."""
         return _read_file(path, size_hint, algo, self.store, self._emit_now)
 
-    def _emit_now(self, oid: str, data: "bytes | FileSlice | Compressed | None") -> None:
+    def _emit_now(self, oid: str, data: bytes | None) -> None:
         if data is not None and not self.known(oid) and not self.writer.queued(oid):
             self.writer.add(oid, data)
-        if type(data) is Compressed:
-            data.settle()  # in the writer's frames now, or not needed: its room goes back to the namers
 
     def map_ordered(self, fn: Callable, items: Iterable, weight: Callable | None = None,
                     path: Callable | None = None) -> Iterator:
@@ -118,8 +116,7 @@ class Ingester:
         namers = default_namers() if self.store and path is not None and weight is not None else 0
         if namers:
             _steady_malloc()  # namers, compressors and the pack thread pass large buffers from the start
-        ahead = _Ahead(self.writer, self.known, default_ahead_bytes()) if namers and default_ahead_bytes() else None
-        it = _NameAhead(items, weight, path, namers, ahead) if namers else iter(items)
+        it = _NameAhead(items, weight, path, namers) if namers else iter(items)
         self._named = it.named if namers else {}
         depth = 4 * self.threads + 16
         pending = None  # the next item, read from ``items`` but not yet in a batch
@@ -209,13 +206,11 @@ class Ingester:
                 job.queue.put((pending, held))
                 pending, held = [], 0
 
-        def emit(oid: str, data: "bytes | FileSlice | Compressed | None") -> None:
+        def emit(oid: str, data: "bytes | FileSlice | None") -> None:
             nonlocal held
             if data is not None and known(oid):
-                if type(data) is Compressed:
-                    data.settle()
                 data = None  # stored already: hold no bytes for it
-            if data is not None and not isinstance(data, (FileSlice, Compressed)):
+            if data is not None and not isinstance(data, FileSlice):
                 n = len(data)
                 if not budget.try_acquire(job, n):
                     hand_over()
@@ -328,18 +323,15 @@ LOOK_AHEAD = 100_000  # items taken from the caller's iterator ahead of their tu
 class _NameAhead:
     """The items of ``map_ordered``, taken ahead of their turn so that the large files among them are cut
     and named on namer threads (``_read_file`` without holding any chunk) before a reader asks for them.
-    ``named`` maps each such file's path to the future of its (FileDigest, [(oid, FileSlice or Compressed)]);
-    a reader pops it. Names are held ahead, and with ``ahead`` the frames of large chunks compressed where
-    they were read, within its bound; never file bytes beyond that: memory stays flat."""
+    ``named`` maps each such file's path to the future of its (FileDigest, [(oid, FileSlice)]); a reader
+    pops it. Only names are held ahead, never file bytes: memory stays flat."""
 
-    def __init__(self, items: Iterable, weight: Callable, path: Callable, threads: int,
-                 ahead: "_Ahead | None" = None) -> None:
+    def __init__(self, items: Iterable, weight: Callable, path: Callable, threads: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self._it = iter(items)
         self._weight = weight
         self._path = path
-        self._compress = ahead
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="envvault-name")
         self._ahead: deque = deque()  # (item, bytes named for it)
         self._bytes = 0
@@ -370,7 +362,7 @@ class _NameAhead:
                 target = self._path(item)
                 if target is not None:
                     size = w
-                    self.named[os.fspath(target)] = self._pool.submit(_name_file, target, w, self._compress)
+                    self.named[os.fspath(target)] = self._pool.submit(_name_file, target, w)
             self._ahead.append((item, size))
             self._bytes += size
 
@@ -378,56 +370,11 @@ class _NameAhead:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _name_file(path, size_hint: int, ahead: "_Ahead | None" = None) -> tuple[FileDigest, list]:
+def _name_file(path, size_hint: int) -> tuple[FileDigest, list]:
     pieces: list = []
-    try:
-        digest = _read_file(path, size_hint, "sha256", True, lambda oid, piece: pieces.append((oid, piece)),
-                            lazy=True, hold_small=False, ahead=ahead)
-    except BaseException:
-        for _, piece in pieces:  # never handed on: what they hold goes back at once
-            if type(piece) is Compressed:
-                piece.future.cancel()
-                piece.settle()
-        raise
+    digest = _read_file(path, size_hint, "sha256", True, lambda oid, piece: pieces.append((oid, piece)),
+                        lazy=True, hold_small=False)
     return digest, pieces
-
-
-class _Ahead:
-    """Large chunks compressed where a namer reads them, within a bound: a chunk of half a frame or more,
-    new to the vault and to this snap, is copied out of the namer's window and its frame compressed at once
-    on the pack writer's ahead threads (``PackWriter.compress_ahead``); the namer passes a ``Compressed`` in
-    its place. It is then neither read again nor checked again at its turn (the frame was made from the very
-    bytes that were named), and the pack thread finds its frame done instead of waiting at the head for it.
-    What is held (the chunks' uncompressed sizes, from the copy until the storing thread settles it) stays
-    within ``limit``; past it a chunk is left in its file (a FileSlice) as without this. Never waits."""
-
-    def __init__(self, writer: PackWriter, known: Callable, limit: int) -> None:
-        self._writer = writer
-        self._known = known
-        self._limit = limit
-        self._used = 0
-        self._taken: set[str] = set()  # compressed ahead once in this snap: a second copy is left in its file
-        self._lock = threading.Lock()
-
-    def take(self, oid: str, piece: memoryview) -> "Compressed | None":
-        n = len(piece)
-        with self._lock:
-            if self._used + n > self._limit or oid in self._taken:
-                return None
-            self._used += n
-            self._taken.add(oid)
-        future = None
-        try:
-            if not self._known(oid):
-                future = self._writer.compress_ahead(bytes(piece))
-        finally:
-            if future is None:
-                self._give(n)
-        return Compressed(n, future, lambda: self._give(n)) if future is not None else None
-
-    def _give(self, n: int) -> None:
-        with self._lock:
-            self._used -= n
 
 
 # Hashing a large file on a helper thread beside the chunking pays on a host with cores to spare; on a few
@@ -437,7 +384,7 @@ _HASH_ASIDE_OK = (os.cpu_count() or 1) >= 8
 
 
 def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = False,
-               hold_small: bool = True, ahead: "_Ahead | None" = None) -> FileDigest:
+               hold_small: bool = True) -> FileDigest:
     """Read ``path`` once: its RECORD-style digest, size and (``store``) blob ids, each blob passed to
     ``emit(oid, data)`` in file order. A large file's digest is computed on a helper thread while this one
     cuts and names its chunks (the two passes over its bytes run side by side); without ``store`` a large
@@ -476,7 +423,7 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
                         h.update(data)
                         size += len(data)
                 elif lazy:
-                    size = _cut_named(f, path, h.update, chunks, emit, hold_small, ahead)
+                    size = _cut_named(f, path, h.update, chunks, emit, hold_small)
                 else:
                     size = 0
                     update = h.update
@@ -514,9 +461,10 @@ class _Changed(Exception):
 
 
 def _version(st: os.stat_result) -> tuple:
-    """What changes when a file is written to or truncated: a large file read with the same version before
-    and after holds the bytes read (its chunks compressed ahead are then that file's, not a torn mix; one
-    replaced under its name meanwhile was read whole, as it was)."""
+    """What changes when a file is written to, truncated or replaced under its name (its link count, hence its
+    ctime): a large file with the same version before and after its read was read whole as it was, not as a
+    torn mix of two states. Its chunks of half a frame or more are checked again at their turn (``FileSlice``);
+    the smaller ones, stored as they were read, rest on this."""
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -539,15 +487,14 @@ def _read_fd(fd: int, size_hint: int) -> bytes:
         parts.append(more)
 
 
-def _cut_named(f, path, update, chunks: list, emit, hold_small: bool = True, ahead: "_Ahead | None" = None) -> int:
+def _cut_named(f, path, update, chunks: list, emit, hold_small: bool = True) -> int:
     """Cut the open file ``f`` (``path``) into FastCDC chunks, name each and hash the whole with ``update``,
     holding at most ``WINDOW`` bytes: a chunk of half a frame or more goes to ``emit`` as a FileSlice (the
     pack writer's compressor reads it again), a smaller one as bytes. The chunks are exactly
     ``cut_stream``'s: a boundary depends only on the bytes from the chunk's start, so every chunk of a window
     but the last (cut short by the window's end, unless the file ends there) is final, and the last starts
     the next window. Without ``hold_small`` (a namer: ``_NameAhead``) every chunk is a FileSlice. Returns
-    the file's size. With ``ahead`` (a namer), a chunk of half a frame or more may be compressed at once
-    instead (``_Ahead``)."""
+    the file's size."""
     cdc = _chunker()
     buf = getattr(_windows, "buf", None)
     if buf is None:
@@ -573,12 +520,8 @@ def _cut_named(f, path, update, chunks: list, emit, hold_small: bool = True, ahe
                 update(piece)
                 oid = object_id(piece)
                 chunks.append(oid)
-                large = length >= FRAME_TARGET // 2
-                if large or not hold_small:
-                    done = ahead.take(oid, piece) if large and ahead is not None else None
-                    emit(oid, done or FileSlice(path, base + off, length))
-                else:
-                    emit(oid, bytes(piece))
+                big = length >= FRAME_TARGET // 2 or not hold_small
+                emit(oid, FileSlice(path, base + off, length) if big else bytes(piece))
                 piece.release()
             used = cut[-1][0] + cut[-1][1] if cut else 0
             if eof:

@@ -21,11 +21,11 @@ from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import object_id
 from envvault.crashpoints import crash_point
 from envvault.vault import timing
-from envvault.vault.threads import default_ahead, default_compressors, default_writers
+from envvault.vault.threads import default_compressors, default_writers
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.fsutil import open_regular_fd, storage_error, tmp_name
 
-__all__ = ["PackWriter", "FileSlice", "Compressed", "PACK_MAGIC", "read_frame", "check_frame", "FRAME_TARGET", "MAX_FRAME"]
+__all__ = ["PackWriter", "FileSlice", "PACK_MAGIC", "read_frame", "check_frame", "FRAME_TARGET", "MAX_FRAME"]
 
 PACK_MAGIC = b"EVPK\x01\x00\x00\x00"
 FRAME_TARGET = 1 << 20  # small objects are grouped until a frame holds about this much
@@ -89,26 +89,6 @@ class FileSlice:
 _slice_buf = threading.local()  # each compressor thread reads FileSlices into one buffer, reused
 
 
-class Compressed:
-    """A large object's frame compressed ahead of its turn (``PackWriter.compress_ahead``), given to
-    ``PackWriter.add`` instead of its bytes: the frame is the one the writer would have made of them (a
-    large object is a frame of its own, at the large level), so the packs' bytes do not depend on where it was
-    compressed. ``settle`` gives the room it held back to whoever lent it, once."""
-
-    __slots__ = ("length", "future", "_settle")
-
-    def __init__(self, length: int, future, settle: Callable[[], None]) -> None:
-        self.length, self.future, self._settle = length, future, settle
-
-    def __len__(self) -> int:
-        return self.length
-
-    def settle(self) -> None:
-        give, self._settle = self._settle, None
-        if give is not None:
-            give()
-
-
 class PackWriter:
     """Accepts objects, writes packs + index files. Not thread-safe: one producer thread.
 
@@ -129,8 +109,6 @@ class PackWriter:
         workers = threads or default_compressors()
         self._workers = workers
         self._pool = None  # started by the first frame: a snap that stores nothing imports no thread pool
-        self._ahead_pool = None  # started by the first ``compress_ahead`` (namer threads call it)
-        self._ahead_lock = threading.Lock()
         # Frames compressing at once: enough to keep every core busy, few enough to bound memory (a frame
         # holds at most a 4 MiB chunk or ~1 MiB of small objects).
         self._in_flight = max(_IN_FLIGHT, self._in_flight_a_worker * workers)
@@ -187,42 +165,13 @@ class PackWriter:
             if timing.ON:
                 timing.add("compressors: busy", t0)
 
-    def _cctx(self, large: bool):
-        """This thread's compressor for a large object's frame or for a frame of small objects."""
+    def _compress_now(self, items: list) -> bytes:
+        large = len(items) == 1 and len(items[0][1]) >= FRAME_TARGET // 2
         key = "cctx_large" if large else "cctx"
         cctx = getattr(self._local, key, None)
         if cctx is None:
             cctx = zstandard.ZstdCompressor(level=self.level_large if large else self.level, write_content_size=True)
             setattr(self._local, key, cctx)
-        return cctx
-
-    def compress_ahead(self, data: bytes):
-        """The future of the frame ``_compress_now`` makes of one large object ``data``, compressed now on the
-        ahead threads (``default_ahead``) instead of when the object's turn comes; None once the writer
-        stopped. Thread-safe: the namer threads call it while the producer adds."""
-        with self._ahead_lock:
-            if self._error is not None:
-                return None
-            if self._ahead_pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._ahead_pool = ThreadPoolExecutor(max_workers=default_ahead(), thread_name_prefix="envvault-ahead")
-            try:
-                return self._ahead_pool.submit(self._compress_ahead_now, data)
-            except RuntimeError:  # shut down (aborted) meanwhile
-                return None
-
-    def _compress_ahead_now(self, data: bytes) -> bytes:
-        t0 = timing.clock()
-        try:
-            return self._cctx(True).compress(data)
-        finally:
-            if timing.ON:
-                timing.add("ahead threads: compress large chunks", t0)
-
-    def _compress_now(self, items: list) -> bytes:
-        large = len(items) == 1 and len(items[0][1]) >= FRAME_TARGET // 2
-        cctx = self._cctx(large)
         if len(items) == 1:
             raw = items[0][1]
             if isinstance(raw, FileSlice):
@@ -240,8 +189,7 @@ class PackWriter:
 
             self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="envvault-zstd")
         self._raise_failed()
-        first = items[0][1]
-        fut = first.future if len(items) == 1 and isinstance(first, Compressed) else self._pool.submit(self._compress, items)
+        fut = self._pool.submit(self._compress, items)
         meta = [(oid, len(data), kind) for oid, data, kind in items]
         size = sum(m[1] for m in meta)
         t0 = timing.clock()
@@ -473,7 +421,7 @@ class PackWriter:
         self._thread = None
 
     def abort(self) -> None:
-        with self._ahead_lock, self._cv:  # no frame compressed ahead once aborted (``compress_ahead``)
+        with self._cv:
             for fut, _, _ in self._pending:
                 fut.cancel()
             if self._error is None:
@@ -487,14 +435,13 @@ class PackWriter:
             self._pack = None
         self._wait_closed()
         self._pending.clear()
-        for pool in (self._pool, self._ahead_pool):
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
         if self._closer is not None:
             self._closer.shutdown(wait=True)  # idle now (``_wait_closed``): its thread ends with the writer
 
     def close(self) -> None:
-        for pool in (self._pool, self._ahead_pool, self._writers, self._closer):
+        for pool in (self._pool, self._writers, self._closer):
             if pool is not None:
                 pool.shutdown(wait=True)
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["default_readers", "default_namers", "default_compressors", "default_writers", "default_ahead",
-           "default_ahead_bytes"]
+__all__ = ["default_readers", "default_namers", "default_compressors", "default_writers"]
 
 
 def _given(var: str, least: int, most: int, default: int) -> int:
@@ -51,18 +50,3 @@ def default_writers() -> int:
     bench/results/gpu_stages_8.json): 1 writer 11.1 s, 4 writers 12.7 s (their writes took 9.4 s in all
     against 1.6 s: they contend); the pack thread writing every frame itself, before, spent 5.2 s on it."""
     return _given("ENVVAULT_WRITERS", 1, 64, 1)
-
-
-def default_ahead() -> int:
-    """Threads that compress large chunks ahead of their turn, as the namers name them (``vault/ingest.py``'s
-    ``_Ahead``): as many as the compressors (``ENVVAULT_AHEAD_THREADS`` overrides it). Kept apart from the
-    compressors, whose frames the pack thread waits for in order, so that a queue of chunks compressed ahead
-    never delays the frame at the head."""
-    return _given("ENVVAULT_AHEAD_THREADS", 1, 256, default_compressors())
-
-
-def default_ahead_bytes() -> int:
-    """Bytes of large chunks compressed ahead and not yet stored, at most (their uncompressed size counted):
-    64 MiB (``ENVVAULT_AHEAD_MIB`` overrides it; 0 turns compressing ahead off). Past it, a namer leaves a
-    chunk in its file, to be read again by a compressor at its turn (``FileSlice``), as it always did."""
-    return _given("ENVVAULT_AHEAD_MIB", 0, 4096, 64) << 20
