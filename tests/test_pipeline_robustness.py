@@ -253,10 +253,11 @@ def test_large_file_changed_after_naming_fails_the_snap_cleanly(tmp_path, monkey
 @pytest.mark.parametrize("how", ["rewrite", "truncate", "append", "replace"])
 def test_a_large_file_changed_while_read_is_never_stored_torn(tmp_path, monkeypatch, how):
     """A large file whose chunks are all stored as they were read (each below half a frame: none is read again
-    at its turn), written to between two of its windows (rewritten, truncated, grown) or replaced under its
-    name (a new file moved over it): one EnvironmentProblem naming it (``_version`` before and after the
-    read), every thread stopped, no temp file, none of its chunks in the vault. Without that check the
-    file's digest and chunks would be a mix of its two states."""
+    at its turn), written to between two of its windows (rewritten in place, truncated, grown): one
+    EnvironmentProblem naming it (``_version`` before and after the read), every thread stopped, no temp
+    file, none of its chunks in the vault; without that check its digest and chunks would be a mix of two
+    states. Replaced under its name instead (a new file moved over it): the open file is the old one, read
+    whole, and the vault holds exactly its bytes."""
     from envvault.errors import EnvironmentProblem
     from envvault.vault import ingest, packs
     from envvault.vault.store import Vault
@@ -270,7 +271,8 @@ def test_a_large_file_changed_while_read_is_never_stored_torn(tmp_path, monkeypa
     root.mkdir()
     small, big = root / "a.txt", root / "big.bin"
     small.write_bytes(b"x" * 300)
-    big.write_bytes(rng.randbytes(9 << 20))
+    old = rng.randbytes(9 << 20)
+    big.write_bytes(old)
     real = ingest._cut_named
     kinds, big_oids = [], []
 
@@ -279,7 +281,8 @@ def test_a_large_file_changed_while_read_is_never_stored_torn(tmp_path, monkeypa
         def emit_after_change(oid, piece):
             if Path(path) == big and not kinds:
                 if how == "rewrite":
-                    big.write_bytes(rng.randbytes(9 << 20))
+                    with big.open("r+b") as g:  # in place: the same size, other bytes
+                        g.write(rng.randbytes(9 << 20))
                 elif how == "truncate":
                     os.truncate(big, 7 << 20)
                 elif how == "append":
@@ -310,12 +313,21 @@ def test_a_large_file_changed_while_read_is_never_stored_torn(tmp_path, monkeypa
 
     err = _run_or_unhang(snap)
     assert len(kinds) >= 2 and set(kinds) == {"bytes"}, kinds  # read in two windows at least, every chunk as bytes
-    assert isinstance(err, EnvironmentProblem) and str(big) in str(err) and "changed while" in str(err), repr(err)
-    assert len(digests) == 1  # the small file's; the large one's chunks were never stored
     assert threading.active_count() <= before, threading.enumerate()
     assert _tmp_files(tmp_path / "v") == []
     stored = Vault.open(tmp_path / "v")
-    assert not any(stored.has(oid) for oid in big_oids)
+    if how == "replace":
+        import hashlib
+
+        from envvault.model.record import record_sha256
+
+        assert err is None, repr(err)
+        assert digests[1].sha256 == record_sha256(hashlib.sha256(old).digest())
+        assert b"".join(bytes(stored.get(oid)) for oid in digests[1].chunks) == old
+    else:
+        assert isinstance(err, EnvironmentProblem) and str(big) in str(err) and "changed while" in str(err), repr(err)
+        assert len(digests) == 1  # the small file's; the large one's chunks were never stored
+        assert not any(stored.has(oid) for oid in big_oids)
 
 
 @pytest.mark.parametrize("writers", ["1", "3"])

@@ -457,15 +457,17 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
 
 
 class _Changed(Exception):
-    """A large file written to while it was read (``_version``): its bytes may be torn."""
+    """A large file written to while it was read (``_version``): what was read may be torn."""
 
 
 def _version(st: os.stat_result) -> tuple:
-    """What changes when a file is written to, truncated or replaced under its name (its link count, hence its
-    ctime): a large file with the same version before and after its read was read whole as it was, not as a
-    torn mix of two states. Its chunks of half a frame or more are checked again at their turn (``FileSlice``);
-    the smaller ones, stored as they were read, rest on this."""
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+    """What a write or a truncation changes: a large file with the same version before and after its read
+    was read as one state, not as a torn mix of two. (One replaced under its name meanwhile was read whole,
+    as it was: the descriptor keeps the old file. Its ctime is left out: it moves without a write too, on a
+    rename or a chmod, and some file systems report it as they please.) Its chunks of half a frame or more
+    are checked again at their turn (``FileSlice``); the smaller ones, stored as they were read, rest on
+    this."""
+    return st.st_size, st.st_mtime_ns
 
 
 BLOCK = 4 << 20  # a large file hashed without chunking is read this much at a time
