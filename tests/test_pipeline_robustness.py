@@ -61,6 +61,40 @@ def _run_or_unhang(fn, fifo: Path | None = None):
     return got.get("err")
 
 
+def _snap_changing(monkeypatch, vault_dir: Path, paths: list, big: Path, before_emit, fifo: Path | None = None):
+    """Ingest ``paths`` into a new vault at ``vault_dir`` on reader threads, ``big`` weighing 9 MiB (named
+    ahead where namers run), ``before_emit(path, oid, piece)`` called as each chunk of a large file is cut,
+    before it goes on; (the error or None, the digests yielded)."""
+    from envvault.vault import ingest
+    from envvault.vault.store import Vault
+    from envvault.vault.transaction import snapshot_transaction
+
+    real = ingest._cut_named
+
+    def cut(f, path, update, chunks, emit, *a, **k):
+        def emit_after(oid, piece):
+            before_emit(Path(path), oid, piece)
+            emit(oid, piece)
+
+        return real(f, path, update, chunks, emit_after, *a, **k)
+
+    monkeypatch.setattr(ingest, "_cut_named", cut)
+    vault = Vault.open(vault_dir, create=True)
+    digests = []
+
+    def size(p: Path) -> int:
+        return 9 << 20 if p == big else p.stat().st_size
+
+    def snap():
+        with snapshot_transaction(vault) as txn:
+            ing = ingest.Ingester(txn.writer, vault.has, threads=3)
+            for d in ing.map_ordered(lambda p, read: read(p, size(p)), paths, weight=size, path=lambda p: p):
+                digests.append(d)
+            txn.flush()
+
+    return _run_or_unhang(snap, fifo), digests
+
+
 @pytest.mark.parametrize("how", ["fifo", "symlink-to-fifo", "directory"])
 def test_slice_whose_file_became_a_fifo_is_an_error_not_a_hang(tmp_path, how):
     """A named chunk's file replaced by a FIFO (or a symlink to one, or a folder) before the compressor reads
@@ -184,9 +218,7 @@ def test_large_file_changed_after_naming_fails_the_snap_cleanly(tmp_path, monkey
     (rewritten, truncated, replaced by a FIFO or by a symlink to other bytes): one EnvironmentProblem
     naming it, every thread stopped, no temp file and none of its chunks in the vault."""
     from envvault.errors import EnvironmentProblem
-    from envvault.vault import ingest
     from envvault.vault.store import Vault
-    from envvault.vault.transaction import snapshot_transaction
 
     monkeypatch.setenv("ENVVAULT_NAMERS", namers)
     rng = random.Random(7)
@@ -213,36 +245,17 @@ def test_large_file_changed_after_naming_fails_the_snap_cleanly(tmp_path, monkey
             else:
                 big.symlink_to(other)
 
-    real = ingest._cut_named
+    changed = []
 
-    def cut_then_change(f, path, update, chunks, emit, *a, **k):
+    def change_once(path, oid, piece):
         """The file changes once its first chunk is named, before that chunk goes on: its compressor reads
         the new state (a namer hands its chunks on only once the whole file is named)."""
-        changed = []
+        if path == big and not changed:
+            changed.append(1)
+            change()
 
-        def emit_after_change(oid, piece):
-            if Path(path) == big and not changed:
-                changed.append(1)
-                change()
-            emit(oid, piece)
-
-        return real(f, path, update, chunks, emit_after_change, *a, **k)
-
-    monkeypatch.setattr(ingest, "_cut_named", cut_then_change)
-    vault = Vault.open(tmp_path / "v", create=True)
     before = threading.active_count()
-    digests = []
-
-    def snap():
-        with snapshot_transaction(vault) as txn:
-            ing = ingest.Ingester(txn.writer, vault.has, threads=3)
-            for d in ing.map_ordered(lambda p, read: read(p, p.stat().st_size if p != big else 9 << 20), paths,
-                                     weight=lambda p: 9 << 20 if p == big else p.stat().st_size,
-                                     path=lambda p: p):
-                digests.append(d)
-            txn.flush()
-
-    err = _run_or_unhang(snap, big if how == "fifo" else None)
+    err, digests = _snap_changing(monkeypatch, tmp_path / "v", paths, big, change_once, big if how == "fifo" else None)
     assert isinstance(err, EnvironmentProblem) and str(big) in str(err), repr(err)
     assert threading.active_count() <= before, threading.enumerate()
     assert _tmp_files(tmp_path / "v") == []
@@ -261,7 +274,6 @@ def test_a_large_file_changed_while_read_is_never_stored_torn(tmp_path, monkeypa
     from envvault.errors import EnvironmentProblem
     from envvault.vault import ingest, packs
     from envvault.vault.store import Vault
-    from envvault.vault.transaction import snapshot_transaction
 
     monkeypatch.setenv("ENVVAULT_NAMERS", "0")
     for module in (ingest, packs):  # every chunk is small: stored as read, never a FileSlice
@@ -273,45 +285,29 @@ def test_a_large_file_changed_while_read_is_never_stored_torn(tmp_path, monkeypa
     small.write_bytes(b"x" * 300)
     old = rng.randbytes(9 << 20)
     big.write_bytes(old)
-    real = ingest._cut_named
     kinds, big_oids = [], []
 
-    def cut_then_change(f, path, update, chunks, emit, *a, **k):
+    def change_once(path, oid, piece):
         """The file changes once its first window is cut, before the rest of it is read."""
-        def emit_after_change(oid, piece):
-            if Path(path) == big and not kinds:
-                if how == "rewrite":
-                    with big.open("r+b") as g:  # in place: the same size, other bytes
-                        g.write(rng.randbytes(9 << 20))
-                elif how == "truncate":
-                    os.truncate(big, 7 << 20)
-                elif how == "append":
-                    with big.open("ab") as g:
-                        g.write(b"more")
-                else:
-                    (root / "new.bin").write_bytes(rng.randbytes(9 << 20))
-                    os.replace(root / "new.bin", big)
-            if Path(path) == big:
-                kinds.append(type(piece).__name__)
-                big_oids.append(oid)
-            emit(oid, piece)
+        if path != big:
+            return
+        if not kinds:
+            if how == "rewrite":
+                with big.open("r+b") as g:  # in place: the same size, other bytes
+                    g.write(rng.randbytes(9 << 20))
+            elif how == "truncate":
+                os.truncate(big, 7 << 20)
+            elif how == "append":
+                with big.open("ab") as g:
+                    g.write(b"more")
+            else:
+                (root / "new.bin").write_bytes(rng.randbytes(9 << 20))
+                os.replace(root / "new.bin", big)
+        kinds.append(type(piece).__name__)
+        big_oids.append(oid)
 
-        return real(f, path, update, chunks, emit_after_change, *a, **k)
-
-    monkeypatch.setattr(ingest, "_cut_named", cut_then_change)
-    vault = Vault.open(tmp_path / "v", create=True)
     before = threading.active_count()
-    digests = []
-
-    def snap():
-        with snapshot_transaction(vault) as txn:
-            ing = ingest.Ingester(txn.writer, vault.has, threads=3)
-            for d in ing.map_ordered(lambda p, read: read(p, 9 << 20 if p == big else 300), [small, big],
-                                     weight=lambda p: 9 << 20 if p == big else 300, path=lambda p: p):
-                digests.append(d)
-            txn.flush()
-
-    err = _run_or_unhang(snap)
+    err, digests = _snap_changing(monkeypatch, tmp_path / "v", [small, big], big, change_once)
     assert len(kinds) >= 2 and set(kinds) == {"bytes"}, kinds  # read in two windows at least, every chunk as bytes
     assert threading.active_count() <= before, threading.enumerate()
     assert _tmp_files(tmp_path / "v") == []
