@@ -5,13 +5,13 @@ Each area keeps its click commands in ``envvault/commands/<area>.py``; they are 
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 
 from envvault import __version__
-from envvault.errors import EnvvaultError
+from envvault.env import chosen_python
+from envvault.failures import guarded
 
 __all__ = ["main", "cli", "python_option", "chosen_python"]
 
@@ -34,13 +34,6 @@ def python_option(help_text: str = PYTHON_HELP):
 
     return click.option("--python", "python", type=click.Path(dir_okay=False), expose_value=False,
                         callback=choose, help=help_text)
-
-
-def chosen_python() -> str | None:
-    """The ``--python`` this process was given (``env.probe.chosen_python``), without importing the probe
-    when none was: a Python is chosen only through the probe, so an unimported probe has none."""
-    probe = sys.modules.get("envvault.env.probe")
-    return probe.chosen_python() if probe is not None else None
 
 
 # Which module defines each command: a command imports only its own module, so a quick command (a
@@ -99,34 +92,17 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        cli.main(args=argv, prog_name="envvault", standalone_mode=False)
-    except EnvvaultError as err:
-        click.echo(f"envvault: error: {err}", err=True)
-        sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        click.echo("envvault: aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as err:
-        err.show()
-        sys.exit(err.exit_code)
-    except click.exceptions.Exit as err:
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        click.echo("envvault: interrupted", err=True)
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
-    except OSError as err:
-        from envvault.vault.fsutil import storage_error
+    sys.exit(guarded(lambda: cli.main(args=argv, prog_name="envvault", standalone_mode=False), _click_failure))
 
-        where = err.filename or "a file"
-        click.echo(f"envvault: error: {storage_error(err, where)}", err=True)
-        sys.exit(6)
-    except Exception as err:  # noqa: BLE001 - a bug must still be one line, with a way to see more
-        if os.environ.get("ENVVAULT_DEBUG"):
-            raise
-        click.echo(f"envvault: internal error: {type(err).__name__}: {err} (rerun with ENVVAULT_DEBUG=1 for a "
-                   "traceback, and please report it)", err=True)
-        sys.exit(70)
-    sys.exit(0)
+
+def _click_failure(err: Exception) -> int | None:
+    """The exit code of what click raised (its message shown as click shows it), None for anything else."""
+    if isinstance(err, click.exceptions.Abort):
+        click.echo("envvault: aborted", err=True)
+        return 130
+    if isinstance(err, click.ClickException):
+        err.show()
+        return err.exit_code
+    if isinstance(err, click.exceptions.Exit):
+        return err.exit_code
+    return None

@@ -9,7 +9,8 @@ compiles nothing unless asked) compiled 60 modules on every ``status``: 0.19 s o
 (bench/results/profiles/profile_status_own.txt). ``ENVVAULT_BYTECODE_CACHE=0`` leaves Python as it is.
 
 Then an unchanged ``status`` is answered from the verdict of the last full one (``quick.py``) before the
-CLI and the model are imported; every other command goes to ``cli.py``.
+CLI and the model are imported, a plain ``snap`` or ``cache restore`` runs without click (``lean.py``), and
+every other command goes to ``cli.py``.
 
 Only the command does this: importing envvault as a library (``envvault.torch`` in a training script)
 changes nothing in the importing process.
@@ -30,6 +31,10 @@ def main() -> None:
 
     try:
         code = answer(sys.argv[1:])  # an unchanged status, before the CLI is imported (quick.py)
+        if code is None:
+            from envvault.lean import answer as run_lean
+
+            code = run_lean(sys.argv[1:])  # a plain snap or cache restore, without click (lean.py)
     except KeyboardInterrupt:
         sys.stderr.write("envvault: interrupted\n")
         sys.exit(130)

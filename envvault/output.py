@@ -11,11 +11,35 @@ import sys
 import time
 from typing import Any, Protocol
 
-__all__ = ["emit_json", "use_colour", "style", "Progress", "ProgressSink", "human_bytes"]
+__all__ = ["emit_json", "echo", "use_colour", "style", "Progress", "ProgressSink", "human_bytes"]
 
 
 def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+
+
+_ANSI = None
+
+
+def echo(text: str, err: bool = False) -> None:
+    """One line on stdout (stderr with ``err``), as ``click.echo`` prints it: styles removed where the stream
+    is not a terminal (whatever FORCE_COLOR says), flushed. The commands that run without click print with it."""
+    global _ANSI
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        tty = False
+    if not tty and "\x1b" in text:
+        if _ANSI is None:
+            import re
+
+            _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+        text = _ANSI.sub("", text)
+    stream.write(text + "\n")
+    stream.flush()
 
 
 def use_colour(stream=None) -> bool:

@@ -15,49 +15,19 @@ import codecs
 import os
 import sys
 
+from envvault.argv import FLAG, VALUE, read_plain
+
 __all__ = ["parse_status", "answer"]
 
-_VALUED = {"--vault": "vault", "--venv": "venv"}
-
-
-def _take(args: list[str], i: int, allowed: set[str], got: dict) -> int | None:
-    """Read the option at ``args[i]`` into ``got``; the next index, or None for what is not taken here."""
-    arg = args[i]
-    name, eq, value = arg.partition("=")
-    if name not in allowed or _VALUED[name] in got:
-        return None
-    if not eq:
-        if i + 1 >= len(args):
-            return None
-        value, i = args[i + 1], i + 1
-    if not value or value.startswith("-"):
-        return None
-    got[_VALUED[name]] = value
-    return i + 1
+_STATUS = {"--venv": ("venv", VALUE), "--exit-code": ("exit_code", FLAG)}
 
 
 def parse_status(args: list[str]) -> tuple[str | None, str | None, bool] | None:
     """``(vault, venv, exit_code)`` of a plain ``status`` command line, None for any other."""
-    got: dict = {}
-    i = 0
-    while i < len(args) and args[i] != "status":
-        nxt = _take(args, i, {"--vault"}, got)
-        if nxt is None:
-            return None
-        i = nxt
-    if i >= len(args):
+    got = read_plain(args, ("status",), _STATUS)
+    if got is None:
         return None
-    i += 1
-    exit_code = False
-    while i < len(args):
-        if args[i] == "--exit-code" and not exit_code:
-            exit_code, i = True, i + 1
-            continue
-        nxt = _take(args, i, {"--venv"}, got)
-        if nxt is None:
-            return None
-        i = nxt
-    return got.get("vault"), got.get("venv"), exit_code
+    return got["vault"], got.get("venv"), got.get("exit_code", False)
 
 
 def answer(args: list[str]) -> int | None:

@@ -94,7 +94,7 @@ def test_cache_restore_latest_skips_a_newer_snapshot_whose_caches_were_not_read(
     with files: a newer cache snapshot whose only cache could not be read (no manifest) gives way to the
     older one that holds files."""
     from envvault.caches.snap import take_cache_snapshot
-    from envvault.commands.caches import _resolve
+    from envvault.commands.plain import resolve_caches as _resolve
     from envvault.model.snapshot import build_snapshot
 
     cache = tmp_path / "inductor"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from envvault.cli import chosen_python, cli, python_option
-from envvault.errors import NotFoundError
+from envvault.cli import cli, python_option
+from envvault.commands import plain
 from envvault.output import emit_json, human_bytes, style
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
@@ -28,39 +28,6 @@ def _vault(ctx: click.Context, create: bool = False):
     from envvault.vault.store import Vault
 
     return Vault.open(ctx.obj.get("vault_path"), create=create)
-
-
-def _venv(venv: str | None) -> Path | None:
-    if venv is not None or chosen_python():
-        from envvault.env.probe import find_target
-
-        return find_target(venv)
-    active = os.environ.get("VIRTUAL_ENV")
-    return Path(active).absolute() if active else None
-
-
-def _resolve(vault, ref: str) -> str:
-    """id / prefix / tag, or ``latest``: the newest snapshot that holds caches."""
-    if ref == "latest":
-        from envvault.vault.heads import newest_head
-
-        def holds_files(ref) -> bool:
-            return ref is not None and any(c.manifest for c in ref.snapshot.caches or ())
-
-        hit = newest_head(vault, lambda head: head.caches > 0)  # checked against its document
-        chosen = vault.load_listed(hit[0]) if hit is not None else None  # None: deleted since
-        if holds_files(chosen):
-            return chosen.id
-        for s in vault.snapshots():  # caches listed without files: the documents decide
-            if holds_files(s):
-                return s.id
-        raise NotFoundError(f"no snapshot with compile caches in {vault.location}; run `envvault cache snap` first")
-    return vault.resolve(ref)
-
-
-def _warn(lines) -> None:
-    for w in lines:
-        click.echo(f"warning: {w}", err=True)
 
 
 def _built_by(fp: dict | None) -> str:
@@ -123,7 +90,7 @@ def cache_snap(ctx, venv, message, cache_dirs, no_discover, remember, ask_torch,
     """
     from envvault.caches.snap import take_cache_snapshot
 
-    target = _venv(venv)
+    target = plain.cache_target(venv)
     vault = _vault(ctx, create=True)
     dirs = [Path(d) for d in cache_dirs]
     if remember and dirs:
@@ -151,7 +118,7 @@ def cache_snap(ctx, venv, message, cache_dirs, no_discover, remember, ask_torch,
     for c in d["caches"]:
         click.echo(f"  {c['kind']:<16} {c['root']}  {c['files']} files ({human_bytes(c['bytes'])})  "
                    f"{_entries(c.get('entries') or {})}  [{_built_by(c.get('fingerprint'))}]")
-    _warn(d["warnings"])
+    plain.warn(d["warnings"])
 
 
 @cache.command("list")
@@ -177,7 +144,7 @@ def cache_list(ctx, snapshot_id, where, venv, as_json):
         from envvault.caches.discover import discover_caches, usable_kinds
         from envvault.caches.roots import locations_to_snap
 
-        target = _venv(venv)
+        target = plain.cache_target(venv)
         extra = configured_dirs(vault.settings(), target)
         found = discover_caches(os.environ, extra)
         # what `envvault snap` of that environment would take: only the caches it can use
@@ -185,7 +152,7 @@ def cache_list(ctx, snapshot_id, where, venv, as_json):
         found += [loc for loc in taken if all(loc.path != f.path for f in found)]
         doc["locations"] = [{"kind": loc.kind, "path": str(loc.path), "exists": loc.exists, "reason": loc.reason,
                              "archived_by_snap": any(t.path == loc.path for t in taken)} for loc in found]
-    snaps = [vault.load_snapshot(_resolve(vault, snapshot_id))] if snapshot_id else vault.snapshots()
+    snaps = [vault.load_snapshot(plain.resolve_caches(vault, snapshot_id))] if snapshot_id else vault.snapshots()
     rows = []
     for s in snaps:
         for entry in s.snapshot.caches or ():
@@ -209,7 +176,7 @@ def cache_list(ctx, snapshot_id, where, venv, as_json):
                    f"{r['root']}  {r['files']} files ({human_bytes(r['bytes'] or 0)})  "
                    f"{_entries(r.get('entries') or {})}  [{_built_by(r.get('fingerprint'))}]")
         if snapshot_id:
-            _warn(r.get("warnings") or ())
+            plain.warn(r.get("warnings") or ())
 
 
 @cache.command("restore")
@@ -241,26 +208,8 @@ def cache_restore(ctx, snapshot_id, venv, kinds, roots, to, merge, archived_root
       envvault cache restore 3fa9c2 --venv ~/venvs/train --replace
       envvault cache restore latest --kind inductor --to /data/inductor-cache --dry-run
     """
-    from envvault.caches.restore import restore_snapshot_caches
-
-    target = _venv(venv)  # a bad --venv is told before the vault is read
-    vault = _vault(ctx)
-    sid = _resolve(vault, snapshot_id)
-    snapshot = vault.load_snapshot(sid).snapshot
-    result = restore_snapshot_caches(vault, snapshot, venv=target, mode="merge" if merge else "replace",
-                                     select=list(kinds) + [os.path.abspath(os.path.expanduser(r)) for r in roots],
-                                     to=Path(to) if to else None, archived_roots=archived_roots, dry_run=dry_run)
-    if as_json:
-        emit_json({"snapshot": sid, **result.to_json()})
-        return
-    verb = "would restore" if dry_run else "restored"
-    for e in result.entries:
-        removed = f", {e.removed_files} removed" if e.removed_files else ""
-        click.echo(f"{verb} {e.kind} cache to {e.root}: {e.written_files} files ({human_bytes(e.written_bytes)}), "
-                   f"{e.kept_files} already there{removed} [{e.mode}]")
-    if not result.entries and not result.skipped:
-        click.echo(f"snapshot {sid[:12]} holds no caches", err=True)
-    _warn(result.warnings)
+    plain.cache_restore(ctx.obj.get("vault_path"), snapshot_id, venv, kinds, roots, to, merge, archived_roots,
+                        dry_run, as_json)
 
 
 @cache.command("diff")

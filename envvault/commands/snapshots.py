@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 import click
 
 from envvault.cli import cli, python_option as cli_python_option
+from envvault.commands import plain
 from envvault.env.probe import find_target
 from envvault.model.snapshot import Host
-from envvault.output import Progress, emit_json, human_bytes, style
+from envvault.output import emit_json, human_bytes, style
 from envvault.vault.store import Vault
 
 if TYPE_CHECKING:  # list's rows; status and restore, which import this module, never need them
@@ -33,9 +34,7 @@ def venv_option(f):
 
 def open_vault(ctx: click.Context, create: bool = False) -> Vault:
     """The vault of ``--vault``; documents it skips (a malformed snapshot, a bad tag) are warned about on stderr."""
-    vault = Vault.open(ctx.obj.get("vault_path"), create=create)
-    vault.warn = lambda message: click.echo(f"envvault: warning: {message}", err=True)
-    return vault
+    return plain.open_vault(ctx.obj.get("vault_path"), create=create)
 
 
 def snapshot_row(sid: str, head: SnapshotHead) -> dict:
@@ -59,43 +58,7 @@ def snap(ctx, venv, message, lock_only, no_caches, cache_dirs, as_json):
       envvault snap -m "before installing sglang"
       envvault snap --venv ~/venvs/train --lock-only
     """
-    from envvault.snap import statcache_for, take_snapshot
-
-    target = find_target(venv)
-    vault = open_vault(ctx, create=True)
-    progress = Progress("snap", 1, enabled=not as_json)
-    hook = None
-    if not no_caches and not lock_only:
-        hook = _cache_hook(vault, target, cache_dirs)
-    cache = statcache_for(vault, target)  # saved here once the snapshot committed, then named by a verdict
-    try:
-        result = take_snapshot(vault, target, message=message, lock_only=lock_only, progress=progress,
-                               cache_hook=hook, cache=cache)
-    finally:
-        progress.close()
-    cache.save()
-    if not lock_only:  # the next status answers from this snap (a lock-only baseline's status has a note)
-        from envvault.restore.baseline import leave_verdict
-
-        leave_verdict(vault, cache, target, result.id)
-    if as_json:
-        emit_json(result.to_json())
-        return
-    d = result.to_json()
-    click.echo(
-        f"snapshot {style(d['short_id'], 'yellow')} of {d['venv']}: {d['packages']} packages, {d['files']} files "
-        f"({human_bytes(d['bytes'])}), {human_bytes(d['new_bytes'])} new in the vault"
-    )
-    for w in d["warnings"]:
-        click.echo(f"warning: {w}", err=True)
-
-
-def _cache_hook(vault, target, cache_dirs):
-    try:
-        from envvault.caches.snap import make_cache_hook
-    except ImportError:
-        return None
-    return make_cache_hook(vault, target, [Path(d) for d in cache_dirs])
+    plain.snap(ctx.obj.get("vault_path"), venv, message, lock_only, no_caches, cache_dirs, as_json)
 
 
 @cli.command("list")
