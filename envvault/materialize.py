@@ -32,7 +32,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
-from envvault.safepaths import FinalTree
+from envvault.env.static import WHOLE_FILE_LIMIT
+from envvault.safepaths import FinalTree, reserved_problem
 from envvault.vault.fsutil import storage_error
 from envvault.model.record import record_sha256
 from envvault.vault.store import ObjectReader
@@ -85,8 +86,13 @@ def stored_bytes(reader, f, owner: str | None = None) -> bytes:
     """The bytes of a stored manifest file ``f`` (its ``chunks``, each checked against its id by ``reader``:
     an ``ObjectReader`` or a ``Vault``), for a file read whole into memory (a RECORD, a script to rewrite, a
     provenance file, entry points). ``CorruptError`` as soon as the chunks add up to more than ``f.size``:
-    a few KiB of manifest never asks for more memory than the file it describes."""
+    a few KiB of manifest never asks for more memory than the file it describes, and one that records more
+    than ``WHOLE_FILE_LIMIT`` (64 MiB) is refused before a byte is read."""
     limit = int(f.size or 0)
+    if limit > WHOLE_FILE_LIMIT:
+        who = f" ({owner})" if owner else ""
+        raise CorruptError(f"{f.path}{who}: {limit} bytes recorded for a file envvault reads whole (at most "
+                           f"{WHOLE_FILE_LIMIT >> 20} MiB); refused")
     parts: list[bytes] = []
     total = 0
     for oid in f.chunks or ():
@@ -104,9 +110,16 @@ def stored_bytes(reader, f, owner: str | None = None) -> bytes:
 
 
 def refuse_escapes(root: str | os.PathLike, refusing: str, *, links: Mapping[str, str] | None = None,
-                   entries: Iterable[str] = (), dirs: Iterable[str] = (), where: str = "the environment") -> None:
-    """``RefusedError`` ("<refusing>: path: why; ...") when any entry leads out of the final tree."""
+                   entries: Iterable[str] = (), dirs: Iterable[str] = (), where: str = "the environment",
+                   scripts: Iterable[str] | None = None) -> None:
+    """``RefusedError`` ("<refusing>: path: why; ...") when any entry leads out of the final tree, or, for an
+    environment (``scripts``: its scripts folders), is its interpreter or its pyvenv.cfg
+    (``safepaths.reserved_problem``)."""
+    entries = list(entries)
     bad = FinalTree(root, links=links, entries=entries, dirs=dirs, where=where).problems()
+    if scripts is not None:
+        scripts = set(scripts)
+        bad += [f"{p}: {why}" for p in sorted({*entries, *(links or {})}) if (why := reserved_problem(p, scripts))]
     if bad:
         more = f"; and {len(bad) - 10} more" if len(bad) > 10 else ""
         raise RefusedError(f"{refusing}: " + "; ".join(bad[:10]) + more)

@@ -15,6 +15,7 @@ Nothing here writes; the on-disk part is ``lstat``/``readlink`` only.
 from __future__ import annotations
 
 import os
+import re
 import stat as statmod
 from typing import Iterable, Mapping
 
@@ -228,3 +229,20 @@ class FinalTree:
                     found.append(f"{rel}: the symlink already there would lead out of {self.where} "
                                  "through the symlinks this restore creates")
         return found
+
+
+_INTERPRETER = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def reserved_problem(rel: str, scripts: Iterable[str]) -> str | None:
+    """Why a restore of an environment may not put anything at ``rel``, inside though it is: the
+    environment's own interpreter (``python``, ``python3``, ``python3.N`` in one of its ``scripts`` folders)
+    and its ``pyvenv.cfg`` are the venv's, never a package's. A snapshot holding one (a hostile vault) would
+    have its bytes run, or choose the standard library the interpreter loads, as soon as the restore checks
+    the environment it wrote."""
+    if rel == "pyvenv.cfg":
+        return "is the environment's pyvenv.cfg, which no package installs"
+    folder, _, name = rel.rpartition("/")
+    if folder in scripts and _INTERPRETER.fullmatch(name):
+        return "is the environment's interpreter, which no package installs"
+    return None

@@ -12,9 +12,12 @@ from ..model.identity import DistLayout, build_id
 from ..model.record import parse_record
 from ..vault.fsutil import read_regular
 
-__all__ = ["find_dist_info", "record_digest", "module_constants", "read_env_file"]
+__all__ = ["find_dist_info", "record_digest", "module_constants", "read_env_file", "WHOLE_FILE_LIMIT"]
 
-_ENV_FILE_LIMIT = 64 << 20  # a dist-info file or module is read up to this size (torch's RECORD is about 2 MB)
+# A file read whole into memory, from an environment (a dist-info file, a module read for its constants) or
+# from a vault (``materialize.stored_bytes``: a RECORD, a script to rewrite, a provenance file, entry points):
+# up to this size (torch's RECORD is about 2 MB).
+WHOLE_FILE_LIMIT = 64 << 20
 
 
 def read_env_file(path: Path | str) -> bytes:
@@ -23,7 +26,7 @@ def read_env_file(path: Path | str) -> bytes:
     be writable by others); symlinks are followed, as an environment's files may be links. The one rule for
     those reads (``dists.py``, the guard's, the restore's)."""
     path = Path(path)
-    return read_regular(path, _ENV_FILE_LIMIT, f"{path.parent.name}/{path.name}", follow=True)
+    return read_regular(path, WHOLE_FILE_LIMIT, f"{path.parent.name}/{path.name}", follow=True)
 
 
 def _record_bytes(dist_info: Path) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -66,9 +67,18 @@ def direct_reference(man: DistManifest | dict) -> dict | None:
     return None
 
 
+# A requirements line is parsed by pip line by line: a name (PEP 508) and a version (PEP 440 and a local
+# part) of these letters only, so that no snapshot adds a line or an option to it.
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+_VERSION_TEXT = re.compile(r"[A-Za-z0-9.+!_-]+")
+
+
 def requirement_line(p: PackageSummary, man: DistManifest | None) -> str:
     """One requirements.txt line: ``name @ url`` for a direct reference (``-e url`` for an editable),
     else ``name==version``; the build id as a comment."""
+    if not _NAME.fullmatch(p.name or "") or not _VERSION_TEXT.fullmatch(p.version or ""):
+        raise CorruptError(f"the snapshot's package {p.name!r:.80} {p.version!r:.40} is not a name and version a "
+                           "requirements file can hold; refused")
     du = man.direct_url if man is not None else None
     ref = direct_reference(man) if man is not None else None
     pin = f"{p.name}=={p.version}"
@@ -122,7 +132,7 @@ def pylock_document(doc: Snapshot | dict, entries: list[dict]) -> dict:
             tool["origin"] = origin  # where the installer took it from; the wheel holds its installed files
         pkg["tool"] = {"envvault": tool}
         packages.append(pkg)
-    py = snap.python.version
+    py = snap.python.exact_version()
     return {
         "lock-version": "1.0",
         "created-by": "envvault",
@@ -179,12 +189,19 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
     wheel_dir = out.parent / f"{out.stem}.wheels"
     if doc.lock_only:
         made_dir = not wheel_dir.exists()
+        there = set() if made_dir else set(os.listdir(wheel_dir))
         try:
             entries, lock_warnings = _lock_only_entries(vault, sid, doc, wheel_dir, out.parent, wheels)
             atomic_write(out, tomli_w.dumps(pylock_document(doc, entries)).encode(), mode=0o644)
         except BaseException:
             if made_dir:  # a refused or damaged copy: no wheel folder left half-filled
                 shutil.rmtree(wheel_dir, ignore_errors=True)
+            else:  # the folder was there: only what this export added to it goes
+                for name in set(os.listdir(wheel_dir)) - there:
+                    try:
+                        os.unlink(wheel_dir / name)
+                    except OSError:
+                        pass
             raise
         n_wheels = sum(1 for e in entries if e["wheel"])
         return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,

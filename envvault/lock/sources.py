@@ -34,9 +34,11 @@ def original_source(man: DistManifest | dict) -> dict | None:
     info = du.get("archive_info")
     if not url or not isinstance(info, dict):
         return None
-    hashes = dict(info.get("hashes") or {})
-    if not hashes and "=" in (info.get("hash") or ""):
-        algo, value = info["hash"].split("=", 1)
+    given, one = info.get("hashes"), info.get("hash")  # a document of the installer's: a malformed part is absent
+    hashes = {k: v for k, v in given.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(given, dict) else {}
+    if not hashes and isinstance(one, str) and "=" in one:
+        algo, value = one.split("=", 1)
         hashes[algo] = value
     return {"url": url, "hashes": hashes} if hashes else {"url": url}
 

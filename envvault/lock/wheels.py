@@ -11,6 +11,7 @@ from concurrent.futures import Executor
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+from envvault.errors import CorruptError
 from envvault.model.identity import (
     LAUNCHER_HEAD,
     DistLayout,
@@ -196,6 +197,7 @@ def rebuild_wheel(vault: Vault, man: DistManifest | dict, python: PythonInfo | d
     layout = dist_layout(man, python, _console_scripts(reader, man))
     di = man.dist_info_name
     record_rows = []
+    written: set[str] = set()
     tmp = tmp_name(out_dir, name)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
@@ -206,6 +208,10 @@ def rebuild_wheel(vault: Vault, man: DistManifest | dict, python: PythonInfo | d
                 script = is_script(f.record, layout) and f.link is None
                 if member is None or script and is_generated(f.record, layout, _head(reader, f)):
                     continue  # the installer writes launchers afresh (by name or by their shape)
+                if member in written:  # two files of the manifest as one member: an ambiguous wheel
+                    raise CorruptError(f"the manifest of {man.name} {man.version} names the wheel member {member} "
+                                       "twice; refused")
+                written.add(member)
                 info = zipfile.ZipInfo(member, date_time=_ZIP_EPOCH)
                 info.external_attr = (((f.mode or 0o644) & 0o777) | 0o100000) << 16
                 # The recorded sha256 of checked bytes, unless they are a link's text or a rewritten script.

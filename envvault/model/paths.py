@@ -10,8 +10,16 @@ import posixpath
 __all__ = ["path_problem", "link_target_problem", "record_path_problem"]
 
 
+# Longer than any path the kernel resolves in one call (PATH_MAX), or deeper than any real tree: refused, so
+# that no check walks a path of 40,000 parts one prefix at a time or one call deeper a part.
+MAX_PATH = 4096
+MAX_PARTS = 256
+
+
 def _text_problem(path: object, backslash: bool = False) -> str | None:
-    """What every path rule refuses first: not a non-empty string, a NUL, (a backslash,) a leading ``/``."""
+    """What every path rule refuses first: not a non-empty string, a NUL, (a backslash,) a leading ``/``,
+    longer than ``MAX_PATH`` or of more than ``MAX_PARTS`` parts, not UTF-8 text (a lone surrogate: no
+    snapshot records one, and no file name or zip member can be made of it)."""
     if not isinstance(path, str) or not path:
         return "not a path"
     if "\x00" in path:
@@ -20,6 +28,13 @@ def _text_problem(path: object, backslash: bool = False) -> str | None:
         return "contains a backslash"
     if path.startswith("/"):
         return "is absolute"
+    if len(path) > MAX_PATH or path.count("/") >= MAX_PARTS:
+        return f"is longer than {MAX_PATH} characters or {MAX_PARTS} parts"
+    if not path.isascii():
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not UTF-8 text"
     return None
 
 
@@ -42,7 +57,10 @@ def link_target_problem(path: str, target: object, where: str = "the environment
     if not isinstance(target, str) or not target or "\x00" in target:
         return "has a bad symlink target"
     if target.startswith("/"):
-        return f"is a symlink to an absolute path ({target})"
+        return f"is a symlink to an absolute path ({target[:200]})"
+    why = _text_problem(target)
+    if why is not None:
+        return f"has a symlink target that {why}"
     joined = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
     if joined == ".." or joined.startswith("../"):
         return f"is a symlink that leads out of {where} ({target})"

@@ -125,7 +125,18 @@ class PythonInfo:
         """``3.11`` of ``3.11.7``."""
         return ".".join(self.version.split(".")[:2]) if self.version else None
 
+    def exact_version(self) -> str:
+        """``version`` when it is one as the probe records it (``X.Y.Z``), else a CorruptError: what finds an
+        interpreter for it (``restore --into``) or writes it into a lockfile (``export``) takes no other text
+        from a vault that may be anyone's (a path, a word)."""
+        if not isinstance(self.version, str) or not _VERSION.fullmatch(self.version):
+            from envvault.errors import CorruptError
 
+            raise CorruptError(f"the snapshot's Python version {self.version!r:.60} is not a version (X.Y.Z); refused")
+        return self.version
+
+
+_VERSION = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,4}")
 _parse_python = record_loader(PythonInfo)
 
 

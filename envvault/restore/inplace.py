@@ -87,7 +87,8 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 # Every entry decided against the tree as the restore leaves it (its own symlinks included).
                 refuse_escapes(target, f"refusing to restore {sid[:12]}",
                                links={w.path: w.link for w in plan.writes if w.link is not None},
-                               entries=[w.path for w in plan.writes if w.link is None])
+                               entries=[w.path for w in plan.writes if w.link is None],
+                               scripts={"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")})
             except BaseException:
                 if take_backup:
                     discard_backup(vault, backup_id)

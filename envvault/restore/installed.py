@@ -113,13 +113,23 @@ def _dist_key(dist_info_name: str) -> str:
 
 def find_dist_info(dest: Path, python: PythonInfo, name: str) -> Path | None:
     """The dist-info folder the installer wrote for the snapshot's ``name`` (purelib or platlib; a wheel from
-    an index may spell the name another way)."""
+    an index may spell the name another way), inside ``dest``. The snapshot's purelib, platlib and ``name``
+    may be anyone's: one that is not a plain relative path, or that leads out of ``dest`` by a symlink on its
+    way (safepaths.FinalTree), is not looked at."""
+    tree = FinalTree(dest)
     for lib in (python.purelib, python.platlib):
-        candidate = dest / (lib or "lib") / name
-        if candidate.is_dir():
-            return candidate
-    found = list(dest.glob(f"lib*/python*/site-packages/{name}"))
+        rel = f"{lib or 'lib'}/{name}"
+        if isinstance(lib, (str, type(None))) and tree.write_problem(rel) is None and (dest / rel).is_dir():
+            return dest / rel
+    if "/" in name or name in ("", ".", ".."):
+        return None
+    found = [p for p in dest.glob(f"lib*/python*/site-packages/{name}") if not _leads_out(dest, tree, p)]
     if found:
         return found[0]
     key = _dist_key(name)
-    return next((p for p in dest.glob("lib*/python*/site-packages/*.dist-info") if _dist_key(p.name) == key), None)
+    return next((p for p in dest.glob("lib*/python*/site-packages/*.dist-info")
+                 if _dist_key(p.name) == key and not _leads_out(dest, tree, p)), None)
+
+
+def _leads_out(dest: Path, tree: FinalTree, path: Path) -> bool:
+    return tree.write_problem(path.relative_to(dest).as_posix()) is not None

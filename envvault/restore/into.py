@@ -21,6 +21,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -29,7 +30,7 @@ from typing import Iterator
 from envvault import materialize
 from envvault.diff import diff_snapshots
 from envvault.snap import scan_current, statcache_for
-from envvault.errors import EnvironmentProblem, RefusedError
+from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
 from envvault.materialize import FileSpec, Staged
 from envvault.lock.wheels import dist_layout
 from envvault.model.identity import LAUNCHER_HEAD, is_bytecode, is_script
@@ -167,7 +168,8 @@ def _write_all(vault, sid: str, python: PythonInfo, packages: tuple[PackageSumma
     # Every entry decided against the tree as the restore leaves it, before anything is written into it.
     materialize.refuse_escapes(dest, f"refusing to restore {sid[:12]}",
                                links={s.path: s.link for s in specs if s.link is not None},
-                               entries=[s.path for s in specs if s.link is None], where="the new environment")
+                               entries=[s.path for s in specs if s.link is None], where="the new environment",
+                               scripts={"bin", python.scripts if isinstance(python.scripts, str) else "bin"})
     made: list[str] = []
     for d in sorted({os.path.dirname(s.path) for s in specs} - {""}):
         makedirs_recording(str(dest / d), made, lambda q: EnvironmentProblem(f"{q} is in the way of the new venv"))
@@ -340,8 +342,14 @@ def _pyvenv_wanted(python: PythonInfo) -> dict[str, str | None]:
     if not cfg:
         return {}
     wanted = {k: cfg.get(k) for k in PYVENV_KEYS}
+    for k, v in wanted.items():  # written as lines of pyvenv.cfg: a line break would add a key (a second home)
+        if v is not None and (not isinstance(v, str) or _CONTROL.search(v)):
+            raise CorruptError(f"the snapshot's pyvenv.cfg {k} is not a one-line text ({v!r:.60}); refused")
     wanted["include-system-site-packages"] = (wanted["include-system-site-packages"] or "false").lower()
     return wanted
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _read_pyvenv(dest: Path) -> tuple[list[str], dict[str, str]]:

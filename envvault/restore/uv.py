@@ -71,18 +71,15 @@ def _version_of(exe: Path) -> str | None:
 
 
 def find_python(python: PythonInfo) -> tuple[str, str | None]:
-    """An interpreter for the snapshot's Python: (path, warning or None). Exact version first (the
-    snapshot's base interpreter, pyenv's, then uv's discovery), else the same minor version with a warning;
-    ``NotFoundError`` naming the version when there is none."""
-    version = python.version or ""
+    """An interpreter for the snapshot's Python: (path, warning or None). Exact version first (pyenv's, then
+    uv's discovery), else the same minor version with a warning; ``NotFoundError`` naming the version when
+    there is none. The snapshot names only the version, checked to be one: a snapshot may be anyone's, so no
+    program it names (its ``base_prefix``, a version that is a path) is ever run to ask its version."""
+    version = python.exact_version()
     minor = ".".join(version.split(".")[:2])
     names = [f"python{minor}", "python3", "python"]
-    candidates: list[Path] = []
-    base = python.base_prefix
-    if base:
-        candidates += [Path(base) / "bin" / n for n in names]
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions" / version / "bin"
-    candidates += [pyenv / n for n in names]
+    candidates = [pyenv / n for n in names]
     for exe in candidates:
         if exe.exists() and _version_of(exe) == version:
             return str(exe), None
