@@ -157,6 +157,29 @@ def test_into_never_runs_an_interpreter_from_the_vault(base, tmp_path, path):
     assert not marker.exists(), "envvault executed a file from the vault during restore --into"
 
 
+@pytest.mark.parametrize("path", ["bin/python3", "pyvenv.cfg"])
+def test_an_in_place_restore_never_writes_the_interpreter_or_pyvenv_cfg(base, tmp_path, path):
+    """The same manifests restored in place (onto a copy of the venv): refused before anything is written
+    (safepaths.reserved_problem), the copy's interpreter link and pyvenv.cfg untouched, nothing run."""
+    _vault, _sid, venv = base
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(venv), str(copy)], check=True)
+    for gone in (copy / SP).glob("tinypkg*"):  # the package to restore: every file of its manifest is written
+        shutil.rmtree(gone)
+    marker = tmp_path / "ran.txt"
+    payload = (f"#!/bin/sh\necho ran >> {marker}\nexit 1\n" if path.startswith("bin/")
+               else "home = /tmp/elsewhere\n").encode()
+
+    def edit(man):
+        man["files"].append(_file(path, f"../../../{path}", payload, 0o755))
+
+    vault, sid = _forge(base, tmp_path, edit_man=edit, blobs=[payload])
+    before = tree_state(copy)
+    rc, _out, err = run_cli(["restore", sid, "--venv", copy], vault=vault, timeout=120)
+    one_line(rc, err, 3, "which no package installs")
+    assert not marker.exists() and tree_state(copy) == before
+
+
 # -- 2. a write outside the target: python.purelib names another environment ------------------------------
 
 
