@@ -51,8 +51,8 @@ _COMMANDS = ((("snap",), _SNAP, 0, _snap), (("cache", "restore"), _CACHE_RESTORE
 
 def answer(args: list[str]) -> int | None:
     """The exit code of the command when it was run here, else None (nothing was done: the CLI runs it)."""
-    if os.environ.get("ENVVAULT_LEAN", "") == "0":
-        return None
+    if os.environ.get("ENVVAULT_LEAN", "") == "0" or "_ENVVAULT_COMPLETE" in os.environ:
+        return None  # (click answers a shell's completion request before reading the command line)
     for words, options, arguments, run in _COMMANDS:
         got = read_plain(args, words, options, arguments)
         if got is not None:

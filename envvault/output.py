@@ -36,9 +36,18 @@ def echo(text: str, err: bool = False) -> None:
         if _ANSI is None:
             import re
 
-            _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+            _ANSI = re.compile(r"\x1b\[[;?0-9]*[a-zA-Z]")  # click's own
         text = _ANSI.sub("", text)
-    stream.write(text + "\n")
+    try:
+        stream.write(text + "\n")
+    except UnicodeEncodeError:
+        import codecs
+
+        buffer = getattr(stream, "buffer", None)
+        if buffer is None or codecs.lookup(stream.encoding or "utf-8").name != "ascii":
+            raise
+        stream.flush()  # an ASCII stream is a misconfigured one: click writes UTF-8 to it, as here
+        buffer.write((text + "\n").encode("utf-8", "replace"))
     stream.flush()
 
 

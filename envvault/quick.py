@@ -32,8 +32,8 @@ def parse_status(args: list[str]) -> tuple[str | None, str | None, bool] | None:
 
 def answer(args: list[str]) -> int | None:
     """The exit code of ``status`` when it was answered here (its line printed), else None."""
-    if os.environ.get("ENVVAULT_QUICK_STATUS", "") == "0":
-        return None
+    if os.environ.get("ENVVAULT_QUICK_STATUS", "") == "0" or "_ENVVAULT_COMPLETE" in os.environ:
+        return None  # (click answers a shell's completion request before reading the command line)
     parsed = parse_status(args)
     if parsed is None:
         return None

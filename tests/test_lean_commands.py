@@ -213,15 +213,16 @@ def test_guarded_turns_every_failure_into_one_line_and_a_code(capsys, monkeypatc
     monkeypatch.delenv("ENVVAULT_DEBUG", raising=False)
     cases = [
         (NotFoundError("no such snapshot x"), NotFoundError("x").exit_code, "envvault: error: no such snapshot x"),
-        (KeyboardInterrupt(), 130, "envvault: interrupted"),
-        (BrokenPipeError(), 0, ""),
+        (KeyboardInterrupt(), 130, "\nenvvault: aborted"),  # as click's main says it
+        (EOFError(), 130, "\nenvvault: aborted"),
+        (BrokenPipeError(), 1, ""),
         (PermissionError(13, "Permission denied", "/v/x"), 6, "envvault: error:"),
         (RuntimeError("boom"), 70, "envvault: internal error: RuntimeError: boom"),
     ]
     for err, code, line in cases:
         assert guarded(raising(err)) == code, err
         out, errtext = capsys.readouterr()
-        assert out == "" and errtext.startswith(line) and errtext.count("\n") == (1 if line else 0), errtext
+        assert out == "" and errtext.startswith(line) and errtext.count("\n") == line.count("\n") + bool(line), errtext
     assert guarded(lambda: None) == 0
     assert guarded(raising(ValueError("v")), lambda err: 9 if isinstance(err, ValueError) else None) == 9
     assert guarded(raising(KeyError("k")), lambda err: None) == 70
