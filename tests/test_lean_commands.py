@@ -232,3 +232,31 @@ def test_guarded_turns_every_failure_into_one_line_and_a_code(capsys, monkeypatc
     monkeypatch.setenv("ENVVAULT_DEBUG", "1")
     with pytest.raises(RuntimeError):
         guarded(raising(RuntimeError("shown")))
+
+
+def test_echo_prints_as_click_echo_does(monkeypatch):
+    """``output.echo`` (the command bodies' printing, lean or through click): every escape sequence click
+    strips is stripped off a terminal (``\\x1b[?25l`` too), and an ASCII stream (a misconfigured one) gets
+    UTF-8, as click.echo wrote it, not an internal error; another encoding that cannot hold the text fails as
+    it did with click."""
+    import io
+
+    import click
+
+    from envvault.output import echo
+
+    def stream(encoding):
+        return io.TextIOWrapper(io.BytesIO(), encoding=encoding, write_through=True)
+
+    for encoding, text in (("utf-8", "a \x1b[33mb\x1b[0m \x1b[?25lc\x1b[?25h"), ("ascii", "r\u00e9sum\u00e9 \x1b[1mx\x1b[0m")):
+        ours, theirs = stream(encoding), stream(encoding)
+        monkeypatch.setattr("sys.stdout", ours)
+        echo(text)
+        monkeypatch.setattr("sys.stdout", theirs)
+        click.echo(text)  # to the standard stream, which click takes as misconfigured when it says ASCII
+        assert ours.buffer.getvalue() == theirs.buffer.getvalue(), (ours.buffer.getvalue(), theirs.buffer.getvalue())
+        assert b"\x1b" not in ours.buffer.getvalue()
+    latin = stream("latin-1")
+    monkeypatch.setattr("sys.stdout", latin)
+    with pytest.raises(UnicodeEncodeError):
+        echo("\u2603")
