@@ -78,7 +78,9 @@ def _folder_ok(path: str) -> bool:
 
 
 def _streams_ok() -> bool:
-    """stdout and stderr there and not ASCII (click writes UTF-8 to an ASCII stream through its own wrapper)."""
+    """stdout and stderr there and not ASCII. ``output.echo`` writes UTF-8 to an ASCII standard stream as
+    click does, but ``--json`` output and progress go to the streams as they are: such a stream (a
+    misconfigured locale) is left to the CLI, which every spelling reaches."""
     import codecs
 
     for stream in (sys.stdout, sys.stderr):

@@ -441,10 +441,8 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
                         aside.finish()
                         aside = None
                 if _version(os.fstat(f.fileno())) != before:
-                    raise _Changed()
-    except _Changed:
-        raise EnvironmentProblem(f"{path} changed while it was being read; nothing was stored, run the command "
-                                 "again") from None
+                    raise EnvironmentProblem(f"{path} changed while it was being read; nothing was stored, run the "
+                                             "command again")
     except PermissionError:
         raise EnvironmentProblem(f"cannot read {path}: permission denied; fix its mode or run as its owner") from None
     except OSError as err:
@@ -454,10 +452,6 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
             aside.finish()
     digest = record_sha256(h.digest())
     return FileDigest(digest, size, chunks if store else None)
-
-
-class _Changed(Exception):
-    """A large file written to while it was read (``_version``): what was read may be torn."""
 
 
 def _version(st: os.stat_result) -> tuple:
