@@ -27,7 +27,7 @@ import errno
 import hashlib
 import os
 import threading
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from envvault.crashpoints import crash_point

@@ -8,7 +8,7 @@ snapshot's own, so that ``current`` and ``restore`` can default to it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 
 from envvault.errors import AmbiguousError, NotFoundError

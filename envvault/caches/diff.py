@@ -7,7 +7,7 @@ when any of its files differs in content or mode.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 
 from ..model.cache import parse_manifest
 from ..model.snapshot import CacheEntry, Snapshot, as_snapshot

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 

@@ -12,7 +12,7 @@ records (``Fingerprint``, ``GpuInfo``) live in ``envvault.model.cache``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat as statmod
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from pathlib import Path
 from typing import Literal
 

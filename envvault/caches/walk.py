@@ -21,7 +21,7 @@ import errno
 import os
 import re
 import stat
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 from typing import Protocol
 

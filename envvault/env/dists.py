@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Container
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 

@@ -56,8 +56,9 @@ def _in_user_site(dist, scripts: Path):
     folder, whatever scripts folder the caller names."""
     if not _USER_DIST:
         from envvault.env.dists import InstalledDist
+        from envvault.model.records import dataclass
 
-        @dataclasses.dataclass
+        @dataclass
         class UserSiteDist(InstalledDist):
             user_scripts: Path = Path("bin")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 from typing import Iterable
 

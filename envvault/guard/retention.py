@@ -10,7 +10,7 @@ nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 from typing import Iterable
 

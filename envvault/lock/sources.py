@@ -17,7 +17,7 @@ decision. ``pylock_entries`` then rebuilds the wheels of stored copies.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 
 from envvault.model.manifest import DistManifest, as_dist_manifest

@@ -11,7 +11,7 @@ document had: a known key the document lacked is left out again (``absent``), un
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Any, Callable, Mapping
 
 from envvault.errors import CorruptError

@@ -12,7 +12,7 @@ is ``envvault.caches.fingerprint``'s.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from typing import Any, Literal, Mapping
 
 from ..errors import CorruptError, RefusedError, UsageError

@@ -4,7 +4,7 @@ so that listing 1,000 snapshots parses none of them. Pure: no I/O."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Any
 
 from envvault.model._fields import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Iterable
 
 import blake3

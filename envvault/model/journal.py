@@ -7,7 +7,7 @@ order the format lists them). ``Journal.salvage`` is what a rerun can still use 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Any, Mapping
 
 from envvault.errors import CorruptError

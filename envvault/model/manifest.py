@@ -13,7 +13,7 @@ a symlink leads is decided against the final tree (``envvault.safepaths.FinalTre
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from typing import Any, Mapping
 
 from envvault.errors import RefusedError, UsageError

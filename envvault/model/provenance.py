@@ -10,7 +10,7 @@ kept). Pure: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Any, Mapping
 
 from envvault.model._fields import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from binascii import b2a_base64
 from collections import OrderedDict
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 
 __all__ = ["RecordEntry", "RecordProblem", "parse_record", "format_record", "record_sha256"]
 

@@ -11,7 +11,7 @@ backups). Pure: no I/O.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from typing import Any, Mapping
 
 from envvault.errors import UsageError

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 

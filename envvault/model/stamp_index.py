@@ -9,7 +9,7 @@ only, like :mod:`envvault.model.stamp`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 

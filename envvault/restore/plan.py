@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Callable, Iterable, Sequence
 
 from envvault.diff import DiffResult, diff_snapshots, exec_change

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 

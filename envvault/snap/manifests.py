@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat as statmod
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from typing import TYPE_CHECKING
 
 from envvault.env.probe import Interpreter

@@ -15,7 +15,7 @@ import os
 import struct
 import zipfile
 import zlib
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 

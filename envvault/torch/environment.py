@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 
 from envvault.errors import EnvvaultError

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 
 from envvault.errors import EnvironmentProblem, RefusedError

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from typing import Any, Iterable
 
 from envvault.torch.records import (

@@ -31,7 +31,7 @@ import itertools
 import pickle
 import reprlib
 import struct
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Any, BinaryIO
 
 from envvault.errors import CorruptError, UsageError

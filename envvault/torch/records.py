@@ -6,7 +6,7 @@ None of them can run code: the methods the unpickler may call on them (``__setst
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import Any, Iterator
 
 __all__ = [

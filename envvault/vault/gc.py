@@ -12,7 +12,7 @@ less garbage are kept whole; their dead objects stay until more of the pack dies
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvvaultError

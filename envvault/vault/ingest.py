@@ -11,7 +11,7 @@ import stat as statmod
 import sys
 import threading
 from collections import deque
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 

@@ -10,7 +10,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator

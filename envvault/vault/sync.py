@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from envvault.model.records import dataclass, field
 from typing import Callable
 
 from envvault.errors import CorruptError, EnvvaultError

@@ -16,7 +16,7 @@ holds the exclusive lock itself and commits no snapshot, copies objects with :fu
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from envvault.model.records import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 from envvault.vault.packs import PackWriter
