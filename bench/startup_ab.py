@@ -35,11 +35,11 @@ def main() -> None:
     base = dict(os.environ, ENVVAULT_HOME=str(vault))
     base.pop("VIRTUAL_ENV", None)
     envs = {k: dict(base, PYTHONPATH=str(t)) for k, t in trees.items()}
-    ev = [sys.executable, "-m", "envvault"]
+    ev = [sys.executable, "-m", "envvault"]  # run in ``work``: -m puts the working folder first on sys.path
     subprocess.run(ev + ["snap", "--venv", venv, "--no-caches"], env=envs["new"], check=True,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, cwd=work)
     subprocess.run(ev + ["cache", "snap", "--cache-dir", cache, "--no-discover"], env=envs["new"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=work)
     subprocess.run(f"tar -cf - -C {cache} . | {sys.executable} -c '{ZSTD}' > {work}/cache.tar.zst", shell=True,
                    check=True)
     py = str(venv / "bin" / "python")
@@ -69,7 +69,7 @@ def main() -> None:
             if empty is not None:
                 shutil.rmtree(empty, ignore_errors=True)
             t0 = time.perf_counter()
-            subprocess.run(cmd, env=e, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(cmd, env=e, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=work)
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"# bench/startup_ab.py {venv} ({os.cpu_count()} cores), {rounds} rounds, medians; "
