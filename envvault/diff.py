@@ -7,7 +7,7 @@ were edited in place, to name exactly the files whose bytes differ.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from envvault.model.records import replace
 from envvault.model.records import dataclass, field
 
 from envvault.model.identity import same_build

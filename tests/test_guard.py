@@ -9,7 +9,6 @@ package.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -26,6 +25,7 @@ from envvault.guard.command import locate_target, parse_command
 from envvault.guard.plan import Installed, PlannedDist, classify
 from envvault.guard.protect import DEFAULT_PROTECTED, load_protection, save_vault_protection, save_venv_protection
 from envvault.guard.provenance import carry, index_for, pip_indexes
+from envvault.model import records
 from envvault.model.provenance import ProvenanceEntry
 from envvault.guard.retention import apply_retention, plan_retention
 from envvault.model.snapshot import Snapshot
@@ -480,7 +480,7 @@ def test_provenance_index_attribution(tmp_path):
     entry = ProvenanceEntry(url=url, sha256="s", index=indexes[0], version="2.11.0+cu128", build_id="b1")
     assert carry({"torch": entry}, {"torch": ("2.11.0+cu128", "b1")}) == {"torch": entry}
     assert carry({"torch": entry}, {"torch": ("2.11.0+cu128", "b2")}) == {}
-    assert carry({"torch": dataclasses.replace(entry, build_id=None)}, {"torch": ("2.11.0+cu128", "b2")})["torch"].build_id == "b2"
+    assert carry({"torch": records.replace(entry, build_id=None)}, {"torch": ("2.11.0+cu128", "b2")})["torch"].build_id == "b2"
     assert carry({"torch": entry}, {}) == {}
 
 

@@ -258,9 +258,9 @@ def test_loose_documents_and_builds():
 
 
 def _fields(p: PackageSummary) -> dict:
-    import dataclasses
+    from envvault.model.records import fields
 
-    return {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
+    return {f.name: getattr(p, f.name) for f in fields(p)}
 
 
 def test_the_fast_path_of_todays_summaries_reads_what_the_generic_one_reads():

@@ -1,7 +1,7 @@
-"""envvault.model.records.dataclass makes the classes the standard decorator makes (issue 11: the same
-records without compiling five methods a class at import). Each shape is declared twice, once with each
-decorator, and the two must behave alike: construction and its errors, defaults and factories, repr, equality,
-hashing, frozenness, dataclasses.fields/replace/asdict, pickling and copying."""
+"""envvault.model.records makes the classes dataclasses makes (issue 11: the same records without importing
+dataclasses or compiling six methods a class). Each shape is declared twice, once with each decorator, and the
+two must behave alike: construction and its errors, defaults and factories, repr, equality, hashing,
+frozenness, fields and replace, pickling and copying."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ SHAPES = {  # name: (decorator options, class body)
 
 # Picklable classes must live at module level: made once with each decorator, named by shape.
 for _shape, (_opts, _body) in SHAPES.items():
-    for _which, _dec in (("std", dataclasses.dataclass), ("ours", records.dataclass)):
-        _name = f"{_which}_{_shape}"
-        _ns = {"field": dataclasses.field, "__name__": __name__}
+    for _which, _mod in (("std", dataclasses), ("ours", records)):
+        _dec, _name = _mod.dataclass, f"{_which}_{_shape}"
+        _ns = {"field": _mod.field, "__name__": __name__}
         exec(f"class {_name}:\n    {_body}", _ns)  # noqa: S102
         _cls = _dec(**_opts)(_ns[_name])
         _cls.__module__, _cls.__qualname__ = __name__, _name
@@ -56,6 +56,19 @@ def _pair(shape):
     return globals()[f"std_{shape}"], globals()[f"ours_{shape}"]
 
 
+def _fields(obj):
+    """The fields of either kind of record, by the function of its own module."""
+    return records.fields(obj) if hasattr(obj, "__record_fields__") else dataclasses.fields(obj)
+
+
+def _as_dict(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in _fields(obj)}
+
+
+def _replace(obj, **changes):
+    return (records.replace if hasattr(obj, "__record_fields__") else dataclasses.replace)(obj, **changes)
+
+
 def _same_repr(ours, std) -> bool:
     """The reprs agree, but for the class name and the address of an object without a repr of its own."""
     import re
@@ -76,13 +89,14 @@ def _outcome(fn):
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_each_shape_behaves_as_the_standard_dataclass(shape):
     std, ours = _pair(shape)
-    assert [f.name for f in dataclasses.fields(std)] == [f.name for f in dataclasses.fields(ours)]
-    assert dataclasses.is_dataclass(ours)
+    assert [(f.name, f.init, f.repr, f.compare, f.hash, f.kw_only) for f in dataclasses.fields(std)] == [
+        (f.name, f.init, f.repr, f.compare, f.hash, f.kw_only) for f in records.fields(ours)]
+    assert ours.__match_args__ == std.__match_args__
     for call in ARGS[shape]:
         args, kw = call.get("args", ()), call.get("kw", {})
         s, o = std(*args, **kw), ours(*args, **kw)
         assert _same_repr(o, s)
-        assert dataclasses.asdict(o) == dataclasses.asdict(s)
+        assert _as_dict(o) == _as_dict(s)
         assert (o == ours(*args, **kw)) == (s == std(*args, **kw))
         assert o != s  # another class: never equal
         assert _outcome(lambda: hash(o) == hash(ours(*args, **kw))) == _outcome(lambda: hash(s) == hash(std(*args, **kw)))
@@ -96,9 +110,9 @@ def test_each_shape_behaves_as_the_standard_dataclass(shape):
         o, s = ours(*args, **kw), std(*args, **kw)
         o, s = ours(*args, **kw), std(*args, **kw)  # fresh again: some deletions above landed
         for made in (pickle.loads(pickle.dumps(o)), copy.deepcopy(o), copy.copy(o)):
-            assert dataclasses.asdict(made) == dataclasses.asdict(o) and _same_repr(made, s)
+            assert _as_dict(made) == _as_dict(o) and _same_repr(made, s)
         changes = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.init}
-        assert _same_repr(dataclasses.replace(o, **changes), dataclasses.replace(s, **changes))
+        assert _same_repr(_replace(o, **changes), _replace(s, **changes))
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -116,7 +130,7 @@ def test_factories_give_each_instance_its_own_value():
 
 def _plain_factory_class():
     class C:
-        items: list = dataclasses.field(default_factory=list)
+        items: list = records.field(default_factory=list)
 
     return C
 
@@ -132,7 +146,7 @@ def test_a_subclass_of_a_frozen_record_may_add_attributes_but_not_change_fields(
     s = Sub(1)
     s.extra = 2  # a plain subclass has a __dict__: dataclasses lets it take other names
     assert s.extra == 2
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(records.FrozenInstanceError):
         s.a = 3
 
 
@@ -144,14 +158,45 @@ def test_classvar_and_initvar_are_refused_not_mismade():
         records.dataclass(C)
 
 
-def test_every_record_class_of_envvault_is_made_by_the_cheap_decorator():
-    """No module declares a record with the standard decorator (one home for the rule)."""
+def test_what_the_standard_decorator_refuses_is_refused():
+    def declare(body: str, **opts):
+        ns = {"field": records.field}
+        exec(f"class C:\n    {body}", ns)  # noqa: S102
+        return records.dataclass(**opts)(ns["C"])
+
+    with pytest.raises(ValueError, match="mutable default"):
+        declare("a: list = []")
+    with pytest.raises(TypeError, match="non-default argument 'b' follows default argument"):
+        declare("a: int = 1\n    b: int")
+    declare("a: int = 1\n    b: int", kw_only=True)  # keyword-only: any order
+    with pytest.raises(ValueError, match="both default and default_factory"):
+        records.field(default=1, default_factory=list)
+    with pytest.raises(TypeError, match="cannot overwrite attribute __setattr__"):
+        declare("a: int\n    def __setattr__(self, n, v): pass", frozen=True)
+    with pytest.raises(ValueError, match="init=False"):
+        records.replace(declare("a: int = field(default=0, init=False)")(), a=1)
+    with pytest.raises(TypeError, match="record class or instance"):
+        records.fields(object())
+    base = declare("a: int", frozen=True)
+    with pytest.raises(TypeError, match="frozen record from a non-frozen one"):
+        records.dataclass(type("D", (base,), {"__annotations__": {"b": "int"}, "b": 0}))
+
+
+def test_no_module_of_envvault_uses_dataclasses():
+    """One home for records: every class is made by envvault.model.records, and a command that writes a
+    snapshot imports neither dataclasses nor inspect (what importing dataclasses costs)."""
     import pathlib
+    import subprocess
 
     root = pathlib.Path(records.__file__).parents[1]
-    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if p.name != "records.py"
-                 and ("from dataclasses import dataclass" in p.read_text() or "dataclasses.dataclass" in p.read_text())]
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if "import dataclasses" in p.read_text() or "from dataclasses" in p.read_text()]
     assert offenders == []
+    probe = ("import sys, envvault.lean, envvault.commands.plain, envvault.snap.take, envvault.snap.scan, "
+             "envvault.caches.snap, envvault.restore.baseline, envvault.env.probe, envvault.diff; "
+             "print(sorted(m for m in ('dataclasses', 'inspect') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_record_class_costs_less_than_the_standard_one_to_make():

@@ -4,7 +4,7 @@ stat cache so an unchanged environment costs a few ``stat`` calls) and the one k
 
 from __future__ import annotations
 
-import dataclasses
+from envvault.model import records
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -44,7 +44,7 @@ def environment_fingerprint(venv: Path | None, statcache: StatCache | None = Non
         fp = fingerprint_venv(venv, env=env, probe_gpu=False)
     except (UsageError, EnvironmentProblem) as err:
         return None, f"no fingerprint of {venv}: {err}"
-    fp = dataclasses.replace(fp, gpus=probe_gpus(env)).to_dict()
+    fp = records.replace(fp, gpus=probe_gpus(env)).to_dict()
     if statcache is not None and key is not None:
         statcache.extra["cache_env_fp"] = {"key": key, "fp": fp}
         statcache.mark_dirty()
@@ -104,4 +104,4 @@ def builder_fingerprint(tree, env_fp):
     if not fill:
         return tree
     note = "completed from the environment at snap time: " + ", ".join(sorted(fill))
-    return dataclasses.replace(tree, notes=tree.notes + (note,), **fill)
+    return records.replace(tree, notes=tree.notes + (note,), **fill)

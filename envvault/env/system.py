@@ -10,7 +10,7 @@ the user-site variables their values.
 
 from __future__ import annotations
 
-import dataclasses
+from envvault.model import records
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +45,7 @@ def _b64(rec):
     import base64
 
     digest = base64.urlsafe_b64encode(bytes.fromhex(rec.digest)).rstrip(b"=").decode("ascii")
-    return dataclasses.replace(rec, digest=digest)
+    return records.replace(rec, digest=digest)
 
 
 _USER_DIST: list = []
@@ -69,7 +69,7 @@ def _in_user_site(dist, scripts: Path):
                 return InstalledDist.build_id(self, self.user_scripts)
 
         _USER_DIST.append(UserSiteDist)
-    fields = {f.name: getattr(dist, f.name) for f in dataclasses.fields(dist)}
+    fields = {f.name: getattr(dist, f.name) for f in records.fields(dist)}
     return _USER_DIST[0](**fields, user_scripts=scripts)
 
 
@@ -174,9 +174,9 @@ class SystemReader:
         if dist is None:
             return None
         if not dist.installer and self.owners().owner(str(entry)):
-            dist = dataclasses.replace(dist, installer="debian")
+            dist = records.replace(dist, installer="debian")
         if dist.record and any(_is_hex(r) for r in dist.record):
-            dist = dataclasses.replace(dist, record=[_b64(r) if _is_hex(r) else r for r in dist.record])
+            dist = records.replace(dist, record=[_b64(r) if _is_hex(r) else r for r in dist.record])
         user_site = self.interpreter().user_site
         if user_site is not None and site == user_site:
             # pip --user puts scripts in <user base>/bin, not the interpreter's scripts folder: the identity

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import replace
+from envvault.model.records import replace
 from envvault.model.records import dataclass
 from pathlib import Path
 from typing import Mapping

@@ -11,7 +11,7 @@ snapshot while that build stays installed.
 from __future__ import annotations
 
 import configparser
-import dataclasses
+from envvault.model import records
 import os
 import urllib.parse
 from pathlib import Path
@@ -163,5 +163,5 @@ def carry(entries: Mapping[str, ProvenanceEntry],
             continue
         if entry.build_id and entry.build_id != now[1]:
             continue
-        out[name] = dataclasses.replace(entry, build_id=now[1])
+        out[name] = records.replace(entry, build_id=now[1])
     return out

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from envvault.model.records import replace
 from envvault.model.records import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Protocol

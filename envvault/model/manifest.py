@@ -78,7 +78,7 @@ class FileEntry:
     absent: frozenset[str] = _EMPTY
     # The document a scan made this entry from (``scanned``), written back as it is: a first snap writes
     # tens of thousands of entries, and the generic writer would rebuild each key by key.
-    # Not an __init__ argument, so dataclasses.replace (a changed path, say) drops it: the change is written.
+    # Not an __init__ argument, so records.replace (a changed path, say) drops it: the change is written.
     written: Mapping[str, Any] | None = field(default=None, init=False, compare=False, repr=False)
 
     KEYS = (Key("path", required=True, default=""), Key("record", required=True, default=""),

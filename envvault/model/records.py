@@ -1,40 +1,96 @@
-"""``dataclass``: the standard library's decorator with the same options and the same classes, made at a
-fraction of its import cost. Every record type of envvault is declared with it.
+"""Frozen, typed records: ``dataclass``, ``field``, ``fields`` and ``replace``, as the standard library's
+``dataclasses`` has them, made at a fraction of its import cost. Every record type of envvault is declared
+with them.
 
 ``dataclasses.dataclass`` compiles six methods a frozen class (``__init__``, ``__repr__``, ``__eq__``,
-``__hash__``, ``__setattr__``, ``__delattr__``) from generated source: about 0.6 ms a class, 10-19 ms of every
-command that writes a snapshot (18 classes on its path; docs/benchmarks.md, twelfth session). Here the
-standard decorator does what costs nothing (the fields, ``__slots__``, ``__match_args__``: it is called with
-``init``, ``repr`` and ``eq`` off), ``__init__`` is compiled from one small source of our own (the same
-parameters, defaults, default factories and keyword-only rule), and the other methods are closures that do
-what the generated ones do: ``dataclasses.fields``, ``replace``, ``asdict``, pickling and copying work as on a
-standard dataclass. ``InitVar`` and ``ClassVar`` fields are not supported (none is declared in envvault): a
-class with one is refused, so nothing silently differs.
+``__hash__``, ``__setattr__``, ``__delattr__``) from generated source, and importing ``dataclasses`` imports
+``inspect`` (with ``ast``, ``dis`` and ``tokenize``): together 10-19 ms of every command that writes a snapshot
+(18 classes on its path; docs/benchmarks.md, twelfth session), before it does any work. Here ``__init__`` is
+compiled from one small source (the same parameters, defaults, default factories and keyword-only rule as
+the standard one's), the other methods are closures that do what the generated ones do, and ``slots=True``
+remakes the class with ``__slots__`` as the standard decorator does. What is not offered is refused, not
+approximated: ``InitVar`` and ``ClassVar`` fields, ``order``, ``unsafe_hash``. ``tests/test_records_decorator.py``
+declares each shape with both decorators and checks that they behave alike.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import MISSING, FrozenInstanceError, field
 from operator import attrgetter
 
-__all__ = ["dataclass", "field"]
+__all__ = ["dataclass", "field", "fields", "replace", "Field", "FrozenInstanceError", "MISSING"]
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()  # no default given
+
+
+class FrozenInstanceError(AttributeError):
+    """An assignment to, or deletion of, a field of a frozen record (as ``dataclasses.FrozenInstanceError``)."""
 
 
 class _HasFactory:
-    """The default of an ``__init__`` parameter whose field has a ``default_factory`` (as in dataclasses)."""
+    """The default of an ``__init__`` parameter whose field has a ``default_factory``."""
 
     def __repr__(self) -> str:
         return "<factory>"
 
 
 _FACTORY = _HasFactory()
+_FIELDS = "__record_fields__"  # the class attribute holding a record class's fields, inherited ones first
+
+
+class Field:
+    """One field of a record class (``dataclasses.Field``'s attributes that envvault uses)."""
+
+    __slots__ = ("name", "type", "default", "default_factory", "init", "repr", "hash", "compare", "kw_only",
+                 "metadata")
+
+    def __init__(self, default, default_factory, init, repr, hash, compare, kw_only, metadata):  # noqa: A002
+        self.name: str = ""
+        self.type = None
+        self.default, self.default_factory = default, default_factory
+        self.init, self.repr, self.hash, self.compare = init, repr, hash, compare
+        self.kw_only, self.metadata = kw_only, metadata
+
+    def __repr__(self) -> str:
+        return f"Field(name={self.name!r}, default={self.default!r}, init={self.init}, kw_only={self.kw_only})"
+
+
+def field(*, default=MISSING, default_factory=MISSING, init: bool = True, repr: bool = True,  # noqa: A002
+          hash: bool | None = None, compare: bool = True, kw_only=MISSING, metadata=None):  # noqa: A002
+    """A field with options, as ``dataclasses.field``."""
+    if default is not MISSING and default_factory is not MISSING:
+        raise ValueError("cannot specify both default and default_factory")
+    return Field(default, default_factory, init, repr, hash, compare, kw_only, metadata or {})
+
+
+def fields(record) -> tuple[Field, ...]:
+    """The fields of a record class or instance, in order (inherited first), as ``dataclasses.fields``."""
+    try:
+        return getattr(record, _FIELDS)
+    except AttributeError:
+        raise TypeError("must be called with a record class or instance") from None
+
+
+def replace(record, /, **changes):
+    """A copy of ``record`` with ``changes``, made through its ``__init__`` (as ``dataclasses.replace``)."""
+    for f in fields(record):
+        if not f.init:
+            if f.name in changes:
+                raise ValueError(f"field {f.name} is declared with init=False, it cannot be specified with replace()")
+            continue
+        if f.name not in changes:
+            changes[f.name] = getattr(record, f.name)
+    return record.__class__(**changes)
 
 
 def dataclass(cls=None, /, *, init: bool = True, repr: bool = True, eq: bool = True,  # noqa: A002
               frozen: bool = False, slots: bool = False, kw_only: bool = False):
-    """``dataclasses.dataclass`` with these options (``order``, ``unsafe_hash``, ``match_args=False`` and
-    ``weakref_slot`` are not offered: envvault uses none)."""
+    """A record class from ``cls``, with ``dataclasses.dataclass``'s meaning of each option."""
 
     def wrap(cls):
         return _make(cls, init=init, repr=repr, eq=eq, frozen=frozen, slots=slots, kw_only=kw_only)
@@ -42,41 +98,101 @@ def dataclass(cls=None, /, *, init: bool = True, repr: bool = True, eq: bool = T
     return wrap if cls is None else wrap(cls)
 
 
+def _collect(cls, kw_only: bool) -> tuple[Field, ...]:
+    """The fields of ``cls``: its bases' (a record base's, in order), then those its own annotations declare
+    (a later one of the same name replacing an inherited one, in its place), with the class attributes
+    set as dataclasses sets them (a default stays a class attribute; a ``field()`` is replaced by its
+    default, or removed)."""
+    found: dict[str, Field] = {}
+    for base in reversed(cls.__mro__[1:]):
+        for f in base.__dict__.get(_FIELDS, ()):
+            found[f.name] = f
+    for name, kind in cls.__dict__.get("__annotations__", {}).items():
+        text = kind if isinstance(kind, str) else repr(kind)
+        if "InitVar" in text or "ClassVar" in text:
+            raise TypeError(f"{cls.__qualname__}.{name}: InitVar and ClassVar fields are not supported here")
+        value = cls.__dict__.get(name, MISSING)
+        f = value if isinstance(value, Field) else Field(value, MISSING, True, True, None, True, MISSING, {})
+        f.name, f.type = name, kind
+        if f.kw_only is MISSING:
+            f.kw_only = kw_only
+        if isinstance(f.default, (list, dict, set)):
+            raise ValueError(f"mutable default {type(f.default)} for field {name} is not allowed: use default_factory")
+        if isinstance(value, Field):
+            if f.default is MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, f.default)
+        found[name] = f
+    return tuple(found.values())
+
+
 def _make(cls, *, init: bool, repr: bool, eq: bool, frozen: bool, slots: bool, kw_only: bool):  # noqa: A002
     own = dict(cls.__dict__)
-    for name, kind in own.get("__annotations__", {}).items():
-        if "InitVar" in str(kind) or "ClassVar" in str(kind):
-            raise TypeError(f"{cls.__qualname__}.{name}: InitVar and ClassVar fields are not supported here")
     if frozen and ("__setattr__" in own or "__delattr__" in own):
         raise TypeError(f"cannot overwrite attribute __setattr__ or __delattr__ in class {cls.__name__}")
+    for base in cls.__mro__[1:]:
+        if _FIELDS in base.__dict__ and base.__dict__.get("__record_frozen__", False) != frozen:
+            raise TypeError("cannot inherit a frozen record from a non-frozen one, or the other way round")
     class_hash = own.get("__hash__", MISSING)
     explicit_hash = not (class_hash is MISSING or (class_hash is None and "__eq__" in own))
-    klass = dataclasses.dataclass(cls, init=False, repr=False, eq=False, frozen=False, slots=slots,
-                                  kw_only=kw_only)
-    fields = dataclasses.fields(klass)
+    all_fields = _collect(cls, kw_only)
+    positional = [f for f in all_fields if f.init and not f.kw_only]
+    seen_default = False
+    for f in positional:
+        has_default = f.default is not MISSING or f.default_factory is not MISSING
+        if seen_default and not has_default:
+            raise TypeError(f"non-default argument {f.name!r} follows default argument")
+        seen_default = seen_default or has_default
+    if slots:
+        cls = _with_slots(cls, all_fields)
+    klass = cls
+    setattr(klass, _FIELDS, all_fields)
+    klass.__record_frozen__ = frozen
+    if "__match_args__" not in own:
+        klass.__match_args__ = tuple(f.name for f in positional)
     if init and "__init__" not in own:
-        klass.__init__ = _init_fn(klass, fields, frozen, slots)
-        if not own.get("__doc__"):
-            import inspect
-
-            klass.__doc__ = klass.__name__ + str(inspect.signature(klass)).replace(" -> None", "")
+        klass.__init__ = _init_fn(klass, all_fields, frozen, slots)
     if repr and "__repr__" not in own:
-        klass.__repr__ = _repr_fn(klass, tuple(f.name for f in fields if f.repr))
-    compared = tuple(f.name for f in fields if f.compare)
+        klass.__repr__ = _named(klass, _repr_fn(tuple(f.name for f in all_fields if f.repr)), "__repr__")
     if eq and "__eq__" not in own:
-        klass.__eq__ = _eq_fn(klass, _getter(compared))
+        klass.__eq__ = _named(klass, _eq_fn(_getter(tuple(f.name for f in all_fields if f.compare))), "__eq__")
     if eq and not explicit_hash:
         if frozen:
-            hashed = tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash))
-            klass.__hash__ = _hash_fn(klass, _getter(hashed))
+            hashed = tuple(f.name for f in all_fields if (f.compare if f.hash is None else f.hash))
+            klass.__hash__ = _named(klass, _hash_fn(_getter(hashed)), "__hash__")
         else:
             klass.__hash__ = None
     if frozen:
-        names = frozenset(f.name for f in fields)
-        klass.__setattr__, klass.__delattr__ = _frozen_fns(klass, names)
-        if slots:  # a frozen slotted instance cannot take its state back through __setattr__ (as dataclasses)
-            klass.__getstate__, klass.__setstate__ = _state_fns(tuple(f.name for f in fields))
+        setter, deleter = _frozen_fns(klass, frozenset(f.name for f in all_fields))
+        klass.__setattr__ = _named(klass, setter, "__setattr__")
+        klass.__delattr__ = _named(klass, deleter, "__delattr__")
+        if slots:  # a frozen slotted instance cannot take its state back through __setattr__
+            klass.__getstate__, klass.__setstate__ = _state_fns(tuple(f.name for f in all_fields))
     return klass
+
+
+def _with_slots(cls, all_fields: tuple[Field, ...]):
+    """``cls`` made again with ``__slots__`` for its fields (those no base already has a slot for), as
+    ``dataclasses`` does for ``slots=True``."""
+    inherited: set[str] = set()
+    for base in cls.__mro__[1:-1]:
+        names = base.__dict__.get("__slots__", ())
+        inherited.update((names,) if isinstance(names, str) else names)
+    body = dict(cls.__dict__)
+    body["__slots__"] = tuple(f.name for f in all_fields if f.name not in inherited)
+    for f in all_fields:
+        body.pop(f.name, None)
+    body.pop("__dict__", None)
+    body.pop("__weakref__", None)
+    made = type(cls)(cls.__name__, cls.__bases__, body)
+    made.__qualname__ = cls.__qualname__
+    return made
+
+
+def _named(klass, fn, name: str):
+    fn.__name__, fn.__qualname__ = name, f"{klass.__qualname__}.{name}"
+    return fn
 
 
 def _getter(names: tuple[str, ...]):
@@ -89,16 +205,16 @@ def _getter(names: tuple[str, ...]):
     return lambda obj: ()
 
 
-def _init_fn(klass, fields, frozen: bool, slots: bool):
+def _init_fn(klass, all_fields, frozen: bool, slots: bool):
     """``__init__`` as dataclasses generates it: init fields as parameters in order (keyword-only ones after
     ``*``), defaults and factories; a field with ``init=False`` set from its factory, or from its default in
     a slotted class (otherwise the class attribute answers for it); a frozen class's values set with
-    ``object.__setattr__``."""
+    ``object.__setattr__``; ``__post_init__`` called last when the class has one."""
     ns: dict = {"_ev_set": object.__setattr__, "_ev_factory": _FACTORY}
     params: list[str] = []
     keyword: list[str] = []
     body: list[str] = []
-    for i, f in enumerate(fields):
+    for i, f in enumerate(all_fields):
         factory = f.default_factory is not MISSING
         if factory:
             ns[f"_ev_f{i}"] = f.default_factory
@@ -121,35 +237,31 @@ def _init_fn(klass, fields, frozen: bool, slots: bool):
     signature = ", ".join(["_ev_self", *params, *(["*", *keyword] if keyword else [])])
     source = f"def __init__({signature}):\n" + "".join(f" {line}\n" for line in body or ["pass"])
     exec(source, ns)  # noqa: S102 - our own source, built from the class's field names only
-    fn = ns["__init__"]
-    fn.__qualname__ = f"{klass.__qualname__}.__init__"
-    fn.__annotations__ = {**{f.name: f.type for f in fields if f.init}, "return": None}
+    fn = _named(klass, ns["__init__"], "__init__")
+    fn.__annotations__ = {**{f.name: f.type for f in all_fields if f.init}, "return": None}
     return fn
 
 
-def _repr_fn(klass, names: tuple[str, ...]):
+def _repr_fn(names: tuple[str, ...]):
     def __repr__(self) -> str:
         return f"{self.__class__.__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
-    __repr__.__qualname__ = f"{klass.__qualname__}.__repr__"
     return __repr__
 
 
-def _eq_fn(klass, get):
+def _eq_fn(get):
     def __eq__(self, other):
         if other.__class__ is self.__class__:
             return get(self) == get(other)
         return NotImplemented
 
-    __eq__.__qualname__ = f"{klass.__qualname__}.__eq__"
     return __eq__
 
 
-def _hash_fn(klass, get):
+def _hash_fn(get):
     def __hash__(self) -> int:
         return hash(get(self))
 
-    __hash__.__qualname__ = f"{klass.__qualname__}.__hash__"
     return __hash__
 
 
@@ -167,8 +279,6 @@ def _frozen_fns(klass, names: frozenset[str]):
             raise FrozenInstanceError(f"cannot delete field {name!r}")
         super(klass, self).__delattr__(name)
 
-    __setattr__.__qualname__ = f"{klass.__qualname__}.__setattr__"
-    __delattr__.__qualname__ = f"{klass.__qualname__}.__delattr__"
     return __setattr__, __delattr__
 
 

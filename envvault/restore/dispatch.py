@@ -7,7 +7,7 @@ caches after it (``caches/restore.py``); and remembers a verified restore for ``
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from envvault.model.records import replace
 from pathlib import Path
 
 from envvault.model.snapshot import Snapshot

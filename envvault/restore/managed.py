@@ -10,7 +10,7 @@ for reading dpkg's file lists (``envvault.env.dpkg``).
 
 from __future__ import annotations
 
-import dataclasses
+from envvault.model import records
 import posixpath
 from pathlib import Path
 from typing import Sequence
@@ -79,7 +79,7 @@ def hold_managed(plan: Plan, target: Path, now: Snapshot, snapshot: Snapshot,
         shown = ", ".join(sorted(paths)[:3]) + (", ..." if len(paths) > 3 else "")
         warnings.append(f"{len(paths)} file(s) of {who} are managed by the system package manager and were "
                         f"left as they are ({shown}): restore them with `{how}`")
-    return dataclasses.replace(plan, writes=writes, removals=removals, remove_dirs=remove_dirs, modes=modes,
+    return records.replace(plan, writes=writes, removals=removals, remove_dirs=remove_dirs, modes=modes,
                                dist_infos=dist_infos, warnings=tuple(warnings),
                                keeps=tuple(k for k in plan.keeps if owner(k[0]) is None and k[0].startswith(areas)))
 
@@ -145,14 +145,14 @@ def venv_view(snapshot: Snapshot, manifest_of=None) -> Snapshot:
             man = manifest_of(p.manifest)
             state = state_id(p.build_id, [(posixpath.normpath(f"{site}/{f.record}"), f.sha256)
                                           for f in man.files if f.state == "modified" and f.sha256])
-        packages.append(dataclasses.replace(
+        packages.append(records.replace(
             p, state_id=state,
             modified=tuple(move(x, p.site) for x in p.modified), missing=tuple(move(x, p.site) for x in p.missing),
             exec=None if p.exec is None else tuple(sorted(move(x, p.site) for x in p.exec))))
     cfg = {"include-system-site-packages": "true"} if share else {}
-    moved = dataclasses.replace(python, purelib=site, platlib=site, scripts="bin", executable="bin/python",
+    moved = records.replace(python, purelib=site, platlib=site, scripts="bin", executable="bin/python",
                                 pyvenv_cfg=cfg)
-    return dataclasses.replace(snapshot, python=moved, packages=tuple(packages))
+    return records.replace(snapshot, python=moved, packages=tuple(packages))
 
 
 def refuse_uncopyable(snapshot: Snapshot, has) -> None:
@@ -187,8 +187,8 @@ def venv_manifest(man, python):
         if why is not None:
             bad.append(f"files[{i}].record {f.record!r} {why}")
             continue
-        files.append(dataclasses.replace(f, path=new))
+        files.append(records.replace(f, path=new))
     if bad:
         raise RefusedError(f"refusing to restore {man.name} {man.version}: " + "; ".join(bad[:10]))
     dist_info = f"{site}/{posixpath.basename(man.dist_info)}" if man.dist_info else man.dist_info
-    return dataclasses.replace(man, files=tuple(files), dist_info=dist_info)
+    return records.replace(man, files=tuple(files), dist_info=dist_info)

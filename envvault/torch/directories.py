@@ -9,7 +9,7 @@ Face folder holds ``config.json``, ``*.safetensors`` / ``pytorch_model*.bin`` sh
 
 from __future__ import annotations
 
-import dataclasses
+from envvault.model import records
 import io
 import os
 import zipfile
@@ -64,7 +64,7 @@ def read_directory(d: Path) -> CheckpointInfo:
         info = _read_dcp(d, stamp, notes)
     else:
         info = _read_model_dir(d, stamp, notes)
-    return info if info.stamp is not None or problem is None else dataclasses.replace(info, stamp_problem=problem)
+    return info if info.stamp is not None or problem is None else records.replace(info, stamp_problem=problem)
 
 
 def _small_json_file(p: Path, notes: list[str], limit: int = MAX_SIDE_BYTES) -> bytes | None:

@@ -9,7 +9,7 @@ parser as what a reader finds, so every stamp written reads back.
 
 from __future__ import annotations
 
-import dataclasses
+from envvault.model import records
 import os
 import socket
 import sys
@@ -60,14 +60,14 @@ def base_stamp(*, state: EnvState | None, snapshot: tuple[str, bool] | None, vau
 def with_snapshot(base: Stamp, snapshot: tuple[str, bool] | None, warnings: list[str]) -> Stamp:
     """``base`` naming ``(id, lock_only)`` (or keeping what it named), with these warnings."""
     if snapshot is None:
-        return dataclasses.replace(base, warnings=tuple(warnings))
-    return dataclasses.replace(base, snapshot=snapshot[0], snapshot_lock_only=snapshot[1], warnings=tuple(warnings))
+        return records.replace(base, warnings=tuple(warnings))
+    return records.replace(base, snapshot=snapshot[0], snapshot_lock_only=snapshot[1], warnings=tuple(warnings))
 
 
 def for_save(base: Stamp, drift: Drift | None) -> dict[str, Any]:
     """The stamp one save writes: ``base`` with the drift, the time (UTC, milliseconds) and the cwd, as a
     fresh dict of plain JSON types."""
-    return dataclasses.replace(base, drift=drift, time=utc_timestamp(3), cwd=os.getcwd()).to_dict()
+    return records.replace(base, drift=drift, time=utc_timestamp(3), cwd=os.getcwd()).to_dict()
 
 
 def _plain(value: Any) -> str | None:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 import blake3
-import zstandard
 
 from envvault.errors import CorruptError, EnvironmentProblem
 from envvault.model.encoding import object_id
@@ -170,6 +169,8 @@ class PackWriter:
         key = "cctx_large" if large else "cctx"
         cctx = getattr(self._local, key, None)
         if cctx is None:
+            import zstandard  # here, not at the top: a snap that stores nothing new never loads it (3 ms)
+
             cctx = zstandard.ZstdCompressor(level=self.level_large if large else self.level, write_content_size=True)
             setattr(self._local, key, cctx)
         if len(items) == 1:
@@ -549,6 +550,8 @@ def read_frame(backend: Backend, pack_id: str, offset: int, length: int) -> byte
         raise CorruptError(f"pack {name} cannot be read ({err.why}); run `envvault verify`") from None
     if len(comp) != length:
         raise CorruptError(f"pack {name} is truncated; run `envvault verify`")
+    import zstandard
+
     d = getattr(_dctx, "d", None)
     if d is None:
         d = _dctx.d = zstandard.ZstdDecompressor()
