@@ -4,7 +4,6 @@ module (``torch/version.py``, ``triton/__init__.py``). Cache fingerprints are ma
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 from ..errors import CorruptError, EnvironmentProblem
@@ -73,6 +72,8 @@ def record_digest(dist_info: Path) -> str:
 
 def module_constants(path: Path, names: set[str]) -> dict[str, object]:
     """Top-level ``NAME = <literal>`` (or annotated) assignments of a Python file, read without running it."""
+    import ast  # here: a cache restore that checks no fingerprint need not load the parser (2 ms)
+
     try:  # a FIFO or a device put there is never waited on, a huge file never read
         tree = ast.parse(read_env_file(path), filename=str(path))
     except (OSError, CorruptError, SyntaxError, ValueError) as exc:
