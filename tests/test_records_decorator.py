@@ -150,6 +150,33 @@ def test_a_subclass_of_a_frozen_record_may_add_attributes_but_not_change_fields(
         s.a = 3
 
 
+def test_a_default_may_come_from_a_base_and_own_state_methods_are_kept():
+    """(A second read's findings: dataclasses takes a re-annotated field's default from a base, and keeps a
+    frozen slotted class's own __getstate__/__setstate__.)"""
+
+    class Base:
+        a = 5
+
+    @records.dataclass
+    class C(Base):
+        a: int
+
+    assert C().a == 5
+
+    @records.dataclass(frozen=True, slots=True)
+    class D:
+        a: int
+
+        def __getstate__(self):
+            return ("mine", self.a)
+
+        def __setstate__(self, state):
+            object.__setattr__(self, "a", state[1])
+
+    assert D(3).__getstate__() == ("mine", 3)
+    assert copy.copy(D(3)).a == 3
+
+
 def test_classvar_and_initvar_are_refused_not_mismade():
     class C:
         a: dataclasses.InitVar[int]
@@ -177,6 +204,10 @@ def test_what_the_standard_decorator_refuses_is_refused():
         records.replace(declare("a: int = field(default=0, init=False)")(), a=1)
     with pytest.raises(TypeError, match="record class or instance"):
         records.fields(object())
+    with pytest.raises(ValueError, match="mutable default"):
+        declare("a: bytearray = bytearray()")  # any unhashable default, as dataclasses 3.11 on
+    with pytest.raises(TypeError, match="'b' is a field but has no type annotation"):
+        declare("a: int = 0\n    b = field(default=1)")
     base = declare("a: int", frozen=True)
     with pytest.raises(TypeError, match="frozen record from a non-frozen one"):
         records.dataclass(type("D", (base,), {"__annotations__": {"b": "int"}, "b": 0}))
@@ -221,5 +252,4 @@ def test_a_record_class_costs_less_than_the_standard_one_to_make():
             builtins.exec = real_exec
         counts.append(calls["n"])
     std, ours = counts
-    assert ours == 1 and std >= 4, counts
-    assert sys.version_info >= (3, 10)
+    assert ours == 1 and ours <= std, counts  # one __init__ source (3.13's dataclasses batches its six in one)

@@ -107,16 +107,23 @@ def _collect(cls, kw_only: bool) -> tuple[Field, ...]:
     for base in reversed(cls.__mro__[1:]):
         for f in base.__dict__.get(_FIELDS, ()):
             found[f.name] = f
-    for name, kind in cls.__dict__.get("__annotations__", {}).items():
+    # The class's own annotations (3.10 on: never a base's; 3.14 evaluates them when asked, PEP 649).
+    annotations = cls.__dict__.get("__annotations__")
+    if annotations is None:
+        annotations = getattr(cls, "__annotations__", None) or {}
+    for name, value in cls.__dict__.items():
+        if isinstance(value, Field) and name not in annotations:
+            raise TypeError(f"{name!r} is a field but has no type annotation")
+    for name, kind in annotations.items():
         text = kind if isinstance(kind, str) else repr(kind)
         if "InitVar" in text or "ClassVar" in text:
             raise TypeError(f"{cls.__qualname__}.{name}: InitVar and ClassVar fields are not supported here")
-        value = cls.__dict__.get(name, MISSING)
+        value = getattr(cls, name, MISSING)  # a default may come from a base, as in dataclasses
         f = value if isinstance(value, Field) else Field(value, MISSING, True, True, None, True, MISSING, {})
         f.name, f.type = name, kind
         if f.kw_only is MISSING:
             f.kw_only = kw_only
-        if isinstance(f.default, (list, dict, set)):
+        if f.default is not MISSING and type(f.default).__hash__ is None:  # as dataclasses 3.11 on
             raise ValueError(f"mutable default {type(f.default)} for field {name} is not allowed: use default_factory")
         if isinstance(value, Field):
             if f.default is MISSING:
@@ -168,7 +175,11 @@ def _make(cls, *, init: bool, repr: bool, eq: bool, frozen: bool, slots: bool, k
         klass.__setattr__ = _named(klass, setter, "__setattr__")
         klass.__delattr__ = _named(klass, deleter, "__delattr__")
         if slots:  # a frozen slotted instance cannot take its state back through __setattr__
-            klass.__getstate__, klass.__setstate__ = _state_fns(tuple(f.name for f in all_fields))
+            getstate, setstate = _state_fns(tuple(f.name for f in all_fields))
+            if "__getstate__" not in own:
+                klass.__getstate__ = getstate
+            if "__setstate__" not in own:
+                klass.__setstate__ = setstate
     return klass
 
 
