@@ -6,7 +6,8 @@ in turn; ``pip freeze``, ``uv pip freeze`` and ``zstd -dc | tar -x`` in the same
 row's ratio to its anchor.
 
 Usage: ``python bench/startup_ab.py VENV OLD_TREE [NEW_TREE] [ROUNDS]`` (NEW_TREE: this checkout; the
-interpreter running this script runs envvault, uv from its folder). Prints a table.
+interpreter running this script runs envvault, uv from its folder or PATH; a PYTHONPATH set for this
+script is kept after each tree's). Prints a table. On the device: ``bench/gpu_startup_ab.sh``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def main() -> None:
     synthetic_cache(cache)
     base = dict(os.environ, ENVVAULT_HOME=str(vault))
     base.pop("VIRTUAL_ENV", None)
-    envs = {k: dict(base, PYTHONPATH=str(t)) for k, t in trees.items()}
+    rest = os.environ.get("PYTHONPATH")  # (the dependencies' folder, on the device) stays after the tree
+    envs = {k: dict(base, PYTHONPATH=str(t) + (os.pathsep + rest if rest else "")) for k, t in trees.items()}
     ev = [sys.executable, "-m", "envvault"]  # run in ``work``: -m puts the working folder first on sys.path
     subprocess.run(ev + ["snap", "--venv", venv, "--no-caches"], env=envs["new"], check=True,
                    stdout=subprocess.DEVNULL, cwd=work)
