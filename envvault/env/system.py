@@ -10,10 +10,11 @@ the user-site variables their values.
 
 from __future__ import annotations
 
-from envvault.model import records
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from envvault.model import records
 
 from envvault.env.probe import Interpreter, probe_system
 from envvault.errors import UsageError
@@ -56,9 +57,8 @@ def _in_user_site(dist, scripts: Path):
     folder, whatever scripts folder the caller names."""
     if not _USER_DIST:
         from envvault.env.dists import InstalledDist
-        from envvault.model.records import dataclass
 
-        @dataclass
+        @records.dataclass
         class UserSiteDist(InstalledDist):
             user_scripts: Path = Path("bin")
 

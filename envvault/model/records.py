@@ -151,9 +151,7 @@ def _make(cls, *, init: bool, repr: bool, eq: bool, frozen: bool, slots: bool, k
         if seen_default and not has_default:
             raise TypeError(f"non-default argument {f.name!r} follows default argument")
         seen_default = seen_default or has_default
-    if slots:
-        cls = _with_slots(cls, all_fields)
-    klass = cls
+    klass = _with_slots(cls, all_fields) if slots else cls
     setattr(klass, _FIELDS, all_fields)
     klass.__record_frozen__ = frozen
     if "__match_args__" not in own:
