@@ -14,10 +14,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envvault.model import records
-
 from envvault.env.probe import Interpreter, probe_system
 from envvault.errors import UsageError
+from envvault.model import records
 
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
