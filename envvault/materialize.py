@@ -35,6 +35,7 @@ from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
 from envvault.env.static import WHOLE_FILE_LIMIT
 from envvault.safepaths import FinalTree, reserved_problem
 from envvault.vault.fsutil import storage_error
+from envvault.vault.threads import default_restorers
 from envvault.model.record import record_sha256
 from envvault.vault.store import ObjectReader
 
@@ -49,9 +50,7 @@ def FINAL_NAME(final: str) -> str:  # noqa: N802 (a TempName constant)
     return final
 
 
-# One thread per core, up to 8 (creating files waits on the filesystem's metadata as much as on a core;
-# measured on 2 cores: 4 threads no faster than 2 under load).
-WORKERS = max(1, min(8, os.cpu_count() or 1))
+WORKERS = default_restorers()  # vault/threads.py
 _RUN_BYTES = 16 << 20  # a thread is handed contiguous runs of at most about this many bytes ...
 _RUN_FILES = 16  # ... and at least this many files
 

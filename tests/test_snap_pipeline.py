@@ -460,6 +460,10 @@ def test_thread_counts_from_the_environment(monkeypatch):
     assert threads.default_writers() == 1
     monkeypatch.setenv("ENVVAULT_WRITERS", "2")
     assert threads.default_writers() == 2
+    monkeypatch.setenv("ENVVAULT_RESTORERS", "0")  # a restore writes on one thread at least
+    assert threads.default_restorers() == max(1, min(8, os.cpu_count() or 1))
+    monkeypatch.setenv("ENVVAULT_RESTORERS", "16")
+    assert threads.default_restorers() == 16
 
 
 def test_the_malloc_threshold_is_given_back_when_the_ingest_ends(tmp_path, monkeypatch):

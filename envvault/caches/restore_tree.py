@@ -159,7 +159,7 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
         for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""}):
             _makedirs(os.path.join(dest, rel), created)
         specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
-        staged = materialize.stage(reader, dest, specs, lambda final: _tmp_path(final, pid), workers=_WORKERS)
+        staged = materialize.stage(reader, dest, specs, lambda final: _tmp_path(final, pid))
     except BaseException:
         remove_folders(created)
         raise
@@ -199,7 +199,6 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
 
 
 _RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a stale temp file) apart
-_WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
 def _tmp_path(final: str, pid: int) -> str:

@@ -1,12 +1,12 @@
 """How many threads each stage of the ingest pipeline gets (``vault/ingest.py``'s readers and namers,
-``vault/packs.py``'s compressors): sized from the host's cores, each overridable by its variable
+``vault/packs.py``'s compressors), and the materializer's writers (``materialize.py``): sized from the host's cores, each overridable by its variable
 (docs/cli.md, "Threads and where they wait"). The vault's bytes do not depend on any of them."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["default_readers", "default_namers", "default_compressors", "default_writers"]
+__all__ = ["default_readers", "default_namers", "default_compressors", "default_writers", "default_restorers"]
 
 
 def _given(var: str, least: int, most: int, default: int) -> int:
@@ -50,3 +50,11 @@ def default_writers() -> int:
     bench/results/gpu_stages_8.json): 1 writer 11.1 s, 4 writers 12.7 s (their writes took 9.4 s in all
     against 1.6 s: they contend); the pack thread writing every frame itself, before, spent 5.2 s on it."""
     return _given("ENVVAULT_WRITERS", 1, 64, 1)
+
+
+def default_restorers() -> int:
+    """Threads that write files out of the vault (``materialize.stage``: restores, ``--into``, the compile
+    cache restore; ``export``'s wheel builders): one a core, up to 8 (``ENVVAULT_RESTORERS`` overrides it).
+    Creating files waits on the filesystem's metadata as much as on a core; on 2 cores 4 threads were no
+    faster than 2 under load. See docs/benchmarks.md for the 16-core device."""
+    return _given("ENVVAULT_RESTORERS", 1, 64, max(1, min(8, os.cpu_count() or 1)))
