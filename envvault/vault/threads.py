@@ -56,5 +56,6 @@ def default_restorers() -> int:
     """Threads that write files out of the vault (``materialize.stage``: restores, ``--into``, the compile
     cache restore; ``export``'s wheel builders): one a core, up to 8 (``ENVVAULT_RESTORERS`` overrides it).
     Creating files waits on the filesystem's metadata as much as on a core; on 2 cores 4 threads were no
-    faster than 2 under load. See docs/benchmarks.md for the 16-core device."""
+    faster than 2 under load. Measured on the 16-core device (``restore --into`` of the 7.3 GB venv, 2026-12-05,
+    bench/results/gpu_into_threads_11fa550.txt): 4 threads 15.96 s, 8: 10.86-13.98 s, 16: 15.94-20.76 s."""
     return _given("ENVVAULT_RESTORERS", 1, 64, max(1, min(8, os.cpu_count() or 1)))
