@@ -1,6 +1,7 @@
 """How many threads each stage of the ingest pipeline gets (``vault/ingest.py``'s readers and namers,
-``vault/packs.py``'s compressors), and the materializer's writers (``materialize.py``): sized from the host's cores, each overridable by its variable
-(docs/cli.md, "Threads and where they wait"). The vault's bytes do not depend on any of them."""
+``vault/packs.py``'s compressors), and the materializer's writers (``materialize.py``): sized from the
+host's cores, each overridable by its variable (docs/cli.md, "Threads and where they wait"). The vault's
+bytes do not depend on any of them."""
 
 from __future__ import annotations
 
