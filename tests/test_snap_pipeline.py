@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import sys
 import threading
 from pathlib import Path
 
@@ -464,6 +465,21 @@ def test_thread_counts_from_the_environment(monkeypatch):
     assert threads.default_restorers() == max(1, min(8, os.cpu_count() or 1))
     monkeypatch.setenv("ENVVAULT_RESTORERS", "16")
     assert threads.default_restorers() == 16
+
+
+def test_the_materializer_writes_on_the_restorers_count():
+    """Every restore path takes its thread count from the one rule: ``materialize.WORKERS`` (the default of
+    ``stage``, which the environment restore, ``--into``, the compile cache restore and export use) is
+    ``ENVVAULT_RESTORERS`` when it is set, read once as envvault is imported."""
+    import subprocess
+
+    code = ("import inspect; from envvault import materialize; "
+            "print(materialize.WORKERS, inspect.signature(materialize.stage).parameters['workers'].default)")
+    default = str(max(1, min(8, os.cpu_count() or 1)))  # "0" is no count: the default
+    for given, want in (("3", "3"), ("0", default)):
+        env = {**os.environ, "ENVVAULT_RESTORERS": given}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == [want, want], out.stdout
 
 
 def test_the_malloc_threshold_is_given_back_when_the_ingest_ends(tmp_path, monkeypatch):
