@@ -350,6 +350,34 @@ def test_file_changed_after_its_chunks_were_named_stores_nothing(tmp_path):
         FileSlice(path, 0, len(data)).load(oid)
 
 
+def test_a_small_piece_is_loaded_without_the_compressors_buffer(tmp_path):
+    """A reader takes a named file's small chunk as bytes (``FileSlice.load``): the bytes of that chunk only,
+    no 4 MiB buffer kept on its thread (that one is a compressor's, ``view``), which is 8 MiB of a snap's
+    memory on 2 readers."""
+    import threading
+
+    from envvault.model.encoding import object_id
+    from envvault.vault import packs
+
+    data = random.Random(11).randbytes(3 << 20)
+    path = tmp_path / "lib.so"
+    path.write_bytes(data)
+    piece = data[(1 << 20) + 7:(1 << 20) + 7 + (300 << 10)]
+    got = {}
+
+    def reader():
+        got["bytes"] = packs.FileSlice(path, (1 << 20) + 7, len(piece)).load(object_id(piece))
+        got["buffer"] = getattr(packs._slice_buf, "buf", None)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    t.join()
+    assert got["bytes"] == piece and type(got["bytes"]) is bytes
+    assert got["buffer"] is None
+    view = packs.FileSlice(path, 0, len(data)).view(object_id(data))  # a compressor's read: into its buffer
+    assert bytes(view) == data and len(packs._slice_buf.buf) >= len(data)
+
+
 def test_readers_hold_no_bytes_of_large_chunks(tmp_path, monkeypatch):
     """Three 12 MiB files on four readers with a 2 MiB read-ahead: their big chunks pass as FileSlices, so
     the bytes held stay within the limit (only small tail chunks count), and the packs match one reader's."""

@@ -54,15 +54,23 @@ class FileSlice:
         return self.length
 
     def load(self, oid: str) -> bytes:
-        """The bytes, checked against ``oid``."""
-        return bytes(self.view(oid))
+        """The bytes, checked against ``oid``, as a bytes object of their own (a small chunk of a named file,
+        taken into a frame of small objects by a reader or the storing thread: they hold no buffer for it)."""
+        data = bytearray(self.length)
+        self._read_into(memoryview(data), oid)
+        return bytes(data)
 
     def view(self, oid: str) -> memoryview:
-        """The bytes, checked against ``oid``, in this thread's buffer: valid until its next ``view``."""
+        """The bytes, checked against ``oid``, in this thread's buffer: valid until its next ``view`` (a
+        compressor thread: one buffer of up to 4 MiB, reused for every large chunk it compresses)."""
         buf = getattr(_slice_buf, "buf", None)
         if buf is None or len(buf) < self.length:
             buf = _slice_buf.buf = bytearray(max(self.length, 4 << 20))
         view = memoryview(buf)[:self.length]
+        self._read_into(view, oid)
+        return view
+
+    def _read_into(self, view: memoryview, oid: str) -> None:
         got = 0
         try:
             fd = open_regular_fd(self.path)  # a file replaced by a FIFO since it was named: never waited on
@@ -82,7 +90,6 @@ class FileSlice:
         if got != self.length or object_id(view) != oid:
             raise EnvironmentProblem(f"{self.path} changed while it was being read; nothing was stored, "
                                      "run the command again")
-        return view
 
 
 _slice_buf = threading.local()  # each compressor thread reads FileSlices into one buffer, reused
