@@ -9,6 +9,12 @@ OUT=${OUT:-/tmp}
 ROUNDS=${1:-2}; shift || true
 SETTINGS=("$@"); [ ${#SETTINGS[@]} -eq 0 ] && SETTINGS=("" "TUNE=64:2" "TUNE=128:2" "TUNE=64:4")
 source bench/gpu_site.sh
+# "PYTHONPATH=/tmp/oldsite" as a setting: the carried old tree (.whl/old-tree, `git archive REV envvault`) with
+# the same wheels, to compare two commits in the same rounds
+if [ -d .whl/old-tree/envvault ]; then
+  rm -rf /tmp/oldsite && cp -r /tmp/site /tmp/oldsite && rm -rf /tmp/oldsite/envvault
+  cp -r .whl/old-tree/envvault /tmp/oldsite/ && $PY -m compileall -q -j 0 /tmp/oldsite/envvault >/dev/null
+fi
 rm -rf /tmp/tun && mkdir -p /tmp/tun
 for i in $(seq "$ROUNDS"); do
   t0=$(now); tar -cf - -C "$VENV" . | $PY -c "$ZC" >/tmp/tun/venv.tar.zst; t1=$(now); echo "anchor tar|zstd round $i: $(secs $t0 $t1) s"
