@@ -45,7 +45,7 @@ def _device_rows() -> list[str]:
     """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
     res = ROOT / "bench" / "results"
     now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
-    mid_name = "ab43aef"  # the whole run on the code the last session ended with
+    mid_name = "bf2fa1b"  # the whole run on the code the last session ended with
     mid_p = res / f"gpu_env_run_{mid_name}.json"
     if not now_p.exists():
         return []
@@ -55,7 +55,7 @@ def _device_rows() -> list[str]:
     mid = {r["figure"]: r for r in mid_doc["rows"]}
     m = now.get("machine", {})
     lines = ["## Speed where users live: the GPU host's real venv (issue 11)", "",
-             f"`bench/gpu_env_run.sh` on the device machine ({m.get('cores')} cores, one H200), its `python3` venv "
+             f"`bench/gpu_env_run.sh` on the device machine ({m.get('cores')} cores, {m.get('gpu', 'one H200')}), its `python3` venv "
              f"`{m.get('venv')}` (Python {m.get('python')}, {m.get('files')} files), median of {m.get('repeat')} "
              f"run(s), page cache warm for envvault and anchor alike; code: {m.get('code', '?')}. 'before' is the "
              "same script on the code this work started from (`gpu_env_run_baseline.json`, one run, its anchor in "
