@@ -71,6 +71,7 @@ class FileSlice:
         return view
 
     def _read_into(self, view: memoryview, oid: str) -> None:
+        """Fill ``view`` (``length`` bytes) from the file at ``offset``; an error unless they still have ``oid``."""
         got = 0
         try:
             fd = open_regular_fd(self.path)  # a file replaced by a FIFO since it was named: never waited on
