@@ -482,7 +482,7 @@ def test_thread_counts_from_the_environment(monkeypatch):
         assert threads.default_namers() == want, value
     monkeypatch.setenv("ENVVAULT_READERS", "0")  # a reader count starts at 1
     monkeypatch.delenv("ENVVAULT_COMPRESSORS", raising=False)
-    assert threads.default_readers() == (2 if (os.cpu_count() or 1) >= 8 else 1)
+    assert threads.default_readers() == (2 if _affinity() >= 8 else 1)
     monkeypatch.setenv("ENVVAULT_COMPRESSORS", "3")
     assert threads.default_compressors() == 3
     monkeypatch.setenv("ENVVAULT_WRITERS", "0")  # a writer count starts at 1
@@ -490,7 +490,7 @@ def test_thread_counts_from_the_environment(monkeypatch):
     monkeypatch.setenv("ENVVAULT_WRITERS", "2")
     assert threads.default_writers() == 2
     monkeypatch.setenv("ENVVAULT_RESTORERS", "0")  # a restore writes on one thread at least
-    assert threads.default_restorers() == max(1, min(8, os.cpu_count() or 1))
+    assert threads.default_restorers() == max(1, min(8, _affinity()))
     monkeypatch.setenv("ENVVAULT_RESTORERS", "16")
     assert threads.default_restorers() == 16
 
@@ -503,11 +503,35 @@ def test_the_materializer_writes_on_the_restorers_count():
 
     code = ("import inspect; from envvault import materialize; "
             "print(materialize.WORKERS, inspect.signature(materialize.stage).parameters['workers'].default)")
-    default = str(max(1, min(8, os.cpu_count() or 1)))  # "0" is no count: the default
+    default = str(max(1, min(8, _affinity())))  # "0" is no count: the default
     for given, want in (("3", "3"), ("0", default)):
         env = {**os.environ, "ENVVAULT_RESTORERS": given}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.split() == [want, want], out.stdout
+
+
+def _affinity() -> int:
+    """The cores this test process may run on, asked of the OS here (not through envvault's rule)."""
+    return len(os.sched_getaffinity(0))
+
+
+def test_thread_counts_follow_the_cpu_affinity_not_the_hosts_cores():
+    """A job pinned to one core (``taskset``, a container's ``--cpuset-cpus``, a scheduler) gets the thread
+    and child counts of one core, whatever the host has: one reader, no namers, two compressors, one
+    restorer (the materializer's default too), no forked children, no hashing thread beside the chunking.
+    ``os.cpu_count`` would count the host's cores (2 here, up to 128 on a GPU host)."""
+    import subprocess
+
+    code = ("import os, sys; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+            "[os.environ.pop(v, None) for v in ('ENVVAULT_READERS', 'ENVVAULT_NAMERS', 'ENVVAULT_COMPRESSORS', "
+            "'ENVVAULT_RESTORERS')]; "
+            "from envvault.vault import threads, ingest; from envvault import materialize; "
+            "from envvault.snap.forked import workers_for; "
+            "print(threads.usable_cores(), threads.default_readers(), threads.default_namers(), "
+            "threads.default_compressors(), threads.default_restorers(), materialize.WORKERS, "
+            "workers_for(10 ** 6), ingest._HASH_ASIDE_OK)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1", "0", "2", "1", "1", "1", "False"], out.stdout
 
 
 def test_the_malloc_threshold_is_given_back_when_the_ingest_ends(tmp_path, monkeypatch):

@@ -78,8 +78,9 @@ def workers_for(total: int) -> int:
         return 1
     if threading.active_count() > 1 or not _one_thread():
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(_MAX_CHILDREN, cores, total // _WEIGHT_A_CHILD))
+    from envvault.vault.threads import usable_cores
+
+    return max(1, min(_MAX_CHILDREN, usable_cores(), total // _WEIGHT_A_CHILD))
 
 
 def _one_thread() -> bool:

@@ -21,7 +21,7 @@ from envvault.model.encoding import object_id
 from envvault.model.record import record_sha256
 from envvault.vault.fsutil import open_regular_fd
 from envvault.vault import timing
-from envvault.vault.threads import default_namers, default_readers
+from envvault.vault.threads import default_namers, default_readers, usable_cores
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
 __all__ = ["Ingester", "FileDigest"]
@@ -380,7 +380,7 @@ def _name_file(path, size_hint: int) -> tuple[FileDigest, list]:
 # Hashing a large file on a helper thread beside the chunking pays on a host with cores to spare; on a few
 # cores that thread only competes with the readers and the pack writer's compressors (2 cores, torch venv:
 # a first snap 10-15% slower with it).
-_HASH_ASIDE_OK = (os.cpu_count() or 1) >= 8
+_HASH_ASIDE_OK = usable_cores() >= 8
 
 
 def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = False,

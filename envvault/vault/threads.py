@@ -1,13 +1,31 @@
 """How many threads each stage of the ingest pipeline gets (``vault/ingest.py``'s readers and namers,
 ``vault/packs.py``'s compressors), and the materializer's writers (``materialize.py``): sized from the
-host's cores, each overridable by its variable (docs/cli.md, "Threads and where they wait"). The vault's
-bytes do not depend on any of them."""
+cores this process may run on (``usable_cores``), each overridable by its variable (docs/cli.md, "Threads
+and where they wait"). The vault's bytes do not depend on any of them."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["default_readers", "default_namers", "default_compressors", "default_writers", "default_restorers"]
+__all__ = [
+    "usable_cores", "default_readers", "default_namers", "default_compressors", "default_writers", "default_restorers",
+]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container started with ``--cpuset-cpus``, a job
+    pinned by ``taskset`` or a cluster's scheduler), not the host's count, which ``os.cpu_count`` gives (128 on
+    a large host where the job may use 4). The one rule every thread and child count here starts from. (A CPU
+    quota without an affinity, ``docker --cpus``, is not seen: the ``ENVVAULT_*`` variables below set those.)"""
+    count = getattr(os, "process_cpu_count", None)  # Python 3.13: the affinity, where the OS has one
+    if count is not None:
+        return count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            return len(os.sched_getaffinity(0)) or 1
+        except OSError:
+            pass
+    return os.cpu_count() or 1
 
 
 def _given(var: str, least: int, most: int, default: int) -> int:
@@ -25,14 +43,14 @@ def default_readers() -> int:
     Measured on the 16-core device (7.3 GB venv, 6 namers, 2026-12-01): 2 readers 10.2 s, 4: 11.0 s; below
     8 cores the pack writer's compressors want the cores (2 cores, torch venv: a first snap 10-15% slower
     with a second reader). See docs/benchmarks.md."""
-    return _given("ENVVAULT_READERS", 1, 64, 2 if (os.cpu_count() or 1) >= 8 else 1)
+    return _given("ENVVAULT_READERS", 1, 64, 2 if usable_cores() >= 8 else 1)
 
 
 def default_namers() -> int:
     """Namer threads (``_NameAhead``): on 8 cores or more, 3 in 8 of the cores, 3 to 6 (``ENVVAULT_NAMERS``
     overrides it; 0 turns naming ahead off); below 8 cores none. Each holds one ``WINDOW`` of a file.
     16-core device, 2 readers: no namers 14.1 s, 4: 11.3 s, 6: 10.2 s, 8: 10.2 s."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     return _given("ENVVAULT_NAMERS", 0, 64, max(3, min(6, cores * 3 // 8)) if cores >= 8 else 0)
 
 
@@ -41,7 +59,7 @@ def default_compressors() -> int:
     (the namers and readers of ``vault/ingest.py`` want the rest, and each holds a buffer of up to 4 MiB);
     ``ENVVAULT_COMPRESSORS`` overrides it. 16-core device, 7.3 GB venv (2026-12-01): 8 compressors
     11.3 s / 290 MB, 12: 11.1-11.8 s / 322 MB, 16: 11.7 s / 345 MB."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     return _given("ENVVAULT_COMPRESSORS", 1, 256, max(2, min(16, cores // 2) if cores >= 8 else cores))
 
 
@@ -59,4 +77,4 @@ def default_restorers() -> int:
     Creating files waits on the filesystem's metadata as much as on a core; on 2 cores 4 threads were no
     faster than 2 under load. Measured on the 16-core device (``restore --into`` of the 7.3 GB venv, 2026-12-05,
     bench/results/gpu_into_threads_11fa550.txt): 4 threads 15.96 s, 8: 10.86-13.98 s, 16: 15.94-20.76 s."""
-    return _given("ENVVAULT_RESTORERS", 1, 64, max(1, min(8, os.cpu_count() or 1)))
+    return _given("ENVVAULT_RESTORERS", 1, 64, max(1, min(8, usable_cores())))
