@@ -1,6 +1,6 @@
 """The start-up-bound commands of two envvault source trees, in the same rounds, beside their anchors (issue
-11): a second snap of an unchanged venv, a ``--lock-only`` snap, the full ``status`` (the quick one turned
-off), ``diff`` of the environment against its snapshot and a compile cache restore, each run as ``python -m
+11): a second snap of an unchanged venv, the quick ``status`` right after it, a ``--lock-only`` snap, the full
+``status`` (the quick one turned off), ``diff`` of the environment against its snapshot and a compile cache restore, each run as ``python -m
 envvault`` with ``PYTHONPATH`` set to one tree or the other, the trees alternating within each round, the rows
 in turn; ``pip freeze``, ``uv pip freeze`` and ``zstd -dc | tar -x`` in the same rounds. Medians, and each
 row's ratio to its anchor.
@@ -53,6 +53,8 @@ def main() -> None:
     }
     commands = {  # name: (arguments, anchor, extra environment, a folder emptied before each run)
         "second snap": (["snap", "--venv", venv], "pip freeze", {}, None),
+        # right after a snap, which leaves the verdict the quick status answers from
+        "status (quick)": (["status", "--venv", venv], "pip freeze", {}, None),
         "--lock-only snap": (["snap", "--venv", venv, "--lock-only"], "uv pip freeze", {}, None),
         "status (full)": (["status", "--venv", venv], "pip freeze", {"ENVVAULT_QUICK_STATUS": "0"}, None),
         "diff latest current": (["diff", "latest", "current", "--venv", venv], "pip freeze", {}, None),

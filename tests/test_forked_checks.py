@@ -1,6 +1,6 @@
 """An unchanged scan's stat checks shared out to forked children (envvault/snap/forked.py): the answers are
 the serial ones whatever the children do (fail, get killed), nothing is left running, no fork happens in a
-threaded process or on little work, and an in-place edit in a child's slice is still seen by ``status``."""
+threaded process or on little work, and an in-place edit in a child's task is still seen by ``status``."""
 
 from __future__ import annotations
 
@@ -24,13 +24,35 @@ ROOT = Path(__file__).resolve().parent.parent
 # Whether this process may fork depends on what ran in it before (a test that hashed with BLAKE3's thread pool
 # leaves native threads behind): each check runs in a fresh interpreter, as the command does.
 _PRELUDE = """
-import json, os, signal, sys, threading
+import atexit, json, os, signal, sys, tempfile, threading, time
 from envvault.snap import forked
 parent = os.getpid()
 forks = []
 real_fork = os.fork
 os.fork = lambda: forks.append(1) or real_fork()
 os.sched_getaffinity = lambda pid: {0, 1, 2, 3}  # four cores, whatever the machine running the tests has
+
+_log = tempfile.mktemp()  # a byte for each answer a child logs (``note``)
+_log_fd = os.open(_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+atexit.register(os.unlink, _log)
+
+
+def note(mark=b"a"):
+    os.write(_log_fd, mark)
+
+
+def noted():
+    with open(_log, "rb") as f:
+        return f.read()
+
+
+def hold(n=1):
+    # Wait (20 s at most) until the children have logged n answers: this process takes the tasks left when
+    # it has forked them all, and on a busy machine it could take every one before a child runs.
+    deadline = time.monotonic() + 20
+    while os.path.getsize(_log) < n and time.monotonic() < deadline:
+        time.sleep(0.002)
+
 
 def no_children_left():
     try:
@@ -51,14 +73,40 @@ def _fresh(code: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_children_answer_their_slices():
+def test_children_answer_the_tasks_they_take():
     got = _fresh("""
-        answers = forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40)  # 40,000: forks
+        def check(i):
+            if os.getpid() == parent:
+                hold()
+                return False
+            note()
+            return True
+
+        answers = forked.check_all(check, list(range(40)), [1000] * 40)  # 40,000: forks
         print(json.dumps({"answers": answers, "forks": len(forks), "left": not no_children_left()}))
     """)
     assert got["forks"] >= 1 and not got["left"]
-    assert False in got["answers"]  # this process's slice
     assert True in got["answers"]  # a child's
+
+
+def test_a_slow_task_does_not_hold_back_the_others():
+    """The items are taken one task at a time: while one process is held in its task (item 0, the heaviest,
+    taken first), the others answer every other item. With slices fixed up front its process would answer a
+    quarter of them after it (checked: it waits 20 s for the rest, then answers its own)."""
+    got = _fresh("""
+        def answer(i):
+            if i == 0:  # held until every other item is answered (by the others), 20 s at most
+                hold(39)
+            else:
+                note()
+            return str(os.getpid()).encode()
+
+        answers = forked.map_all(answer, list(range(40)), [2000] + [1000] * 39)
+        print(json.dumps({"held": answers.count(answers[0]), "processes": len(set(answers)), "forks": len(forks),
+                          "left": not no_children_left()}))
+    """)
+    assert got["forks"] == 3 and not got["left"]
+    assert got["held"] == 1 and got["processes"] >= 2
 
 
 def test_answers_are_the_serial_ones():
@@ -91,7 +139,7 @@ def test_a_child_that_fails_or_is_killed_is_checked_here(how):
 
 @pytest.mark.parametrize("when", ["waiting", "killing", "forking"])
 def test_a_ctrl_c_while_children_are_ended_or_made_leaves_none_running_and_no_pipe_open(when):
-    """Ctrl-C in this process's slice ends the children; another Ctrl-C while the first of them is waited for
+    """Ctrl-C in this process's task ends the children; another Ctrl-C while the first of them is waited for
     or while they are sent SIGKILL, or a Ctrl-C while one is forked (held back until it is on the list), still
     leaves every child ended (killed before any wait, perhaps not yet reaped) and no pipe of theirs open here.
     The code before left children asleep (waiting) and pipes open (killing, forking), checked."""
@@ -137,7 +185,7 @@ def test_a_ctrl_c_while_children_are_ended_or_made_leaves_none_running_and_no_pi
 
         def answer(i):
             if os.getpid() == parent:
-                raise KeyboardInterrupt  # the first Ctrl-C, in this process's slice
+                raise KeyboardInterrupt  # the first Ctrl-C, in this process's task
             time.sleep(60)
             return b"x"
 
@@ -184,6 +232,10 @@ def test_childrens_stages_are_added_to_this_processs():
         timing.add("before the fork", timing.clock())  # this process's, inherited by every child
 
         def answer(i):
+            if os.getpid() == parent:
+                hold()
+            else:
+                note()
             t0 = timing.clock()
             out = str(i * i).encode()
             timing.add("answer", t0)
@@ -195,7 +247,9 @@ def test_childrens_stages_are_added_to_this_processs():
                           "totals": totals}))
     """)
     assert got["same"] and got["forks"] == 3
-    assert got["totals"] == {"before the fork": 1, "answer": 10, "forked children: answer": 30}
+    totals = got["totals"]
+    assert totals.pop("before the fork") == 1 and totals["forked children: answer"] >= 1
+    assert sum(totals.values()) == 40 and set(totals) <= {"answer", "forked children: answer"}
 
 
 def test_a_malformed_stages_frame_is_ignored(monkeypatch):
@@ -214,7 +268,14 @@ def test_a_malformed_stages_frame_is_ignored(monkeypatch):
 def test_no_fork_with_another_thread_or_little_work():
     got = _fresh("""
         # alone first: a joined thread may still be listed by /proc for a moment (no fork then: safe)
-        alone = forked.check_all(lambda i: os.getpid() != parent, list(range(40)), [1000] * 40)
+        def childs(i):
+            if os.getpid() == parent:
+                hold()
+                return False
+            note()
+            return True
+
+        alone = forked.check_all(childs, list(range(40)), [1000] * 40)
         small = forked.check_all(lambda i: os.getpid() != parent, list(range(10)), [10] * 10)
         stop = threading.Event()
         t = threading.Thread(target=stop.wait, daemon=True)
@@ -241,19 +302,33 @@ def test_no_fork_with_a_native_thread():
     assert got == {"native": True, "forked": False}
 
 
-def test_slices_cover_every_item_once():
-    for weights in ([5] * 17, [100, 1, 1, 1, 1, 1, 1, 100], [1], [3, 9000, 2, 2]):
-        for workers in (2, 3, 8):
-            parts = forked._slices(weights, sum(weights), workers)
-            assert sorted(i for p in parts for i in p) == list(range(len(weights)))
-            assert len(parts) <= workers
-            loads = [sum(weights[i] for i in p) for p in parts]
-            assert loads == sorted(loads)  # this process takes the lightest
-    parts = forked._slices([9000, 3000, 3000, 3000], 18000, 2)
-    assert sorted(sum([9000, 3000, 3000, 3000][i] for i in p) for p in parts) == [9000, 9000]
+def test_tasks_cover_every_item_once_heaviest_first():
+    for weights in ([5] * 17, [100, 1, 1, 1, 1, 1, 1, 100], [1], [3, 9000, 2, 2], list(range(3000)),
+                    [7] * (forked._MAX_TASKS + 1)):
+        tasks = forked._tasks(weights)
+        assert sorted(i for t in tasks for i in t) == list(range(len(weights)))
+        assert 1 <= len(tasks) <= forked._MAX_TASKS
+        assert weights[tasks[0][0]] == max(weights)
+        flat = [weights[i] for t in tasks for i in t]
+        assert flat == sorted(weights, reverse=True)
 
 
-def test_status_sees_an_edit_in_a_childs_slice(tmp_path, make_venv, wheelhouse):
+def test_no_pipe_for_the_tasks_answers_here():
+    got = _fresh("""
+        real_pipe = os.pipe
+
+        def no_pipe():
+            raise OSError(24, "Too many open files")
+
+        os.pipe = no_pipe
+        answers = forked.map_all(lambda i: str(os.getpid()).encode(), list(range(40)), [1000] * 40)
+        os.pipe = real_pipe
+        print(json.dumps({"here": answers == [str(parent).encode()] * 40, "forks": len(forks)}))
+    """)
+    assert got == {"here": True, "forks": 0}
+
+
+def test_status_sees_an_edit_in_a_childs_task(tmp_path, make_venv, wheelhouse):
     """Status, in a fresh interpreter with forking forced on and every distribution checked in parts of 2
     files: the last stored file of each distribution, edited in place (same size), makes that one distribution
     changed, whichever process checked its part; unchanged, nothing is."""
@@ -298,27 +373,37 @@ def test_status_sees_an_edit_in_a_childs_slice(tmp_path, make_venv, wheelhouse):
 
 @pytest.mark.parametrize("how", ["none", "raise", "kill", "short"])
 def test_map_all_answers_are_the_serial_ones_whatever_a_child_does(how):
-    """``map_all``: answers of any length (empty ones too) come back in order, most from the children; a
-    child that raises, is killed or sends its answers cut short leaves what it did not answer to this process,
-    which answers it with the same function."""
+    """``map_all``: answers of any length (empty ones too) come back in order; a child that raises or is killed
+    in its first task, or sends its answers cut short, leaves what it did not answer to this process, which
+    answers it with the same function. (This process's first answer waits until the children have answered
+    or failed some, so they take tasks however the machine schedules them.)"""
     got = _fresh(f"""
         here = []  # the items this process answered
 
+        def expected(i):
+            return b"" if i % 11 == 0 else b"x" * (i % 5) + str(i).encode()
+
         def answer(i):
             if os.getpid() == parent:
+                if not here:
+                    hold(1 if {how!r} in ("raise", "kill") else 10)
                 here.append(i)
-            elif i == 3:  # one child's item (this process takes items 0, 4, 8, ...)
+            elif {how!r} in ("raise", "kill"):  # every child fails in its first task
+                note(b"f")
                 if {how!r} == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
-                if {how!r} == "raise":
-                    raise RuntimeError("child broke")
-            return b"" if i % 11 == 0 else b"x" * (i % 5) + str(i).encode()
+                raise RuntimeError("child broke")
+            else:
+                note()
+            return expected(i)
 
         items = list(range(60))
         if {how!r} == "short":  # every child writes the first half of its answers' bytes, then ends
             real_write = os.write
 
             def half(fd, data):
+                if os.getpid() == parent or len(data) == 1:
+                    return real_write(fd, data)
                 real_write(fd, bytes(data)[:len(data) // 2])
                 os._exit(0)
 
@@ -327,17 +412,16 @@ def test_map_all_answers_are_the_serial_ones_whatever_a_child_does(how):
         if {how!r} == "short":
             os.write = real_write
         answered_here = sorted(here)
-        print(json.dumps({{"same": answers == [answer(i) for i in items], "forks": len(forks),
-                          "here": answered_here, "left": not no_children_left()}}))
+        print(json.dumps({{"same": answers == [expected(i) for i in items], "forks": len(forks),
+                          "here": answered_here, "failed": noted().count(b"f"), "left": not no_children_left()}}))
     """)
     assert got["same"] and got["forks"] == 3 and not got["left"]
-    mine = list(range(0, 60, 4))  # this process's slice
-    if how == "none":
-        assert got["here"] == mine  # every other answer came from a child
-    elif how in ("raise", "kill"):
-        assert got["here"] == sorted(mine + list(range(3, 60, 4)))  # and the failed child's slice
+    if how in ("raise", "kill"):
+        assert got["failed"] >= 1 and got["here"] == list(range(60))  # the failed children's tasks, answered here
     else:
-        assert set(mine) < set(got["here"]) and len(got["here"]) < 60  # the answers each child sent whole were used
+        assert got["failed"] == 0 and len(got["here"]) < 60  # the children's answers (whole ones) were used
+    if how == "short":
+        assert got["here"]  # what the children cut short was answered here
 
 
 def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make_venv, wheelhouse):
@@ -361,7 +445,7 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
         from envvault.vault.statcache import group_paths
 
         cache = statcache_for(vault, venv)
-        largest = max(cache.groups.values(), key=lambda g: len(group_paths(g)))  # a child's: this process takes the lightest
+        largest = max(cache.groups.values(), key=lambda g: len(group_paths(g)))  # the first task: a child's
         edited = sorted(p for p in group_paths(largest) if p.endswith(".py"))[0]
         data = (venv / edited).read_bytes()
         (venv / edited).write_bytes(data[:-1] + (b"#" if data[-1:] != b"#" else b"!"))
@@ -372,9 +456,15 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
 
         real_read, read_here = VenvReader.read, []
 
+        forking = [False]
+
         def counted_read(self, *args):
             if os.getpid() == parent:
+                if forking[0]:
+                    hold()
                 read_here.append(args[0])
+            else:
+                note()
             return real_read(self, *args)
 
         VenvReader.read = counted_read
@@ -384,6 +474,7 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
             cache.groups_path.unlink(missing_ok=True)
             cache.files_path.write_bytes(saved)
             forked.FORK_MIN_WEIGHT = forked._WEIGHT_A_CHILD = 1 if fork else 10 ** 9
+            forking[0] = fork
             n = len(forks)
             used = statcache_for(vault, venv)  # a restore's way: its own cache, saved by the caller
             got = scan_current(vault, venv, facts=False, cache=used, save_cache=False)

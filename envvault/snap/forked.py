@@ -2,15 +2,24 @@
 of the environment (69,000 on a 7 GB venv), and a check scan of distributions the stat cache has no group for
 (the verification after ``restore --into``) builds every manifest from the files' stats, one system call and
 a little Python a file, which one interpreter does at one core's pace and threads cannot share out (the GIL).
-Children forked from this process each answer a slice and send their answers back through a pipe
-(``map_all``: each answer bytes, length first; ``check_all``: one byte a yes/no check).
+
+The items are shared out as they are taken, not in slices fixed up front: before any fork, this process
+writes the numbers of the tasks (an item each, heaviest first; runs of items when there are more than
+``_MAX_TASKS``) into a pipe and closes its write end; every child, and this process once it has forked them
+all, reads the next number (four bytes: a read of a pipe is whole) and answers that task, until the pipe is
+empty. A child forked early, or on a quicker core, takes more; this process takes what is left when its forks
+are done. (Fixed slices had the last children, forked 10 ms after the first on the GPU host, end 10-15 ms
+after the rest: bench/results/gpu_check_probe_*.txt.) Each child sends its answers back through a pipe of its
+own, each tagged with its item's position (``map_all``: bytes of any length; ``check_all``: one byte a
+yes/no check).
 
 Forking is only for what it is safe and worth for: Linux, a process with no other thread (a child of a
 threaded process may inherit a lock another thread held), two cores or more and enough work
 (``FORK_MIN_WEIGHT``). A child drops the parent's signal handlers and its garbage collector, answers, and
 leaves with ``os._exit``; with ``ENVVAULT_STAGES=1`` its stages' seconds follow its answers and are added to
 this process's as "forked children: <stage>". Whatever a child does not answer (it failed, was killed, sent
-too little) is answered here, in this process, by the same function: the answers never depend on the children.
+too little, took a task and never answered it) is answered here, in this process, by the same function: the
+answers never depend on the children.
 """
 
 from __future__ import annotations
@@ -48,27 +57,33 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
     workers = workers_for(total)
     if workers < 2:
         return [fn(it) for it in items]
-    slices = _slices(weights, total, workers)
+    tasks = _tasks(weights)
+    queue = _queue(len(tasks))
+    if queue is None:  # no pipe could be made or filled: one process answers all
+        return [fn(it) for it in items]
     answers: list[bytes | None] = [None] * len(items)
-    kids: list[tuple[int, int, list]] = []  # (pid, read end, the items it answers)
+    kids: list[tuple[int, int]] = []  # (pid, read end of its answers)
     finished = False
     try:
-        for part in slices[1:]:
-            if not _fork_one(fn, items, part, kids):  # no fork (out of processes, memory): answered below
+        for _ in range(workers - 1):
+            if not _fork_one(fn, items, tasks, queue, kids):  # no fork (out of processes, memory): taken below
                 break
-        for i in slices[0]:  # this process takes the first slice meanwhile
-            answers[i] = fn(items[i])
-        for pid, fd, part in kids:
-            frames = list(_frames(_read_to_end(fd)))
-            for i, got in zip(part, frames):
-                answers[i] = got
-            if timing.ON and len(frames) > len(part):
-                timing.merge(frames[len(part)], "forked children: ")
+        for n in _taken(queue):  # this process takes what the children have not
+            for i in tasks[n]:
+                answers[i] = fn(items[i])
+        for _pid, fd in kids:
+            for i, got in _frames(_read_to_end(fd)):
+                if i == _STAGES:
+                    if timing.ON:
+                        timing.merge(got, "forked children: ")
+                elif i < len(answers):
+                    answers[i] = got
         finished = True
     finally:
+        os.close(queue)
         if kids:
             _end(kids, kill=not finished)
-    # a child that failed or sent less, a slice no child took: here
+    # a child that failed or sent less, a task taken and never answered: here
     return [a if a is not None else fn(items[i]) for i, a in enumerate(answers)]
 
 
@@ -92,25 +107,56 @@ def _one_thread() -> bool:
         return False
 
 
-def _slices(weights: Sequence[int], total: int, workers: int) -> list[list[int]]:
-    """The items shared out to ``workers`` slices of about equal weight: heaviest first, each to the
-    lightest slice so far. The first slice (this process's) gets the lightest share."""
-    loads = [0] * workers
-    out: list[list[int]] = [[] for _ in range(workers)]
-    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
-        k = loads.index(min(loads))
-        out[k].append(i)
-        loads[k] += weights[i]
-    order = sorted(range(workers), key=lambda k: loads[k])
-    return [out[k] for k in order if out[k]]
+_MAX_TASKS = 1024  # task numbers in the pipe, at most: 4 KiB, what any pipe holds (one page, PIPE_BUF)
+_STAGES = 0xFFFFFFFF  # the position a child's stages frame is tagged with (ENVVAULT_STAGES)
+
+
+def _tasks(weights: Sequence[int]) -> list[list[int]]:
+    """The items (by position) in tasks, heaviest first: an item each, or, with more items than
+    ``_MAX_TASKS``, runs of the items in that order. Every item is in one task."""
+    order = sorted(range(len(weights)), key=lambda i: -weights[i])
+    size = max(1, -(-len(order) // _MAX_TASKS))
+    return [order[a:a + size] for a in range(0, len(order), size)]
+
+
+def _queue(count: int) -> int | None:
+    """The read end of a pipe holding the task numbers 0 to ``count - 1`` (four bytes each, big-endian) and
+    no write end anywhere: a read takes the next number, and gives nothing once none is left. None when no
+    pipe could be made or filled."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    try:
+        data = b"".join(n.to_bytes(4, "big") for n in range(count))
+        os.set_blocking(w, False)  # at most 4 KiB, written whole into an empty pipe; never a wait
+        done = os.write(w, data) == len(data)
+    except OSError:
+        done = False
+    finally:
+        os.close(w)
+    if not done:
+        os.close(r)
+        return None
+    return r
+
+
+def _taken(queue: int) -> Iterator[int]:
+    """The task numbers this process takes from ``queue``, one read at a time, until it is empty."""
+    while True:
+        got = os.read(queue, 4)
+        if len(got) != 4:
+            return
+        yield int.from_bytes(got, "big")
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _fork_one(fn: Callable, items: Sequence, part: list, kids: list) -> bool:
-    """Fork a child that answers ``part``; it goes on ``kids`` (pid, read end, part) before any signal can
-    interrupt this process, so an interrupted parent always reaps it. False when no child could be made."""
+def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int, kids: list) -> bool:
+    """Fork a child that answers the tasks it takes from ``queue``; it goes on ``kids`` (pid, read end)
+    before any signal can interrupt this process, so an interrupted parent always reaps it. False when no
+    child could be made."""
     try:
         r, w = os.pipe()
     except OSError:
@@ -130,31 +176,32 @@ def _fork_one(fn: Callable, items: Sequence, part: list, kids: list) -> bool:
         try:
             gc.disable()  # no finalizer of an object inherited from the parent runs here
             for sig in _SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)  # a signal ends the child; the parent checks its part
+                signal.signal(sig, signal.SIG_DFL)  # a signal ends the child; the parent answers its tasks
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
             os.close(r)
             if timing.ON:
                 timing.clear()  # the stages inherited are the parent's: this child reports only its own
             # Every answer first, then one write: a child that waits on a full pipe while the parent reads
-            # another's has already done its work.
+            # another's has already done its work. Each answer: its item's position, its length, its bytes.
             out = bytearray()
-            for i in part:
-                got = fn(items[i])
-                out += len(got).to_bytes(4, "big")
-                out += got
+            for n in _taken(queue):
+                for i in tasks[n]:
+                    got = fn(items[i])
+                    out += i.to_bytes(4, "big") + len(got).to_bytes(4, "big")
+                    out += got
             if timing.ON:  # one more frame after the answers: this child's stages (ENVVAULT_STAGES)
                 got = timing.encoded()
-                out += len(got).to_bytes(4, "big")
+                out += _STAGES.to_bytes(4, "big") + len(got).to_bytes(4, "big")
                 out += got
             view = memoryview(out)
             while view:
                 view = view[os.write(w, view):]
             code = 0
-        except BaseException:  # noqa: BLE001 - any failure: the parent checks this part itself
+        except BaseException:  # noqa: BLE001 - any failure: the parent answers what this child took
             pass
         finally:
             os._exit(code)
-    kids.append((pid, r, part))
+    kids.append((pid, r))
     os.close(w)  # before Ctrl-C can land: the parent keeps no write end of a child's pipe
     signal.pthread_sigmask(signal.SIG_SETMASK, old)
     return True
@@ -170,16 +217,16 @@ def _read_to_end(fd: int) -> bytes:
         parts.append(chunk)
 
 
-def _frames(data: bytes) -> Iterator[bytes]:
-    """The answers a child sent (each a 4-byte big-endian length, then that many bytes), up to the first one
-    cut short."""
+def _frames(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """The answers a child sent, each ``(position, bytes)`` (a 4-byte big-endian position and length, then that
+    many bytes), up to the first one cut short."""
     at = 0
-    while at + 4 <= len(data):
-        n = int.from_bytes(data[at:at + 4], "big")
-        if at + 4 + n > len(data):
+    while at + 8 <= len(data):
+        i, n = int.from_bytes(data[at:at + 4], "big"), int.from_bytes(data[at + 4:at + 8], "big")
+        if at + 8 + n > len(data):
             return
-        yield data[at + 4:at + 4 + n]
-        at += 4 + n
+        yield i, data[at + 8:at + 8 + n]
+        at += 8 + n
 
 
 def _end(kids: list, kill: bool) -> None:
@@ -191,7 +238,7 @@ def _end(kids: list, kill: bool) -> None:
     Ctrl-C."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
-        for pid, fd, _ in kids:
+        for pid, fd in kids:
             if kill:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -203,7 +250,7 @@ def _end(kids: list, kill: bool) -> None:
                 pass
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    for pid, _, _ in kids:
+    for pid, _ in kids:
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
