@@ -19,13 +19,13 @@ python3 -X importtime -c pass 2>&1 | top 30
 echo "## modules after site: $(python3 -c 'import sys; print(len(sys.modules))')"
 python3 -c 'import sys; print(sorted(sys.modules))'
 export PYTHONPATH=/tmp/site
-V=/tmp/probe-vault
-python3 -m envvault --vault $V snap >/dev/null 2>&1; python3 -m envvault --vault $V status
+V=/tmp/probe-vault VENV=$(python3 -c 'import sys; print(sys.prefix)')
+python3 -m envvault --vault $V snap --venv "$VENV" | tail -1; python3 -m envvault --vault $V status --venv "$VENV"
 echo "## quick status -X importtime (40 slowest)"
-python3 -X importtime -m envvault --vault $V status 2>&1 >/dev/null | top 40
+python3 -X importtime -m envvault --vault $V status --venv "$VENV" 2>&1 >/dev/null | top 40
 echo "## second snap -X importtime (40 slowest)"
-python3 -X importtime -m envvault --vault $V snap 2>&1 >/dev/null | top 40
+python3 -X importtime -m envvault --vault $V snap --venv "$VENV" 2>&1 >/dev/null | top 40
 t() { local s=$(date +%s%N); "$@" >/dev/null 2>&1; echo -n "$(( ($(date +%s%N)-s)/1000000 )) "; }
-for row in "python3 -c pass" "python3 -S -c pass" "python3 -I -c pass" "python3 -m envvault --vault $V status" "python3 -m envvault --vault $V snap" "python3 -m pip freeze"; do
+for row in "python3 -c pass" "python3 -S -c pass" "python3 -I -c pass" "python3 -m envvault --vault $V status --venv $VENV" "python3 -m envvault --vault $V snap --venv $VENV" "python3 -m pip freeze"; do
   echo -n "$row:"; for i in 1 2 3 4 5 6 7; do t $row; done; echo
 done

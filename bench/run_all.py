@@ -45,7 +45,7 @@ def _device_rows() -> list[str]:
     """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
     res = ROOT / "bench" / "results"
     now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
-    mid_name = "bf2fa1b"  # the whole run on the code the last session ended with
+    mid_name = "6f566a1"  # the whole run on the code the last session ended with
     mid_p = res / f"gpu_env_run_{mid_name}.json"
     if not now_p.exists():
         return []

@@ -120,3 +120,45 @@ def test_a_cache_snap_remembers_nvidia_smi_in_its_stat_cache(monkeypatch, tmp_pa
     second = take_cache_snapshot(Vault.open(tmp_path / "v"), extra_dirs=[cache], discover=False, argv=["t"])
     assert len(calls) == 1
     assert first.snapshot.host.to_dict()["gpus"] == second.snapshot.host.to_dict()["gpus"] == answer["gpus"]
+
+
+def test_a_snap_answers_the_snapshot_it_committed_without_reading_it_again(tmp_path, make_venv, wheelhouse,
+                                                                           monkeypatch):
+    """A second snap's verdict chooses the baseline from the vault's heads, which load the snapshot just
+    committed: the vault answers it as committed (the document it wrote parses to the same record, checked
+    through a vault opened afresh), so the whole command parses one snapshot document (its own, as
+    build_snapshot validates it) instead of three; once the file is gone the vault says so."""
+    from envvault.commands import plain
+    from envvault.errors import NotFoundError
+    from envvault.model import snapshot as model
+    from envvault.snap import take_snapshot
+    from envvault.vault import store
+    from envvault.vault.store import Vault
+
+    venv = make_venv("uv")
+    uv_install(venv, str(wheelhouse[C.SMALL_01]), str(wheelhouse[C.NS_ALPHA]))
+    path = tmp_path / "vault"
+    vault = Vault.open(path, create=True)
+    results = [take_snapshot(vault, venv, argv=["t"]), take_snapshot(vault, venv, argv=["t"], lock_only=True)]
+    for r in results:
+        assert vault.load_snapshot(r.id).snapshot is r.snapshot
+        fresh = Vault.open(path).load_snapshot(r.id).snapshot
+        assert fresh == r.snapshot and fresh.to_json() == r.snapshot.to_json()
+
+    plain.snap(str(path), str(venv), "", False, True, [], True)  # the heads of the vault so far, saved
+    parses = []
+    real = model.parse_snapshot
+    monkeypatch.setattr(model, "parse_snapshot", lambda *a, **k: parses.append(1) or real(*a, **k))
+    monkeypatch.setattr(store, "parse_snapshot", model.parse_snapshot)
+    plain.snap(str(path), str(venv), "", False, True, [], True)  # a second snap, as the command runs it
+    assert len(parses) == 1
+
+    gone = results[0].id
+    assert vault.delete_snapshot(gone)
+    try:
+        vault.load_snapshot(gone)
+    except NotFoundError:
+        pass
+    else:
+        raise AssertionError("a deleted snapshot was still answered")
+    assert vault.load_listed(gone) is None
