@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 import subprocess
@@ -152,6 +153,22 @@ def test_a_snap_answers_the_snapshot_it_committed_without_reading_it_again(tmp_p
     monkeypatch.setattr(store, "parse_snapshot", model.parse_snapshot)
     plain.snap(str(path), str(venv), "", False, True, [], True)  # a second snap, as the command runs it
     assert len(parses) == 1
+
+    import pytest
+
+    before = len(vault.snapshot_ids())
+    with pytest.raises(TypeError):  # a key JSON would write as a string: refused, not committed unlike its file
+        take_snapshot(vault, venv, argv=["t"], extra={"zz_custom": {1: "a"}})
+    assert len(vault.snapshot_ids()) == before
+
+    from envvault.vault.verify import verify_vault
+
+    damaged = results[1].id
+    file = vault.backend.path("snapshots", damaged)
+    file.chmod(0o644)
+    file.write_bytes(b"{garbage")  # verify reads the file itself, even through the vault that committed it
+    report = verify_vault(vault, [damaged])
+    assert not report["ok"] and damaged in json.dumps(report)
 
     gone = results[0].id
     assert vault.delete_snapshot(gone)

@@ -131,22 +131,29 @@ def check_str_map(v: Any) -> str | None:
 
 def plain(value: Any) -> Any:
     """A JSON value as plain dicts and lists (records written with ``to_dict``, tuples as lists), copied so
-    that a caller editing the result never edits a record."""
+    that a caller editing the result never edits a record. An object's keys must be strings (TypeError):
+    JSON would write any other key as a string, so the document would not read back as what was built."""
     t = type(value)
     if t is str or t is int or t is float or t is bool or value is None:
         return value
     if t is dict:
-        return {k: plain(v) for k, v in value.items()}
+        return {_key(k): plain(v) for k, v in value.items()}
     if t is tuple or t is list:
         return [plain(v) for v in value]
     to_dict = getattr(value, "to_dict", None)  # a record (asked first: a Mapping check is slow)
     if to_dict is not None:
         return to_dict()
     if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
+        return {_key(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     return value
+
+
+def _key(k: Any) -> str:
+    if type(k) is not str:
+        raise TypeError(f"a document's object key must be a string, not {type(k).__name__} {k!r}")
+    return k
 
 
 def strs(v: Any) -> tuple[str, ...]:

@@ -344,11 +344,12 @@ class Vault:
             return False
         return self.backend.remove("snapshots", sid)
 
-    def load_snapshot(self, sid: str) -> SnapshotRef:
+    def load_snapshot(self, sid: str, *, from_disk: bool = False) -> SnapshotRef:
         """A snapshot read (a regular file, at most 512 MiB), checked against its id and validated
         (``envvault.model.snapshot.parse_snapshot``): a CorruptError naming every problem, or a UsageError for a
-        newer format. A snapshot this object committed is answered as committed while its file is there."""
-        mine = self._committed.get(sid)
+        newer format. A snapshot this object committed is answered as committed while its file is there,
+        unless ``from_disk`` (``verify``: the file itself is what is checked)."""
+        mine = None if from_disk else self._committed.get(sid)
         if mine is not None and self.has_snapshot(sid):
             return mine
         what = f"snapshot {sid[:12]}"

@@ -48,7 +48,7 @@ def verify_vault(vault: Vault, only: list[str] | None = None, *, read_data: bool
     manifest_bytes = 0
     for sid in snap_ids:
         try:
-            ref = vault.load_snapshot(sid)
+            ref = vault.load_snapshot(sid, from_disk=True)
         except EnvvaultError as err:
             problems.setdefault(sid, {"problem": f"snapshot unreadable: {err}", "snapshots": set()})["snapshots"].add(sid)
             continue
