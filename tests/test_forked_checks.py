@@ -54,6 +54,15 @@ def hold(n=1):
         time.sleep(0.002)
 
 
+def childs(i):
+    # True when a child answers (it logs it); False here, once a child has answered
+    if os.getpid() == parent:
+        hold()
+        return False
+    note()
+    return True
+
+
 def no_children_left():
     try:
         os.waitpid(-1, os.WNOHANG)
@@ -75,14 +84,7 @@ def _fresh(code: str) -> dict:
 
 def test_children_answer_the_tasks_they_take():
     got = _fresh("""
-        def check(i):
-            if os.getpid() == parent:
-                hold()
-                return False
-            note()
-            return True
-
-        answers = forked.check_all(check, list(range(40)), [1000] * 40)  # 40,000: forks
+        answers = forked.check_all(childs, list(range(40)), [1000] * 40)  # 40,000: forks
         print(json.dumps({"answers": answers, "forks": len(forks), "left": not no_children_left()}))
     """)
     assert got["forks"] >= 1 and not got["left"]
@@ -268,13 +270,6 @@ def test_a_malformed_stages_frame_is_ignored(monkeypatch):
 def test_no_fork_with_another_thread_or_little_work():
     got = _fresh("""
         # alone first: a joined thread may still be listed by /proc for a moment (no fork then: safe)
-        def childs(i):
-            if os.getpid() == parent:
-                hold()
-                return False
-            note()
-            return True
-
         alone = forked.check_all(childs, list(range(40)), [1000] * 40)
         small = forked.check_all(lambda i: os.getpid() != parent, list(range(10)), [10] * 10)
         stop = threading.Event()
