@@ -137,23 +137,21 @@ def plain(value: Any) -> Any:
     if t is str or t is int or t is float or t is bool or value is None:
         return value
     if t is dict:
-        return {_key(k): plain(v) for k, v in value.items()}
+        return {k if type(k) is str else _bad_key(k): plain(v) for k, v in value.items()}
     if t is tuple or t is list:
         return [plain(v) for v in value]
     to_dict = getattr(value, "to_dict", None)  # a record (asked first: a Mapping check is slow)
     if to_dict is not None:
         return to_dict()
     if isinstance(value, Mapping):
-        return {_key(k): plain(v) for k, v in value.items()}
+        return {k if type(k) is str else _bad_key(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     return value
 
 
-def _key(k: Any) -> str:
-    if type(k) is not str:
-        raise TypeError(f"a document's object key must be a string, not {type(k).__name__} {k!r}")
-    return k
+def _bad_key(k: Any) -> str:
+    raise TypeError(f"a document's object key must be a string, not {type(k).__name__} {k!r}")
 
 
 def strs(v: Any) -> tuple[str, ...]:

@@ -8,8 +8,9 @@ writes the numbers of the tasks (an item each, heaviest first; runs of items whe
 ``_MAX_TASKS``) into a pipe and closes its write end; every child, and this process once it has forked them
 all, reads the next number (four bytes: a read of a pipe is whole) and answers that task, until the pipe is
 empty. A child forked early, or on a quicker core, takes more; this process takes what is left when its forks
-are done. (Fixed slices had the last children, forked 10 ms after the first on the GPU host, end 10-15 ms
-after the rest: bench/results/gpu_check_probe_*.txt.) Each child sends its answers back through a pipe of its
+are done. (With slices fixed up front, the last children, forked 10 ms after the first on the GPU host, sent
+their answers 2-15 ms after this process had answered its own slice: bench/results/gpu_check_probe_8ab6968.txt,
+gpu_check_ab_14fb1e6.txt.) Each child sends its answers back through a pipe of its
 own, each tagged with its item's position (``map_all``: bytes of any length; ``check_all``: one byte a
 yes/no check).
 

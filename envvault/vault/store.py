@@ -133,8 +133,8 @@ class Vault:
         self._reader: ObjectReader | None = None
         self.skipped: dict[str, str] = {}  # snapshot id -> why it could not be loaded
         # Snapshots this object committed, as committed: ``load_snapshot`` answers them without reading and
-        # parsing their document again (a snap's verdict reads the one it just wrote twice: 6-9 ms of a
-        # second snap of the GPU host's 197-package venv).
+        # parsing their document again (a snap's verdict chose its baseline by reading the one it had just
+        # written, twice).
         self._committed: dict[str, SnapshotRef] = {}
         self.bad_tags: dict[str, str] = {}  # entry in tags/ -> why it was not read
         # Where warnings about skipped documents go (the CLI prints them on stderr); default: nowhere.
