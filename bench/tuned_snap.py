@@ -1,7 +1,8 @@
 """envvault with the pack writer's in-flight bounds changed (bench only: bench/gpu_tuning.sh). The
 environment variable TUNE is "BYTES_MIB:FRAMES_A_WORKER" (empty: the defaults) and MMAP_KIB the mmap
-threshold a snap pins glibc's malloc at while it stores (envvault: 256), ARENA_MAX glibc's M_ARENA_MAX; the
-rest of argv is envvault's. Peak RSS is printed on stderr at exit."""
+threshold a snap pins glibc's malloc at while it stores (envvault: 256), ARENA_MAX glibc's M_ARENA_MAX, GC
+Python's cyclic garbage collector ("off": disabled for the whole command; a number: the first generation's
+threshold); the rest of argv is envvault's. Peak RSS is printed on stderr at exit."""
 
 import atexit
 import os
@@ -29,6 +30,14 @@ if arena_max:
     import envvault.vault.ingest as ingest
 
     ingest._mallopt((-8, int(arena_max)))  # M_ARENA_MAX
+gc_setting = os.environ.get("GC", "")
+if gc_setting:
+    import gc
+
+    if gc_setting == "off":
+        gc.disable()
+    else:
+        gc.set_threshold(int(gc_setting), *gc.get_threshold()[1:])
 atexit.register(lambda: print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB",
                               file=sys.stderr))
 sys.argv[0] = "envvault"

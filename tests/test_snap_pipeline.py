@@ -570,3 +570,42 @@ def test_the_malloc_threshold_is_given_back_when_the_ingest_ends(tmp_path, monke
             txn.flush()
         assert calls == [pinned, relaxed], (fails, calls)
         assert ingest._MALLOC is None
+
+
+def test_no_garbage_collection_while_the_pipeline_runs(tmp_path):
+    """The cyclic collector is off while a threaded ingest runs (a collection holds the GIL and stops every
+    stage) and back as it was when the ingest ends, also when it fails; a caller that had it off keeps it off."""
+    import gc
+
+    from envvault.vault.ingest import Ingester
+    from envvault.vault.store import Vault
+    from envvault.vault.transaction import snapshot_transaction
+
+    p = tmp_path / "a.bin"
+    p.write_bytes(b"x" * 5000)
+    vault = Vault.open(tmp_path / "v", create=True)
+    seen = []
+
+    def fn(path, read):
+        seen.append(gc.isenabled())
+        if fails:
+            raise RuntimeError("boom")
+        return read(path, path.stat().st_size)
+
+    was = gc.isenabled()
+    try:
+        for before, fails in ((True, False), (True, True), (False, False)):
+            (gc.enable if before else gc.disable)()
+            seen.clear()
+            with snapshot_transaction(vault) as txn:
+                items = Ingester(txn.writer, vault.has, threads=2).map_ordered(fn, [p, p])
+                if fails:
+                    with pytest.raises(RuntimeError):
+                        list(items)
+                else:
+                    list(items)
+                txn.flush()
+            assert seen and not any(seen), (before, fails)
+            assert gc.isenabled() is before, (before, fails)
+    finally:
+        (gc.enable if was else gc.disable)()
