@@ -540,7 +540,6 @@ def test_the_malloc_threshold_is_given_back_when_the_ingest_ends(tmp_path, monke
     same process, 14x slower per 1 MiB frame with the threshold left pinned (bench/malloc_threshold.py)."""
     from envvault.vault import ingest
     from envvault.vault.store import Vault
-    from envvault.vault.transaction import snapshot_transaction
 
     calls = []
     monkeypatch.setattr(ingest, "_mallopt", lambda *settings: (calls.append(settings), True)[1])
@@ -559,15 +558,7 @@ def test_the_malloc_threshold_is_given_back_when_the_ingest_ends(tmp_path, monke
                 raise RuntimeError("boom")
             return read(path, path.stat().st_size)
 
-        with snapshot_transaction(vault) as txn:
-            ing = ingest.Ingester(txn.writer, vault.has, threads=2)
-            items = ing.map_ordered(fn, [p], weight=lambda q: q.stat().st_size, path=lambda q: q)
-            if fails:
-                with pytest.raises(RuntimeError):
-                    list(items)
-            else:
-                list(items)
-            txn.flush()
+        _ingest_once(vault, fn, [p], fails, weight=lambda q: q.stat().st_size, path=lambda q: q)
         assert calls == [pinned, relaxed], (fails, calls)
         assert ingest._MALLOC is None
 
@@ -577,9 +568,7 @@ def test_no_garbage_collection_while_the_pipeline_runs(tmp_path):
     stage) and back as it was when the ingest ends, also when it fails; a caller that had it off keeps it off."""
     import gc
 
-    from envvault.vault.ingest import Ingester
     from envvault.vault.store import Vault
-    from envvault.vault.transaction import snapshot_transaction
 
     p = tmp_path / "a.bin"
     p.write_bytes(b"x" * 5000)
@@ -597,15 +586,24 @@ def test_no_garbage_collection_while_the_pipeline_runs(tmp_path):
         for before, fails in ((True, False), (True, True), (False, False)):
             (gc.enable if before else gc.disable)()
             seen.clear()
-            with snapshot_transaction(vault) as txn:
-                items = Ingester(txn.writer, vault.has, threads=2).map_ordered(fn, [p, p])
-                if fails:
-                    with pytest.raises(RuntimeError):
-                        list(items)
-                else:
-                    list(items)
-                txn.flush()
+            _ingest_once(vault, fn, [p, p], fails)
             assert seen and not any(seen), (before, fails)
             assert gc.isenabled() is before, (before, fails)
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def _ingest_once(vault, fn, paths, fails: bool, **how) -> None:
+    """One threaded ingest of ``paths`` through ``fn`` in a snapshot transaction of ``vault``; with ``fails``,
+    ``fn``'s RuntimeError is expected from it."""
+    from envvault.vault.ingest import Ingester
+    from envvault.vault.transaction import snapshot_transaction
+
+    with snapshot_transaction(vault) as txn:
+        items = Ingester(txn.writer, vault.has, threads=2).map_ordered(fn, paths, **how)
+        if fails:
+            with pytest.raises(RuntimeError):
+                list(items)
+        else:
+            list(items)
+        txn.flush()
