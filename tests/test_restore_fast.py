@@ -324,6 +324,89 @@ def test_in_place_loads_the_stat_cache_once_and_verification_still_sees_tamperin
     assert res.verified is True, res
 
 
+def test_the_verify_scan_compares_what_the_restore_wrote_by_lstat_and_still_sees_damage(tmp_path, make_venv, wheelhouse,
+                                                                                        monkeypatch):
+    """After an in-place restore, a distribution it wrote whole is verified from the stat cache group the
+    restore recorded for it (``apply.remember_written``): the verify scan builds no manifest for it, the next
+    status is answered unchanged, and a snap after it names the snapshot's own manifest. A file changed or
+    chmod-ed after the restore recorded it, and a file whose mode the commit left different from the
+    manifest's (the group is then not recorded), still fail the verification."""
+    import shutil
+
+    from envvault.restore import apply, inplace
+    from envvault.restore.dispatch import restore_snapshot
+    from envvault.snap import manifests
+    from envvault.vault.store import Vault
+    from fixtures.venvs import site_packages
+
+    venv = _installed(make_venv, wheelhouse)
+    vault_path = tmp_path / "vault"
+    sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
+    sp = site_packages(venv)
+    mine = [k for k in _record(venv, "torchlike") if "/" in k and not k.startswith(("..", "torchlike-"))
+            and not k.endswith(".pyc")]
+    top = sorted({k.split("/")[0] for k in mine})
+    victim = sp / next(k for k in mine if k.endswith(".py"))
+
+    built = []
+    real_finish = manifests.ManifestBuilder.finish
+
+    def counting_finish(self, plan):
+        built.append(plan.dist.name)
+        return real_finish(self, plan)
+
+    monkeypatch.setattr(manifests.ManifestBuilder, "finish", counting_finish)
+
+    def clean_restore():
+        for d in top:
+            shutil.rmtree(sp / d)
+        built.clear()
+        return restore_snapshot(Vault.open(vault_path), sid, venv, backup=False, caches=False)
+
+    res = clean_restore()
+    assert res.verified is True, res
+    assert built == ["torchlike"], built  # the scan before the restore only: the verify scan built nothing
+    assert ev(vault_path, "status", "--venv", venv, "--exit-code").returncode == 0
+    again = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)
+    manifest_of = {sid: {}, again["id"]: {}}
+    for snap_id, names in manifest_of.items():
+        names.update((p.name, p.manifest) for p in Vault.open(vault_path).load_snapshot(snap_id).snapshot.packages)
+    assert manifest_of[again["id"]]["torchlike"] == manifest_of[sid]["torchlike"], manifest_of
+
+    real_remember = inplace.remember_written
+
+    def damage_after_recording(cache, target, installed):
+        done = real_remember(cache, target, installed)
+        assert done, "the restore recorded no group"
+        damage(victim)
+        return done
+
+    monkeypatch.setattr(inplace, "remember_written", damage_after_recording)
+    for damage in (lambda p: p.write_bytes(p.read_bytes() + b"# edited\n"), lambda p: p.chmod(0o755)):
+        res = clean_restore()
+        assert res.verified is False and "torchlike" in json.dumps(res.remaining), res
+    monkeypatch.setattr(inplace, "remember_written", real_remember)
+
+    real_commit = inplace.commit_plan
+
+    def commit_then_chmod(*args, **kw):
+        out = real_commit(*args, **kw)
+        victim.chmod(0o755)  # before the stat cache learns the file's stats: only the mode tells
+        return out
+
+    recorded = []
+    monkeypatch.setattr(inplace, "commit_plan", commit_then_chmod)
+    monkeypatch.setattr(inplace, "remember_written",
+                        lambda *a: recorded.extend(real_remember(*a)) or recorded)
+    res = clean_restore()
+    assert recorded == [] and built == ["torchlike", "torchlike"], (recorded, built)
+    assert res.verified is False and "torchlike" in json.dumps(res.remaining), res
+    monkeypatch.undo()
+    res = clean_restore()
+    assert res.verified is True, res
+    assert apply.remember_written is real_remember
+
+
 def _target_cache_io(monkeypatch):
     """Count the loads and saves of a target's stat cache (``stat-<key>``, not the caches' own)."""
     from envvault.vault import statcache

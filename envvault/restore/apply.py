@@ -22,7 +22,7 @@ from envvault.output import ProgressSink
 from envvault.vault.fsutil import makedirs_recording, remove_folders, storage_error
 from envvault.vault.store import ObjectReader, Vault
 
-__all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache"]
+__all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache", "remember_written"]
 
 
 def _spec(w: FileWrite) -> FileSpec:
@@ -153,6 +153,61 @@ def populate_statcache(vault: Vault, target: Path, staged: list[Staged], cache=N
         cache.put(s.spec.path, st, s.sha256, list(s.spec.chunks))
     if own:
         cache.save()
+
+
+def remember_written(cache, target: Path, installed: dict) -> list[str]:
+    """After a restore's commit, give each distribution it installed (``installed``: manifest id -> the
+    snapshot's ``DistManifest``) the stat cache group a scan would record for it (``scan.remember_group``), so
+    that the verify scan, and the next status or snap, compare its files by ``lstat`` instead of rebuilding its
+    manifest from RECORD. Only where the disk shows exactly that manifest (``_as_recorded``); any other
+    distribution is built by the verify scan as before. Returns the manifest ids given a group."""
+    from envvault.snap.fresh import base_of
+    from envvault.snap.manifests import summary_of
+    from envvault.snap.scan import remember_group
+
+    base = base_of(target)
+    done = []
+    for mid, man in installed.items():
+        if not isinstance(man.dist_info, str) or not _as_recorded(cache, base, man):
+            continue
+        try:
+            remember_group(cache, target / man.dist_info, target, man, summary_of(man, mid), "full", mid)
+        except OSError:
+            continue
+        done.append(mid)
+    return done
+
+
+def _as_recorded(cache, base: str, man) -> bool:
+    """True when every file ``man`` lists is on disk as it records it: each stored file a regular file with
+    the manifest's mode and hash, its stat cache entry made for those very stats (``populate_statcache``, or
+    the scan before the restore for a file it kept); each link pointing where the manifest says; each file
+    recorded missing absent. Bytecode and entries without a mode are not in a group (``remember_group``)."""
+    from envvault.vault.statcache import stat_key
+
+    files = cache.files
+    lstat = os.lstat
+    try:
+        for f in man.files:
+            full = base + f.path
+            if f.state == "missing":
+                if os.path.lexists(full):
+                    return False
+                continue
+            if f.mode is None:
+                continue
+            st = lstat(full)
+            if f.link is not None:
+                if not stat.S_ISLNK(st.st_mode) or os.readlink(full) != f.link:
+                    return False
+                continue
+            entry = files.get(f.path)
+            if (not stat.S_ISREG(st.st_mode) or st.st_mode & 0o7777 != f.mode or entry is None
+                    or entry[0] != stat_key(st) or entry[1] != f.sha256):
+                return False
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
 
 
 def undo_staging(journal: Path, created: list[str], *, keep_journal: bool) -> None:

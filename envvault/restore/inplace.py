@@ -25,7 +25,7 @@ from envvault.materialize import refuse_escapes
 from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
 from envvault.vault import timing
-from envvault.restore.apply import commit_plan, populate_statcache, stage_plan, undo_staging
+from envvault.restore.apply import commit_plan, populate_statcache, remember_written, stage_plan, undo_staging
 from envvault.restore.backup import discard_backup, scan_now
 from envvault.env.probe import system_of
 from envvault.restore.current import Layout, protected_dirs, read_current
@@ -80,7 +80,14 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 check_python(snapshot.python, now.python)
                 interp = Layout.of(target, now.python)
                 current = read_current(target, interp, now.packages, snapshot.packages)
-                plan = make_plan(sid, snapshot, now, current, vault.load_manifest,
+                installed: dict = {}  # manifest id -> the manifest the plan read (remember_written)
+
+                def manifest_of(mid: str):
+                    if mid not in installed:
+                        installed[mid] = vault.load_manifest(mid)
+                    return installed[mid]
+
+                plan = make_plan(sid, snapshot, now, current, manifest_of,
                                  pending_removals=list(earlier.removals) + list(earlier.writes))
                 plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
                 paths = Paths(target)
@@ -128,6 +135,8 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             clock.lap("stage")
             removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp))
             populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
+            if not now.python.system:  # a system environment's groups name their site (scan._build_one)
+                remember_written(cache, target, installed)  # what it need not build again
             crash_point("committed")
             clock.lap("commit")
             after = scan_current(vault, target, facts=False, cache=cache, save_cache=False)

@@ -213,7 +213,7 @@ def _build_one(plan, builder, writer, vault, cache, prefix, mode) -> dict:
         summary["site"] = posixpath.dirname(man.dist_info)
     if dist.record is not None:
         try:
-            _remember_group(cache, dist, prefix, man, summary, mode, oid)
+            remember_group(cache, dist.dist_info, prefix, man, summary, mode, oid)
         except OSError:
             pass
     return summary
@@ -397,16 +397,19 @@ def _lock_fresh(lock: dict, dist_info: Path) -> bool:
         return False
 
 
-def _remember_group(cache: StatCache, dist, prefix: Path, man: DistManifest, summary: dict, mode: str, oid: str) -> None:
-    """Record what this scan learnt about one distribution, for the fast path of the next one.
+def remember_group(cache: StatCache, dist_info: Path, prefix: Path, man: DistManifest, summary: dict, mode: str,
+                   oid: str) -> None:
+    """Record what a scan learnt about one distribution (its dist-info folder ``dist_info``), for the fast
+    path of the next one; a restore records the distributions it wrote the same way (``restore/apply.py``
+    ``remember_written``).
 
     A group holds the stats of the distribution's files and, per mode, the manifest built from exactly
     those stats; manifests of other modes survive only while the stats are unchanged.
     """
-    key = dist.dist_info.relative_to(prefix).as_posix()
+    key = dist_info.relative_to(prefix).as_posix()
     old = cache.groups.get(key) or {}
-    record_stat = stat_key(os.stat(dist.dist_info / "RECORD"))
-    meta_stat = stat_key(os.stat(dist.dist_info / "METADATA"))
+    record_stat = stat_key(os.stat(dist_info / "RECORD"))
+    meta_stat = stat_key(os.stat(dist_info / "METADATA"))
     if mode == "lock":
         group = dict(old)
         group["lock"] = {"record_stat": record_stat, "meta_stat": meta_stat, "summary": summary}
