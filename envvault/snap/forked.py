@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Sequence
 
 from envvault.vault import timing
 
-__all__ = ["check_all", "map_all", "workers_for", "FORK_MIN_WEIGHT"]
+__all__ = ["check_all", "map_all", "workers_for", "can_fork", "FORK_MIN_WEIGHT"]
 
 FORK_MIN_WEIGHT = 8000  # the items' weights (files to lstat) below which one process checks them all
 # At least this much work a child (else fewer children), at most this many processes: on the GPU host
@@ -50,12 +50,14 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
     return [b == b"\x01" for b in map_all(lambda it: b"\x01" if check(it) else b"\x00", items, weights)]
 
 
-def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[int]) -> list[bytes]:
+def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[int],
+            processes: int | None = None) -> list[bytes]:
     """``[fn(item) for item in items]``, in forked children when that pays; ``fn`` must only read (what it
     changes stays in the child) and return bytes, its whole answer. Whatever a child does not answer is
-    computed here by the same ``fn``."""
+    computed here by the same ``fn``. ``processes``: how many share the work (this one included) in place of
+    ``workers_for``'s rule, where forking is safe at all (``can_fork``)."""
     total = sum(weights)
-    workers = workers_for(total)
+    workers = workers_for(total) if processes is None else (processes if can_fork() else 1)
     if workers < 2:
         return [fn(it) for it in items]
     tasks = _tasks(weights)
@@ -90,13 +92,18 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
 
 def workers_for(total: int) -> int:
     """How many processes ``map_all`` would share work of weight ``total`` out to (1: no fork)."""
-    if total < FORK_MIN_WEIGHT or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
-        return 1
-    if threading.active_count() > 1 or not _one_thread():
+    if total < FORK_MIN_WEIGHT or not can_fork():
         return 1
     from envvault.vault.threads import usable_cores
 
     return max(1, min(_MAX_CHILDREN, usable_cores(), total // _WEIGHT_A_CHILD))
+
+
+def can_fork() -> bool:
+    """Forking is safe here: Linux, and no other thread in this process."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return False
+    return threading.active_count() == 1 and _one_thread()
 
 
 def _one_thread() -> bool:

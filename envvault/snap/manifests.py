@@ -81,11 +81,16 @@ class ManifestBuilder:
             self.took(need, fd)
         return entry
 
+    def absolute(self, dist: InstalledDist, rec) -> str | None:
+        """Where a RECORD row's file lies, or None when that is outside the environment (never read)."""
+        absolute = os.path.normpath(f"{dist.site}/{rec.path}")
+        return absolute if absolute.startswith(self._base) else None
+
     def plan_entry(self, dist: InstalledDist, rec, warnings: list | None = None) -> tuple[dict | None, ReadRequest | None]:
         """One RECORD row's manifest entry, complete unless the file must be read: then the request to
         read it, which ``took`` completes the entry from."""
-        absolute = os.path.normpath(f"{dist.site}/{rec.path}")
-        if not absolute.startswith(self._base):
+        absolute = self.absolute(dist, rec)
+        if absolute is None:
             (self.warnings if warnings is None else warnings).append(
                 f"{dist.display}: {rec.path} lies outside the environment; not stored")
             return None, None

@@ -159,11 +159,21 @@ def scan_environment(
     if timing.ON:
         timing.add("scan: probe, stat cache, dist-info read", t0)
     if builder is not None:
-        planned = _planned(builder, ing, slow)
+        groups = None  # a first snap's small files, read in groups (groups.py)
+        if mode == "full" and writer is not None and vault.local and not cache.files:
+            from envvault.vault.threads import default_group_processes
+
+            from .groups import SmallGroups, small_groups
+
+            groups = SmallGroups(vault, small_groups(builder, slow))
+            groups.build_forked(default_group_processes())
+        planned = _planned(builder, ing, slow, groups)
         try:
             _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
         finally:
             planned.close()  # on an error, stop the reader threads now
+        if groups is not None:
+            groups.finish(writer)
         warnings = builder.warnings + warnings
     packages.sort(key=lambda p: (p["name"], p["version"]))
     stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
@@ -346,8 +356,10 @@ def _plans_ahead(builder: ManifestBuilder, dists: list) -> Iterator[DistPlan]:
         thread.join()
 
 
-def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[DistPlan]:
-    """Each distribution's plan with every read done, in order; reads run ahead on the reader threads."""
+def _planned(builder: ManifestBuilder, ing: Ingester, dists: list, groups=None) -> Iterator[DistPlan]:
+    """Each distribution's plan with every read done, in order; reads run ahead on the reader threads. A file
+    of ``groups`` (``groups.SmallGroups``) read there under the stat key its plan found is not read again:
+    its digest is taken as it is."""
     if not dists:
         return
     from .manifests import DistPlan
@@ -362,6 +374,11 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list) -> Iterator[D
     def run(item, read):
         if isinstance(item, DistPlan):
             return item
+        if groups is not None:
+            st = item.st
+            got = groups.digest(item.absolute, (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+            if got is not None:
+                return item, got
         return item, read(item.absolute, item.st.st_size)
 
     weight, path = _read_fns()

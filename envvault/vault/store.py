@@ -279,10 +279,23 @@ class Vault:
             self.index()
             self._merge(pack_id, locs)
 
-    def writer(self, threads: int | None = None) -> PackWriter:
-        """A pack writer into this vault (packs staged in ``state.tmp_dir``, stored through the backend)."""
-        return PackWriter(self.backend, self.state.tmp_dir, self.level, self._add_to_index, threads=threads,
-                          level_large=self.level_large)
+    def writer(self, threads: int | None = None, on_commit=None) -> PackWriter:
+        """A pack writer into this vault (packs staged in ``state.tmp_dir``, stored through the backend); each
+        stored pack's objects join this object's index, or go to ``on_commit(pack_id, locations)`` instead
+        (a first snap's groups of small files: ``add_packs`` later)."""
+        return PackWriter(self.backend, self.state.tmp_dir, self.level, on_commit or self._add_to_index,
+                          threads=threads, level_large=self.level_large)
+
+    @property
+    def local(self) -> bool:
+        """A vault in a folder (not a bucket): packs are stored by a rename, from any process."""
+        return isinstance(self.backend, LocalBackend)
+
+    def add_packs(self, packs: Iterable[tuple[str, dict]]) -> None:
+        """Add stored packs' objects (``(pack_id, {oid: location})``, as a writer's ``on_commit`` gets them) to
+        this object's index, in that order: an object already there keeps its first location."""
+        for pack_id, locs in packs:
+            self._add_to_index(pack_id, locs)
 
     # -- reading objects -----------------------------------------------------------------------
     def get(self, oid: str) -> bytes:

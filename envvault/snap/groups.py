@@ -1,0 +1,174 @@
+"""A first snap's small files read, hashed and packed in groups by forked processes, before the pipeline.
+
+Of the GPU host's 7.3 GB venv, 62,000 of 68,934 files are below 1 MiB (1.1 GB): each costs the ingest's one
+storing thread and its readers some Python (open, read, two hashes, the hand-over, the manifest entry), all
+under one interpreter lock, while the large files' bytes are hashed and compressed by threads that release
+it. So a full scan (``scan.scan_environment``: every file to be read, the stat cache empty) whose RECORDs list
+``MIN_BYTES`` or more of such files cuts them, in the order the scan reads them, into groups of at most
+``GROUP_BYTES`` or ``GROUP_FILES`` (``small_groups``), and ``read_ahead`` has them built by
+``default_group_processes`` processes, this one and forked children (``forked.map_all``): each group read file
+by file (``Ingester.ingest``: sha256 for RECORD, BLAKE3 ids), its new objects packed by a pack writer of its
+own and stored (``Vault.writer``: packs then index files, the writer's crash points), deduplicated against
+the vault's index as it was before any group (frozen: no group's objects join it until all are built) and
+within the group. So a group's packs are the same bytes whichever process builds it, and the vault's the same
+whatever the process count. Then the groups' packs join the index in group order, and the scan's pipeline
+takes each answered file's digest (``scan._planned``) where its ``lstat`` is the one the group saw; every
+other file, and every file of a group that failed (a file that cannot be read: the pipeline reads it at its
+own turn and says why), is read by the pipeline as before. An object in two groups lies in two packs
+(docs/format.md, "Packs": a reader takes the first an index lists).
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import stat
+import threading
+from typing import Sequence
+
+from envvault.errors import EnvironmentProblem
+from envvault.model.identity import is_bytecode
+from envvault.vault import timing
+from envvault.vault.ingest import SMALL_FILE, FileDigest, Ingester
+from envvault.vault.store import Vault
+
+from .forked import map_all
+
+__all__ = ["SmallGroups", "small_groups", "MIN_BYTES", "GROUP_BYTES", "GROUP_FILES"]
+
+MIN_BYTES = 64 << 20  # small files' bytes (by RECORD) below which a scan builds no groups
+GROUP_BYTES = 32 << 20  # a group's small files' bytes (by RECORD), at most ...
+GROUP_FILES = 4096  # ... and its files
+
+
+def small_groups(builder, dists: Sequence) -> list[list[str]]:
+    """The absolute paths of the files of ``dists`` that RECORD gives as non-empty and below ``SMALL_FILE``
+    (bytecode, which a scan never reads, and paths outside the environment left out), in RECORD order, cut
+    into groups; none when they add up to less than ``MIN_BYTES``. A rule of the environment, never of the
+    cores: the groups, and so the packs, are the same on any host."""
+    groups: list[list[str]] = []
+    group: list[str] = []
+    size = total = 0
+    for dist in dists:
+        for rec in dist.record or ():
+            if not isinstance(rec.size, int) or not 0 < rec.size < SMALL_FILE or is_bytecode(rec.path):
+                continue
+            absolute = builder.absolute(dist, rec)
+            if absolute is None:
+                continue
+            if group and (size + rec.size > GROUP_BYTES or len(group) >= GROUP_FILES):
+                groups.append(group)
+                group, size = [], 0
+            group.append(absolute)
+            size += rec.size
+            total += rec.size
+    if group:
+        groups.append(group)
+    return groups if total >= MIN_BYTES else []
+
+
+Key = tuple  # (st_size, st_mtime_ns, st_ino, st_ctime_ns): the stat cache's key (statcache.stat_key)
+
+
+class SmallGroups:
+    """The groups of one full scan (``small_groups``) and what is known of their files. ``build_forked``
+    builds them all at once in forked processes; a group not built by then (no fork: fewer than 8 cores,
+    another thread alive) is built by the first reader that asks for one of its files (``digest``), in this
+    process, by the same function. ``finish`` adds every group's packs to the vault's index, in group order,
+    and their bytes to ``writer``'s count, once the scan's reads are done: the main stream's deduplication
+    never depends on when a group was built."""
+
+    def __init__(self, vault: Vault, groups: list[list[str]]) -> None:
+        self.vault = vault
+        self.groups = groups
+        self.where: dict[str, int] = {}
+        for n, group in enumerate(groups):
+            for path in group:
+                self.where.setdefault(path, n)
+        self.known = frozenset(vault.index())  # the index before any group: frozen, the same in every process
+        self._answers: list[dict | None] = [None] * len(groups)
+        self._packs: list[tuple] = [((), 0, 0)] * len(groups)  # a group's (packs, bytes, objects)
+        self._locks = [threading.Lock() for _ in groups]
+
+    def build_forked(self, processes: int) -> None:
+        """Build every group in ``processes`` processes, this one included (``forked.map_all``; one process
+        builds none here: each is built when first asked for)."""
+        if processes < 2 or not self.groups:
+            return
+        t0 = timing.clock()
+        known, vault = self.known, self.vault
+        answers = map_all(lambda group: _build(vault, known, group), self.groups, [len(g) for g in self.groups],
+                          processes=processes)
+        for n, got in enumerate(answers):
+            self._take(n, got)
+        if timing.ON:
+            timing.add("scan: small files in groups (forked processes)", t0)
+
+    def digest(self, path: str, key: Key) -> FileDigest | None:
+        """The digest of ``path`` read by its group under stat key ``key``; None when it is in no group, was
+        not read there (its group failed, it could not be read), or was read under other stats."""
+        n = self.where.get(path)
+        if n is None:
+            return None
+        answers = self._answers[n]
+        if answers is None:
+            with self._locks[n]:  # a reader builds it; another that wants one of its files waits for it
+                if self._answers[n] is None:
+                    t0 = timing.clock()
+                    self._take(n, _build(self.vault, self.known, self.groups[n]))
+                    if timing.ON:
+                        timing.add("readers: small files in groups (this process)", t0)
+            answers = self._answers[n]
+        got = answers.get(path)
+        return got[1] if got is not None and got[0] == key else None
+
+    def _take(self, n: int, got: bytes) -> None:
+        answers: dict = {}
+        if got:
+            done, packs, nbytes, objects = marshal.loads(got)
+            self._packs[n] = (packs, nbytes, objects)
+            group = self.groups[n]
+            for i, key, sha, size, chunks in done:
+                answers.setdefault(group[i], (tuple(key), FileDigest(sha, size, chunks)))
+        self._answers[n] = answers
+
+    def finish(self, writer) -> None:
+        """The groups' packs into the vault's index (group order) and their bytes into ``writer``'s count."""
+        for packs, nbytes, objects in self._packs:
+            self.vault.add_packs(packs)
+            writer.written_bytes += nbytes
+            writer.written_objects += objects
+
+
+def _build(vault: Vault, known, group: list[str]) -> bytes:
+    """One group read, hashed and packed (its packs stored, with their index files); the answer: the files
+    read (position, stat key, sha256, size, chunk ids), the packs stored (``(pack_id, locations)``) and their
+    bytes and objects, or b"" when the group failed (a store that failed: its files are left to the pipeline).
+    A file that cannot be read is left out, for the pipeline to read at its turn and say why."""
+    packs: list = []
+    writer = vault.writer(threads=1, on_commit=lambda pack_id, locs: packs.append((pack_id, locs)))
+    ing = Ingester(writer, known.__contains__, threads=1)
+    done = []
+    t0 = timing.clock()
+    try:
+        for i, path in enumerate(group):
+            try:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                fd = ing.ingest(path, st.st_size)
+            except (OSError, EnvironmentProblem):
+                continue
+            done.append((i, (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), fd.sha256, fd.size, fd.chunks))
+        writer.flush()
+        if timing.ON:  # in a child: "forked children: groups: ..." in this process's report
+            timing.add("groups: a group read, hashed, packed", t0)
+    except Exception:  # noqa: BLE001 - the group failed (a full disk, say): the pipeline reads its files
+        writer.abort()
+        return b""
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        writer.close()
+    return marshal.dumps((done, packs, writer.written_bytes, writer.written_objects))
