@@ -3,7 +3,8 @@
 # settings alternately, beside tar | zstd: whether the compressors' idle time (py-spy, bench/gpu_gil.sh) comes
 # from the bounds, and what memory a wider window costs. Usage: OUT=$OUT bash bench/gpu_tuning.sh [ROUNDS] [SETTINGS...]
 # (a setting: bench/tuned_snap.py's variables, space-separated, e.g. "TUNE=64:4 MMAP_KIB=1024" or "ARENA_MAX=4";
-# "" the defaults). Each snap's vault size is printed beside its time.
+# "" the defaults). Each snap's vault size, the digest of its packs' names and its memory (the process's own peak
+# RSS, its largest child's, and the whole process tree's peak PSS: bench/tree_memory.py) are printed beside its time.
 set -u
 OUT=${OUT:-/tmp}
 ROUNDS=${1:-2}; shift || true
@@ -20,7 +21,8 @@ for i in $(seq "$ROUNDS"); do
   t0=$(now); tar -cf - -C "$VENV" . | $PY -c "$ZC" >/tmp/tun/venv.tar.zst; t1=$(now); echo "anchor tar|zstd round $i: $(secs $t0 $t1) s"
   for s in "${SETTINGS[@]}"; do
     rm -rf /tmp/tun/v && sync
-    t0=$(now); env $s ENVVAULT_HOME=/tmp/tun/v $PY bench/tuned_snap.py snap --venv "$VENV" --no-caches -m t >/dev/null 2>/tmp/tun/err; t1=$(now)
-    echo "first snap tune='${s:-default}' round $i: $(secs $t0 $t1) s, $(grep 'peak RSS' /tmp/tun/err), vault $(du -sb /tmp/tun/v | cut -f1) B"
+    t0=$(now); env $s ENVVAULT_HOME=/tmp/tun/v $PY bench/tree_memory.py $PY bench/tuned_snap.py snap --venv "$VENV" --no-caches -m t >/dev/null 2>/tmp/tun/err; t1=$(now)
+    echo "first snap tune='${s:-default}' round $i: $(secs $t0 $t1) s, $(grep 'peak RSS' /tmp/tun/err | tr '\n' ' ')$(grep 'tree peak' /tmp/tun/err), vault $(du -sb /tmp/tun/v | cut -f1) B, packs $(ls /tmp/tun/v/packs | sort | md5sum | cut -c1-12)"
+    grep -E 'Error|error:' /tmp/tun/err | head -3
   done
 done 2>&1 | tee "$OUT/gpu_tuning.txt"

@@ -38,7 +38,8 @@ if gc_setting:
         gc.disable()
     else:
         gc.set_threshold(int(gc_setting), *gc.get_threshold()[1:])
-atexit.register(lambda: print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB",
+atexit.register(lambda: print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB, "
+                              f"largest child's: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024} MB",
                               file=sys.stderr))
 sys.argv[0] = "envvault"
 from envvault.entry import main  # noqa: E402

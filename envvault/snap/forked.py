@@ -51,11 +51,12 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
 
 
 def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[int],
-            processes: int | None = None) -> list[bytes]:
+            processes: int | None = None, here: bool = True) -> list[bytes]:
     """``[fn(item) for item in items]``, in forked children when that pays; ``fn`` must only read (what it
     changes stays in the child) and return bytes, its whole answer. Whatever a child does not answer is
     computed here by the same ``fn``. ``processes``: how many share the work (this one included) in place of
-    ``workers_for``'s rule, where forking is safe at all (``can_fork``)."""
+    ``workers_for``'s rule, where forking is safe at all (``can_fork``). ``here=False``: this process only
+    waits, and forks one child more (work whose memory this process should not keep)."""
     total = sum(weights)
     workers = workers_for(total) if processes is None else (processes if can_fork() else 1)
     if workers < 2:
@@ -68,10 +69,10 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
     kids: list[tuple[int, int]] = []  # (pid, read end of its answers)
     finished = False
     try:
-        for _ in range(workers - 1):
+        for _ in range(workers - 1 if here else workers):
             if not _fork_one(fn, items, tasks, queue, kids):  # no fork (out of processes, memory): taken below
                 break
-        for n in _taken(queue):  # this process takes what the children have not
+        for n in _taken(queue) if here else ():  # this process takes what the children have not
             for i in tasks[n]:
                 answers[i] = fn(items[i])
         for _pid, fd in kids:

@@ -86,7 +86,12 @@ class SmallGroups:
             for path in group:
                 self.where.setdefault(path, n)
         self.known = frozenset(vault.index())  # the index before any group: frozen, the same in every process
+        # A group's answer: its bytes as built (compact) until a reader first asks for one of its files, then
+        # decoded (``_open``) until each of its files was asked for once: a 62,000-file venv's answers decoded
+        # all at once would hold about 30 MB through the whole scan.
+        self._built: list[bytes | None] = [None] * len(groups)
         self._answers: list[dict | None] = [None] * len(groups)
+        self._left = [len(g) for g in groups]  # its files not yet asked for
         self._packs: list[tuple] = [((), 0, 0)] * len(groups)  # a group's (packs, bytes, objects)
         self._locks = [threading.Lock() for _ in groups]
 
@@ -98,7 +103,7 @@ class SmallGroups:
         t0 = timing.clock()
         known, vault = self.known, self.vault
         answers = map_all(lambda group: _build(vault, known, group), self.groups, [len(g) for g in self.groups],
-                          processes=processes)
+                          processes=processes, here=False)  # this process keeps no group writer's heap
         for n, got in enumerate(answers):
             self._take(n, got)
         if timing.ON:
@@ -110,27 +115,39 @@ class SmallGroups:
         n = self.where.get(path)
         if n is None:
             return None
-        answers = self._answers[n]
-        if answers is None:
-            with self._locks[n]:  # a reader builds it; another that wants one of its files waits for it
-                if self._answers[n] is None:
+        with self._locks[n]:  # a reader builds or opens it; another that wants one of its files waits for it
+            answers = self._answers[n]
+            if answers is None:
+                if self._built[n] is None:
                     t0 = timing.clock()
                     self._take(n, _build(self.vault, self.known, self.groups[n]))
                     if timing.ON:
                         timing.add("readers: small files in groups (this process)", t0)
-            answers = self._answers[n]
-        got = answers.get(path)
+                answers = self._open(n)
+            got = answers.pop(path, None)
+            self._left[n] -= 1
+            if self._left[n] <= 0:
+                self._answers[n] = {}  # every file asked for: nothing more to hold
         return got[1] if got is not None and got[0] == key else None
 
     def _take(self, n: int, got: bytes) -> None:
-        answers: dict = {}
+        """Keep a group's answer as built (b"": it failed) and the packs it stored."""
         if got:
-            done, packs, nbytes, objects = marshal.loads(got)
+            _, packs, nbytes, objects = marshal.loads(got)
             self._packs[n] = (packs, nbytes, objects)
+        self._built[n] = got
+
+    def _open(self, n: int) -> dict:
+        """A group's answer decoded: absolute path -> (stat key, digest); the bytes dropped."""
+        answers: dict = {}
+        got, self._built[n] = self._built[n], b""
+        if got:
+            done = marshal.loads(got)[0]
             group = self.groups[n]
             for i, key, sha, size, chunks in done:
                 answers.setdefault(group[i], (tuple(key), FileDigest(sha, size, chunks)))
         self._answers[n] = answers
+        return answers
 
     def finish(self, writer) -> None:
         """The groups' packs into the vault's index (group order) and their bytes into ``writer``'s count."""
