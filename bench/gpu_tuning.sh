@@ -22,7 +22,7 @@ for i in $(seq "$ROUNDS"); do
   for s in "${SETTINGS[@]}"; do
     rm -rf /tmp/tun/v && sync
     t0=$(now); env $s ENVVAULT_HOME=/tmp/tun/v $PY bench/tree_memory.py $PY bench/tuned_snap.py snap --venv "$VENV" --no-caches -m t >/dev/null 2>/tmp/tun/err; t1=$(now)
-    echo "first snap tune='${s:-default}' round $i: $(secs $t0 $t1) s, $(grep 'peak RSS' /tmp/tun/err | tr '\n' ' ')$(grep 'tree peak' /tmp/tun/err), vault $(du -sb /tmp/tun/v | cut -f1) B, packs $(ls /tmp/tun/v/packs | sort | md5sum | cut -c1-12)"
+    echo "first snap tune='${s:-default}' round $i: $(secs $t0 $t1) s, $(grep 'peak RSS' /tmp/tun/err | tr '\n' ' ')$(grep 'tree peak' /tmp/tun/err), vault $(du -sb /tmp/tun/v | cut -f1) B, packs $(find /tmp/tun/v/packs -name "*.pack" -printf "%f\n" | sort | md5sum | cut -c1-12)"
     grep -E 'Error|error:' /tmp/tun/err | head -3
   done
 done 2>&1 | tee "$OUT/gpu_tuning.txt"

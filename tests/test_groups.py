@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _packs(vault: Path) -> list[str]:
-    return sorted(os.listdir(vault / "packs"))
+    """The names of a vault's pack files (their BLAKE3 ids), which lie in folders by their first two digits."""
+    return sorted(p.name for p in (vault / "packs").rglob("*.pack"))
 
 
 def _row(path: str, size: int | None):
@@ -95,7 +96,7 @@ _BUILD = """
     def build(vault_dir, processes):
         vault = Vault.open(Path(vault_dir), create=True)
         groups = G.SmallGroups(vault, cut)
-        groups.build_forked(processes)
+        groups.start(processes)
         digests = {{}}
         for path in files:
             st = os.lstat(path)
@@ -103,7 +104,7 @@ _BUILD = """
             digests[path] = None if got is None else [got.sha256, got.size, got.chunks]
         count = SimpleNamespace(written_bytes=0, written_objects=0)
         groups.finish(count)
-        return {{"digests": digests, "packs": sorted(os.listdir(Path(vault_dir) / "packs")),
+        return {{"digests": digests, "packs": sorted(p.name for p in (Path(vault_dir) / "packs").rglob("*.pack")),
                 "objects": count.written_objects, "indexed": sum(vault.has(c) for d in digests.values() if d
                                                                  for c in d[2])}}
 """
@@ -196,3 +197,34 @@ def test_an_incremental_snap_builds_no_groups(tmp_path, make_venv, wheelhouse):
         print(json.dumps({{"first": first, "after": made[len(first):]}}))
     """)
     assert len(got["first"]) == 1 and got["first"][0] >= 1 and got["after"] == [], got
+
+
+def test_a_first_snap_into_a_vault_that_holds_some_of_its_files_makes_the_same_packs(tmp_path, make_venv, wheelhouse):
+    """Two venvs with the same wheels, snapped one after the other into one vault: the second's groups leave
+    out what the first stored (the index as it was when the snap began), and its packs are the same whether
+    its groups are built by the readers, while the pipeline's own packs join the index, or by forked processes
+    before it."""
+    first = _venv_with_files(make_venv, wheelhouse)
+    second = make_venv("uv")
+    from fixtures.venvs import uv_install
+
+    uv_install(second, *(str(wheelhouse[k]) for k in (C.TORCH_PLAIN_A, C.SERVING, C.NS_ALPHA)))
+    got = {}
+    for processes in (1, 3):  # the second snap in an interpreter of its own, as the command runs it
+        ev(tmp_path / f"v{processes}", "snap", "--no-caches", "--venv", first)
+        got[processes] = _fresh(f"""
+            from pathlib import Path
+            from envvault.snap import groups as G, take_snapshot
+            from envvault.vault.store import Vault
+
+            G.MIN_BYTES = 1
+            G.GROUP_FILES = 3
+            root = Path({str(tmp_path)!r}) / "v{processes}"
+            before = set(os.listdir(root / "index"))
+            os.environ["ENVVAULT_GROUP_PROCESSES"] = "{processes}"
+            take_snapshot(Vault.open(root), Path({str(second)!r}), argv=["test"])
+            print(json.dumps({{"new": sorted(set(os.listdir(root / "index")) - before), "forks": len(forks),
+                              "left": not no_children_left()}}))
+        """)
+    assert got[1]["new"] == got[3]["new"] and len(got[1]["new"]) >= 2, got
+    assert got[1]["forks"] == 0 and got[3]["forks"] == 3 and not got[3]["left"], got

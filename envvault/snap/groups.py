@@ -1,12 +1,12 @@
 """A first snap's small files read, hashed and packed in groups by forked processes, before the pipeline.
 
-Of the GPU host's 7.3 GB venv, 62,000 of 68,934 files are below 1 MiB (1.1 GB): each costs the ingest's one
+Most of the GPU host's 68,934 files are below 1 MiB (1.1 GB of its 7.6): each costs the ingest's one
 storing thread and its readers some Python (open, read, two hashes, the hand-over, the manifest entry), all
 under one interpreter lock, while the large files' bytes are hashed and compressed by threads that release
 it. So a full scan (``scan.scan_environment``: every file to be read, the stat cache empty) whose RECORDs list
 ``MIN_BYTES`` or more of such files cuts them, in the order the scan reads them, into groups of at most
-``GROUP_BYTES`` or ``GROUP_FILES`` (``small_groups``), and ``read_ahead`` has them built by
-``default_group_processes`` processes, this one and forked children (``forked.map_all``): each group read file
+``GROUP_BYTES`` or ``GROUP_FILES`` (``small_groups``), and ``SmallGroups`` has them built by
+``default_group_processes`` forked children (``forked.map_all``), or by the readers below 8 cores: each group read file
 by file (``Ingester.ingest``: sha256 for RECORD, BLAKE3 ids), its new objects packed by a pack writer of its
 own and stored (``Vault.writer``: packs then index files, the writer's crash points), deduplicated against
 the vault's index as it was before any group (frozen: no group's objects join it until all are built) and
@@ -71,8 +71,8 @@ Key = tuple  # (st_size, st_mtime_ns, st_ino, st_ctime_ns): the stat cache's key
 
 
 class SmallGroups:
-    """The groups of one full scan (``small_groups``) and what is known of their files. ``build_forked``
-    builds them all at once in forked processes; a group not built by then (no fork: fewer than 8 cores,
+    """The groups of one full scan (``small_groups``) and what is known of their files. ``start`` builds them
+    all at once in forked processes; a group not built by then (no fork: fewer than 8 cores,
     another thread alive) is built by the first reader that asks for one of its files (``digest``), in this
     process, by the same function. ``finish`` adds every group's packs to the vault's index, in group order,
     and their bytes to ``writer``'s count, once the scan's reads are done: the main stream's deduplication
@@ -85,7 +85,10 @@ class SmallGroups:
         for n, group in enumerate(groups):
             for path in group:
                 self.where.setdefault(path, n)
-        self.known = frozenset(vault.index())  # the index before any group: frozen, the same in every process
+        # What a group deduplicates against: the index as it was before any group, the same in every process.
+        # Groups built at once (``start``) see the index itself, which nothing changes until they are all built;
+        # groups built by the readers see a copy, since the pipeline's own packs join the index meanwhile.
+        self.known = vault.index()
         # A group's answer: its bytes as built (compact) until a reader first asks for one of its files, then
         # decoded (``_open``) until each of its files was asked for once: a 62,000-file venv's answers decoded
         # all at once would hold about 30 MB through the whole scan.
@@ -95,10 +98,12 @@ class SmallGroups:
         self._packs: list[tuple] = [((), 0, 0)] * len(groups)  # a group's (packs, bytes, objects)
         self._locks = [threading.Lock() for _ in groups]
 
-    def build_forked(self, processes: int) -> None:
-        """Build every group in ``processes`` processes, this one included (``forked.map_all``; one process
-        builds none here: each is built when first asked for)."""
+    def start(self, processes: int) -> None:
+        """Before the pipeline: build every group in ``processes`` forked processes (``forked.map_all``: this
+        one only waits, and builds what a child did not); with one process, none here: each is built by the
+        first reader that asks for one of its files."""
         if processes < 2 or not self.groups:
+            self.known = frozenset(self.known)
             return
         t0 = timing.clock()
         known, vault = self.known, self.vault

@@ -166,7 +166,7 @@ def scan_environment(
             from .groups import SmallGroups, small_groups
 
             groups = SmallGroups(vault, small_groups(builder, slow))
-            groups.build_forked(default_group_processes())
+            groups.start(default_group_processes())
         planned = _planned(builder, ing, slow, groups)
         try:
             _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
