@@ -228,3 +228,58 @@ def test_a_first_snap_into_a_vault_that_holds_some_of_its_files_makes_the_same_p
         """)
     assert got[1]["new"] == got[3]["new"] and len(got[1]["new"]) >= 2, got
     assert got[1]["forks"] == 0 and got[3]["forks"] == 3 and not got[3]["left"], got
+
+
+def test_ctrl_c_while_children_build_groups_leaves_no_child_and_no_temp_file(tmp_path, make_venv, wheelhouse):
+    """Ctrl-C (here SIGALRM raising KeyboardInterrupt) while forked children are in their groups, each holding
+    a temp pack: the snap stops with KeyboardInterrupt, every child is killed and reaped, their temp files are
+    removed, no snapshot is written; the same snap then runs to the end."""
+    venv = _venv_with_files(make_venv, wheelhouse)
+    got = _fresh(f"""
+        from pathlib import Path
+        from envvault.snap import groups as G, take_snapshot
+        from envvault.vault.fsutil import tmp_name
+        from envvault.vault.store import Vault
+
+        G.MIN_BYTES = 1
+        G.GROUP_FILES = 2
+        os.environ["ENVVAULT_GROUP_PROCESSES"] = "3"
+        root = Path({str(tmp_path / "v")!r})
+        vault = Vault.open(root, create=True)
+        real = G._build
+
+        def slow(vault, known, group):
+            if os.getpid() != parent:
+                open(tmp_name(vault.state.tmp_dir, "pack"), "wb").close()  # as a writer's first pack
+                note()
+                time.sleep(30)
+            return real(vault, known, group)
+
+        def interrupt(*_):
+            raise KeyboardInterrupt
+
+        counting_fork = os.fork
+
+        def fork_then_alarm():  # Ctrl-C half a second after the third child is forked
+            pid = counting_fork()
+            if pid and len(forks) == 3:
+                signal.setitimer(signal.ITIMER_REAL, 0.5)
+            return pid
+
+        G._build = slow
+        os.fork = fork_then_alarm
+        signal.signal(signal.SIGALRM, interrupt)
+        out = {{}}
+        try:
+            take_snapshot(vault, Path({str(venv)!r}), argv=["test"])
+            out["stopped"] = False
+        except KeyboardInterrupt:
+            out["stopped"] = True
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        tmp = [n for n in os.listdir(vault.state.tmp_dir) if n.endswith(".tmp")]
+        out.update(tmp=tmp, snapshots=os.listdir(root / "snapshots"), forks=len(forks),
+                   left=not no_children_left(), started=len(noted()))
+        print(json.dumps(out))
+    """)
+    assert got["stopped"] and got["forks"] == 3 and not got["left"], got
+    assert got["started"] >= 1 and got["tmp"] == [] and got["snapshots"] == [], got

@@ -51,12 +51,13 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
 
 
 def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[int],
-            processes: int | None = None, here: bool = True) -> list[bytes]:
+            processes: int | None = None, here: bool = True, pids: list | None = None) -> list[bytes]:
     """``[fn(item) for item in items]``, in forked children when that pays; ``fn`` must only read (what it
     changes stays in the child) and return bytes, its whole answer. Whatever a child does not answer is
     computed here by the same ``fn``. ``processes``: how many share the work (this one included) in place of
     ``workers_for``'s rule, where forking is safe at all (``can_fork``). ``here=False``: this process only
-    waits, and forks one child more (work whose memory this process should not keep)."""
+    waits, and forks one child more (work whose memory this process should not keep). ``pids``: given a list,
+    each child's process id is added to it (every one has ended when this returns or raises)."""
     total = sum(weights)
     workers = workers_for(total) if processes is None else (processes if can_fork() else 1)
     if workers < 2:
@@ -72,6 +73,8 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
         for _ in range(workers - 1 if here else workers):
             if not _fork_one(fn, items, tasks, queue, kids):  # no fork (out of processes, memory): taken below
                 break
+            if pids is not None:
+                pids.append(kids[-1][0])
         for n in _taken(queue) if here else ():  # this process takes what the children have not
             for i in tasks[n]:
                 answers[i] = fn(items[i])

@@ -107,8 +107,12 @@ class SmallGroups:
             return
         t0 = timing.clock()
         known, vault = self.known, self.vault
-        answers = map_all(lambda group: _build(vault, known, group), self.groups, [len(g) for g in self.groups],
-                          processes=processes, here=False)  # this process keeps no group writer's heap
+        pids: list[int] = []
+        try:
+            answers = map_all(lambda group: _build(vault, known, group), self.groups, [len(g) for g in self.groups],
+                              processes=processes, here=False, pids=pids)  # this process keeps no writer's heap
+        finally:  # a child killed mid-pack (Ctrl-C here, or the kernel) leaves its temp pack: removed now
+            vault.state.clean_dead_tmp(pids)
         for n, got in enumerate(answers):
             self._take(n, got)
         if timing.ON:

@@ -109,6 +109,14 @@ def tmp_name(directory: Path, stem: str) -> Path:
     return directory / f".{stem}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
 
 
+def tmp_owner(name: str) -> int | None:
+    """The process id in a name ``tmp_name`` made (``.<stem>.<pid>.<8 hex>.tmp``), else None."""
+    parts = name.split(".")
+    if len(parts) < 5 or parts[0] or parts[-1] != "tmp" or len(parts[-2]) != 8 or not parts[-3].isdigit():
+        return None
+    return int(parts[-3])
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:

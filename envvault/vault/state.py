@@ -20,7 +20,7 @@ from typing import Iterator
 
 from envvault.errors import CorruptError
 from envvault.vault.backend import check_name
-from envvault.vault.fsutil import atomic_write, flocked, read_regular, storage_error, write_nofollow
+from envvault.vault.fsutil import atomic_write, flocked, read_regular, storage_error, tmp_owner, write_nofollow
 
 __all__ = ["LocalState"]
 
@@ -109,6 +109,20 @@ class LocalState:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+    def clean_dead_tmp(self, pids) -> None:
+        """Remove the temp files (``fsutil.tmp_name``) of the processes ``pids``, which have ended: a snap's
+        forked group builders killed mid-pack (``snap/groups.py``)."""
+        pids = set(pids)
+        try:
+            for entry in os.scandir(self.tmp_dir):
+                if tmp_owner(entry.name) in pids and not entry.is_dir(follow_symlinks=False):
+                    try:
+                        os.unlink(entry.path)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
 
     def clean_tmp(self, older_than: float = 3600) -> None:
         """Remove temp files left by killed writers (only old ones: a live writer may own new ones)."""
