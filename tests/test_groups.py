@@ -44,6 +44,9 @@ def test_small_groups_take_the_small_files_in_record_order_cut_by_bytes_and_file
     assert groups.small_groups(builder, [a, b]) == [["/e/a/one.py", "/e/a/two.py", "/e/b/three.py"], ["/e/b/four.py"]]
     monkeypatch.setattr(groups, "MIN_BYTES", 101)  # 100 bytes of small files: no groups at all
     assert groups.small_groups(builder, [a, b]) == []
+    monkeypatch.setattr(groups, "MIN_BYTES", 1)  # a file two distributions list (or one twice) is in none
+    c = SimpleNamespace(record=[_row("b/three.py", 30), _row("c/five.py", 50), _row("c/five.py", 50)])
+    assert groups.small_groups(builder, [a, b, c]) == [["/e/a/one.py", "/e/a/two.py", "/e/b/four.py"]]
 
 
 def _snap(vault: Path, venv: Path, processes: int) -> tuple[dict, str]:
@@ -67,7 +70,7 @@ def test_a_real_torch_venv_snaps_to_the_same_packs_in_one_process_and_in_three(t
     assert "forked children: groups: a group read, hashed, packed" in err_three, err_three[-2000:]
     assert _packs(tmp_path / "one") == _packs(tmp_path / "three")
     assert sorted(os.listdir(tmp_path / "one" / "index")) == sorted(os.listdir(tmp_path / "three" / "index"))
-    assert (one["new_bytes"], one["new_objects"]) == (three["new_bytes"], three["new_objects"])
+    assert one["new_objects"] == three["new_objects"]  # (new_bytes counts the snapshot document: its time)
     assert one["packages"] == three["packages"]
     for vault in (tmp_path / "one", tmp_path / "three"):
         check = ev(vault, "verify", "--read-data", check=False)
@@ -283,3 +286,87 @@ def test_ctrl_c_while_children_build_groups_leaves_no_child_and_no_temp_file(tmp
     """)
     assert got["stopped"] and got["forks"] == 3 and not got["left"], got
     assert got["started"] >= 1 and got["tmp"] == [] and got["snapshots"] == [], got
+
+
+def test_a_file_two_distributions_list_keeps_the_packs_the_same_for_any_readers_and_processes(tmp_path, make_venv,
+                                                                                               wheelhouse):
+    """One file listed by two RECORDs (a namespace package's ``__init__.py``, a file one package overwrites in
+    another) is in no group: whether the pipeline asks for it twice depends on how far planning runs ahead,
+    so a group's answer for it would make the packs depend on the reader threads. With 1 and 2 readers, and
+    the groups built by the readers or by 3 forked processes, the packs are the same."""
+    venv = _venv_with_files(make_venv, wheelhouse)
+    sp = site_packages(venv)
+    torch_record = next(sp.glob("torchlike-*.dist-info")) / "RECORD"
+    shared = next(ln for ln in torch_record.read_text().splitlines() if ln.startswith("torchlike/__init__.py,"))
+    serving_record = next(sp.glob("servingpkg-*.dist-info")) / "RECORD"
+    serving_record.write_text(serving_record.read_text() + shared + "\n")
+    packs = {}
+    for readers, processes in ((1, 1), (2, 1), (2, 3)):
+        vault = tmp_path / f"v{readers}{processes}"
+        got = _fresh(f"""
+            from pathlib import Path
+            from envvault.snap import groups as G, take_snapshot
+            from envvault.vault.store import Vault
+
+            G.MIN_BYTES = 1
+            G.GROUP_FILES = 2
+            os.environ.update(ENVVAULT_READERS="{readers}", ENVVAULT_GROUP_PROCESSES="{processes}")
+            take_snapshot(Vault.open(Path({str(vault)!r}), create=True), Path({str(venv)!r}), argv=["test"])
+            print(json.dumps({{"forks": len(forks)}}))
+        """)
+        assert got["forks"] == (3 if processes == 3 else 0), got
+        packs[(readers, processes)] = _packs(vault)
+    assert packs[(1, 1)] == packs[(2, 1)] == packs[(2, 3)] and len(packs[(1, 1)]) >= 3, packs
+
+
+def test_group_builders_end_with_a_snap_killed_by_sigkill(tmp_path, make_venv, wheelhouse):
+    """A snap SIGKILLed (the OOM killer, a job's time limit) while its forked builders are in their groups: they
+    end with it (they write packs and hold the vault's lock), not when their group is done."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    venv = _venv_with_files(make_venv, wheelhouse)
+    log = tmp_path / "pids"
+    code = f"""
+import os, sys, time
+from pathlib import Path
+from envvault.snap import groups as G, take_snapshot
+from envvault.vault.store import Vault
+G.MIN_BYTES = 1
+G.GROUP_FILES = 2
+os.environ["ENVVAULT_GROUP_PROCESSES"] = "3"
+parent = os.getpid()
+real = G._build
+def slow(vault, known, group):
+    if os.getpid() != parent:
+        with open({str(log)!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        time.sleep(60)
+    return real(vault, known, group)
+G._build = slow
+take_snapshot(Vault.open(Path({str(tmp_path / "v")!r}), create=True), Path({str(venv)!r}), argv=["test"])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 60
+    while (not log.exists() or len(log.read_text().split()) < 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int(p) for p in log.read_text().split()]
+    assert len(pids) == 3, pids
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    def running(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(running, pids)), [p for p in pids if running(p)]

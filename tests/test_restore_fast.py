@@ -375,8 +375,8 @@ def test_the_verify_scan_compares_what_the_restore_wrote_by_lstat_and_still_sees
 
     real_remember = inplace.remember_written
 
-    def damage_after_recording(cache, target, installed):
-        done = real_remember(cache, target, installed)
+    def damage_after_recording(cache, target, installed, packages):
+        done = real_remember(cache, target, installed, packages)
         assert done, "the restore recorded no group"
         damage(victim)
         return done
@@ -405,6 +405,47 @@ def test_the_verify_scan_compares_what_the_restore_wrote_by_lstat_and_still_sees
     res = clean_restore()
     assert res.verified is True, res
     assert apply.remember_written is real_remember
+
+
+def test_a_distribution_whose_dist_info_is_not_all_in_record_is_verified_by_a_rebuild(tmp_path, make_venv, wheelhouse,
+                                                                                         monkeypatch):
+    """A RECORD that does not list REQUESTED (the file there all the same): the restore cannot vouch for the
+    fields a rebuild reads from such a file, so it records no group for that distribution and the verify scan
+    builds it from disk; one that lists every dist-info file is still taken from the group."""
+    import shutil
+
+    from envvault.restore import inplace
+    from envvault.restore.dispatch import restore_snapshot
+    from envvault.snap import manifests
+    from envvault.vault.store import Vault
+    from fixtures.venvs import site_packages
+
+    venv = _installed(make_venv, wheelhouse)
+    sp = site_packages(venv)
+    di = next(sp.glob("torchlike-*.dist-info"))
+    assert (di / "REQUESTED").exists()
+    record = di / "RECORD"
+    record.write_text("".join(ln for ln in record.read_text().splitlines(keepends=True)
+                              if not ln.startswith(f"{di.name}/REQUESTED,")))
+    vault_path = tmp_path / "vault"
+    sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
+    top = sorted({k.split("/")[0] for k in _record(venv, "torchlike") if "/" in k
+                  and not k.startswith(("..", "torchlike-")) and not k.endswith(".pyc")})
+    other = next(sp.glob("servingpkg-*.dist-info"))
+    built, recorded = [], []
+    real_finish, real_remember = manifests.ManifestBuilder.finish, inplace.remember_written
+    monkeypatch.setattr(manifests.ManifestBuilder, "finish", lambda self, plan: built.append(plan.dist.name)
+                        or real_finish(self, plan))
+    monkeypatch.setattr(inplace, "remember_written", lambda *a: recorded.extend(real_remember(*a)) or recorded)
+    for d in top:
+        shutil.rmtree(sp / d)
+    shutil.rmtree(sp / "servingpkg")
+    res = restore_snapshot(Vault.open(vault_path), sid, venv, backup=False, caches=False)
+    assert res.verified is True, res
+    assert sorted(built) == ["servingpkg", "torchlike", "torchlike"], built  # servingpkg: from its group
+    by_id = {p.manifest: p.name for p in Vault.open(vault_path).load_snapshot(sid).snapshot.packages}
+    assert sorted(by_id[m] for m in recorded) == ["servingpkg"], recorded
+    assert (other / "REQUESTED").exists() and ev(vault_path, "status", "--venv", venv, "--exit-code").returncode == 0
 
 
 def _target_cache_io(monkeypatch):

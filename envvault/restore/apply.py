@@ -155,27 +155,61 @@ def populate_statcache(vault: Vault, target: Path, staged: list[Staged], cache=N
         cache.save()
 
 
-def remember_written(cache, target: Path, installed: dict) -> list[str]:
+def remember_written(cache, target: Path, installed: dict, packages) -> list[str]:
     """After a restore's commit, give each distribution it installed (``installed``: manifest id -> the
-    snapshot's ``DistManifest``) the stat cache group a scan would record for it (``scan.remember_group``), so
-    that the verify scan, and the next status or snap, compare its files by ``lstat`` instead of rebuilding its
-    manifest from RECORD. Only where the disk shows exactly that manifest (``_as_recorded``); any other
-    distribution is built by the verify scan as before. Returns the manifest ids given a group."""
+    snapshot's ``DistManifest``; ``packages``: the snapshot's summaries) the stat cache group a scan would
+    record for it (``scan.remember_group``), so that the verify scan, and the next status or snap, compare its
+    files by ``lstat`` instead of rebuilding its manifest from RECORD. Only where a rebuild could give nothing
+    else: the summary the manifest gives is the snapshot's own (ids of this identity version, the scan rules of
+    this envvault), every dist-info field comes from a file the manifest lists (``_dist_info_closed``) and the
+    disk shows exactly that manifest (``_as_recorded``); any other distribution is built by the verify scan as
+    before. Returns the manifest ids given a group."""
+    from envvault.model.encoding import canonical_json
     from envvault.snap.fresh import base_of
     from envvault.snap.manifests import summary_of
     from envvault.snap.scan import remember_group
 
     base = base_of(target)
+    summaries = {p.manifest: p for p in packages}
     done = []
     for mid, man in installed.items():
-        if not isinstance(man.dist_info, str) or not _as_recorded(cache, base, man):
+        p = summaries.get(mid)
+        if p is None or not isinstance(man.dist_info, str):
+            continue
+        summary = summary_of(man, mid)
+        if (canonical_json(summary) != canonical_json(p.to_dict()) or not _dist_info_closed(base, man)
+                or not _as_recorded(cache, base, man)):
             continue
         try:
-            remember_group(cache, target / man.dist_info, target, man, summary_of(man, mid), "full", mid)
+            remember_group(cache, target / man.dist_info, target, man, summary, "full", mid)
         except OSError:
             continue
         done.append(mid)
     return done
+
+
+def _dist_info_closed(base: str, man) -> bool:
+    """True when every field the manifest took from its dist-info folder came from a file it lists (and so
+    checks): the files the folder holds now are exactly those the manifest lists there, and the files that
+    give ``installer``, ``requested``, ``wheel`` and ``direct_url`` are among them when those are set (a
+    RECORD that does not list REQUESTED, say, leaves the restore nothing to write it back from)."""
+    prefix = man.dist_info + "/"
+    listed = {f.path[len(prefix):] for f in man.files if f.path.startswith(prefix) and f.state != "missing"}
+    for name, field in (("INSTALLER", man.installer), ("REQUESTED", man.requested), ("WHEEL", man.wheel),
+                        ("direct_url.json", man.direct_url)):
+        if field and name not in listed:
+            return False
+    folder = base + man.dist_info
+    on_disk = set()
+    try:
+        for root, dirs, files in os.walk(folder):
+            rel = os.path.relpath(root, folder)
+            on_disk.update(name if rel == "." else f"{rel}/{name}" for name in files)
+            on_disk.update(f"{name}" if rel == "." else f"{rel}/{name}" for name in dirs
+                           if os.path.islink(os.path.join(root, name)))
+    except OSError:
+        return False
+    return on_disk == listed
 
 
 def _as_recorded(cache, base: str, man) -> bool:

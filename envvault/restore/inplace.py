@@ -136,7 +136,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp))
             populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
             if not now.python.system:  # a system environment's groups name their site (scan._build_one)
-                remember_written(cache, target, installed)  # what it need not build again
+                remember_written(cache, target, installed, snapshot.packages)  # what it need not build again
             crash_point("committed")
             clock.lap("commit")
             after = scan_current(vault, target, facts=False, cache=cache, save_cache=False)

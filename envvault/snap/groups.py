@@ -44,24 +44,33 @@ GROUP_FILES = 4096  # ... and its files
 def small_groups(builder, dists: Sequence) -> list[list[str]]:
     """The absolute paths of the files of ``dists`` that RECORD gives as non-empty and below ``SMALL_FILE``
     (bytecode, which a scan never reads, and paths outside the environment left out), in RECORD order, cut
-    into groups; none when they add up to less than ``MIN_BYTES``. A rule of the environment, never of the
-    cores: the groups, and so the packs, are the same on any host."""
-    groups: list[list[str]] = []
-    group: list[str] = []
-    size = total = 0
+    into groups; none when they add up to less than ``MIN_BYTES``. A path listed more than once (two
+    distributions shipping one file, a RECORD naming it twice) is in no group: the pipeline reads it each time
+    it is asked for, as without groups (whether a second ask comes depends on how far planning runs ahead,
+    which depends on the reader threads). A rule of the environment, never of the cores: the groups, and so
+    the packs, are the same on any host."""
+    small: list[tuple[str, int]] = []
+    seen: dict[str, int] = {}
     for dist in dists:
         for rec in dist.record or ():
             if not isinstance(rec.size, int) or not 0 < rec.size < SMALL_FILE or is_bytecode(rec.path):
                 continue
             absolute = builder.absolute(dist, rec)
-            if absolute is None:
-                continue
-            if group and (size + rec.size > GROUP_BYTES or len(group) >= GROUP_FILES):
-                groups.append(group)
-                group, size = [], 0
-            group.append(absolute)
-            size += rec.size
-            total += rec.size
+            if absolute is not None:
+                small.append((absolute, rec.size))
+                seen[absolute] = seen.get(absolute, 0) + 1
+    groups: list[list[str]] = []
+    group: list[str] = []
+    size = total = 0
+    for absolute, n in small:
+        if seen[absolute] > 1:
+            continue
+        if group and (size + n > GROUP_BYTES or len(group) >= GROUP_FILES):
+            groups.append(group)
+            group, size = [], 0
+        group.append(absolute)
+        size += n
+        total += n
     if group:
         groups.append(group)
     return groups if total >= MIN_BYTES else []
@@ -81,10 +90,7 @@ class SmallGroups:
     def __init__(self, vault: Vault, groups: list[list[str]]) -> None:
         self.vault = vault
         self.groups = groups
-        self.where: dict[str, int] = {}
-        for n, group in enumerate(groups):
-            for path in group:
-                self.where.setdefault(path, n)
+        self.where = {path: n for n, group in enumerate(groups) for path in group}  # each path once
         # What a group deduplicates against: the index as it was before any group, the same in every process.
         # Groups built at once (``start``) see the index itself, which nothing changes until they are all built;
         # groups built by the readers see a copy, since the pipeline's own packs join the index meanwhile.
@@ -108,8 +114,15 @@ class SmallGroups:
         t0 = timing.clock()
         known, vault = self.known, self.vault
         pids: list[int] = []
+        parent = os.getpid()
+
+        def build(group: list[str]) -> bytes:
+            if os.getpid() != parent:  # a forked builder: it writes packs and holds the vault's lock, so it
+                _end_with(parent)  # must not outlive a snap killed with SIGKILL
+            return _build(vault, known, group)
+
         try:
-            answers = map_all(lambda group: _build(vault, known, group), self.groups, [len(g) for g in self.groups],
+            answers = map_all(build, self.groups, [len(g) for g in self.groups],
                               processes=processes, here=False, pids=pids)  # this process keeps no writer's heap
         finally:  # a child killed mid-pack (Ctrl-C here, or the kernel) leaves its temp pack: removed now
             vault.state.clean_dead_tmp(pids)
@@ -164,6 +177,26 @@ class SmallGroups:
             self.vault.add_packs(packs)
             writer.written_bytes += nbytes
             writer.written_objects += objects
+
+
+_BOUND = False  # this forked builder asked the kernel to kill it when its parent ends (``_end_with``)
+
+
+def _end_with(parent: int) -> None:
+    """In a forked group builder, before each group: have the kernel SIGKILL this process when the snap that
+    forked it ends (Linux's ``PR_SET_PDEATHSIG``, asked once), and leave at once if it has already ended."""
+    global _BOUND
+    if not _BOUND:
+        _BOUND = True
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _build(vault: Vault, known, group: list[str]) -> bytes:

@@ -165,8 +165,10 @@ def scan_environment(
 
             from .groups import SmallGroups, small_groups
 
-            groups = SmallGroups(vault, small_groups(builder, slow))
-            groups.start(default_group_processes())
+            found = small_groups(builder, slow)
+            if found:
+                groups = SmallGroups(vault, found)
+                groups.start(default_group_processes())
         planned = _planned(builder, ing, slow, groups)
         try:
             _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
