@@ -105,7 +105,8 @@ _BUILD = """
             st = os.lstat(path)
             got = groups.digest(path, (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
             digests[path] = None if got is None else [got.sha256, got.size, got.chunks]
-        count = SimpleNamespace(written_bytes=0, written_objects=0)
+        count = SimpleNamespace(written_objects=0)
+        count.count = lambda nbytes, objects: setattr(count, "written_objects", count.written_objects + objects)
         groups.finish(count)
         return {{"digests": digests, "packs": sorted(p.name for p in (Path(vault_dir) / "packs").rglob("*.pack")),
                 "objects": count.written_objects, "indexed": sum(vault.has(c) for d in digests.values() if d

@@ -448,6 +448,29 @@ def test_a_distribution_whose_dist_info_is_not_all_in_record_is_verified_by_a_re
     assert (other / "REQUESTED").exists() and ev(vault_path, "status", "--venv", venv, "--exit-code").returncode == 0
 
 
+def test_a_record_that_lists_a_file_twice_restores_in_place(tmp_path, make_venv, wheelhouse):
+    """A RECORD naming one file twice (a real tool's slip; pip's RECORD reader takes it): the snapshot lists it
+    twice, and an in-place restore writes it once (it failed at its commit: the second rename found its temp
+    file gone), verified, byte for byte; status then finds nothing changed."""
+    from fixtures.venvs import site_packages
+
+    venv = _installed(make_venv, wheelhouse)
+    sp = site_packages(venv)
+    record = next(sp.glob("servingpkg-*.dist-info")) / "RECORD"
+    row = next(ln for ln in record.read_text().splitlines() if ln.split(",")[0].endswith(".py")
+               and not ln.startswith(".."))
+    record.write_text(record.read_text() + row + "\n")
+    victim = sp / row.split(",")[0]
+    before = victim.read_bytes()
+    vault_path = tmp_path / "vault"
+    sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
+    victim.unlink()
+    res = ev_json(vault_path, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] is True, res
+    assert victim.read_bytes() == before
+    assert ev(vault_path, "status", "--venv", venv, "--exit-code").returncode == 0
+
+
 def _target_cache_io(monkeypatch):
     """Count the loads and saves of a target's stat cache (``stat-<key>``, not the caches' own)."""
     from envvault.vault import statcache

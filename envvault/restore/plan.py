@@ -201,6 +201,7 @@ def make_plan(
     keeps: list[tuple[str, int]] = []
     modes: list[tuple[str, int]] = []
     owned: set[str] = set()
+    taken: set[str] = set()  # paths already written or kept: a RECORD may list a file twice, two RECORDs one file
     absent: set[str] = set()
     install_names: list[str] = []
     dist_infos: list[str] = []
@@ -232,6 +233,9 @@ def make_plan(
             if f.state == "missing":
                 absent.add(path)
                 continue
+            if path in taken:  # written once (its bytes are the same: one file on disk, hashed once a listing)
+                continue
+            taken.add(path)
             if f.link is not None:
                 lp = link_target_problem(path, f.link)
                 if lp is not None:

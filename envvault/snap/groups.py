@@ -175,8 +175,7 @@ class SmallGroups:
         """The groups' packs into the vault's index (group order) and their bytes into ``writer``'s count."""
         for packs, nbytes, objects in self._packs:
             self.vault.add_packs(packs)
-            writer.written_bytes += nbytes
-            writer.written_objects += objects
+            writer.count(nbytes, objects)
 
 
 _BOUND = False  # this forked builder asked the kernel to kill it when its parent ends (``_end_with``)

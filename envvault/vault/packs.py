@@ -134,9 +134,24 @@ class PackWriter:
         self._pack: _OpenPack | None = None  # the pack frames are being placed in (pack thread)
         self._writers = None  # the writer threads, started by the first frame placed
         self._held = 0  # frames submitted and not yet written: compressing, waiting, or being written
-        self.written_bytes = 0
-        self.written_objects = 0
+        self._written = [0, 0]  # compressed bytes and objects this writer placed (the pack thread's)
+        self._elsewhere = [0, 0]  # the same of packs other writers stored for this one's caller (``count``)
         self._queued: set[str] = set()
+
+    @property
+    def written_bytes(self) -> int:
+        """Compressed bytes stored: this writer's and those ``count`` added."""
+        return self._written[0] + self._elsewhere[0]
+
+    @property
+    def written_objects(self) -> int:
+        return self._written[1] + self._elsewhere[1]
+
+    def count(self, nbytes: int, objects: int) -> None:
+        """Count packs another writer stored for this one's caller (a first snap's groups) in ``written_*``
+        (kept apart from the pack thread's own count, which it updates meanwhile)."""
+        self._elsewhere[0] += nbytes
+        self._elsewhere[1] += objects
 
     # -- producer side -------------------------------------------------------------------------
     def add(self, oid: str, data: "bytes | FileSlice", kind: str = "b") -> None:
@@ -293,8 +308,8 @@ class PackWriter:
                 pack.length += len(comp)
                 bufs.append(comp)
                 raw += size
-                self.written_bytes += len(comp)
-                self.written_objects += len(meta)
+                self._written[0] += len(comp)
+                self._written[1] += len(meta)
                 i += 1
                 if pack.length >= PACK_TARGET:
                     break
