@@ -448,6 +448,28 @@ def test_a_distribution_whose_dist_info_is_not_all_in_record_is_verified_by_a_re
     assert (other / "REQUESTED").exists() and ev(vault_path, "status", "--venv", venv, "--exit-code").returncode == 0
 
 
+def test_a_record_row_naming_a_folder_keeps_the_verify_scan_honest(tmp_path, make_venv, wheelhouse):
+    """A RECORD row naming a folder (virtualenv's seeder writes such rows): the manifest has no entry for it and
+    an in-place restore does not make it again, so the restore records no group for that distribution and its
+    verify scan, rebuilding it from RECORD, says the folder is gone, as status does after it."""
+    import shutil
+
+    from fixtures.venvs import site_packages
+
+    venv = _installed(make_venv, wheelhouse)
+    sp = site_packages(venv)
+    (sp / "servingpkg" / "emptydir").mkdir()
+    record = next(sp.glob("servingpkg-*.dist-info")) / "RECORD"
+    record.write_text(record.read_text() + "servingpkg/emptydir,,\n")
+    vault_path = tmp_path / "vault"
+    sid = ev_json(vault_path, "snap", "--no-caches", "--venv", venv)["id"]
+    shutil.rmtree(sp / "servingpkg")
+    res = ev_json(vault_path, "restore", sid, "--venv", venv, "--no-backup", check=False)
+    assert res["verified"] is False and "servingpkg/emptydir" in json.dumps(res["remaining"]), res
+    status = ev(vault_path, "status", "--venv", venv, "--exit-code", check=False)
+    assert status.returncode == 1 and "emptydir" in status.stdout, status.stdout
+
+
 def test_a_record_that_lists_a_file_twice_restores_in_place(tmp_path, make_venv, wheelhouse):
     """A RECORD naming one file twice (a real tool's slip; pip's RECORD reader takes it): the snapshot lists it
     twice, and an in-place restore writes it once (it failed at its commit: the second rename found its temp

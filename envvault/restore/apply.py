@@ -14,12 +14,12 @@ from pathlib import Path
 
 from envvault.crashpoints import crash_point
 from envvault import materialize
-from envvault.errors import EnvironmentProblem
+from envvault.errors import EnvironmentProblem, EnvvaultError
 from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
 from envvault.materialize import FileSpec, Staged
 from envvault.restore.plan import FileWrite, Plan
 from envvault.output import ProgressSink
-from envvault.vault.fsutil import makedirs_recording, remove_folders, storage_error
+from envvault.vault.fsutil import makedirs_recording, read_regular, remove_folders, storage_error
 from envvault.vault.store import ObjectReader, Vault
 
 __all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache", "remember_written"]
@@ -178,7 +178,7 @@ def remember_written(cache, target: Path, installed: dict, packages) -> list[str
             continue
         summary = summary_of(man, mid)
         if (canonical_json(summary) != canonical_json(p.to_dict()) or not _dist_info_closed(base, man)
-                or not _as_recorded(cache, base, man)):
+                or not _every_row_listed(base, man) or not _as_recorded(cache, base, man)):
             continue
         try:
             remember_group(cache, target / man.dist_info, target, man, summary, "full", mid)
@@ -188,13 +188,27 @@ def remember_written(cache, target: Path, installed: dict, packages) -> list[str
     return done
 
 
+def _every_row_listed(base: str, man) -> bool:
+    """True when the manifest has an entry for every row of its RECORD (which ``_as_recorded`` checks as the
+    snapshot's): a row the manifest leaves out (a folder a RECORD names, a path outside the environment) is one
+    a rebuild would look at again and a group would not."""
+    try:
+        data = read_regular(f"{base}{man.dist_info}/RECORD", 512 << 20, "RECORD")
+    except (OSError, EnvvaultError):
+        return False
+    return sum(1 for line in data.split(b"\n") if line.strip()) == len(man.files)
+
+
 def _dist_info_closed(base: str, man) -> bool:
     """True when every field the manifest took from its dist-info folder came from a file it lists (and so
     checks): the files the folder holds now are exactly those the manifest lists there, and the files that
     give ``installer``, ``requested``, ``wheel`` and ``direct_url`` are among them when those are set (a
     RECORD that does not list REQUESTED, say, leaves the restore nothing to write it back from)."""
     prefix = man.dist_info + "/"
-    listed = {f.path[len(prefix):] for f in man.files if f.path.startswith(prefix) and f.state != "missing"}
+    mine = [f for f in man.files if f.path.startswith(prefix) and f.state != "missing"]
+    if any(f.link is not None for f in mine):  # a listed link vouches for its text, not for what it points to
+        return False
+    listed = {f.path[len(prefix):] for f in mine}
     for name, field in (("INSTALLER", man.installer), ("REQUESTED", man.requested), ("WHEEL", man.wheel),
                         ("direct_url.json", man.direct_url)):
         if field and name not in listed:

@@ -202,6 +202,8 @@ def make_plan(
     modes: list[tuple[str, int]] = []
     owned: set[str] = set()
     taken: set[str] = set()  # paths already written or kept: a RECORD may list a file twice, two RECORDs one file
+    written_at: dict[str, int] = {}  # a written path's place in ``writes``
+    system_names = {q.name for q in snapshot.packages if q.installer == "debian"}
     absent: set[str] = set()
     install_names: list[str] = []
     dist_infos: list[str] = []
@@ -234,13 +236,18 @@ def make_plan(
                 absent.add(path)
                 continue
             if path in taken:  # written once (its bytes are the same: one file on disk, hashed once a listing)
+                at = written_at.get(path)
+                if at is not None and writes[at].package in system_names and p.installer != "debian":
+                    w = writes[at]  # held only if every distribution listing it is the system's (managed.py)
+                    writes[at] = FileWrite(w.path, w.chunks, w.size, w.sha256, w.mode, w.link, p.name)
                 continue
-            taken.add(path)
             if f.link is not None:
                 lp = link_target_problem(path, f.link)
                 if lp is not None:
                     problems.append(f"{label}: files[{i}].path {path!r} {lp}")
                     continue
+                taken.add(path)
+                written_at[path] = len(writes)
                 writes.append(FileWrite(path, (), 0, None, 0o777, f.link, p.name))
                 owned.add(path)
                 continue
@@ -250,11 +257,13 @@ def make_plan(
                 continue
             mode = int(f.mode or 0o644) & 0o7777
             owned.add(path)
+            taken.add(path)
             if known.get(path) is not None and known[path] == f.sha256:
                 keeps.append((path, mode))
                 if path in chmod:
                     modes.append((path, mode))
                 continue
+            written_at[path] = len(writes)
             writes.append(FileWrite(path, tuple(chunks), int(f.size or 0), f.sha256, mode, None, p.name))
         if isinstance(mdi, str) and check_rel_path(mdi) is None:
             owned.add(mdi)
