@@ -19,7 +19,7 @@ from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
 from envvault.materialize import FileSpec, Staged
 from envvault.restore.plan import FileWrite, Plan
 from envvault.output import ProgressSink
-from envvault.vault.fsutil import makedirs_recording, read_regular, remove_folders, storage_error
+from envvault.vault.fsutil import makedirs_recording, remove_folders, storage_error
 from envvault.vault.store import ObjectReader, Vault
 
 __all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache", "remember_written"]
@@ -192,8 +192,10 @@ def _every_row_listed(base: str, man) -> bool:
     """True when the manifest has an entry for every row of its RECORD (which ``_as_recorded`` checks as the
     snapshot's): a row the manifest leaves out (a folder a RECORD names, a path outside the environment) is one
     a rebuild would look at again and a group would not."""
+    from envvault.env.static import read_env_file
+
     try:
-        data = read_regular(f"{base}{man.dist_info}/RECORD", 512 << 20, "RECORD")
+        data = read_env_file(f"{base}{man.dist_info}/RECORD")
     except (OSError, EnvvaultError):
         return False
     return sum(1 for line in data.split(b"\n") if line.strip()) == len(man.files)
@@ -214,9 +216,13 @@ def _dist_info_closed(base: str, man) -> bool:
         if field and name not in listed:
             return False
     folder = base + man.dist_info
+    if os.path.islink(folder):  # never walked through a link (a dist-info folder is a real one)
+        return False
     on_disk = set()
     try:
-        for root, dirs, files in os.walk(folder):
+        for root, dirs, files in os.walk(folder):  # links to folders inside are listed, not followed
+            if len(on_disk) > len(listed):
+                return False  # more than the manifest lists: not closed (and no walk of a large tree)
             rel = os.path.relpath(root, folder)
             on_disk.update(name if rel == "." else f"{rel}/{name}" for name in files)
             on_disk.update(f"{name}" if rel == "." else f"{rel}/{name}" for name in dirs
