@@ -161,9 +161,9 @@ def remember_written(cache, target: Path, installed: dict, packages) -> list[str
     record for it (``scan.remember_group``), so that the verify scan, and the next status or snap, compare its
     files by ``lstat`` instead of rebuilding its manifest from RECORD. Only where a rebuild could give nothing
     else: the summary the manifest gives is the snapshot's own (ids of this identity version, the scan rules of
-    this envvault), every dist-info field comes from a file the manifest lists (``_dist_info_closed``) and the
-    disk shows exactly that manifest (``_as_recorded``); any other distribution is built by the verify scan as
-    before. Returns the manifest ids given a group."""
+    this envvault), every dist-info field comes from a file the manifest lists (``_dist_info_closed``), every
+    RECORD row has its entry (``_every_row_listed``) and the disk shows exactly that manifest (``_as_recorded``);
+    any other distribution is built by the verify scan as before. Returns the manifest ids given a group."""
     from envvault.model.encoding import canonical_json
     from envvault.snap.fresh import base_of
     from envvault.snap.manifests import summary_of
@@ -225,7 +225,7 @@ def _dist_info_closed(base: str, man) -> bool:
                 return False  # more than the manifest lists: not closed (and no walk of a large tree)
             rel = os.path.relpath(root, folder)
             on_disk.update(name if rel == "." else f"{rel}/{name}" for name in files)
-            on_disk.update(f"{name}" if rel == "." else f"{rel}/{name}" for name in dirs
+            on_disk.update(name if rel == "." else f"{rel}/{name}" for name in dirs
                            if os.path.islink(os.path.join(root, name)))
     except OSError:
         return False

@@ -96,8 +96,8 @@ class SmallGroups:
         # groups built by the readers see a copy, since the pipeline's own packs join the index meanwhile.
         self.known = vault.index()
         # A group's answer: its bytes as built (compact) until a reader first asks for one of its files, then
-        # decoded (``_open``) until each of its files was asked for once: a 62,000-file venv's answers decoded
-        # all at once would hold about 30 MB through the whole scan.
+        # decoded (``_open``) until each of its files was asked for once: the answers of tens of thousands of
+        # files, decoded all at once, would hold tens of MB through the whole scan.
         self._built: list[bytes | None] = [None] * len(groups)
         self._answers: list[dict | None] = [None] * len(groups)
         self._left = [len(g) for g in groups]  # its files not yet asked for
