@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 11, the small files' groups (envvault/snap/groups.py) and the restore's remembered groups, on the device
 # in one call: first snaps of its venv by the code before (.whl/old: e6dd3d2's wheel) and after, the groups in 8
-# processes (the default on 16 cores) and in 4, beside tar | zstd, each with its memory (bench/gpu_tuning.sh);
+# processes (the default on 16 cores) and in 12, beside tar | zstd, each with its memory (bench/gpu_tuning.sh);
 # then the issue's table without its first-snap and --into rows (bench/gpu_env_run.sh --skip snap,into).
 # Usage: OUT=$OUT bash bench/gpu_groups_run.sh [ROUNDS]
 set -u
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 rm -rf .whl/old-tree && mkdir -p .whl/old-tree && (cd .whl/old-tree && python3 -m zipfile -e ../old/envvault-*.whl .)
 echo "cores: $(nproc), venv: $(python3 -c 'import sys; print(sys.prefix)'), $(nvidia-smi -L 2>/dev/null | head -1)"
-timeout 300 bash bench/gpu_tuning.sh "$ROUNDS" "PYTHONPATH=/tmp/oldsite" "" "ENVVAULT_GROUP_PROCESSES=4"
+timeout 300 bash bench/gpu_tuning.sh "$ROUNDS" "PYTHONPATH=/tmp/oldsite" "" "ENVVAULT_GROUP_PROCESSES=12"
 timeout 260 bash bench/gpu_env_run.sh --repeat "$ROUNDS" --skip snap,into
 python3 - "$OUT/gpu_env_run.json" <<'PY'
 import json, sys
