@@ -613,3 +613,68 @@ def test_a_forked_check_scan_of_odd_distributions_says_what_one_process_says(tmp
     for needle in ("outside the environment", "old-style editable", "gone.py"):
         assert needle in said, (needle, got["warnings"])
     assert got["modified"] == ["beta"]
+
+
+def test_start_each_sends_each_answer_while_its_child_goes_on():
+    """``start_each``: one child answers the items in order and each answer reaches this process as soon as it
+    is made. The child's item 1 waits for a file this process writes only once it has item 0's answer: with
+    the answers sent at the end, neither would go on (the child would end at its 20 s deadline with "late").
+    Threads may start once it returns; the answers are the function's; nothing is left running."""
+    got = _fresh("""
+        flag = tempfile.mktemp()
+
+        def answer(i):
+            if i == 1:
+                deadline = time.monotonic() + 20
+                while not os.path.exists(flag):
+                    if time.monotonic() > deadline:
+                        return b"late"
+                    time.sleep(0.005)
+            return b"item %d" % i
+
+        started = forked.start_each(answer, list(range(4)), 1)
+        threading.Thread(target=lambda: None).start()
+        first = started.take(0)
+        open(flag, "w").close()
+        rest = [started.take(i) for i in (1, 2, 3)]
+        started.close()
+        os.unlink(flag)
+        print(json.dumps({"answers": [first.decode()] + [r.decode() for r in rest], "forks": len(forks),
+                          "left": not no_children_left()}))
+    """)
+    assert got["answers"] == ["item 0", "item 1", "item 2", "item 3"], got
+    assert got["forks"] == 1 and not got["left"], got
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_start_each_answers_none_for_what_no_child_sent(how):
+    """A child SIGKILLed in item 5 leaves item 5 answered None (the caller computes it) once the others have
+    ended, and every other item answered; ``stop`` kills every child at once: whoever waits is answered None
+    and no child is left."""
+    got = _fresh(f"""
+        def answer(i):
+            if {how!r} == "kill" and i == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if {how!r} == "stop" and i >= 2:
+                time.sleep(60)
+            return str(i).encode()
+
+        t0 = time.monotonic()
+        started = forked.start_each(answer, list(range(12)), 3)
+        if {how!r} == "stop":
+            first = started.take(0)
+            started.stop()
+            answers = [first] + [started.take(i) for i in range(1, 12)]
+        else:
+            answers = [started.take(i) for i in range(12)]
+        started.close()
+        print(json.dumps({{"answers": [a.decode() if a is not None else None for a in answers],
+                          "secs": time.monotonic() - t0, "forks": len(forks), "left": not no_children_left()}}))
+    """)
+    answers = got["answers"]
+    assert got["forks"] == 3 and not got["left"] and got["secs"] < 30, got
+    if how == "kill":
+        assert answers[5] is None and [a for i, a in enumerate(answers) if i != 5] == [
+            str(i) for i in range(12) if i != 5], got
+    else:
+        assert answers[0] == "0" and answers[2:] == [None] * 10, got
