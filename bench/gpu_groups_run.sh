@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Issue 11, the small files' groups (envvault/snap/groups.py) and the restore's remembered groups, on the device
-# in one call: first snaps of its venv by the code before (.whl/old: the wheel of the commit compared against) and
-# after, the groups in 8
+# in one call: first snaps of its venv by the code before (.whl/old: e6dd3d2's wheel) and after, the groups in 8
 # processes (the default on 16 cores) and in 12, beside tar | zstd, each with its memory (bench/gpu_tuning.sh);
 # then the issue's table without its first-snap and --into rows (bench/gpu_env_run.sh --skip snap,into).
 # Usage: OUT=$OUT bash bench/gpu_groups_run.sh [ROUNDS]

@@ -108,7 +108,6 @@ _BUILD = """
         count = SimpleNamespace(written_objects=0)
         count.count = lambda nbytes, objects: setattr(count, "written_objects", count.written_objects + objects)
         groups.finish(count)
-        groups.close()
         return {{"digests": digests, "packs": sorted(p.name for p in (Path(vault_dir) / "packs").rglob("*.pack")),
                 "objects": count.written_objects, "indexed": sum(vault.has(c) for d in digests.values() if d
                                                                  for c in d[2])}}
@@ -116,8 +115,8 @@ _BUILD = """
 
 
 def test_a_child_that_dies_in_its_group_is_made_up_for_with_the_same_packs(tmp_path, make_venv, wheelhouse):
-    """Groups of two files built by four forked processes while this one asks for each file's digest, the
-    child that takes the first group SIGKILLed in it: this process builds that group again, and every file's digest, the packs and their objects (all in the
+    """Groups of two files built by four forked processes (this one only waits), the child that takes the first
+    group SIGKILLed in it: this process builds that group again, and every file's digest, the packs and their objects (all in the
     vault's index afterwards) are those of one process building every group; no child is left behind."""
     venv = _venv_with_files(make_venv, wheelhouse)
     got = _fresh(_BUILD.format(site=str(site_packages(venv))) + f"""

@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Sequence
 
 from envvault.vault import timing
 
-__all__ = ["check_all", "map_all", "start_each", "Started", "workers_for", "can_fork", "FORK_MIN_WEIGHT"]
+__all__ = ["check_all", "map_all", "workers_for", "can_fork", "FORK_MIN_WEIGHT"]
 
 FORK_MIN_WEIGHT = 8000  # the items' weights (files to lstat) below which one process checks them all
 # At least this much work a child (else fewer children), at most this many processes: on the GPU host
@@ -50,11 +50,16 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
     return [b == b"\x01" for b in map_all(lambda it: b"\x01" if check(it) else b"\x00", items, weights)]
 
 
-def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[int]) -> list[bytes]:
+def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[int],
+            processes: int | None = None, here: bool = True, pids: list | None = None) -> list[bytes]:
     """``[fn(item) for item in items]``, in forked children when that pays; ``fn`` must only read (what it
     changes stays in the child) and return bytes, its whole answer. Whatever a child does not answer is
-    computed here by the same ``fn``."""
-    workers = workers_for(sum(weights))
+    computed here by the same ``fn``. ``processes``: how many share the work (this one included) in place of
+    ``workers_for``'s rule, where forking is safe at all (``can_fork``). ``here=False``: this process only
+    waits, and forks one child more (work whose memory this process should not keep). ``pids``: given a list,
+    each child's process id is added to it (every one has ended when this returns or raises)."""
+    total = sum(weights)
+    workers = workers_for(total) if processes is None else (processes if can_fork() else 1)
     if workers < 2:
         return [fn(it) for it in items]
     tasks = _tasks(weights)
@@ -65,10 +70,12 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
     kids: list[tuple[int, int]] = []  # (pid, read end of its answers)
     finished = False
     try:
-        for _ in range(workers - 1):
+        for _ in range(workers - 1 if here else workers):
             if not _fork_one(fn, items, tasks, queue, kids):  # no fork (out of processes, memory): taken below
                 break
-        for n in _taken(queue):  # this process takes what the children have not
+            if pids is not None:
+                pids.append(kids[-1][0])
+        for n in _taken(queue) if here else ():  # this process takes what the children have not
             for i in tasks[n]:
                 answers[i] = fn(items[i])
         for _pid, fd in kids:
@@ -85,132 +92,6 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
             _end(kids, kill=not finished)
     # a child that failed or sent less, a task taken and never answered: here
     return [a if a is not None else fn(items[i]) for i, a in enumerate(answers)]
-
-
-def start_each(fn: Callable[[object], bytes], items: Sequence, processes: int) -> "Started | None":
-    """``fn(item)`` for each item, in ``processes`` forked children that start now and answer while this
-    process goes on (it may start threads once this returns); the tasks are taken in the items' order, and
-    each answer comes back as soon as it is made (``Started.take``). ``fn`` must only read what this process
-    holds (what it changes stays in the child) and return bytes. None when no child could be forked (not
-    Linux, another thread alive, no pipe or process to be had): the caller computes the answers itself."""
-    if processes < 1 or not items or not can_fork():
-        return None
-    tasks = _tasks_in_order(len(items))
-    queue = _queue(len(tasks))
-    if queue is None:
-        return None
-    kids: list[tuple[int, int]] = []
-    try:
-        for _ in range(processes):
-            if not _fork_one(fn, items, tasks, queue, kids, stream=True):
-                break
-    except BaseException:
-        _end(kids, kill=True)
-        raise
-    finally:
-        os.close(queue)
-    if not kids:
-        return None
-    return Started(kids, len(items))
-
-
-class Started:
-    """The children of one ``start_each`` and the answers they have sent. A thread of this process reads
-    their pipes as they write (a child never waits long on a full pipe); ``take(i)`` waits for item ``i``'s
-    answer. An item no child answers (one failed or was killed with it, or ``stop`` was called) is answered
-    None, once every child has ended: the caller computes it. ``close`` (always, once done) reaps them."""
-
-    def __init__(self, kids: list[tuple[int, int]], count: int) -> None:
-        self._kids = kids
-        self.pids = [pid for pid, _ in kids]
-        self._answers: list[bytes | None] = [None] * count
-        self._cond = threading.Condition()
-        self._open = len(kids)  # children whose pipe has not ended
-        self._closed = False
-        self._thread = threading.Thread(target=self._collect, name="envvault-forked-answers", daemon=True)
-        self._thread.start()
-
-    def take(self, i: int) -> bytes | None:
-        """Item ``i``'s answer, once (it is not kept here): waits while a child may still send it."""
-        with self._cond:
-            while self._answers[i] is None and self._open > 0:
-                self._cond.wait()
-            got, self._answers[i] = self._answers[i], None
-            return got
-
-    def stop(self) -> None:
-        """Kill every child now (the caller is failing or interrupted): whoever waits in ``take`` is answered
-        None as soon as their pipes end."""
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-        try:
-            for pid in self.pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-    def close(self) -> None:
-        """Wait for the reading thread (every pipe has ended: each child has answered all it took, or
-        ``stop`` killed it), then reap every child (SIGKILL first: one the reading thread gave up on, by an
-        error of its own, must not be waited for)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._thread.join()
-        _end(self._kids, kill=True)
-
-    def _collect(self) -> None:
-        import selectors
-
-        sel = selectors.DefaultSelector()
-        held: dict[int, bytearray] = {}
-        try:
-            for _pid, fd in self._kids:
-                sel.register(fd, selectors.EVENT_READ)
-                held[fd] = bytearray()
-            while held:
-                for key, _ in sel.select():
-                    fd = key.fd
-                    try:
-                        chunk = os.read(fd, 1 << 20)
-                    except OSError:
-                        chunk = b""
-                    if not chunk:  # this child has ended (an answer it cut short is dropped)
-                        sel.unregister(fd)
-                        del held[fd]
-                        with self._cond:
-                            self._open -= 1
-                            self._cond.notify_all()
-                        continue
-                    buf = held[fd]
-                    buf += chunk
-                    at = 0
-                    got = []
-                    for i, data in _frames(buf):
-                        got.append((i, data))
-                        at += 8 + len(data)
-                    del buf[:at]
-                    for i, data in got:
-                        if i == _STAGES:
-                            if timing.ON:
-                                timing.merge(data, "forked children: ")
-                        elif i < len(self._answers):
-                            with self._cond:
-                                self._answers[i] = bytes(data)
-                                self._cond.notify_all()
-        finally:
-            sel.close()
-            with self._cond:
-                self._open = 0
-                self._cond.notify_all()
-
-
-def _tasks_in_order(count: int) -> list[list[int]]:
-    """Tasks of the items in their own order: an item each, or runs of them beyond ``_MAX_TASKS``."""
-    size = max(1, -(-count // _MAX_TASKS))
-    return [list(range(a, min(a + size, count))) for a in range(0, count, size)]
 
 
 def workers_for(total: int) -> int:
@@ -284,12 +165,10 @@ def _taken(queue: int) -> Iterator[int]:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int, kids: list,
-              stream: bool = False) -> bool:
+def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int, kids: list) -> bool:
     """Fork a child that answers the tasks it takes from ``queue``; it goes on ``kids`` (pid, read end)
-    before any signal can interrupt this process, so an interrupted parent always reaps it. ``stream``: each
-    answer is written as soon as it is made (``start_each``: this process reads them while it goes on), not
-    all at once at the end. False when no child could be made."""
+    before any signal can interrupt this process, so an interrupted parent always reaps it. False when no
+    child could be made."""
     try:
         r, w = os.pipe()
     except OSError:
@@ -314,23 +193,21 @@ def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int,
             os.close(r)
             if timing.ON:
                 timing.clear()  # the stages inherited are the parent's: this child reports only its own
-            # Unless ``stream``, every answer first, then one write: a child that waits on a full pipe while
-            # the parent reads another's has already done its work. Each answer: its item's position, its
-            # length, its bytes.
+            # Every answer first, then one write: a child that waits on a full pipe while the parent reads
+            # another's has already done its work. Each answer: its item's position, its length, its bytes.
             out = bytearray()
             for n in _taken(queue):
                 for i in tasks[n]:
                     got = fn(items[i])
                     out += i.to_bytes(4, "big") + len(got).to_bytes(4, "big")
                     out += got
-                    if stream:
-                        _write_all(w, out)
-                        out = bytearray()
             if timing.ON:  # one more frame after the answers: this child's stages (ENVVAULT_STAGES)
                 got = timing.encoded()
                 out += _STAGES.to_bytes(4, "big") + len(got).to_bytes(4, "big")
                 out += got
-            _write_all(w, out)
+            view = memoryview(out)
+            while view:
+                view = view[os.write(w, view):]
             code = 0
         except BaseException:  # noqa: BLE001 - any failure: the parent answers what this child took
             pass
@@ -340,12 +217,6 @@ def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int,
     os.close(w)  # before Ctrl-C can land: the parent keeps no write end of a child's pipe
     signal.pthread_sigmask(signal.SIG_SETMASK, old)
     return True
-
-
-def _write_all(fd: int, data: bytes | bytearray) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _read_to_end(fd: int) -> bytes:

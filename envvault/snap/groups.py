@@ -1,4 +1,4 @@
-"""A first snap's small files read, hashed and packed in groups by forked processes, beside the pipeline.
+"""A first snap's small files read, hashed and packed in groups by forked processes, before the pipeline.
 
 Most of the GPU host's 68,934 files are below 1 MiB (1.1 GB of its 7.6): each costs the ingest's one
 storing thread and its readers some Python (open, read, two hashes, the hand-over, the manifest entry), all
@@ -6,13 +6,11 @@ under one interpreter lock, while the large files' bytes are hashed and compress
 it. So a full scan (``scan.scan_environment``: every file to be read, the stat cache empty) whose RECORDs list
 ``MIN_BYTES`` or more of such files cuts them, in the order the scan reads them, into groups of at most
 ``GROUP_BYTES`` or ``GROUP_FILES`` (``small_groups``), and ``SmallGroups`` has them built by
-``default_group_processes`` children forked before the pipeline's threads start, which build them in order
-while the pipeline reads the large files (``forked.start_each``: each group's answer is sent as soon as it is
-built, and a reader that needs it waits for it), or by the readers below 8 cores: each group read file
+``default_group_processes`` forked children (``forked.map_all``), or by the readers below 8 cores: each group read file
 by file (``Ingester.ingest``: sha256 for RECORD, BLAKE3 ids), its new objects packed by a pack writer of its
 own and stored (``Vault.writer``: packs then index files, the writer's crash points), deduplicated against
-the vault's index as it was when the scan began (no group's objects join it until all are built, and
-objects the pipeline stores meanwhile do not count) and within the group. So a group's packs are the same bytes whichever process builds it, and the vault's the same
+the vault's index as it was before any group (frozen: no group's objects join it until all are built) and
+within the group. So a group's packs are the same bytes whichever process builds it, and the vault's the same
 whatever the process count. Then the groups' packs join the index in group order, and the scan's pipeline
 takes each answered file's digest (``scan._planned``) where its ``lstat`` is the one the group saw; every
 other file, and every file of a group that failed (a file that cannot be read: the pipeline reads it at its
@@ -34,7 +32,7 @@ from envvault.vault import timing
 from envvault.vault.ingest import SMALL_FILE, FileDigest, Ingester
 from envvault.vault.store import Vault
 
-from .forked import start_each
+from .forked import map_all
 
 __all__ = ["SmallGroups", "small_groups", "MIN_BYTES", "GROUP_BYTES", "GROUP_FILES"]
 
@@ -82,30 +80,21 @@ Key = tuple  # (st_size, st_mtime_ns, st_ino, st_ctime_ns): the stat cache's key
 
 
 class SmallGroups:
-    """The groups of one full scan (``small_groups``) and what is known of their files. ``start`` forks the
-    processes that build them while the pipeline runs; a group none of them answers (no fork: fewer than 8
-    cores, another thread alive; a builder that failed) is built by the first reader that asks for one of its
-    files (``digest``), in this process, by the same function. ``finish`` adds every group's packs to the
-    vault's index, in group order, and their bytes to ``writer``'s count, once the scan's reads are done: the
-    main stream's deduplication never depends on when a group was built. ``stop`` (the scan failed) and
-    ``close`` (always) end the builders."""
+    """The groups of one full scan (``small_groups``) and what is known of their files. ``start`` builds them
+    all at once in forked processes; a group not built by then (no fork: fewer than 8 cores,
+    another thread alive) is built by the first reader that asks for one of its files (``digest``), in this
+    process, by the same function. ``finish`` adds every group's packs to the vault's index, in group order,
+    and their bytes to ``writer``'s count, once the scan's reads are done: the main stream's deduplication
+    never depends on when a group was built."""
 
     def __init__(self, vault: Vault, groups: list[list[str]]) -> None:
         self.vault = vault
         self.groups = groups
         self.where = {path: n for n, group in enumerate(groups) for path in group}  # each path once
         # What a group deduplicates against: the index as it was before any group, the same in every process.
-        # A forked builder sees it as it was at the fork; here, the pipeline's own packs join the index
-        # meanwhile, so an object counts only when its pack was already listed (an object keeps its first
-        # location: ``Vault.add_packs``).
-        index = vault.index()
-        before = {loc[0] for loc in index.values()}
-
-        def known(oid: str) -> bool:
-            loc = index.get(oid)
-            return loc is not None and loc[0] in before
-
-        self.known = known
+        # Groups built at once (``start``) see the index itself, which nothing changes until they are all built;
+        # groups built by the readers see a copy, since the pipeline's own packs join the index meanwhile.
+        self.known = vault.index()
         # A group's answer: its bytes as built (compact) until a reader first asks for one of its files, then
         # decoded (``_open``) until each of its files was asked for once: the answers of tens of thousands of
         # files, decoded all at once, would hold tens of MB through the whole scan.
@@ -114,76 +103,54 @@ class SmallGroups:
         self._left = [len(g) for g in groups]  # its files not yet asked for
         self._packs: list[tuple] = [((), 0, 0)] * len(groups)  # a group's (packs, bytes, objects)
         self._locks = [threading.Lock() for _ in groups]
-        self._started = None  # the forked builders (``forked.Started``), while they run
-        self._stopped = False
 
     def start(self, processes: int) -> None:
-        """Before the pipeline starts its threads: fork ``processes`` builders that build every group, in
-        order, while the pipeline runs (``forked.start_each``: each answer is sent as soon as its group is
-        built). With one process, or no fork, none: each group is built by the first reader that asks for one
-        of its files."""
+        """Before the pipeline: build every group in ``processes`` forked processes (``forked.map_all``: this
+        one only waits, and builds what a child did not); with one process, none here: each is built by the
+        first reader that asks for one of its files."""
         if processes < 2 or not self.groups:
+            self.known = frozenset(self.known)
             return
+        t0 = timing.clock()
         known, vault = self.known, self.vault
+        pids: list[int] = []
         parent = os.getpid()
 
         def build(group: list[str]) -> bytes:
-            _end_with(parent)  # a forked builder writes packs: it must not outlive a snap killed with SIGKILL
+            if os.getpid() != parent:  # a forked builder: it writes packs and holds the vault's lock, so it
+                _end_with(parent)  # must not outlive a snap killed with SIGKILL
             return _build(vault, known, group)
 
-        self._started = start_each(build, self.groups, processes)
+        try:
+            answers = map_all(build, self.groups, [len(g) for g in self.groups],
+                              processes=processes, here=False, pids=pids)  # this process keeps no writer's heap
+        finally:  # a child killed mid-pack (Ctrl-C here, or the kernel) leaves its temp pack: removed now
+            vault.state.clean_dead_tmp(pids)
+        for n, got in enumerate(answers):
+            self._take(n, got)
+        if timing.ON:
+            timing.add("scan: small files in groups (forked processes)", t0)
 
     def digest(self, path: str, key: Key) -> FileDigest | None:
         """The digest of ``path`` read by its group under stat key ``key``; None when it is in no group, was
         not read there (its group failed, it could not be read), or was read under other stats."""
         n = self.where.get(path)
-        if n is None or self._stopped:
+        if n is None:
             return None
-        with self._locks[n]:  # a reader takes or builds it; another that wants one of its files waits for it
+        with self._locks[n]:  # a reader builds or opens it; another that wants one of its files waits for it
             answers = self._answers[n]
             if answers is None:
                 if self._built[n] is None:
-                    self._take(n, self._built_answer(n))
-                    if self._stopped:
-                        return None
+                    t0 = timing.clock()
+                    self._take(n, _build(self.vault, self.known, self.groups[n]))
+                    if timing.ON:
+                        timing.add("readers: small files in groups (this process)", t0)
                 answers = self._open(n)
             got = answers.pop(path, None)
             self._left[n] -= 1
             if self._left[n] <= 0:
                 self._answers[n] = {}  # every file asked for: nothing more to hold
         return got[1] if got is not None and got[0] == key else None
-
-    def _built_answer(self, n: int) -> bytes:
-        """Group ``n`` as built by a forked builder (waited for), or built here when none answered it."""
-        t0 = timing.clock()
-        got = self._started.take(n) if self._started is not None else None
-        if got is not None:
-            if timing.ON:
-                timing.add("readers: wait for a forked group", t0)
-            return got
-        if self._stopped:
-            return b""
-        got = _build(self.vault, self.known, self.groups[n])
-        if timing.ON:
-            timing.add("readers: small files in groups (this process)", t0)
-        return got
-
-    def stop(self) -> None:
-        """The scan is failing or interrupted: the builders are killed, and no reader waits for a group or
-        builds one any more."""
-        self._stopped = True
-        if self._started is not None:
-            self._started.stop()
-
-    def close(self) -> None:
-        """Reap the builders (``stop`` first when the scan failed) and remove the temp packs of any killed
-        mid-group; always called once the scan is done with the groups."""
-        started, self._started = self._started, None
-        if started is not None:
-            try:
-                started.close()
-            finally:
-                self.vault.state.clean_dead_tmp(started.pids)
 
     def _take(self, n: int, got: bytes) -> None:
         """Keep a group's answer as built (b"": it failed) and the packs it stored."""
@@ -205,12 +172,7 @@ class SmallGroups:
         return answers
 
     def finish(self, writer) -> None:
-        """The groups' packs into the vault's index (group order) and their bytes into ``writer``'s count;
-        a group no reader asked for is taken (or built) first."""
-        for n in range(len(self.groups)):
-            with self._locks[n]:
-                if self._built[n] is None and self._answers[n] is None:
-                    self._take(n, self._built_answer(n))
+        """The groups' packs into the vault's index (group order) and their bytes into ``writer``'s count."""
         for packs, nbytes, objects in self._packs:
             self.vault.add_packs(packs)
             writer.count(nbytes, objects)
@@ -243,7 +205,7 @@ def _build(vault: Vault, known, group: list[str]) -> bytes:
     A file that cannot be read is left out, for the pipeline to read at its turn and say why."""
     packs: list = []
     writer = vault.writer(threads=1, on_commit=lambda pack_id, locs: packs.append((pack_id, locs)))
-    ing = Ingester(writer, known, threads=1)
+    ing = Ingester(writer, known.__contains__, threads=1)
     done = []
     t0 = timing.clock()
     try:

@@ -168,23 +168,14 @@ def scan_environment(
             found = small_groups(builder, slow)
             if found:
                 groups = SmallGroups(vault, found)
+                groups.start(default_group_processes())
+        planned = _planned(builder, ing, slow, groups)
         try:
-            if groups is not None:
-                groups.start(default_group_processes())  # forked before the pipeline's threads start
-            planned = _planned(builder, ing, slow, groups)
-            try:
-                _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
-            except BaseException:
-                if groups is not None:
-                    groups.stop()  # no reader thread waits for a builder any more
-                raise
-            finally:
-                planned.close()  # on an error, stop the reader threads now
-            if groups is not None:
-                groups.finish(writer)
+            _build_all(planned, builder, writer, vault, cache, prefix, mode, packages, progress)
         finally:
-            if groups is not None:
-                groups.close()
+            planned.close()  # on an error, stop the reader threads now
+        if groups is not None:
+            groups.finish(writer)
         warnings = builder.warnings + warnings
     packages.sort(key=lambda p: (p["name"], p["version"]))
     stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
