@@ -45,7 +45,7 @@ def _device_rows() -> list[str]:
     """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
     res = ROOT / "bench" / "results"
     now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
-    mid_name = "6f566a1"  # the whole run on the code the last session ended with
+    mid_name = "14fb1e6"  # the last whole run before this one (the eighteenth session)
     mid_p = res / f"gpu_env_run_{mid_name}.json"
     if not now_p.exists():
         return []
@@ -59,7 +59,7 @@ def _device_rows() -> list[str]:
              f"`{m.get('venv')}` (Python {m.get('python')}, {m.get('files')} files), median of {m.get('repeat')} "
              f"run(s), page cache warm for envvault and anchor alike; code: {m.get('code', '?')}. 'before' is the "
              "same script on the code this work started from (`gpu_env_run_baseline.json`, one run, its anchor in "
-             f"brackets); '{mid_name}' the whole run on the code the last session ended with "
+             f"brackets); '{mid_name}' the last whole run before it "
              f"(`gpu_env_run_{mid_name}.json`: {mid_doc['machine'].get('code', '?')}), its ratio in brackets; a row "
              "with no 'now' was not rerun.", "",
              f"| figure | before | {mid_name} | now | anchor | anchor now | ratio now | goal |",
