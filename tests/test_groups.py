@@ -90,6 +90,7 @@ _BUILD = """
     from pathlib import Path
     from types import SimpleNamespace
     from envvault.snap import groups as G
+    from envvault.vault.statcache import stat_key
     from envvault.vault.store import Vault
 
     site = Path({site!r})
@@ -103,7 +104,7 @@ _BUILD = """
         digests = {{}}
         for path in files:
             st = os.lstat(path)
-            got = groups.digest(path, (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+            got = groups.digest(path, stat_key(st))
             digests[path] = None if got is None else [got.sha256, got.size, got.chunks]
         count = SimpleNamespace(written_objects=0)
         count.count = lambda nbytes, objects: setattr(count, "written_objects", count.written_objects + objects)
@@ -371,3 +372,79 @@ take_snapshot(Vault.open(Path({str(tmp_path / "v")!r}), create=True), Path({str(
     while any(map(running, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(map(running, pids)), [p for p in pids if running(p)]
+
+
+def test_the_pipeline_takes_every_grouped_files_digest_from_its_group(tmp_path, make_venv, wheelhouse):
+    """A first snap with groups (built by the readers, or by 3 forked processes) reads no grouped file a
+    second time: every file of a group is answered from it (``SmallGroups.digest`` under the stat key the plan
+    found), so the small files' reads, hashes and packs are the groups' alone. A key the pipeline spelled
+    differently from the groups' would answer None for each, and the pipeline would read them all again."""
+    venv = _venv_with_files(make_venv, wheelhouse)
+    got = _fresh(f"""
+        from pathlib import Path
+        from envvault.snap import groups as G, take_snapshot
+        from envvault.vault.store import Vault
+
+        G.MIN_BYTES = 1
+        G.GROUP_FILES = 3
+        real = G.SmallGroups.digest
+        out = {{}}
+
+        def counted(self, path, key):
+            got = real(self, path, key)
+            if path in self.where:
+                asked.append(got is not None)
+            return got
+
+        G.SmallGroups.digest = counted
+        for processes in (1, 3):
+            asked = []
+            os.environ["ENVVAULT_GROUP_PROCESSES"] = str(processes)
+            made = []
+            init = G.SmallGroups.__init__
+            G.SmallGroups.__init__ = lambda self, vault, groups: made.append(sum(map(len, groups))) or init(self, vault, groups)
+            take_snapshot(Vault.open(Path({str(tmp_path)!r}) / f"v{{processes}}", create=True), Path({str(venv)!r}),
+                          argv=["test"])
+            G.SmallGroups.__init__ = init
+            out[processes] = {{"grouped": made, "asked": len(asked), "answered": sum(asked)}}
+        print(json.dumps(out))
+    """)
+    for processes in ("1", "3"):
+        run = got[processes]
+        assert run["grouped"] and run["grouped"][0] >= 6, got
+        assert run["answered"] == run["asked"] == run["grouped"][0], got
+
+
+def test_no_fork_leaves_the_groups_to_the_readers_and_no_builder_is_forked_without_a_group(tmp_path, make_venv,
+                                                                                             wheelhouse):
+    """With another thread alive (forking is unsafe), ``start`` builds nothing up front: each group is built
+    by the first reader that asks for one of its files, as on fewer than 8 cores. With two groups and eight
+    processes asked for, two builders are forked, not eight."""
+    venv = _venv_with_files(make_venv, wheelhouse)
+    got = _fresh(_BUILD.format(site=str(site_packages(venv))) + f"""
+    real = G._build
+    built = []
+    G._build = lambda vault, known, group: built.append(os.getpid()) or real(vault, known, group)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    vault = Vault.open(Path({str(tmp_path / "a")!r}), create=True)
+    groups = G.SmallGroups(vault, cut)
+    groups.start(3)
+    up_front = len(built)
+    st = os.lstat(cut[1][0])
+    first = groups.digest(cut[1][0], stat_key(st))
+    after_one = len(built)
+    groups.finish(SimpleNamespace(count=lambda nbytes, objects: None))
+    stop.set()
+    other.join()
+    forks_threaded = len(forks)
+    vault2 = Vault.open(Path({str(tmp_path / "b")!r}), create=True)
+    two = G.SmallGroups(vault2, cut[:2])
+    two.start(8)
+    print(json.dumps({{"up_front": up_front, "after_one": after_one, "answered": first is not None,
+                      "forks_threaded": forks_threaded, "forks_two": len(forks) - forks_threaded,
+                      "left": not no_children_left()}}))
+    """)
+    assert got["forks_threaded"] == 0 and got["up_front"] == 0 and got["after_one"] == 1 and got["answered"], got
+    assert got["forks_two"] == 2 and not got["left"], got

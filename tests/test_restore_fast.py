@@ -596,3 +596,30 @@ def test_a_backup_that_fails_before_its_commit_saves_no_stat_cache(tmp_path, mak
     assert named > 0 and missing == []
     res = ev_json(vault_path, "restore", sid, "--venv", venv)
     assert res["verified"] is True and res["backup"]
+
+
+def test_a_manifest_file_without_a_mode_that_is_not_bytecode_keeps_its_distribution_out_of_the_groups(tmp_path):
+    """``_as_recorded`` (the restore's check before it records a distribution's group): a file on disk as its
+    entry and the stat cache record it passes; the same file in an entry without a mode (only bytecode has
+    none in a manifest envvault writes; a crafted vault may say so of any file) fails, since a group leaves such
+    entries out and a later edit of that file would never be seen; bytecode without a mode passes."""
+    from types import SimpleNamespace
+
+    from envvault.model.manifest import FileEntry
+    from envvault.restore.apply import _as_recorded
+    from envvault.vault.statcache import stat_key
+
+    root = tmp_path / "env"
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    mod = root / "pkg" / "mod.py"
+    mod.write_bytes(b"x = 1\n")
+    mod.chmod(0o644)
+    (root / "pkg" / "__pycache__" / "mod.cpython-312.pyc").write_bytes(b"\0" * 16)
+    sha = record_sha256(b"x = 1\n")
+    cache = SimpleNamespace(files={"pkg/mod.py": (stat_key(os.lstat(mod)), sha)})
+    base = f"{root}/"
+    pyc = FileEntry(path="pkg/__pycache__/mod.cpython-312.pyc", record="pkg/__pycache__/mod.cpython-312.pyc")
+    with_mode = FileEntry(path="pkg/mod.py", record="pkg/mod.py", sha256=sha, size=6, mode=0o644)
+    no_mode = FileEntry(path="pkg/mod.py", record="pkg/mod.py", sha256=sha, size=6)
+    assert _as_recorded(cache, base, SimpleNamespace(files=[with_mode, pyc]))
+    assert not _as_recorded(cache, base, SimpleNamespace(files=[no_mode, pyc]))

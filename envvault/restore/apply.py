@@ -193,12 +193,14 @@ def _every_row_listed(base: str, man) -> bool:
     snapshot's): a row the manifest leaves out (a folder a RECORD names, a path outside the environment) is one
     a rebuild would look at again and a group would not."""
     from envvault.env.static import read_env_file
+    from envvault.model.record import parse_record
 
     try:
         data = read_env_file(f"{base}{man.dist_info}/RECORD")
     except (OSError, EnvvaultError):
         return False
-    return sum(1 for line in data.split(b"\n") if line.strip()) == len(man.files)
+    rows, problems = parse_record(data.decode("utf-8", "replace"))
+    return not problems and len(rows) == len(man.files)
 
 
 def _dist_info_closed(base: str, man) -> bool:
@@ -236,7 +238,8 @@ def _as_recorded(cache, base: str, man) -> bool:
     """True when every file ``man`` lists is on disk as it records it: each stored file a regular file with
     the manifest's mode and hash, its stat cache entry made for those very stats (``populate_statcache``, or
     the scan before the restore for a file it kept); each link pointing where the manifest says; each file
-    recorded missing absent. Bytecode and entries without a mode are not in a group (``remember_group``)."""
+    recorded missing absent; an entry without a mode is bytecode (not in a group: ``remember_group``), else False."""
+    from envvault.model.identity import is_bytecode
     from envvault.vault.statcache import stat_key
 
     files = cache.files
@@ -248,8 +251,10 @@ def _as_recorded(cache, base: str, man) -> bool:
                 if os.path.lexists(full):
                     return False
                 continue
-            if f.mode is None:
-                continue
+            if f.mode is None:  # bytecode (never stored); any other file without a mode: a rebuild differs
+                if is_bytecode(f.path):
+                    continue
+                return False
             st = lstat(full)
             if f.link is not None:
                 if not stat.S_ISLNK(st.st_mode) or os.readlink(full) != f.link:

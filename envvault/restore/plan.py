@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
-from envvault.model.records import dataclass
+from envvault.model.records import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from envvault.diff import DiffResult, diff_snapshots, exec_change
@@ -238,8 +238,8 @@ def make_plan(
             if path in taken:  # written once (its bytes are the same: one file on disk, hashed once a listing)
                 at = written_at.get(path)
                 if at is not None and writes[at].package in system_names and p.installer != "debian":
-                    w = writes[at]  # held only if every distribution listing it is the system's (managed.py)
-                    writes[at] = FileWrite(w.path, w.chunks, w.size, w.sha256, w.mode, w.link, p.name)
+                    # held only if every distribution listing it is the system's (managed.py)
+                    writes[at] = replace(writes[at], package=p.name)
                 continue
             if f.link is not None:
                 lp = link_target_problem(path, f.link)

@@ -30,9 +30,10 @@ from envvault.errors import EnvironmentProblem
 from envvault.model.identity import is_bytecode
 from envvault.vault import timing
 from envvault.vault.ingest import SMALL_FILE, FileDigest, Ingester
+from envvault.vault.statcache import stat_key
 from envvault.vault.store import Vault
 
-from .forked import map_all
+from .forked import can_fork, map_all
 
 __all__ = ["SmallGroups", "small_groups", "MIN_BYTES", "GROUP_BYTES", "GROUP_FILES"]
 
@@ -76,7 +77,7 @@ def small_groups(builder, dists: Sequence) -> list[list[str]]:
     return groups if total >= MIN_BYTES else []
 
 
-Key = tuple  # (st_size, st_mtime_ns, st_ino, st_ctime_ns): the stat cache's key (statcache.stat_key)
+Key = list  # [st_size, st_mtime_ns, st_ino, st_ctime_ns]: the stat cache's key (statcache.stat_key)
 
 
 class SmallGroups:
@@ -108,9 +109,10 @@ class SmallGroups:
         """Before the pipeline: build every group in ``processes`` forked processes (``forked.map_all``: this
         one only waits, and builds what a child did not); with one process, none here: each is built by the
         first reader that asks for one of its files."""
-        if processes < 2 or not self.groups:
+        if processes < 2 or not self.groups or not can_fork():  # no fork: each built by the first reader
             self.known = frozenset(self.known)
             return
+        processes = min(processes, len(self.groups))  # no builder without a group to take
         t0 = timing.clock()
         known, vault = self.known, self.vault
         pids: list[int] = []
@@ -167,7 +169,7 @@ class SmallGroups:
             done = marshal.loads(got)[0]
             group = self.groups[n]
             for i, key, sha, size, chunks in done:
-                answers.setdefault(group[i], (tuple(key), FileDigest(sha, size, chunks)))
+                answers.setdefault(group[i], (key, FileDigest(sha, size, chunks)))
         self._answers[n] = answers
         return answers
 
@@ -217,7 +219,7 @@ def _build(vault: Vault, known, group: list[str]) -> bytes:
                 fd = ing.ingest(path, st.st_size)
             except (OSError, EnvironmentProblem):
                 continue
-            done.append((i, (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), fd.sha256, fd.size, fd.chunks))
+            done.append((i, stat_key(st), fd.sha256, fd.size, fd.chunks))
         writer.flush()
         if timing.ON:  # in a child: "forked children: groups: ..." in this process's report
             timing.add("groups: a group read, hashed, packed", t0)

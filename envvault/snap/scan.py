@@ -378,7 +378,7 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list, groups=None) 
             return item
         if groups is not None:
             st = item.st
-            got = groups.digest(item.absolute, (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+            got = groups.digest(item.absolute, stat_key(st))
             if got is not None:
                 return item, got
         return item, read(item.absolute, item.st.st_size)
