@@ -495,6 +495,20 @@ def test_thread_counts_from_the_environment(monkeypatch):
     assert threads.default_restorers() == 16
 
 
+def test_group_processes_by_cores(monkeypatch):
+    """A first snap's group builders: none forked on one core, 2 on 2 to 7 cores, half the cores (at most 8)
+    from 8 on; ``ENVVAULT_GROUP_PROCESSES`` overrides it (1 up to 64)."""
+    from envvault.vault import threads
+
+    monkeypatch.delenv("ENVVAULT_GROUP_PROCESSES", raising=False)
+    for cores, want in ((1, 1), (2, 2), (7, 2), (8, 4), (16, 8), (64, 8)):
+        monkeypatch.setattr(threads, "usable_cores", lambda cores=cores: cores)
+        assert threads.default_group_processes() == want, cores
+    for value, want in (("1", 1), ("3", 3), ("100", 64), ("0", 8), ("many", 8)):
+        monkeypatch.setenv("ENVVAULT_GROUP_PROCESSES", value)
+        assert threads.default_group_processes() == want, value
+
+
 def test_the_materializer_writes_on_the_restorers_count():
     """Every restore path takes its thread count from the one rule: ``materialize.WORKERS`` (the default of
     ``stage``, which the environment restore, ``--into``, the compile cache restore and export use) is

@@ -83,8 +83,10 @@ def default_restorers() -> int:
 
 def default_group_processes() -> int:
     """Forked processes that build a first snap's groups of small files before the pipeline
-    (``snap/groups.py``): on 8 cores or more, half of them, at most 8; else 1: none forked, each group built by
-    the reader that first reaches it (on 2 cores forked builders made a snap no quicker). The groups, and so
-    the packs, are the same either way. ``ENVVAULT_GROUP_PROCESSES`` overrides it."""
+    (``snap/groups.py``): on 8 cores or more, half of them, at most 8 (16-core device: 4 were slower than 8);
+    on 2 to 7 cores, 2 (2 cores, first snaps of the torch venv and a Python 3.10 venv, 3 rounds: 0.93x and
+    0.94x of one process's time, peak RSS 121-126 MB against 153-158 MB); on one core, 1: none forked, each
+    group built by the reader that first reaches it. The groups, and so the packs, are the same either way.
+    ``ENVVAULT_GROUP_PROCESSES`` overrides it."""
     cores = usable_cores()
-    return _given("ENVVAULT_GROUP_PROCESSES", 1, 64, min(8, cores // 2) if cores >= 8 else 1)
+    return _given("ENVVAULT_GROUP_PROCESSES", 1, 64, min(8, cores // 2) if cores >= 8 else min(2, cores))
