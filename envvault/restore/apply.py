@@ -193,14 +193,15 @@ def _every_row_listed(base: str, man) -> bool:
     snapshot's): a row the manifest leaves out (a folder a RECORD names, a path outside the environment) is one
     a rebuild would look at again and a group would not."""
     from envvault.env.static import read_env_file
-    from envvault.model.record import parse_record
 
     try:
         data = read_env_file(f"{base}{man.dist_info}/RECORD")
     except (OSError, EnvvaultError):
         return False
-    rows, problems = parse_record(data.decode("utf-8", "replace"))
-    return not problems and len(rows) == len(man.files)
+    # Its non-blank lines, as ``model.record.parse_record`` takes rows (any line ending), without parsing them:
+    # 2 ms for torch's 14,622 rows against 32 ms. A row only a CSV reader would join across lines (a quoted
+    # newline in a path) counts twice here: no group, the verify scan rebuilds, as for any other mismatch.
+    return sum(1 for line in data.splitlines() if line.strip()) == len(man.files)
 
 
 def _dist_info_closed(base: str, man) -> bool:
