@@ -88,10 +88,13 @@ def test_partly_live_packs_are_rewritten_and_orphans_removed(tmp_path, make_venv
     old_tmp = vault / "tmp" / ".pack.1.dead.tmp"
     old_tmp.write_bytes(b"x")
     os.utime(old_tmp, (time.time() - 7200, time.time() - 7200))
+    live_tmp = vault / "tmp" / ".pack.2.live.tmp"  # a writer's of a moment ago: it may still be alive
+    live_tmp.write_bytes(b"y")
     before = _pack_bytes(vault)
     res = ev_json(vault, "gc", "--keep-last", "1")
     assert res["rewritten_packs"] >= 1 and res["removed_packs"] >= 1
-    assert not orphan.exists() and not old_tmp.exists()
+    assert not orphan.exists() and not old_tmp.exists() and live_tmp.read_bytes() == b"y"
+    live_tmp.unlink()
     assert _pack_bytes(vault) < before - 150_000
     v = _vault(vault)
     assert all(v.has(o) for o in _objects_of(vault, keep))

@@ -114,25 +114,21 @@ class LocalState:
         """Remove the temp files (``fsutil.tmp_name``) of the processes ``pids``, which have ended: a snap's
         forked group builders killed mid-pack (``snap/groups.py``)."""
         pids = set(pids)
-        try:
-            for entry in os.scandir(self.tmp_dir):
-                if tmp_owner(entry.name) in pids and not entry.is_dir(follow_symlinks=False):
-                    try:
-                        os.unlink(entry.path)
-                    except OSError:
-                        pass
-        except OSError:
-            pass
+        self._remove_tmp(lambda entry: tmp_owner(entry.name) in pids)
 
     def clean_tmp(self, older_than: float = 3600) -> None:
         """Remove temp files left by killed writers (only old ones: a live writer may own new ones)."""
         now = time.time()
+        self._remove_tmp(lambda entry: now - entry.stat(follow_symlinks=False).st_mtime > older_than)
+
+    def _remove_tmp(self, doomed) -> None:
+        """Remove each file of the temp folder (never a folder; a symlink itself, never what it points to) for
+        which ``doomed(entry)`` holds; whatever cannot be read or removed is left."""
         try:
             for entry in os.scandir(self.tmp_dir):
                 try:
-                    st = entry.stat(follow_symlinks=False)
-                    if not entry.is_dir(follow_symlinks=False) and now - st.st_mtime > older_than:
-                        os.unlink(entry.path)  # a symlink is removed itself, never what it points to
+                    if not entry.is_dir(follow_symlinks=False) and doomed(entry):
+                        os.unlink(entry.path)
                 except OSError:
                     pass
         except OSError:
