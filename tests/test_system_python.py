@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 
 from fixtures.machine import DEBIAN_PYTHON, cpython
 from fixtures.venvs import isolated_env
-from fixtures.wheels import build_wheel
+from fixtures.wheels import build_wheel, record_hash
 from tests.evtools import assert_one_line_error, ev, ev_env
 
 
@@ -391,6 +392,64 @@ def test_two_interpreters_sharing_root_keep_their_own_baseline(pyenv_copy, tmp_p
         doc = json.loads(run("status", "--python", exe, "--json").stdout)
         assert doc["snapshot"] == sid and doc["empty"], doc
     assert not os.path.exists(userbase)
+
+
+def test_a_file_a_system_package_shares_with_a_pip_one_is_restored(tmp_path):
+    """In a system environment, a file listed by a "debian" distribution and by a pip-installed one is written
+    back by an in-place restore even when the debian one comes first in the snapshot (its write is the pip
+    package's: held only if every distribution listing it is the system's); the files only the debian one
+    lists are held, with a warning naming it."""
+    prefix = tmp_path / "py"
+    subprocess.run(["cp", "-a", str(cpython("3.12").parent.parent), str(prefix)], check=True)
+    python = prefix / "bin" / "python3.12"
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "aaasys", "1.0", {"aaasys/__init__.py": b"S = 1\n", "sharedpkg/common.txt": b"same\n"})
+    build_wheel(wheels, "zzzpip", "1.0", {"zzzpip/__init__.py": b"P = 1\n", "sharedpkg/common.txt": b"same\n"})
+    (tmp_path / "home").mkdir()
+    (tmp_path / "dpkg").mkdir()  # no dpkg list: only INSTALLER makes aaasys the system's
+    env = isolated_env({"PYTHONUSERBASE": str(tmp_path / "user"), "HOME": str(tmp_path / "home"),
+                        "ENVVAULT_DPKG_ADMINDIR": str(tmp_path / "dpkg"), "PIP_NO_INDEX": "1",
+                        "PIP_FIND_LINKS": str(wheels)})
+    _pip(python, env, "install", "aaasys==1.0", "zzzpip==1.0")
+    site = prefix / "lib" / "python3.12" / "site-packages"
+    di = site / "aaasys-1.0.dist-info"
+    installer = b"debian\n"
+    (di / "INSTALLER").write_bytes(installer)  # and RECORD's row for it updated: the snapshot sees no edited file
+    rows = (di / "RECORD").read_text().splitlines()
+    assert any(r.startswith("aaasys-1.0.dist-info/INSTALLER,sha256=") for r in rows), rows
+    (di / "RECORD").write_text("".join(
+        f"aaasys-1.0.dist-info/INSTALLER,{record_hash(installer)},{len(installer)}\n"
+        if r.startswith("aaasys-1.0.dist-info/INSTALLER,") else f"{r}\n" for r in rows))
+
+    vault = tmp_path / "vault"
+    run_env = ev_env(vault, UV_CACHE_DIR=str(tmp_path / "uv-cache"),
+                     **{k: env[k] for k in ("PYTHONUSERBASE", "HOME", "ENVVAULT_DPKG_ADMINDIR")})
+    run = lambda *a, **kw: ev(vault, *a, env=run_env, **kw)  # noqa: E731
+    snap = json.loads(run("snap", "--python", python, "--no-caches", "--json").stdout)
+    shown = json.loads(run("show", snap["id"], "--json").stdout)
+    order = [p["name"] for p in shown["packages"]]
+    assert order.index("aaasys") < order.index("zzzpip"), order  # the debian one's write of the file comes first
+    pk = _packages(shown)
+    assert pk["aaasys"]["installer"] == "debian" and pk["zzzpip"]["installer"] == "pip"
+    assert not pk["aaasys"]["modified"] and not pk["zzzpip"]["modified"]
+
+    # No distribution lists the shared file now but zzzpip (pip): aaasys is gone, the file deleted.
+    shutil.rmtree(site / "aaasys")
+    shutil.rmtree(di)
+    shared = site / "sharedpkg" / "common.txt"
+    shared.unlink()
+    restored = run("restore", snap["id"], "--python", python, "--json", check=False)
+    doc = json.loads(restored.stdout)
+    assert restored.returncode == 1 and not doc["verified"], restored.stderr  # aaasys is still gone
+    assert shared.read_bytes() == b"same\n"
+    assert not (site / "aaasys").exists() and not di.exists()
+    left = doc["remaining"]["packages"]  # zzzpip whole again; aaasys, held, the one difference
+    assert _names(left["added"]) == {"aaasys"} and not left["changed"] and not left["removed"], left
+    # Held: every file aaasys alone lists (its RECORD less bytecode and the shared file), named in one warning.
+    alone = [r for r in rows if not r.startswith("sharedpkg/") and "__pycache__" not in r]
+    held = [w for w in doc["warnings"] if "the system package of aaasys" in w]
+    assert len(held) == 1 and held[0].startswith(f"{len(alone)} file(s) of the system package of aaasys are "
+                                                 "managed by the system package manager"), doc["warnings"]
 
 
 # -- every other pyenv CPython: the cycle's core on a copy of each -----------------------------------------
