@@ -524,6 +524,28 @@ def test_the_materializer_writes_on_the_restorers_count():
         assert out.stdout.split() == [want, want], out.stdout
 
 
+def test_a_count_a_user_sets_that_is_no_count_is_ignored_everywhere():
+    """Every ``ENVVAULT_*`` count goes through one rule (``threads.env_count``): a value that is no whole
+    number, or below the least, gives the default; one above the most is capped. The S3 vault's counts, read
+    as ``vault/s3.py`` is imported, follow it too: ``ENVVAULT_S3_RETRIES=0`` once made every S3 call fail
+    with an internal error (no attempt at all), and a word failed the import."""
+    import subprocess
+
+    from envvault.vault.threads import env_count
+
+    for value, want in (("", 6), ("x", 6), ("1.5", 6), ("0", 6), ("-2", 6), ("1", 1), ("40", 40), ("1000", 100)):
+        os.environ["ENVVAULT_TEST_COUNT"] = value
+        try:
+            assert env_count("ENVVAULT_TEST_COUNT", 1, 100, 6) == want, value
+        finally:
+            del os.environ["ENVVAULT_TEST_COUNT"]
+    code = "from envvault.vault import s3; print(s3.RETRIES, s3.FETCHERS)"
+    for retries, fetchers, want in (("0", "none", "6 8"), ("many", "-1", "6 8"), ("2", "3", "2 3"), ("500", "500", "100 64")):
+        env = {**os.environ, "ENVVAULT_S3_RETRIES": retries, "ENVVAULT_S3_FETCHERS": fetchers}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == want.split(), (retries, fetchers, out.stdout)
+
+
 def _affinity() -> int:
     """The cores this test process may run on, asked of the OS here (not through envvault's rule)."""
     return len(os.sched_getaffinity(0))

@@ -54,9 +54,10 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
             processes: int | None = None, here: bool = True, pids: list | None = None) -> list[bytes]:
     """``[fn(item) for item in items]``, in forked children when that pays; ``fn`` must only read (what it
     changes stays in the child) and return bytes, its whole answer. Whatever a child does not answer is
-    computed here by the same ``fn``. ``processes``: how many share the work (this one included) in place of
-    ``workers_for``'s rule, where forking is safe at all (``can_fork``). ``here=False``: this process only
-    waits, and forks one child more (work whose memory this process should not keep). ``pids``: given a list,
+    computed here by the same ``fn``. ``processes``: how many processes do the work (this one among them),
+    in place of ``workers_for``'s rule and its ``FORK_MIN_WEIGHT``, where forking is safe at all
+    (``can_fork``). ``here=False``: this process only waits and forks ``processes`` children (work whose
+    memory this process should not keep). ``pids``: given a list,
     each child's process id is added to it (every one has ended when this returns or raises)."""
     total = sum(weights)
     workers = workers_for(total) if processes is None else (processes if can_fork() else 1)

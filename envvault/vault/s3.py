@@ -21,6 +21,7 @@ from typing import Any, Callable, TypeVar
 from envvault.errors import CorruptError, NotFoundError, StorageError, UsageError
 from envvault.vault.backend import DEFAULT_LIMIT, Missing, ObjectInfo, ReadFailed, check_kind
 from envvault.vault.location import S3Url, parse_s3_url
+from envvault.vault.threads import env_count
 
 __all__ = ["S3Backend", "open_vault"]
 
@@ -85,11 +86,11 @@ _ID = re.compile(r"^[0-9a-f]{64}$")
 _SUFFIX = {"packs": ".pack", "index": ".idx", "snapshots": ".json", "tags": "", "locks": ".json"}
 _CONFIG_NAMES = {"config": "config.json", "settings": "settings.json"}
 # Attempts of one call after obstore's own retries (5xx, dropped connections) gave up, with backoff.
-RETRIES = int(os.environ.get("ENVVAULT_S3_RETRIES", "6"))
+RETRIES = env_count("ENVVAULT_S3_RETRIES", 1, 100, 6)
 # A command that fetched this many snapshot documents one by one leaves a bundle of them for the next node.
 BUNDLE_MIN = 32
 # Objects fetched into the node cache at once by ``prefetch`` (a restore's packs, a cold node's index files).
-FETCHERS = int(os.environ.get("ENVVAULT_S3_FETCHERS", "8"))
+FETCHERS = env_count("ENVVAULT_S3_FETCHERS", 1, 64, 8)
 
 
 def _ob():

@@ -9,7 +9,7 @@ import os
 
 __all__ = [
     "usable_cores", "default_readers", "default_namers", "default_compressors", "default_writers", "default_restorers",
-    "default_group_processes",
+    "default_group_processes", "env_count",
 ]
 
 
@@ -29,8 +29,9 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _given(var: str, least: int, most: int, default: int) -> int:
-    """``$var`` as a count from ``least`` up (at most ``most``), else ``default``."""
+def env_count(var: str, least: int, most: int, default: int) -> int:
+    """``$var`` as a count from ``least`` up (at most ``most``), else ``default``: the one rule for every
+    ``ENVVAULT_*`` count a user may set (a value that is not a whole number, or below ``least``, is ignored)."""
     try:
         given = int(os.environ.get(var, ""))
     except ValueError:
@@ -44,7 +45,7 @@ def default_readers() -> int:
     Measured on the 16-core device (7.3 GB venv, 6 namers, 2026-12-01): 2 readers 10.2 s, 4: 11.0 s; below
     8 cores the pack writer's compressors want the cores (2 cores, torch venv: a first snap 10-15% slower
     with a second reader). See docs/benchmarks.md."""
-    return _given("ENVVAULT_READERS", 1, 64, 2 if usable_cores() >= 8 else 1)
+    return env_count("ENVVAULT_READERS", 1, 64, 2 if usable_cores() >= 8 else 1)
 
 
 def default_namers() -> int:
@@ -52,7 +53,7 @@ def default_namers() -> int:
     overrides it; 0 turns naming ahead off); below 8 cores none. Each holds one ``WINDOW`` of a file.
     16-core device, 2 readers: no namers 14.1 s, 4: 11.3 s, 6: 10.2 s, 8: 10.2 s."""
     cores = usable_cores()
-    return _given("ENVVAULT_NAMERS", 0, 64, max(3, min(6, cores * 3 // 8)) if cores >= 8 else 0)
+    return env_count("ENVVAULT_NAMERS", 0, 64, max(3, min(6, cores * 3 // 8)) if cores >= 8 else 0)
 
 
 def default_compressors() -> int:
@@ -61,7 +62,7 @@ def default_compressors() -> int:
     ``ENVVAULT_COMPRESSORS`` overrides it. 16-core device, 7.3 GB venv (2026-12-01): 8 compressors
     11.3 s / 290 MB, 12: 11.1-11.8 s / 322 MB, 16: 11.7 s / 345 MB."""
     cores = usable_cores()
-    return _given("ENVVAULT_COMPRESSORS", 1, 256, max(2, min(16, cores // 2) if cores >= 8 else cores))
+    return env_count("ENVVAULT_COMPRESSORS", 1, 256, max(2, min(16, cores // 2) if cores >= 8 else cores))
 
 
 def default_writers() -> int:
@@ -69,7 +70,7 @@ def default_writers() -> int:
     them): 1 (``ENVVAULT_WRITERS`` overrides it). Measured on the 16-core device (7.3 GB venv, 2026-12-01,
     bench/results/gpu_stages_8.json): 1 writer 11.1 s, 4 writers 12.7 s (their writes took 9.4 s in all
     against 1.6 s: they contend); the pack thread writing every frame itself, before, spent 5.2 s on it."""
-    return _given("ENVVAULT_WRITERS", 1, 64, 1)
+    return env_count("ENVVAULT_WRITERS", 1, 64, 1)
 
 
 def default_restorers() -> int:
@@ -78,7 +79,7 @@ def default_restorers() -> int:
     Creating files waits on the filesystem's metadata as much as on a core; on 2 cores 4 threads were no
     faster than 2 under load. Measured on the 16-core device (``restore --into`` of the 7.3 GB venv, 2026-12-05,
     bench/results/gpu_into_threads_11fa550.txt): 4 threads 15.96 s, 8: 10.86-13.98 s, 16: 15.94-20.76 s."""
-    return _given("ENVVAULT_RESTORERS", 1, 64, max(1, min(8, usable_cores())))
+    return env_count("ENVVAULT_RESTORERS", 1, 64, max(1, min(8, usable_cores())))
 
 
 def default_group_processes() -> int:
@@ -89,4 +90,4 @@ def default_group_processes() -> int:
     group built by the reader that first reaches it. The groups, and so the packs, are the same either way.
     ``ENVVAULT_GROUP_PROCESSES`` overrides it."""
     cores = usable_cores()
-    return _given("ENVVAULT_GROUP_PROCESSES", 1, 64, min(8, cores // 2) if cores >= 8 else min(2, cores))
+    return env_count("ENVVAULT_GROUP_PROCESSES", 1, 64, min(8, cores // 2) if cores >= 8 else min(2, cores))
