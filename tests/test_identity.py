@@ -321,3 +321,14 @@ def test_diff_across_identity_versions():
     assert [(c["name"], c["kind"]) for c in diff_snapshots(a, b).to_json()["packages"]["changed"]] == [("dill", "build")]
     c = {"packages": [_summary("dill", "b", 2, scripts=None)]}
     assert diff_snapshots(a, c).to_json()["packages"]["changed"] == []
+
+
+def test_record_rows_share_one_algorithm_name():
+    """A scan holds every RECORD row of the environment (69,000 on a GPU host's venv): the rows' algorithm
+    names are one string, not one a row; an unknown name is kept as written."""
+    from envvault.model.record import parse_record
+
+    text = "".join(f"pkg/m{i}.py,sha256=AAAA{i},{i}\n" for i in range(3)) + "pkg/x.py,blake9=BB,1\n"
+    rows, problems = parse_record(text)
+    assert not problems and [r.algo for r in rows] == ["sha256"] * 3 + ["blake9"]
+    assert rows[0].algo is rows[1].algo is rows[2].algo

@@ -115,6 +115,35 @@ def test_env_snap_same_packs_with_one_and_four_readers(tmp_path, make_venv, whee
     assert a and a == b
 
 
+def test_a_planned_read_holds_its_stat_key_not_its_stat_result(tmp_path, make_venv, wheelhouse, monkeypatch):
+    """A full scan plans every read ahead of the pipeline (tens of thousands on a GPU host's venv), so a
+    ``ReadRequest`` holds no ``os.stat_result`` (about 600 bytes of objects) and no absolute path of its own:
+    its stat key, the stat cache then keeps as it is (the same list), and its path relative to the root (the
+    manifest entry's own string), the absolute path made from the root when asked for."""
+    import gc
+
+    from envvault.snap import manifests, take_snapshot
+    from envvault.vault.statcache import StatCache
+    from envvault.vault.store import Vault
+
+    venv = make_venv("uv")
+    uv_install(venv, *(str(wheelhouse[k]) for k in (C.TORCH_CU128, C.SMALL_01)))
+    plans, kept = [], []
+    real_plan, real_put_key = manifests.ManifestBuilder.plan, StatCache.put_key
+    monkeypatch.setattr(manifests.ManifestBuilder, "plan", lambda self, dist: plans.append(real_plan(self, dist)) or plans[-1])
+    monkeypatch.setattr(StatCache, "put_key", lambda self, rel, key, *a: kept.append(key) or real_put_key(self, rel, key, *a))
+    take_snapshot(Vault.open(tmp_path / "v", create=True), venv, argv=["test"])
+    reads = [r for plan in plans for r in plan.reads]
+    assert len(reads) > 20 and kept, (len(reads), len(kept))
+    for r in reads:
+        assert not any(isinstance(o, os.stat_result) for o in gc.get_referents(r)), r
+        st = os.lstat(r.absolute)
+        assert r.absolute == os.path.join(str(venv), r.rel) and r.size == st.st_size
+        assert r.key == [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+        assert r.rel is r.entry["path"]  # one string for both
+    assert {id(k) for k in kept} <= {id(r.key) for r in reads}  # the stat cache keeps the request's key itself
+
+
 def _small_read_ahead(monkeypatch, tmp_path: Path, sizes: list[int], seed: int) -> list[Path]:
     """A 2 MiB read-ahead (1 MiB more for the head) and files of ``sizes`` random bytes to read."""
     from envvault.vault import ingest

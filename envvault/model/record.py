@@ -47,6 +47,9 @@ class RecordProblem:
         return f"row {self.row}: {self.problem}"
 
 
+_ALGOS = {name: name for name in ("sha256", "sha384", "sha512", "sha1", "md5")}
+
+
 def _entry(row: list[str], number: int, problems: list[RecordProblem]) -> RecordEntry | None:
     found = []
     if len(row) != 3:
@@ -61,6 +64,8 @@ def _entry(row: list[str], number: int, problems: list[RecordProblem]) -> Record
         if not sep or not algo or not digest:
             found.append(f"has a bad hash {hash_field[:40]!r} (want algo=digest)")
             algo = digest = None
+        else:  # one "sha256" for every row, not a string a row (a scan holds tens of thousands of rows)
+            algo = _ALGOS.get(algo, algo)
     size = None
     if size_field:
         if size_field.isdigit():

@@ -253,7 +253,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
     weight, path = _read_fns()
 
     def read(need, read_file):
-        return need, read_file(need.absolute, need.st.st_size)
+        return need, read_file(need.absolute, need.size)
 
     def answer(item) -> bytes:
         seen = len(builder.warnings)
@@ -305,7 +305,7 @@ def _read_fns():
     from .manifests import DistPlan
 
     def weight(item) -> int | None:
-        return None if isinstance(item, DistPlan) else item.st.st_size
+        return None if isinstance(item, DistPlan) else item.size
 
     def path(item):
         return None if isinstance(item, DistPlan) else item.absolute
@@ -377,11 +377,10 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list, groups=None) 
         if isinstance(item, DistPlan):
             return item
         if groups is not None:
-            st = item.st
-            got = groups.digest(item.absolute, stat_key(st))
+            got = groups.digest(item.absolute, item.key)
             if got is not None:
                 return item, got
-        return item, read(item.absolute, item.st.st_size)
+        return item, read(item.absolute, item.size)
 
     weight, path = _read_fns()
     results = ing.map_ordered(run, items(), weight=weight, path=path)

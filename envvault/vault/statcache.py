@@ -123,11 +123,15 @@ class StatCache:
         return None
 
     def put(self, rel: str, st: os.stat_result, sha256: str, chunks: list[str] | None) -> None:
+        self.put_key(rel, stat_key(st), sha256, chunks)
+
+    def put_key(self, rel: str, key: list, sha256: str, chunks: list[str] | None) -> None:
+        """``put`` with the file's stat key (``stat_key``) made already: kept as it is, not copied."""
         old = self.files.get(rel)
         # Keep stored chunks when a hash-only pass re-reads an unchanged file.
-        if chunks is None and old is not None and old[0] == stat_key(st):
+        if chunks is None and old is not None and old[0] == key:
             chunks = old[2]
-        self.files[rel] = [stat_key(st), sha256, chunks]
+        self.files[rel] = [key, sha256, chunks]
         self.touched.add(rel)
         self._dirty_files = True
 
