@@ -35,6 +35,7 @@ from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
 from envvault.env.static import WHOLE_FILE_LIMIT
 from envvault.safepaths import FinalTree, reserved_problem
 from envvault.vault.fsutil import storage_error
+from envvault.vault import timing
 from envvault.vault.threads import default_restorers
 from envvault.model.record import record_sha256
 from envvault.vault.store import ObjectReader
@@ -260,22 +261,37 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
             _fresh(lambda: os.symlink(spec.link, tmp), tmp)
             crash_point("stage")
             return Staged(spec, tmp, final, None)
+        on = timing.ON  # ENVVAULT_STAGES=1: each step's seconds summed (bench/); off, one check a step
+        t0 = timing.clock() if on else 0.0
         fd = _fresh(lambda: os.open(tmp, _CREATE, 0o600), tmp)
         h = hashlib.sha256()
         size = 0
         try:
-            for data in ((spec.data,) if spec.data is not None else map(reader.get, spec.chunks)):
+            for item in ((spec.data,) if spec.data is not None else spec.chunks):
+                if on:
+                    t0 = _step("materialize: files made", t0)
+                data = item if spec.data is not None else reader.get(item)
+                if on:
+                    t0 = _step("materialize: objects read (decompressed, BLAKE3 checked)", t0)
                 size += len(data)
                 if size > spec.size:
                     break  # more than recorded: nothing past the recorded size is written
                 h.update(data)
+                if on:
+                    t0 = _step("materialize: sha256", t0)
                 while data:
                     n = os.write(fd, data)
                     data = data[n:]
+                if on:
+                    t0 = _step("materialize: writes", t0)
             os.fchmod(fd, spec.mode & 0o777)  # never setuid/setgid/sticky from a vault
             st = os.fstat(fd) if tmp == final else None  # no rename to come: these are its final stats
+            if on:
+                t0 = _step("materialize: modes, stats", t0)
         finally:
             os.close(fd)
+            if on:
+                _step("materialize: closes", t0)
     except OSError as err:
         raise storage_error(err, final) from None
     sha = record_sha256(h.digest())
@@ -287,6 +303,12 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
                            "nothing was renamed into place; run `envvault verify`")
     crash_point("stage")
     return Staged(spec, tmp, final, sha, st)
+
+
+def _step(stage: str, since: float) -> float:
+    """Add the seconds since ``since`` to ``stage`` (``timing``); the clock's reading now, for the next step."""
+    timing.add(stage, since)
+    return timing.clock()
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

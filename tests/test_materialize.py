@@ -58,6 +58,32 @@ def test_stage_then_place_writes_every_file_checked(tmp_path):
     assert (tmp_path / "f3").read_bytes() == blobs["o3"] and (tmp_path / "f3").stat().st_mode & 0o777 == 0o755
 
 
+def test_stages_timed_write_the_same_files(tmp_path, monkeypatch):
+    """With ``ENVVAULT_STAGES=1`` (``timing.ON``) each file's steps are timed (bench/gpu_into_stages.sh reads
+    them) and the files staged are the same, checked the same: a lying sha256 still stages nothing."""
+    from envvault.vault import timing
+
+    monkeypatch.setattr(timing, "ON", True)
+    monkeypatch.setattr(timing, "_totals", {})
+    blobs = {f"o{i}": f"data {i}".encode() * (i + 1) for i in range(12)}
+    specs = [_spec(f"f{i}", data, oid) for i, (oid, data) in enumerate(blobs.items())]
+    (tmp_path / "a").mkdir()
+    staged = materialize.stage(_Reader(blobs), tmp_path / "a", specs, _tmp, workers=2)
+    for s in staged:
+        assert materialize.place(s)
+    assert {p: (tmp_path / "a" / p).read_bytes() for p in _files(tmp_path / "a")} == {f"f{i}": blobs[f"o{i}"] for i in range(12)}
+    steps = {k: v[1] for k, v in timing._totals.items() if k.startswith("materialize: ")}
+    assert set(steps) == {"materialize: files made", "materialize: objects read (decompressed, BLAKE3 checked)",
+                          "materialize: sha256", "materialize: writes", "materialize: modes, stats",
+                          "materialize: closes"}
+    assert steps["materialize: writes"] == 12, steps
+    specs[5] = FileSpec("f5", ("o5",), len(blobs["o5"]), record_sha256(hashlib.sha256(b"other").digest()), 0o644)
+    (tmp_path / "b").mkdir()
+    with pytest.raises(CorruptError, match="f5: the vault's objects do not make the archived file"):
+        materialize.stage(_Reader(blobs), tmp_path / "b", specs, _tmp, workers=2)
+    assert _files(tmp_path / "b") == []
+
+
 def test_a_lying_object_stages_nothing(tmp_path):
     blobs = {f"o{i}": b"x" * i for i in range(1, 30)}
     specs = [_spec(f"f{i}", blobs[f"o{i}"], f"o{i}", owner="pkg 1.0") for i in range(1, 30)]

@@ -93,7 +93,10 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
                     man = venv_manifest(man, python)
                 _check_links(p, man)
                 manifests[p.manifest] = man
+        t0 = timing.clock()
         venv_warning = make_venv(dest, python)
+        if timing.ON:
+            timing.add("into: the venv made (uv venv)", t0)
         if venv_warning:
             warnings.append(venv_warning)
         with _removed_on_failure(dest, created):
@@ -106,7 +109,10 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
                         reapply_state(vault, dest, python, man)
             provenance = _provenance_of(vault, packages, manifests)
             if manifests:
+                t0 = timing.clock()
                 staged = _write_all(vault, sid, python, packages, dest, manifests, dict(provenance), progress)
+                if timing.ON:
+                    timing.add("into: every file written (folders, materializer, launchers)", t0)
             else:
                 for di, wanted in provenance:
                     _apply_provenance(dest, python, di, wanted)
