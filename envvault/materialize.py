@@ -266,10 +266,10 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
         fd = _fresh(lambda: os.open(tmp, _CREATE, 0o600), tmp)
         h = hashlib.sha256()
         size = 0
+        if on:
+            t0 = _step("materialize: files made", t0)
         try:
             for item in ((spec.data,) if spec.data is not None else spec.chunks):
-                if on:
-                    t0 = _step("materialize: files made", t0)
                 data = item if spec.data is not None else reader.get(item)
                 if on:
                     t0 = _step("materialize: objects read (decompressed, BLAKE3 checked)", t0)

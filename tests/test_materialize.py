@@ -76,7 +76,7 @@ def test_stages_timed_write_the_same_files(tmp_path, monkeypatch):
     assert set(steps) == {"materialize: files made", "materialize: objects read (decompressed, BLAKE3 checked)",
                           "materialize: sha256", "materialize: writes", "materialize: modes, stats",
                           "materialize: closes"}
-    assert steps["materialize: writes"] == 12, steps
+    assert steps["materialize: writes"] == steps["materialize: files made"] == steps["materialize: closes"] == 12, steps
     specs[5] = FileSpec("f5", ("o5",), len(blobs["o5"]), record_sha256(hashlib.sha256(b"other").digest()), 0o644)
     (tmp_path / "b").mkdir()
     with pytest.raises(CorruptError, match="f5: the vault's objects do not make the archived file"):

@@ -6,8 +6,8 @@ under one interpreter lock, while the large files' bytes are hashed and compress
 it. So a full scan (``scan.scan_environment``: every file to be read, the stat cache empty) whose RECORDs list
 ``MIN_BYTES`` or more of such files cuts them, in the order the scan reads them, into groups of at most
 ``GROUP_BYTES`` or ``GROUP_FILES`` (``small_groups``), and ``SmallGroups`` has them built by
-``default_group_processes`` forked children (``forked.map_all``), or, where none is forked (one core, another
-thread alive, not Linux), by the reader that first needs one: each group read file
+``default_group_processes`` forked children (``forked.map_all``), or, where none is forked (one core or
+``ENVVAULT_GROUP_PROCESSES=1``, another thread alive, not Linux), by the reader that first needs one: each group read file
 by file (``Ingester.ingest``: sha256 for RECORD, BLAKE3 ids), its new objects packed by a pack writer of its
 own and stored (``Vault.writer``: packs then index files, the writer's crash points), deduplicated against
 the vault's index as it was before any group (frozen: no group's objects join it until all are built) and
@@ -83,8 +83,8 @@ Key = list  # [st_size, st_mtime_ns, st_ino, st_ctime_ns]: the stat cache's key 
 
 class SmallGroups:
     """The groups of one full scan (``small_groups``) and what is known of their files. ``start`` builds them
-    all at once in forked processes; a group not built by then (no fork: one core, another thread
-    alive, not Linux) is built by the first reader that asks for one of its files (``digest``), in this
+    all at once in forked processes; a group not built by then (no fork: one process asked for, another
+    thread alive, not Linux) is built by the first reader that asks for one of its files (``digest``), in this
     process, by the same function. ``finish`` adds every group's packs to the vault's index, in group order,
     and their bytes to ``writer``'s count, once the scan's reads are done: the main stream's deduplication
     never depends on when a group was built."""
