@@ -208,3 +208,37 @@ def test_sigkill_at_each_gc_point_loses_nothing(tmp_path, make_venv, wheelhouse)
     assert [s["id"] for s in ev_json(vault, "list", "--all")["snapshots"]] == [keep]
     uv_install(venv, wheelhouse[C.SMALL_02])
     assert ev_json(vault, "restore", keep, "--venv", venv)["verified"]
+
+
+def test_temp_cleaning_removes_links_themselves_and_never_a_folder(tmp_path):
+    """The two cleanings of a vault's temp folder (``clean_tmp``: old files; ``clean_dead_tmp``: the files of
+    ended processes) share one loop, and each keeps its promises: a symlink is removed itself, never what it
+    points to; a folder is never removed; a file of a live writer (fresh, or another process's) is left."""
+    from envvault.vault.state import LocalState
+
+    state = LocalState.in_vault(tmp_path / "v")
+    tmp = state.tmp_dir
+    tmp.mkdir(parents=True)
+    outside = tmp_path / "precious.txt"
+    outside.write_bytes(b"keep me")
+    old = time.time() - 7200
+    link = tmp / ".pack.111.aaaaaaaa.tmp"
+    link.symlink_to(outside)
+    os.utime(link, (old, old), follow_symlinks=False)
+    folder = tmp / ".pack.111.bbbbbbbb.tmp"
+    folder.mkdir()
+    os.utime(folder, (old, old))
+    fresh = tmp / ".pack.222.cccccccc.tmp"
+    fresh.write_bytes(b"live")
+    state.clean_tmp()
+    assert not os.path.lexists(link) and outside.read_bytes() == b"keep me"
+    assert folder.is_dir() and fresh.read_bytes() == b"live"
+
+    dead = tmp / ".idx.333.dddddddd.tmp"
+    dead.symlink_to(outside)
+    mine = tmp / ".idx.444.eeeeeeee.tmp"
+    mine.write_bytes(b"other process")
+    (tmp / ".idx.333.ffffffff.tmp").mkdir()
+    state.clean_dead_tmp([333])
+    assert not os.path.lexists(dead) and outside.read_bytes() == b"keep me"
+    assert (tmp / ".idx.333.ffffffff.tmp").is_dir() and mine.exists() and fresh.exists()
