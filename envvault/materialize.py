@@ -9,8 +9,8 @@ or the symlink target, size, sha256, mode). Here, and nowhere else:
   root refuses the whole restore before anything is written (up to 10 named in the one error line).
 - ``stage``: every file written under its temp name beside its final path (the caller's naming:
   ``.<name>.envvault-<pid>.tmp`` in an environment, ``.<name>.envvault-<pid>-<run>.tmp`` in a cache root),
-  read from the vault in pack order (contiguous runs, one per thread at a time, so each frame is
-  decompressed about once), every object's BLAKE3 checked by the reader and each file's size and sha256
+  read from the vault in pack order (contiguous runs, one per thread at a time, the largest taken first;
+  each frame is decompressed about once), every object's BLAKE3 checked by the reader and each file's size and sha256
   checked while writing. Modes lose setuid, setgid and sticky. A failure deletes every temp file of the run
   and nothing is renamed. Crash point ``stage`` after each file.
   A new tree that nothing uses yet (``restore --into``) is written under final names (``FINAL_NAME``): no
@@ -53,7 +53,7 @@ def FINAL_NAME(final: str) -> str:  # noqa: N802 (a TempName constant)
 
 WORKERS = default_restorers()  # vault/threads.py
 _RUN_BYTES = 16 << 20  # a thread is handed contiguous runs of at most about this many bytes ...
-_RUN_FILES = 16  # ... and at least this many files
+_RUN_FILES = 16  # ... and, below that, at least this many files
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +135,10 @@ def pack_position(reader: ObjectReader, chunks: Sequence[str]) -> tuple:
 
 
 def _runs(ordered: list[FileSpec], workers: int) -> list[list[FileSpec]]:
-    """Contiguous runs of ``ordered``: about an equal share per worker, at most ``_RUN_BYTES`` each, at
-    least ``_RUN_FILES`` files each (small files share frames)."""
+    """Contiguous runs of ``ordered``: about an equal share per worker, at most about ``_RUN_BYTES`` each.
+    A run closes once it holds its share and either ``_RUN_FILES`` files (small files share frames) or
+    ``_RUN_BYTES``: large files never queue up behind each other on one thread (a folder of shared libraries,
+    nvidia's or torch's, is a row of them in pack order)."""
     total = sum(s.size + 4096 for s in ordered)
     limit = max(1, min(_RUN_BYTES, -(-total // workers)))
     runs: list[list[FileSpec]] = []
@@ -145,12 +147,18 @@ def _runs(ordered: list[FileSpec], workers: int) -> list[list[FileSpec]]:
     for s in ordered:
         run.append(s)
         size += s.size + 4096
-        if size >= limit and len(run) >= _RUN_FILES:
+        if size >= limit and (len(run) >= _RUN_FILES or size >= _RUN_BYTES):
             runs.append(run)
             run, size = [], 0
     if run:
         runs.append(run)
     return runs
+
+
+def _largest_first(runs: Sequence[list[FileSpec]]) -> list[int]:
+    """The order the threads take ``runs`` in: the largest first (so the last to finish is a small one),
+    pack order among equals."""
+    return sorted(range(len(runs)), key=lambda i: -sum(s.size for s in runs[i]))
 
 
 def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpec], tmp_name: TempName, *,
@@ -159,10 +167,11 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     ``progress(bytes_done)`` after each run. On any failure every temp file of the run is deleted."""
     root = os.fspath(root)
     ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
+    runs = _runs(ordered, workers)
+    take = _largest_first(runs)
     prefetch = getattr(reader, "prefetch", None)  # ObjectReader's: a bucket's packs, fetched ahead in this order
     if prefetch is not None:
-        prefetch(c for s in ordered for c in s.chunks)
-    runs = _runs(ordered, workers)
+        prefetch(c for i in take for s in runs[i] for c in s.chunks)
     failed = threading.Event()
 
     def run(part: list[FileSpec]) -> list[Staged]:
@@ -177,13 +186,13 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
                 raise
         return out
 
-    staged: list[Staged] = []
+    slots: list[list[Staged]] = [[] for _ in runs]
     done = 0
     try:
-        results = _in_order(run, runs, min(workers, len(runs)), failed)
+        results = _as_done(run, runs, min(workers, len(runs)), failed, take)
         try:
-            for result in results:
-                staged.extend(result)
+            for i, result in results:
+                slots[i] = result
                 done += sum(s.spec.size for s in result)
                 if progress:
                     progress(done)
@@ -197,52 +206,57 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
         for spec in ordered:
             _unlink(tmp_name(os.path.join(root, spec.path)))
         raise
-    return staged
+    return [s for slot in slots for s in slot]
 
 
-def _in_order(fn: Callable, items: Sequence, workers: int, failed: threading.Event) -> Iterator:
-    """``fn(item)`` for each item on ``workers`` threads, results yielded in the items' order (an error
-    raised at its item's turn). Closed before its end (an error here or in the caller), it sets ``failed``
-    (for ``fn`` to stop early) and waits for every thread; the threads take every item otherwise, whatever
-    else sets ``failed``. Plain threads, not ``concurrent.futures``: its import (with ``logging``) is a tenth
-    of a compile cache restore's start."""
+def _as_done(fn: Callable, items: Sequence, workers: int, failed: threading.Event,
+             take: Sequence[int] | None = None) -> Iterator[tuple[int, object]]:
+    """``fn(item)`` for each item on ``workers`` threads, taken in the order of the indexes ``take`` (default:
+    the items' order); ``(index, result)`` yielded as each finishes, the first error raised as soon as it
+    comes back. Closed before its end (an error here or in the caller), it sets ``failed`` (for ``fn`` to
+    stop early) and waits for every thread; the threads take every item otherwise, whatever else sets
+    ``failed``. Plain threads, not ``concurrent.futures``: its import (with ``logging``) is a tenth of a
+    compile cache restore's start."""
+    order = list(range(len(items))) if take is None else list(take)
     finished = False
     stop = threading.Event()
     threads: list[threading.Thread] = []
     try:
         if workers <= 1:
-            for item in items:
-                yield fn(item)
+            for i in order:
+                yield i, fn(items[i])
             finished = True
             return
-        results: list = [None] * len(items)
-        errors: dict[int, BaseException] = {}
-        done = [threading.Event() for _ in items]
-        taken = iter(range(len(items)))
-        take = threading.Lock()
+        back: list[tuple[int, object, BaseException | None]] = []  # finished, not yet yielded
+        ready = threading.Condition()
+        taken = iter(order)
+        lock = threading.Lock()
 
         def work() -> None:
             while not stop.is_set():
-                with take:
+                with lock:
                     i = next(taken, None)
                 if i is None:
                     return
                 try:
-                    results[i] = fn(items[i])
-                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread at its turn
-                    errors[i] = exc
-                finally:
-                    done[i].set()
+                    got, err = fn(items[i]), None
+                except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+                    got, err = None, exc
+                with ready:
+                    back.append((i, got, err))
+                    ready.notify()
 
         threads = [threading.Thread(target=work, name=f"envvault-stage-{n}") for n in range(workers)]
         for t in threads:
             t.start()
-        for i in range(len(items)):
-            done[i].wait()
-            if i in errors:
-                raise errors.pop(i)
-            yield results[i]
-            results[i] = None
+        for _ in order:
+            with ready:
+                while not back:
+                    ready.wait()
+                i, got, err = back.pop(0)
+            if err is not None:
+                raise err
+            yield i, got
         finished = True
     finally:
         if not finished:

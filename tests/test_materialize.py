@@ -93,7 +93,7 @@ def test_a_lying_object_stages_nothing(tmp_path):
     assert _files(tmp_path) == []  # every temp file of the run is gone
 
 
-def test_runs_come_back_in_order_and_an_error_at_its_turn():
+def test_runs_come_back_as_done_taken_in_the_order_given_and_the_first_error_stops_them():
     import threading
     import time
 
@@ -103,8 +103,11 @@ def test_runs_come_back_in_order_and_an_error_at_its_turn():
         time.sleep(0.05 if n == 0 else 0)  # the first item finishes last
         return n * n
 
-    assert list(materialize._in_order(slow_first, list(range(20)), 4, threading.Event())) == [n * n for n in range(20)]
+    got = list(materialize._as_done(slow_first, list(range(20)), 4, threading.Event()))
+    assert sorted(got) == [(n, n * n) for n in range(20)] and got[-1] == (0, 0)  # as done, not in order
     assert threading.active_count() == before  # every thread joined
+    take = [3, 1, 4, 0, 2]
+    assert [i for i, _ in materialize._as_done(lambda n: n, list(range(5)), 1, threading.Event(), take)] == take
 
     seen: list[int] = []
     failed = threading.Event()
@@ -116,24 +119,45 @@ def test_runs_come_back_in_order_and_an_error_at_its_turn():
         time.sleep(0.01)
         return n
 
-    got: list[int] = []
     with pytest.raises(OSError, match="disk full"):
-        for r in materialize._in_order(fails_at_5, list(range(200)), 3, failed):
-            got.append(r)
-    assert got == [0, 1, 2, 3, 4]  # the results before it, in order
+        for _ in materialize._as_done(fails_at_5, list(range(200)), 3, failed):
+            pass
     assert failed.is_set() and threading.active_count() == before
     assert len(seen) < 200  # the threads stopped taking items
 
     for workers in (1, 3):  # closed early by the caller: ``failed`` set, every thread joined
         failed = threading.Event()
-        gen = materialize._in_order(lambda n: n, list(range(50)), workers, failed)
-        assert next(gen) == 0
+        gen = materialize._as_done(lambda n: n, list(range(50)), workers, failed)
+        assert next(gen)[0] in range(50)
         gen.close()
         assert failed.is_set() and threading.active_count() == before
 
     failed = threading.Event()  # set by something else, with no error: every item still comes back
     failed.set()
-    assert list(materialize._in_order(lambda n: n, list(range(30)), 3, failed)) == list(range(30))
+    assert sorted(materialize._as_done(lambda n: n, list(range(30)), 3, failed)) == [(n, n) for n in range(30)]
+
+
+def test_large_files_get_runs_of_their_own_taken_first(tmp_path):
+    """A row of large files in pack order (a folder of shared libraries) is not one thread's run: a run
+    closes at ``_RUN_BYTES`` whatever its file count, small files still share runs, the largest run is taken
+    first, and ``stage`` returns every file in pack order whatever order the runs finished in."""
+    big = materialize._RUN_BYTES + 1
+    sizes = [10] * 40 + [big] * 5 + [10] * 40
+    specs = [FileSpec(f"f{i:03}", (f"o{i}",), n) for i, n in enumerate(sizes)]
+    runs = materialize._runs(specs, workers=16)
+    larges = [sum(s.size == big for s in r) for r in runs]
+    assert larges.count(1) == 5 and max(larges) == 1  # no two large files in one run (one closes a run)
+    assert [s for r in runs for s in r] == specs
+    assert all(len(r) >= materialize._RUN_FILES for r, n in zip(runs[:-1], larges) if n == 0)
+    take = materialize._largest_first(runs)
+    assert [larges[i] for i in take[:5]] == [1] * 5 and sorted(take) == list(range(len(runs)))
+
+    blobs = {f"o{i}": bytes([i % 251]) * (i * 997 % 5000 + 1) for i in range(60)}
+    specs = [_spec(f"g{i:02}", data, oid) for i, (oid, data) in enumerate(blobs.items())]
+    reader = _Reader(blobs)
+    staged = materialize.stage(reader, tmp_path, specs, _tmp, workers=4)
+    ordered = sorted(specs, key=lambda s: materialize.pack_position(reader, s.chunks))
+    assert [s.spec for s in staged] == ordered
 
 
 def test_a_short_file_is_refused(tmp_path):
