@@ -168,6 +168,10 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     root = os.fspath(root)
     ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
     runs = _runs(ordered, workers)
+    if tmp_name is FINAL_NAME and getattr(getattr(reader, "vault", None), "local", False):
+        forked = _stage_forked(reader, root, ordered, runs, progress)
+        if forked is not None:
+            return forked
     take = _largest_first(runs)
     prefetch = getattr(reader, "prefetch", None)  # ObjectReader's: a bucket's packs, fetched ahead in this order
     if prefetch is not None:
@@ -207,6 +211,41 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
             _unlink(tmp_name(os.path.join(root, spec.path)))
         raise
     return [s for slot in slots for s in slot]
+
+
+def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec], runs: list[list[FileSpec]],
+                  progress: Callable[[int], None] | None) -> list[Staged] | None:
+    """A new tree (``FINAL_NAME``) written by forked processes (``default_write_processes``), each taking the
+    next run, the largest first (``forked.map_all``), one thread each, and answering each file's sha256 and
+    stats; None where that is not for this run (one process, too little to write, a process that already
+    has threads). A run a child did not answer (it failed, or was killed) is written again here, over what
+    it left; an error (a lying object) is raised here from that second try. ``progress`` once, at the end."""
+    from envvault.snap import forked
+    from envvault.vault.threads import default_write_processes
+
+    weights = [sum(s.size + 4096 for s in run) for run in runs]
+    processes = default_write_processes()
+    if processes < 2 or len(runs) < 2 or sum(weights) < _FORK_BYTES or not forked.can_fork():
+        return None
+    import pickle
+
+    def write(run: list[FileSpec]) -> bytes:
+        return pickle.dumps([(s.sha256, s.st) for s in (_stage_one(reader, root, spec, FINAL_NAME) for spec in run)])
+
+    try:
+        answers = forked.map_all(write, runs, weights, processes=processes)
+    except BaseException:
+        for spec in ordered:
+            _unlink(os.path.join(root, spec.path))
+        raise
+    staged = [Staged(spec, final, final, sha, st) for run, got in zip(runs, answers)
+              for spec, (sha, st) in zip(run, pickle.loads(got)) for final in (os.path.join(root, spec.path),)]
+    if progress:
+        progress(sum(s.spec.size for s in staged))
+    return staged
+
+
+_FORK_BYTES = 64 << 20  # below this much to write, the threads of one process (a fork costs milliseconds)
 
 
 def _as_done(fn: Callable, items: Sequence, workers: int, failed: threading.Event,
