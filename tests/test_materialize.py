@@ -138,20 +138,26 @@ def test_runs_come_back_as_done_taken_in_the_order_given_and_the_first_error_sto
     assert sorted(materialize._as_done(lambda n: n, list(range(30)), 3, failed)) == [(n, n) for n in range(30)]
 
 
-def test_large_files_get_runs_of_their_own_taken_first(tmp_path):
+def test_large_files_get_runs_of_their_own_taken_first_then_distant_runs_in_turn(tmp_path):
     """A row of large files in pack order (a folder of shared libraries) is not one thread's run: a run
     closes at ``_RUN_BYTES`` whatever its file count, small files still share runs, the largest run is taken
-    first, and ``stage`` returns every file in pack order whatever order the runs finished in."""
-    big = materialize._RUN_BYTES + 1
-    sizes = [10] * 40 + [big] * 5 + [10] * 40
+    first, the others from distant stretches of the pack order in turn, and ``stage`` returns every file in pack order whatever order the runs finished in."""
+    big, mid = 3 * materialize._RUN_BYTES, 2 << 20
+    sizes = [10] * 40 + [big] * 5 + [mid] * 40
     specs = [FileSpec(f"f{i:03}", (f"o{i}",), n) for i, n in enumerate(sizes)]
     runs = materialize._runs(specs, workers=16)
     larges = [sum(s.size == big for s in r) for r in runs]
     assert larges.count(1) == 5 and max(larges) == 1  # no two large files in one run (one closes a run)
     assert [s for r in runs for s in r] == specs
-    assert all(len(r) >= materialize._RUN_FILES for r, n in zip(runs[:-1], larges) if n == 0)
-    take = materialize._largest_first(runs)
+    assert all(len(r) >= materialize._RUN_FILES or sum(s.size for s in r) >= materialize._RUN_BYTES
+               for r in runs[:-1])  # a run closes at 16 files or 16 MiB, never below its share
+    assert [len(r) for r in runs if r[0].size == mid] == [8] * 5  # 16 MiB of 2 MiB files: 8 a run
+    take = materialize._take_order(runs, workers=16)
     assert [larges[i] for i in take[:5]] == [1] * 5 and sorted(take) == list(range(len(runs)))
+
+    small = [[FileSpec(f"s{i}", (f"o{i}",), 10)] for i in range(12)]  # the rest: stretches of the order in turn
+    assert materialize._take_order(small, workers=3) == [0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11]
+    assert materialize._take_order(small, workers=1) == list(range(12))
 
     blobs = {f"o{i}": bytes([i % 251]) * (i * 997 % 5000 + 1) for i in range(60)}
     specs = [_spec(f"g{i:02}", data, oid) for i, (oid, data) in enumerate(blobs.items())]
