@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # restore --into of the device venv under several variants in the same rounds, order rotating round by round,
 # uv's install of the exported wheels (into a venv made before the clock starts) as the anchor of each round.
-# Variants: old (the carried tree .whl/old-tree: `git archive REV envvault`), and the wheel's code with each
-# ENVVAULT_WRITE_PROCESSES value given. Usage: OUT=$OUT bash bench/gpu_into_variants.sh [ROUNDS] [PROCESSES...]
+# Variants: old (the carried tree .whl/old-tree: `git archive REV envvault`), and the wheel's code under each
+# setting given (NAME=VALUE, e.g. ENVVAULT_RESTORERS=8; `-`: none). The 2026-12-06 runs
+# (bench/results/gpu_into_variants_*.txt) named a knob of a forked writer tried then, ENVVAULT_WRITE_PROCESSES,
+# as P<n>. Usage: OUT=$OUT bash bench/gpu_into_variants.sh [ROUNDS] [SETTING...]
 set -u
 ROUNDS=${1:-3}; shift || true
-PROCS=${*:-"8 1"}
+SETTINGS=${*:-"-"}
 PY=python3
 V=$($PY -c 'import sys;print(sys.prefix)')
 rm -rf /tmp/site /tmp/oldsite && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -19,15 +21,15 @@ rm -rf /tmp/abv && PYTHONPATH=/tmp/site $PY -m envvault snap --venv $V --no-cach
 rm -rf /tmp/exp && PYTHONPATH=/tmp/site $PY -m envvault export latest -o /tmp/exp/pylock.toml >/dev/null
 BASE=$($PY -c 'import os, sys; print(os.path.realpath(sys._base_executable))')
 UVB=/tmp/site/bin/uv
-variants="old"; for p in $PROCS; do variants="$variants P$p"; done
+variants="old"; for p in $SETTINGS; do variants="$variants $p"; done
 {
 for i in $(seq "$ROUNDS"); do
   set -- $variants; n=$#; order=""
   for k in $(seq 0 $((n - 1))); do j=$(( (k + i - 1) % n + 1 )); order="$order ${!j}"; done
   rm -rf /tmp/uvinto && $UVB venv -q --python $BASE /tmp/uvinto && sync; t0=$(now); $UVB pip install -q --offline --no-deps --python /tmp/uvinto/bin/python /tmp/exp/pylock.wheels/*.whl; t1=$(now); echo "round $i anchor uv install: $(secs $t0 $t1) s"
   for t in $order; do
-    site=/tmp/site; p=${t#P}; [ $t = old ] && site=/tmp/oldsite && p=1
-    rm -rf /tmp/into1 && sync; t0=$(now); ENVVAULT_WRITE_PROCESSES=$p PYTHONPATH=$site $PY -m envvault restore latest --into /tmp/into1 >/dev/null 2>/tmp/err || tail -2 /tmp/err; t1=$(now); echo "round $i $t --into: $(secs $t0 $t1) s"
+    site=/tmp/site; env=$t; [ $t = old ] && site=/tmp/oldsite; case $env in *=*) ;; *) env=ENVVAULT_NONE=1;; esac
+    rm -rf /tmp/into1 && sync; t0=$(now); env "$env" PYTHONPATH=$site $PY -m envvault restore latest --into /tmp/into1 >/dev/null 2>/tmp/err || tail -2 /tmp/err; t1=$(now); echo "round $i $t --into: $(secs $t0 $t1) s"
   done
 done
 rm -rf /tmp/into1 && sync; ENVVAULT_STAGES=1 PYTHONPATH=/tmp/site $PY -m envvault restore latest --into /tmp/into1 2>&1 | grep -E "stage|verified"

@@ -9,8 +9,8 @@ or the symlink target, size, sha256, mode). Here, and nowhere else:
   root refuses the whole restore before anything is written (up to 10 named in the one error line).
 - ``stage``: every file written under its temp name beside its final path (the caller's naming:
   ``.<name>.envvault-<pid>.tmp`` in an environment, ``.<name>.envvault-<pid>-<run>.tmp`` in a cache root),
-  read from the vault in pack order (contiguous runs, one per thread at a time, large files first, then
-  from distant stretches of the order in turn; each frame is decompressed about once), every object's BLAKE3 checked by the reader and each file's size and sha256
+  read from the vault in pack order (contiguous runs, one per thread at a time, the largest taken first;
+  each frame is decompressed about once), every object's BLAKE3 checked by the reader and each file's size and sha256
   checked while writing. Modes lose setuid, setgid and sticky. A failure deletes every temp file of the run
   and nothing is renamed. Crash point ``stage`` after each file.
   A new tree that nothing uses yet (``restore --into``) is written under final names (``FINAL_NAME``): no
@@ -155,20 +155,10 @@ def _runs(ordered: list[FileSpec], workers: int) -> list[list[FileSpec]]:
     return runs
 
 
-def _take_order(runs: Sequence[list[FileSpec]], workers: int) -> list[int]:
-    """The order the threads take ``runs`` in: runs of a large file (over twice ``_RUN_BYTES``) first, the
-    largest first (so the last to finish is a small one); then the rest from ``workers`` stretches of the pack
-    order in turn (the first run of each stretch, then the second of each, ...), so that the threads at work
-    at any moment write in distant folders of the tree, not side by side in one (on the GPU host, files made
-    by 8 processes in folders of their own: 7.3-9.2 s for the venv's 68,934 files, in path order 11.9 s;
-    bench/results/gpu_create_probe_*.txt)."""
-    stretch = max(1, -(-len(runs) // max(1, workers)))
-
-    def key(i: int) -> tuple[int, int, int]:
-        size = sum(s.size for s in runs[i])
-        return (-size if size > 2 * _RUN_BYTES else 0, i % stretch, i // stretch)
-
-    return sorted(range(len(runs)), key=key)
+def _largest_first(runs: Sequence[list[FileSpec]]) -> list[int]:
+    """The order the threads take ``runs`` in: the largest first (so the last to finish is a small one),
+    pack order among equals."""
+    return sorted(range(len(runs)), key=lambda i: -sum(s.size for s in runs[i]))
 
 
 def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpec], tmp_name: TempName, *,
@@ -178,11 +168,7 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     root = os.fspath(root)
     ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
     runs = _runs(ordered, workers)
-    if tmp_name is FINAL_NAME and getattr(getattr(reader, "vault", None), "local", False):
-        forked = _stage_forked(reader, root, ordered, runs, progress)
-        if forked is not None:
-            return forked
-    take = _take_order(runs, workers)
+    take = _largest_first(runs)
     prefetch = getattr(reader, "prefetch", None)  # ObjectReader's: a bucket's packs, fetched ahead in this order
     if prefetch is not None:
         prefetch(c for i in take for s in runs[i] for c in s.chunks)
@@ -221,41 +207,6 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
             _unlink(tmp_name(os.path.join(root, spec.path)))
         raise
     return [s for slot in slots for s in slot]
-
-
-def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec], runs: list[list[FileSpec]],
-                  progress: Callable[[int], None] | None) -> list[Staged] | None:
-    """A new tree (``FINAL_NAME``) written by forked processes (``default_write_processes``), each taking the
-    next run, the largest first (``forked.map_all``), one thread each, and answering each file's sha256 and
-    stats; None where that is not for this run (one process, too little to write, a process that already
-    has threads). A run a child did not answer (it failed, or was killed) is written again here, over what
-    it left; an error (a lying object) is raised here from that second try. ``progress`` once, at the end."""
-    from envvault.snap import forked
-    from envvault.vault.threads import default_write_processes
-
-    weights = [sum(s.size + 4096 for s in run) for run in runs]
-    processes = default_write_processes()
-    if processes < 2 or len(runs) < 2 or sum(weights) < _FORK_BYTES or not forked.can_fork():
-        return None
-    import pickle
-
-    def write(run: list[FileSpec]) -> bytes:
-        return pickle.dumps([(s.sha256, s.st) for s in (_stage_one(reader, root, spec, FINAL_NAME) for spec in run)])
-
-    try:
-        answers = forked.map_all(write, runs, weights, processes=processes)
-    except BaseException:
-        for spec in ordered:
-            _unlink(os.path.join(root, spec.path))
-        raise
-    staged = [Staged(spec, final, final, sha, st) for run, got in zip(runs, answers)
-              for spec, (sha, st) in zip(run, pickle.loads(got)) for final in (os.path.join(root, spec.path),)]
-    if progress:
-        progress(sum(s.spec.size for s in staged))
-    return staged
-
-
-_FORK_BYTES = 64 << 20  # below this much to write, the threads of one process (a fork costs milliseconds)
 
 
 def _as_done(fn: Callable, items: Sequence, workers: int, failed: threading.Event,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Callable
 
 import pytest
 
@@ -138,10 +137,10 @@ def test_runs_come_back_as_done_taken_in_the_order_given_and_the_first_error_sto
     assert sorted(materialize._as_done(lambda n: n, list(range(30)), 3, failed)) == [(n, n) for n in range(30)]
 
 
-def test_large_files_get_runs_of_their_own_taken_first_then_distant_runs_in_turn(tmp_path):
+def test_large_files_get_runs_of_their_own_taken_first(tmp_path):
     """A row of large files in pack order (a folder of shared libraries) is not one thread's run: a run
     closes at ``_RUN_BYTES`` whatever its file count, small files still share runs, the largest run is taken
-    first, the others from distant stretches of the pack order in turn, and ``stage`` returns every file in pack order whatever order the runs finished in."""
+    first, and ``stage`` returns every file in pack order whatever order the runs finished in."""
     big, mid = 3 * materialize._RUN_BYTES, 2 << 20
     sizes = [10] * 40 + [big] * 5 + [mid] * 40
     specs = [FileSpec(f"f{i:03}", (f"o{i}",), n) for i, n in enumerate(sizes)]
@@ -152,12 +151,9 @@ def test_large_files_get_runs_of_their_own_taken_first_then_distant_runs_in_turn
     assert all(len(r) >= materialize._RUN_FILES or sum(s.size for s in r) >= materialize._RUN_BYTES
                for r in runs[:-1])  # a run closes at 16 files or 16 MiB, never below its share
     assert [len(r) for r in runs if r[0].size == mid] == [8] * 5  # 16 MiB of 2 MiB files: 8 a run
-    take = materialize._take_order(runs, workers=16)
+    take = materialize._largest_first(runs)
     assert [larges[i] for i in take[:5]] == [1] * 5 and sorted(take) == list(range(len(runs)))
-
-    small = [[FileSpec(f"s{i}", (f"o{i}",), 10)] for i in range(12)]  # the rest: stretches of the order in turn
-    assert materialize._take_order(small, workers=3) == [0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11]
-    assert materialize._take_order(small, workers=1) == list(range(12))
+    assert take[5:] == sorted(take[5:])  # pack order among the rest (equal sizes)
 
     blobs = {f"o{i}": bytes([i % 251]) * (i * 997 % 5000 + 1) for i in range(60)}
     specs = [_spec(f"g{i:02}", data, oid) for i, (oid, data) in enumerate(blobs.items())]
@@ -231,99 +227,3 @@ def test_a_damaged_journal_is_salvaged():
     assert salvaged.staging_dirs == ("", "lib/python3.11/site-packages/pkg")
     assert Journal.salvage([1, 2]) == Journal(snapshot=None)
 
-
-class _LocalVault:
-    local = True  # what the materializer asks before forking: a vault in a folder
-
-
-def _forced_forks(monkeypatch, processes: int = 3) -> list[int]:
-    """Make ``stage`` with ``FINAL_NAME`` fork for a few bytes; the children's pids, as they are forked."""
-    from envvault.snap import forked
-
-    monkeypatch.setenv("ENVVAULT_WRITE_PROCESSES", str(processes))
-    monkeypatch.setattr(materialize, "_FORK_BYTES", 0)
-    pids: list[int] = []
-    real = forked.map_all
-    monkeypatch.setattr(forked, "map_all", lambda *a, **kw: real(*a, **kw, pids=pids))
-    return pids
-
-
-def _writers(monkeypatch, folder) -> Callable[[], list[int]]:
-    """Each process that writes a file leaves its pid in ``folder``; the pids seen so far."""
-    folder.mkdir()
-    real = materialize._stage_one
-
-    def marked(reader, root, spec, tmp_name):
-        (folder / str(os.getpid())).touch()
-        return real(reader, root, spec, tmp_name)
-
-    monkeypatch.setattr(materialize, "_stage_one", marked)
-    return lambda: sorted(int(p.name) for p in folder.iterdir())
-
-
-def _final_reader(blobs):
-    reader = _Reader(blobs)
-    reader.vault = _LocalVault()
-    return reader
-
-
-def test_a_new_tree_is_written_by_forked_processes_each_file_checked(tmp_path, monkeypatch):
-    pids = _forced_forks(monkeypatch)
-    who = _writers(monkeypatch, tmp_path / "who")
-    blobs = {f"o{i}": f"data {i}".encode() * (i * 50 + 1) for i in range(80)}
-    specs = [_spec(f"d{i % 4}/f{i:02}", data, oid) for i, (oid, data) in enumerate(blobs.items())]
-    specs.append(FileSpec("d0/link", link="f00"))
-    for d in range(4):
-        (tmp_path / "root" / f"d{d}").mkdir(parents=True)
-    reader = _final_reader(blobs)
-    seen: list[int] = []
-    root = tmp_path / "root"
-    staged = materialize.stage(reader, root, specs, materialize.FINAL_NAME, progress=seen.append, workers=16)
-    assert len(pids) == 2 and set(who()) & set(pids)  # three processes: two children (which wrote) and this one
-    ordered = sorted(specs, key=lambda s: materialize.pack_position(reader, s.chunks))
-    assert [s.spec for s in staged] == ordered  # pack order, whoever wrote them
-    assert seen == [sum(s.size for s in specs)]
-    for s in staged:
-        assert s.tmp == s.final == str(root / s.spec.path)
-        if s.spec.link is None:
-            st = os.lstat(s.final)
-            assert (s.sha256, s.st.st_ino, s.st.st_size, s.st.st_mtime_ns) == (s.spec.sha256, st.st_ino, st.st_size, st.st_mtime_ns)
-            assert open(s.final, "rb").read() == blobs[s.spec.chunks[0]] and st.st_mode & 0o777 == 0o755
-    assert os.readlink(root / "d0/link") == "f00"
-
-
-def test_a_lying_object_in_a_forked_write_leaves_no_file(tmp_path, monkeypatch):
-    pids = _forced_forks(monkeypatch)
-    blobs = {f"o{i}": b"y" * (i + 1) * 100 for i in range(60)}
-    specs = [_spec(f"f{i:02}", blobs[f"o{i}"], f"o{i}") for i in range(60)]
-    specs[33] = FileSpec("f33", ("o33",), 3400, record_sha256(hashlib.sha256(b"other").digest()), 0o644)
-    with pytest.raises(CorruptError, match="f33: the vault's objects do not make the archived file"):
-        materialize.stage(_final_reader(blobs), tmp_path, specs, materialize.FINAL_NAME, workers=4)
-    assert pids and _files(tmp_path) == []  # the children wrote; every file of the tree is gone
-
-
-def test_a_run_a_killed_child_left_is_written_again_here(tmp_path, monkeypatch):
-    """A child that dies mid-run (killed while writing f07) answers nothing: this process writes its runs
-    again, over the half-written files, and every file comes out whole."""
-    pids = _forced_forks(monkeypatch)
-    parent = os.getpid()
-    real = materialize._stage_one
-    (tmp_path / "killed").mkdir()
-
-    def dies_in_a_child(reader, root, spec, tmp_name):
-        if os.getpid() != parent:  # every child dies at its first file, half written
-            with open(os.path.join(root, spec.path), "wb") as f:
-                f.write(b"half")
-            (tmp_path / "killed" / str(os.getpid())).touch()
-            os.kill(os.getpid(), 9)
-        return real(reader, root, spec, tmp_name)
-
-    monkeypatch.setattr(materialize, "_stage_one", dies_in_a_child)
-    blobs = {f"o{i}": bytes([65 + i % 26]) * (i + 1) * 300 for i in range(200)}
-    specs = [_spec(f"f{i:03}", blobs[f"o{i}"], f"o{i}") for i in range(200)]
-    root = tmp_path / "root"
-    root.mkdir()
-    staged = materialize.stage(_final_reader(blobs), root, specs, materialize.FINAL_NAME, workers=16)
-    assert len(pids) == 2 and {int(p.name) for p in (tmp_path / "killed").iterdir()} & set(pids)
-    assert len(staged) == 200
-    assert {p: (root / p).read_bytes() for p in _files(root)} == {s.path: blobs[s.chunks[0]] for s in specs}

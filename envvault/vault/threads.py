@@ -82,16 +82,6 @@ def default_restorers() -> int:
     return env_count("ENVVAULT_RESTORERS", 1, 64, max(1, min(8, usable_cores())))
 
 
-def default_write_processes() -> int:
-    """Forked processes that write a new tree out of a vault in a folder (``materialize.stage`` with
-    ``FINAL_NAME``: ``restore --into``), each on one thread, in place of ``default_restorers``' threads of one
-    process: 49,405 files each give the GIL back and take it again at every system call, behind the other
-    threads. On 8 cores or more, one a core up to 8; below that, 1 (the threads of one process).
-    ``ENVVAULT_WRITE_PROCESSES`` overrides it (1: threads)."""
-    cores = usable_cores()
-    return env_count("ENVVAULT_WRITE_PROCESSES", 1, 64, min(8, cores) if cores >= 8 else 1)
-
-
 def default_group_processes() -> int:
     """Forked processes that build a first snap's groups of small files before the pipeline
     (``snap/groups.py``): on 8 cores or more, half of them, at most 8 (16-core device: 4 were slower than 8);
