@@ -134,13 +134,12 @@ def pack_position(reader: ObjectReader, chunks: Sequence[str]) -> tuple:
     return (loc[0], loc[1], loc[3]) if loc else ("", 0, 0)
 
 
-def _runs(ordered: list[FileSpec], workers: int, total: int | None = None) -> list[list[FileSpec]]:
+def _runs(ordered: list[FileSpec], workers: int) -> list[list[FileSpec]]:
     """Contiguous runs of ``ordered``: about an equal share per worker, at most about ``_RUN_BYTES`` each.
     A run closes once it holds its share and either ``_RUN_FILES`` files (small files share frames) or
     ``_RUN_BYTES``: large files never queue up behind each other on one thread (a folder of shared libraries,
     nvidia's or torch's, is a row of them in pack order)."""
-    if total is None:  # the bytes the workers share (``_units``: more than these runs')
-        total = sum(s.size + 4096 for s in ordered)
+    total = sum(s.size + 4096 for s in ordered)
     limit = max(1, min(_RUN_BYTES, -(-total // workers)))
     runs: list[list[FileSpec]] = []
     run: list[FileSpec] = []
@@ -156,22 +155,6 @@ def _runs(ordered: list[FileSpec], workers: int, total: int | None = None) -> li
     return runs
 
 
-def _units(ordered: list[FileSpec], workers: int) -> list[list[FileSpec]]:
-    """What one thread writes at a time: a distribution's files whole (pack order within it) when they are at
-    most a worker's share of the bytes, so that each thread writes in folders of its own the way an installer
-    does (a wheel a thread); the rest (a larger distribution, files with no owner) in ``_runs``."""
-    total = sum(s.size + 4096 for s in ordered)
-    share = -(-total // max(1, workers))
-    owners: dict[str | None, list[FileSpec]] = {}
-    for s in ordered:
-        owners.setdefault(s.owner, []).append(s)
-    whole = {o for o, specs in owners.items()
-             if o is not None and len(owners) > 1 and sum(s.size + 4096 for s in specs) <= share}
-    units = [owners[o] for o in owners if o in whole]
-    rest = [s for s in ordered if s.owner not in whole]
-    return units + _runs(rest, workers, total)
-
-
 def _largest_first(runs: Sequence[list[FileSpec]]) -> list[int]:
     """The order the threads take ``runs`` in: the largest first (so the last to finish is a small one),
     pack order among equals."""
@@ -184,7 +167,7 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     ``progress(bytes_done)`` after each run. On any failure every temp file of the run is deleted."""
     root = os.fspath(root)
     ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
-    runs = _units(ordered, workers)
+    runs = _runs(ordered, workers)
     take = _largest_first(runs)
     prefetch = getattr(reader, "prefetch", None)  # ObjectReader's: a bucket's packs, fetched ahead in this order
     if prefetch is not None:
@@ -223,8 +206,7 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
         for spec in ordered:
             _unlink(tmp_name(os.path.join(root, spec.path)))
         raise
-    position = {id(spec): i for i, spec in enumerate(ordered)}
-    return sorted((s for slot in slots for s in slot), key=lambda s: position[id(s.spec)])
+    return [s for slot in slots for s in slot]
 
 
 def _as_done(fn: Callable, items: Sequence, workers: int, failed: threading.Event,

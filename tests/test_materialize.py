@@ -227,26 +227,3 @@ def test_a_damaged_journal_is_salvaged():
     assert salvaged.staging_dirs == ("", "lib/python3.11/site-packages/pkg")
     assert Journal.salvage([1, 2]) == Journal(snapshot=None)
 
-
-
-def test_a_distribution_within_a_share_is_one_thread_s_unit(tmp_path):
-    """As an installer writes a wheel from one thread: a distribution of at most a worker's share of the bytes
-    is one unit, whole, in pack order; a larger one, and files with no owner, are cut into runs; a restore of
-    one distribution alone is still shared out; ``stage`` returns pack order all the same."""
-    mib = 1 << 20
-    specs = ([FileSpec(f"a/f{i:02}", (f"a{i}",), mib, owner="a 1") for i in range(20)]  # 20 MiB: within
-             + [FileSpec(f"big/f{i:02}", (f"b{i}",), 4 * mib, owner="big 1") for i in range(40)]  # 160 MiB: over
-             + [FileSpec(f"c/f{i:02}", (f"c{i}",), mib, owner="c 1") for i in range(3)]
-             + [FileSpec(f"x{i:02}", (f"x{i}",), mib) for i in range(20)])  # no owner
-    units = materialize._units(specs, workers=4)  # share: about 51 MiB
-    assert units[:2] == [specs[:20], specs[60:63]]
-    assert all(len({s.owner for s in u}) == 1 and sum(s.size for s in u) <= 17 * mib for u in units[2:])
-    assert sorted(s.path for u in units for s in u) == sorted(s.path for s in specs)
-    alone = [s for s in specs if s.owner == "big 1"]
-    assert len(materialize._units(alone, workers=4)) > 1  # one distribution: cut into runs all the same
-
-    blobs = {f"o{i}": bytes([i]) * (i * 131 % 3000 + 1) for i in range(60)}
-    specs = [_spec(f"d{i % 5}_{i:02}", data, oid, owner=f"pkg{i % 5} 1.0") for i, (oid, data) in enumerate(blobs.items())]
-    reader = _Reader(blobs)
-    staged = materialize.stage(reader, tmp_path, specs, _tmp, workers=4)
-    assert [s.spec for s in staged] == sorted(specs, key=lambda s: materialize.pack_position(reader, s.chunks))
