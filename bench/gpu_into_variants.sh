@@ -8,19 +8,7 @@
 set -u
 ROUNDS=${1:-3}; shift || true
 SETTINGS=${*:-"-"}
-PY=python3
-V=$($PY -c 'import sys;print(sys.prefix)')
-rm -rf /tmp/site /tmp/oldsite && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
-cp -r /tmp/site /tmp/oldsite && rm -rf /tmp/oldsite/envvault && cp -r .whl/old-tree/envvault /tmp/oldsite/
-$PY -m compileall -q -j 0 /tmp/site /tmp/oldsite >/dev/null
-now() { date +%s.%N; }
-secs() { $PY -c "print(round($2 - $1, 3))"; }
-tar -cf - $V 2>/dev/null | cat >/dev/null
-export ENVVAULT_HOME=/tmp/abv
-rm -rf /tmp/abv && PYTHONPATH=/tmp/site $PY -m envvault snap --venv $V --no-caches | tail -1
-rm -rf /tmp/exp && PYTHONPATH=/tmp/site $PY -m envvault export latest -o /tmp/exp/pylock.toml >/dev/null
-BASE=$($PY -c 'import os, sys; print(os.path.realpath(sys._base_executable))')
-UVB=/tmp/site/bin/uv
+. bench/gpu_two_trees_setup.sh
 variants="old"; for p in $SETTINGS; do variants="$variants $p"; done
 {
 for i in $(seq "$ROUNDS"); do

@@ -4,20 +4,8 @@
 # of the exported wheels (into a venv made before the clock starts, as gpu_env_run.py does) as --into's anchor. Usage: OUT=$OUT bash bench/gpu_restore_trees_ab.sh [ROUNDS]
 set -u
 ROUNDS=${1:-3}
-PY=python3
-V=$($PY -c 'import sys;print(sys.prefix)')
+. bench/gpu_two_trees_setup.sh
 SP=$($PY -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
-rm -rf /tmp/site /tmp/oldsite && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
-cp -r /tmp/site /tmp/oldsite && rm -rf /tmp/oldsite/envvault && cp -r .whl/old-tree/envvault /tmp/oldsite/
-$PY -m compileall -q -j 0 /tmp/site /tmp/oldsite >/dev/null
-now() { date +%s.%N; }
-secs() { $PY -c "print(round($2 - $1, 3))"; }
-tar -cf - $V 2>/dev/null | cat >/dev/null
-export ENVVAULT_HOME=/tmp/abv
-rm -rf /tmp/abv && PYTHONPATH=/tmp/site $PY -m envvault snap --venv $V --no-caches | tail -1
-rm -rf /tmp/exp && PYTHONPATH=/tmp/site $PY -m envvault export latest -o /tmp/exp/pylock.toml >/dev/null
-BASE=$($PY -c 'import os, sys; print(os.path.realpath(sys._base_executable))')
-UVB=/tmp/site/bin/uv
 for i in $(seq "$ROUNDS"); do
   order="old new"; [ $((i % 2)) -eq 0 ] && order="new old"
   rm -rf /tmp/uvinto && $UVB venv -q --python $BASE /tmp/uvinto && sync; t0=$(now); $UVB pip install -q --offline --no-deps --python /tmp/uvinto/bin/python /tmp/exp/pylock.wheels/*.whl; t1=$(now); echo "round $i anchor uv install: $(secs $t0 $t1) s"
