@@ -1,0 +1,73 @@
+"""Where do a command's threads wait? Runs COMMAND (through the shell) and, every 5 ms until it ends, reads each
+thread of its process tree from /proc: its state (R running, D in the kernel uninterruptibly, S asleep) and
+the kernel function it waits in (wchan; with root, the top frames of /proc/TID/stack). Prints the command's
+wall time and the share of samples per state and per waiting place, for comparing two tools doing the same
+work (device: bench/results/gpu_wchan_*.txt). Usage: python3 bench/wchan_sample.py LABEL COMMAND"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import time
+
+LABEL, COMMAND = sys.argv[1], sys.argv[2]
+
+
+def tree(root: int) -> list[int]:
+    kids: dict[int, list[int]] = collections.defaultdict(list)
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids[ppid].append(int(name))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+states: collections.Counter = collections.Counter()
+places: collections.Counter = collections.Counter()
+t0 = time.perf_counter()
+proc = subprocess.Popen(COMMAND, shell=True, stdout=subprocess.DEVNULL)
+samples = 0
+while proc.poll() is None:
+    for pid in tree(proc.pid):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            stat = read(f"/proc/{pid}/task/{tid}/stat")
+            if not stat:
+                continue
+            state = stat.rsplit(")", 1)[1].split()[0]
+            states[state] += 1
+            if state in "DS":
+                frames = [ln.split()[-1].split("+")[0] for ln in read(f"/proc/{pid}/task/{tid}/stack").splitlines()]
+                frames = [f for f in frames if not f.startswith(("__schedule", "schedule", "io_schedule"))][:4]
+                where = " < ".join(frames) or read(f"/proc/{pid}/task/{tid}/wchan") or "?"
+                places[f"{state} {where}"] += 1
+    samples += 1
+    time.sleep(0.005)
+wall = time.perf_counter() - t0
+total = sum(states.values()) or 1
+print(f"{LABEL}: {wall:.2f} s, {samples} samples, rc {proc.returncode}; thread states: "
+      + ", ".join(f"{s} {n / total:.0%}" for s, n in states.most_common()))
+for where, n in places.most_common(12):
+    print(f"  {n / total:6.1%} {where}")
