@@ -1,8 +1,9 @@
 """Where do a command's threads wait? Runs COMMAND (through the shell) and, every 5 ms until it ends, reads each
 thread of its process tree from /proc: its state (R running, D in the kernel uninterruptibly, S asleep) and
-the kernel function it waits in (wchan; with root, the top frames of /proc/TID/stack). Prints the command's
-wall time and the share of samples per state and per waiting place, for comparing two tools doing the same
-work (device: bench/results/gpu_wchan_*.txt). Usage: python3 bench/wchan_sample.py LABEL COMMAND"""
+the kernel function it waits in (wchan; with root, the top frames of /proc/TID/stack), and each thread's
+last seen CPU seconds (user, system: /proc/TID/stat; on a CPU and waiting for one: /proc/TID/schedstat).
+Prints the command's wall time, the threads' seconds summed, and the share of samples per state and per waiting
+place, for comparing two tools doing the same work (device: bench/results/gpu_wchan_*.txt). Usage: python3 bench/wchan_sample.py LABEL COMMAND"""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def read(path: str) -> str:
         return ""
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+seconds: dict[str, tuple[float, float, float, float]] = {}  # tid: user, system, on a CPU, waiting for one
 states: collections.Counter = collections.Counter()
 places: collections.Counter = collections.Counter()
 t0 = time.perf_counter()
@@ -56,7 +59,12 @@ while proc.poll() is None:
             stat = read(f"/proc/{pid}/task/{tid}/stat")
             if not stat:
                 continue
-            state = stat.rsplit(")", 1)[1].split()[0]
+            fields = stat.rsplit(")", 1)[1].split()
+            state = fields[0]
+            sched = read(f"/proc/{pid}/task/{tid}/schedstat").split()
+            if len(sched) >= 2:
+                seconds[f"{pid}/{tid}"] = (int(fields[11]) / TICK, int(fields[12]) / TICK, int(sched[0]) / 1e9,
+                                           int(sched[1]) / 1e9)
             states[state] += 1
             if state in "DS":
                 frames = [ln.split()[-1].split("+")[0] for ln in read(f"/proc/{pid}/task/{tid}/stack").splitlines()]
@@ -69,5 +77,8 @@ wall = time.perf_counter() - t0
 total = sum(states.values()) or 1
 print(f"{LABEL}: {wall:.2f} s, {samples} samples, rc {proc.returncode}; thread states: "
       + ", ".join(f"{s} {n / total:.0%}" for s, n in states.most_common()))
+sums = [sum(v[k] for v in seconds.values()) for k in range(4)]
+print(f"  threads seen {len(seconds)}; summed: user {sums[0]:.2f} s, system {sums[1]:.2f} s, on a CPU {sums[2]:.2f} s, "
+      f"runnable waiting for a CPU {sums[3]:.2f} s (last samples: a thread's final moments are not counted)")
 for where, n in places.most_common(12):
     print(f"  {n / total:6.1%} {where}")
