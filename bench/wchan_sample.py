@@ -46,6 +46,26 @@ TICK = os.sysconf("SC_CLK_TCK")
 seconds: dict[str, tuple[float, float, float, float]] = {}  # tid: user, system, on a CPU, waiting for one
 states: collections.Counter = collections.Counter()
 places: collections.Counter = collections.Counter()
+VMSTAT = ("pgscan_direct", "pgsteal_direct", "allocstall_normal", "allocstall_movable", "pgscan_kswapd",
+          "pgsteal_kswapd", "pgfault", "pgmajfault", "thp_fault_alloc", "nr_dirty", "nr_writeback", "pgactivate",
+          "workingset_refault_file", "compact_stall", "pgalloc_normal", "pgfree")
+
+
+def vmstat() -> dict[str, int]:
+    got = dict(line.split() for line in read("/proc/vmstat").splitlines() if line.count(" ") == 1)
+    return {k: int(got.get(k, 0)) for k in VMSTAT}
+
+
+def memory() -> str:
+    free = {ln.split(":")[0]: ln.split()[1] for ln in read("/proc/meminfo").splitlines()}
+    cg = read("/proc/self/cgroup").strip().rsplit(":", 1)[-1]
+    cap = read(f"/sys/fs/cgroup{cg}/memory.max").strip() or "?"
+    now = read(f"/sys/fs/cgroup{cg}/memory.current").strip() or "?"
+    return (f"MemFree {int(free.get('MemFree', 0)) >> 20} GiB, Cached {int(free.get('Cached', 0)) >> 20} GiB, "
+            f"Dirty {int(free.get('Dirty', 0)) >> 10} MiB; cgroup {cg} memory.max {cap}, memory.current {now}")
+
+
+before, mem_before = vmstat(), memory()
 t0 = time.perf_counter()
 proc = subprocess.Popen(COMMAND, shell=True, stdout=subprocess.DEVNULL)
 samples = 0
@@ -66,10 +86,12 @@ while proc.poll() is None:
                 seconds[f"{pid}/{tid}"] = (int(fields[11]) / TICK, int(fields[12]) / TICK, int(sched[0]) / 1e9,
                                            int(sched[1]) / 1e9)
             states[state] += 1
-            if state in "DS":
+            if state in "DSR":
                 frames = [ln.split()[-1].split("+")[0] for ln in read(f"/proc/{pid}/task/{tid}/stack").splitlines()]
                 frames = [f for f in frames if not f.startswith(("__schedule", "schedule", "io_schedule"))][:4]
-                where = " < ".join(frames) or read(f"/proc/{pid}/task/{tid}/wchan") or "?"
+                where = " < ".join(frames) or (read(f"/proc/{pid}/task/{tid}/wchan") if state != "R" else "")
+                if not where:
+                    continue  # a running thread's stack cannot be read
                 places[f"{state} {where}"] += 1
     samples += 1
     time.sleep(0.005)
@@ -80,5 +102,8 @@ print(f"{LABEL}: {wall:.2f} s, {samples} samples, rc {proc.returncode}; thread s
 sums = [sum(v[k] for v in seconds.values()) for k in range(4)]
 print(f"  threads seen {len(seconds)}; summed: user {sums[0]:.2f} s, system {sums[1]:.2f} s, on a CPU {sums[2]:.2f} s, "
       f"runnable waiting for a CPU {sums[3]:.2f} s (last samples: a thread's final moments are not counted)")
-for where, n in places.most_common(12):
+after = vmstat()
+print(f"  before: {mem_before}\n  vmstat deltas: "
+      + ", ".join(f"{k} {after[k] - before[k]}" for k in VMSTAT if after[k] != before[k]))
+for where, n in places.most_common(14):
     print(f"  {n / total:6.1%} {where}")
