@@ -1,25 +1,51 @@
 #!/usr/bin/env bash
-# Is --into's gap to uv the tool or the moment? Both write the same folder (/tmp/fair), each right after the
-# other's tree was removed (rm -rf + sync, timed), first one then the other, order swapped round by round; then
-# the same again after a pause of SETTLE seconds once the removal returned (the filesystem's background work
-# done). Also prints /tmp's filesystem, its mount options and the disk's discard setting.
-# Usage: OUT=$OUT bash bench/gpu_into_fair.sh [ROUNDS] [SETTLE]
+# restore --into against uv's install of the exported wheels, each writing a new folder, order rotating round by
+# round. How a finished tree is put away matters on the device: its ext4 has no journal, and there the kernel
+# skips every inode freed in the last minutes when it picks one for a new file (ialloc.c find_inode_bit,
+# recently_deleted), scanning the whole group past them on every create: a tree removed just before the clock
+# starts slows whichever tool comes next (bench/results/gpu_wchan_*.txt: recently_deleted in the stacks).
+# RETIRE=truncate (default): a finished tree's files are emptied (their blocks freed, their inodes kept) outside
+# the clock and the trees are removed once at the end; RETIRE=rm: each run removes the last tree first
+# (rm -rf + sync, timed), then pauses SETTLE seconds and runs again (the 2026-12-06 runs named
+# gpu_into_fair_937070a.txt). Variants: uv; `-` (the carried wheel's envvault); NAME=VALUE (the wheel's
+# envvault under that setting); old or old:NAME=VALUE (the carried old tree, .whl/old-tree).
+# Also prints /tmp's filesystem, its mount options and the disk's settings.
+# Usage: OUT=$OUT [RETIRE=truncate|rm] [SETTLE=s] bash bench/gpu_into_fair.sh [ROUNDS] [VARIANT...]
 set -u
-ROUNDS=${1:-3}; SETTLE=${2:-20}
+ROUNDS=${1:-3}; shift || true
+VARIANTS=${*:-"uv -"}
+RETIRE=${RETIRE:-truncate}; SETTLE=${SETTLE:-15}
 . bench/gpu_two_trees_setup.sh
 {
-findmnt -no FSTYPE,SOURCE,OPTIONS -T /tmp; uname -r
+findmnt -no FSTYPE,SOURCE,OPTIONS -T /tmp; uname -r; df -h /tmp | tail -1; df -i /tmp | tail -1
 for q in discard_max_bytes rotational scheduler; do echo "vda $q: $(cat /sys/block/vda/queue/$q 2>/dev/null)"; done
-T=/tmp/fair
-clear_t() { t0=$(now); rm -rf $T; sync; t1=$(now); echo "  removal of the last tree: $(secs $t0 $t1) s"; }
-uv_run() { $UVB venv -q --python $BASE $T; t0=$(now); $UVB pip install -q --offline --no-deps --python $T/bin/python /tmp/exp/pylock.wheels/*.whl; t1=$(now); echo "round $1 $2 uv install: $(secs $t0 $t1) s"; }
-ev_run() { t0=$(now); PYTHONPATH=/tmp/site $PY -m envvault restore latest --into $T >/dev/null 2>/tmp/err || tail -2 /tmp/err; t1=$(now); echo "round $1 $2 --into: $(secs $t0 $t1) s"; }
+echo "retire: $RETIRE; variants: $VARIANTS"
+F=/tmp/fair; rm -rf $F; mkdir -p $F; sync; n=0
+run_one() {  # $1 round, $2 variant, $3 folder
+  local t0 t1 site=/tmp/site env=ENVVAULT_NONE=1 v=$2
+  case $v in old*) site=/tmp/oldsite; v=${v#old}; v=${v#:};; esac
+  case $v in *=*) env=$v;; esac
+  if [ "$2" = uv ]; then
+    $UVB venv -q --python $BASE $3; t0=$(now)
+    $UVB pip install -q --offline --no-deps --python $3/bin/python /tmp/exp/pylock.wheels/*.whl; t1=$(now)
+  else
+    t0=$(now); env "$env" PYTHONPATH=$site $PY -m envvault restore latest --into $3 >/dev/null 2>/tmp/err || tail -2 /tmp/err; t1=$(now)
+  fi
+  echo "round $1 $2: $(secs $t0 $t1) s"
+}
 for i in $(seq "$ROUNDS"); do
-  for gap in 0 "$SETTLE"; do
-    if [ $((i % 2)) = 1 ]; then first=uv_run; second=ev_run; else first=ev_run; second=uv_run; fi
-    clear_t; sleep "$gap"; $first $i "pause ${gap}s"
-    clear_t; sleep "$gap"; $second $i "pause ${gap}s"
+  set -- $VARIANTS; k=$#; order=""
+  for j in $(seq 0 $((k - 1))); do m=$(( (j + i - 1) % k + 1 )); order="$order ${!m}"; done
+  for v in $order; do
+    n=$((n + 1))
+    if [ "$RETIRE" = rm ]; then
+      t0=$(now); rm -rf $F/t; sync; t1=$(now); echo "  removal of the last tree: $(secs $t0 $t1) s"; sleep "$SETTLE"
+      run_one $i "$v" $F/t
+    else
+      run_one $i "$v" $F/t$n
+      find $F/t$n -type f -print0 | xargs -0 -r truncate -s 0; sync
+    fi
   done
 done
-rm -rf $T
+rm -rf $F
 } 2>&1 | tee "${OUT:-/tmp}/gpu_into_fair.txt"
