@@ -117,13 +117,13 @@ for readers in READERS:
     if tuning:  # IN_FLIGHT_MIB[:FRAMES_A_COMPRESSOR[:SWITCH_US]]: the pipeline's bounds, patched for this run
         mib, _, rest = tuning.partition(":")
         frames, _, switch = rest.partition(":")
-        patch = ["import sys", "from envvault.vault import ingest, packs"]
+        patch = ["import sys", "from envvault.vault import packs, threads"]
         if mib:
             patch.append(f"packs._IN_FLIGHT_BYTES = {int(mib)} << 20")
         if frames:
             patch.append(f"packs.PackWriter._in_flight_a_worker = {int(frames)}")
         if switch:
-            patch.append(f"ingest.SWITCH_INTERVAL = {int(switch)} / 1e6")
+            patch.append(f"threads.SWITCH_INTERVAL = {int(switch)} / 1e6")
         patch += ["from envvault.cli import main", "sys.argv[0] = 'envvault'", "main()"]
         cmd = [sys.executable, "-c", "; ".join(patch)]
     proc = subprocess.Popen(cmd + ["snap", "--venv", venv, "--no-caches", "-m", "s"], env=env,

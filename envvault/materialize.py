@@ -11,8 +11,10 @@ or the symlink target, size, sha256, mode). Here, and nowhere else:
   ``.<name>.envvault-<pid>.tmp`` in an environment, ``.<name>.envvault-<pid>-<run>.tmp`` in a cache root),
   read from the vault in pack order (contiguous runs, one per thread at a time, the largest taken first;
   each frame is decompressed about once), every object's BLAKE3 checked by the reader and each file's size and sha256
-  checked while writing. Modes lose setuid, setgid and sticky. A failure deletes every temp file of the run
-  and nothing is renamed. Crash point ``stage`` after each file.
+  checked while writing. Modes lose setuid, setgid and sticky; a file is created with its mode where the
+  umask leaves it whole (one system call fewer a file), else created private and given it after writing.
+  The threads run under ``busy_threads`` (a short GIL switch interval, no garbage collection). A failure
+  deletes every temp file of the run and nothing is renamed. Crash point ``stage`` after each file.
   A new tree that nothing uses yet (``restore --into``) is written under final names (``FINAL_NAME``): no
   temp names and no renames, as an installer writes; its caller removes the tree on failure.
 - ``place`` / ``place_link``: rename a staged file into place (over what is there, or, ``keep_existing``,
@@ -27,6 +29,7 @@ import errno
 import hashlib
 import os
 import threading
+from contextlib import nullcontext
 from envvault.model.records import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -34,9 +37,9 @@ from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
 from envvault.env.static import WHOLE_FILE_LIMIT
 from envvault.safepaths import FinalTree, reserved_problem
-from envvault.vault.fsutil import storage_error
+from envvault.vault.fsutil import current_umask, storage_error
 from envvault.vault import timing
-from envvault.vault.threads import default_restorers
+from envvault.vault.threads import busy_threads, default_restorers
 from envvault.model.record import record_sha256
 from envvault.vault.store import ObjectReader
 
@@ -173,6 +176,7 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     if prefetch is not None:
         prefetch(c for i in take for s in runs[i] for c in s.chunks)
     failed = threading.Event()
+    umask = current_umask()
 
     def run(part: list[FileSpec]) -> list[Staged]:
         out = []
@@ -180,7 +184,7 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
             if failed.is_set():
                 break
             try:
-                out.append(_stage_one(reader, root, spec, tmp_name))
+                out.append(_stage_one(reader, root, spec, tmp_name, umask))
             except BaseException:
                 failed.set()
                 raise
@@ -188,19 +192,21 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
 
     slots: list[list[Staged]] = [[] for _ in runs]
     done = 0
+    threads = min(workers, len(runs))
     try:
-        results = _as_done(run, runs, min(workers, len(runs)), failed, take)
-        try:
-            for i, result in results:
-                slots[i] = result
-                done += sum(s.spec.size for s in result)
-                if progress:
-                    progress(done)
-        except BaseException:
-            failed.set()  # the other threads stop at their next file
-            raise
-        finally:
-            results.close()  # waits for the threads
+        with busy_threads() if threads > 1 else nullcontext():
+            results = _as_done(run, runs, threads, failed, take)
+            try:
+                for i, result in results:
+                    slots[i] = result
+                    done += sum(s.spec.size for s in result)
+                    if progress:
+                        progress(done)
+            except BaseException:
+                failed.set()  # the other threads stop at their next file
+                raise
+            finally:
+                results.close()  # waits for the threads
     except BaseException:
         failed.set()
         for spec in ordered:
@@ -267,7 +273,7 @@ def _as_done(fn: Callable, items: Sequence, workers: int, failed: threading.Even
                 t.join()
 
 
-def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempName) -> Staged:
+def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempName, umask: int | None) -> Staged:
     final = os.path.join(root, spec.path)
     tmp = tmp_name(final)
     try:
@@ -277,7 +283,9 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
             return Staged(spec, tmp, final, None)
         on = timing.ON  # ENVVAULT_STAGES=1: each step's seconds summed (bench/); off, one check a step
         t0 = timing.clock() if on else 0.0
-        fd = _fresh(lambda: os.open(tmp, _CREATE, 0o600), tmp)
+        mode = spec.mode & 0o777  # never setuid/setgid/sticky from a vault
+        whole = umask is not None and not mode & umask  # created with it; else private, given it once written
+        fd = _fresh(lambda: os.open(tmp, _CREATE, mode if whole else 0o600), tmp)
         h = hashlib.sha256()
         size = 0
         if on:
@@ -298,7 +306,8 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
                     data = data[n:]
                 if on:
                     t0 = _step("materialize: writes", t0)
-            os.fchmod(fd, spec.mode & 0o777)  # never setuid/setgid/sticky from a vault
+            if not whole:
+                os.fchmod(fd, mode)
             st = os.fstat(fd) if tmp == final else None  # no rename to come: these are its final stats
             if on:
                 t0 = _step("materialize: modes, stats", t0)

@@ -163,6 +163,31 @@ def test_large_files_get_runs_of_their_own_taken_first(tmp_path):
     assert [s.spec for s in staged] == ordered
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o000])
+def test_modes_come_whole_under_any_umask_with_no_fchmod_where_it_leaves_them(tmp_path, monkeypatch, umask):
+    """Each file ends with its archived mode less setuid, setgid and sticky, whatever the umask: created with
+    it where the umask leaves it whole (no fchmod), else created private and given it after writing."""
+    from envvault.vault.fsutil import current_umask
+
+    modes = [0o644, 0o755, 0o600, 0o777, 0o444, 0o4755, 0o2750, 0o1777]
+    blobs = {f"o{i}": b"m" * (i + 1) for i in range(len(modes))}
+    specs = [FileSpec(f"m{i}", (f"o{i}",), i + 1, record_sha256(hashlib.sha256(blobs[f"o{i}"]).digest()), m)
+             for i, m in enumerate(modes)]
+    chmods: list[int] = []
+    fchmod = os.fchmod
+    monkeypatch.setattr(materialize.os, "fchmod", lambda fd, mode: chmods.append(mode) or fchmod(fd, mode))
+    old = os.umask(umask)
+    try:
+        assert current_umask() == umask
+        staged = materialize.stage(_Reader(blobs), tmp_path, specs, materialize.FINAL_NAME, workers=2)
+    finally:
+        os.umask(old)
+    assert {s.spec.path: s.st.st_mode & 0o7777 for s in staged} == {f"m{i}": m & 0o777 for i, m in enumerate(modes)}
+    assert {f"m{i}": (tmp_path / f"m{i}").stat().st_mode & 0o7777 for i in range(len(modes))} == \
+        {f"m{i}": m & 0o777 for i, m in enumerate(modes)}
+    assert sorted(chmods) == sorted(m & 0o777 for m in modes if m & 0o777 & umask)
+
+
 def test_a_short_file_is_refused(tmp_path):
     blobs = {"o": b"abc"}
     spec = FileSpec("f", ("o",), 4, None, 0o644)

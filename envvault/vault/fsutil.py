@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 
 from envvault.errors import CorruptError, RefusedError, StorageError
 
-__all__ = ["atomic_write", "flocked", "fsync_dir", "storage_error", "tmp_name", "read_regular", "read_regular_at",
+__all__ = ["atomic_write", "current_umask", "flocked", "fsync_dir", "storage_error", "tmp_name", "read_regular", "read_regular_at",
            "link_refused", "write_nofollow", "open_regular_fd"]
 
 # Files of the vault's own tree are opened without following a symlink at their last component; a FIFO or
@@ -115,6 +115,19 @@ def tmp_owner(name: str) -> int | None:
     if len(parts) < 5 or parts[0] or parts[-1] != "tmp" or len(parts[-2]) != 8 or not parts[-3].isdigit():
         return None
     return int(parts[-3])
+
+
+def current_umask() -> int | None:
+    """This process's umask, read without setting it (``os.umask`` sets it for every thread while it looks):
+    Linux's ``/proc/self/status`` (from 4.7); None where that does not say it."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def fsync_dir(path: Path) -> None:

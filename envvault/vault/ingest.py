@@ -6,10 +6,8 @@ Shared by environment snaps and cache snaps; the stat cache that lets an unchang
 
 from __future__ import annotations
 
-import gc
 import os
 import stat as statmod
-import sys
 import threading
 from collections import deque
 from envvault.model.records import dataclass
@@ -22,7 +20,7 @@ from envvault.model.encoding import object_id
 from envvault.model.record import record_sha256
 from envvault.vault.fsutil import open_regular_fd
 from envvault.vault import timing
-from envvault.vault.threads import default_namers, default_readers, usable_cores
+from envvault.vault.threads import busy_threads, default_namers, default_readers, usable_cores
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
 
 __all__ = ["Ingester", "FileDigest"]
@@ -106,16 +104,6 @@ class Ingester:
 
         if self.store:
             self.known("0" * 64)  # load the vault's index here, not on a reader thread
-        # This (storing) thread does Python work per file between calls that release the GIL; with many
-        # readers wanting the GIL back, a short switch interval keeps it from waiting 5 ms each time.
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
-        # Python's cyclic garbage collector is off while the pipeline runs: a collection holds the GIL (a full
-        # one walks every record alive, tens of ms) and so stops every stage at once, while the pipeline makes
-        # no garbage that only it could free (peak RSS the same with it off). First snaps of the GPU host's
-        # venv, 3 rounds: 8.17 s against 8.51 s (medians; bench/results/gpu_tuning_gc_72d3365.txt).
-        collecting = gc.isenabled()
-        gc.disable()
         stored = 0  # bytes stored so far: past _STEADY_AFTER, pin malloc's threshold (ctypes costs an import)
         budget = _Budget(min(READ_AHEAD, max(16 << 20, self.threads * (2 << 20))), HEAD_AHEAD)
         window: deque[_Job] = deque()
@@ -127,6 +115,10 @@ class Ingester:
         self._named = it.named if namers else {}
         depth = 4 * self.threads + 16
         pending = None  # the next item, read from ``items`` but not yet in a batch
+        # This (storing) thread does Python work per file between calls that release the GIL, with many
+        # readers wanting it back (``busy_threads``: a short switch interval, the collector off).
+        busy = busy_threads()
+        busy.__enter__()
         try:
             exhausted = False
             while True:
@@ -185,9 +177,7 @@ class Ingester:
                 if error is not None:
                     raise error
         finally:
-            sys.setswitchinterval(interval)
-            if collecting:
-                gc.enable()
+            busy.__exit__(None, None, None)
             _relax_malloc()
             budget.abort()
             for job in window:
@@ -270,7 +260,6 @@ class Ingester:
 # Bytes read ahead of the storing thread (all reader threads together: 2 MiB a thread, at least 16 MiB, at
 # most READ_AHEAD), and what the file being stored may hold beyond that (FastCDC's largest chunk is 4 MiB).
 READ_AHEAD = 64 << 20
-SWITCH_INTERVAL = 0.0005  # seconds: the GIL's switch interval while readers run (Python's default is 5 ms)
 HEAD_AHEAD = 8 << 20
 BATCH_BYTES = 1 << 20  # light items (small files) go to the readers this many bytes ...
 BATCH_ITEMS = 64  # ... or items at a time
