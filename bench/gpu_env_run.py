@@ -101,6 +101,17 @@ def timed_rounds(specs: list[tuple], repeat: int) -> list[list[float]]:
     return walls
 
 
+def retire(*folders: str) -> str:
+    """A shell command that puts finished trees away without freeing an inode before the next timed run:
+    their files emptied (the blocks freed, the inodes kept) and each folder moved under ``W/retired``, removed
+    once the rounds are done. The device's ext4 has no journal; there the kernel skips every inode freed in the
+    last minutes when it picks one for a new file, scanning past them all on every create (ialloc.c,
+    ``recently_deleted``), so a tree removed just before a timed ``--into`` or uv install slowed whichever came
+    next by up to 2x (bench/gpu_into_fair.sh, bench/results/gpu_wchan_*.txt, gpu_into_fair_*.txt)."""
+    return "; ".join(f"if [ -d {f} ]; then find {f} -type f -print0 | xargs -0 -r truncate -s 0; "
+                     f"mkdir -p {W}/retired && mv {f} $(mktemp -d -p {W}/retired); fi" for f in folders)
+
+
 def row(figure: str, ours: list[float], anchor: list[float] | None, anchor_name: str, goal: str, **extra) -> None:
     med = statistics.median(ours)
     r = {"figure": figure, "envvault_s": med, "runs": ours, "anchor": anchor_name, "goal": goal, **extra}
@@ -287,11 +298,12 @@ def main() -> int:
         exp = timed("export", f"{EV} export full -o {W}/exp/pylock.toml", 1, before=f"rm -rf {W}/exp")
         # ENVVAULT_STAGES=1: the verification's seconds on stderr
         into, uvi = timed_rounds([
-            ("restore --into", f"ENVVAULT_STAGES=1 {EV} restore full --into {W}/into", f"rm -rf {W}/into {W}/uvv"),
+            ("restore --into", f"ENVVAULT_STAGES=1 {EV} restore full --into {W}/into", retire(f"{W}/into", f"{W}/uvv")),
             ("uv pip install exported wheels",
              f"{UV} pip install -q --offline --no-deps --python {W}/uvv/bin/python {W}/exp/pylock.wheels/*.whl",
-             f"rm -rf {W}/into {W}/uvv && {UV} venv -q --python {base} {W}/uvv"),
+             f"{retire(f'{W}/into', f'{W}/uvv')}; {UV} venv -q --python {base} {W}/uvv"),
         ], r)
+        sh(f"rm -rf {W}/retired", name="tidy", want=None)
         sh(f"rm -rf {W}/uvv && {EV} restore full --into {W}/into-check && "
            f"{W}/into-check/bin/python -c 'import torch; print(torch.__version__, torch.cuda.is_available())'",
            name="torch in --into venv", want=None)
