@@ -252,3 +252,49 @@ def test_a_damaged_journal_is_salvaged():
     assert salvaged.staging_dirs == ("", "lib/python3.11/site-packages/pkg")
     assert Journal.salvage([1, 2]) == Journal(snapshot=None)
 
+
+
+def test_busy_threads_shortens_the_switch_interval_and_stops_collection_then_puts_both_back(tmp_path):
+    """``busy_threads`` (the ingest pipeline's and the materializer's threads): a switch interval of at most
+    ``SWITCH_INTERVAL`` and no cyclic collection inside, both as they were after, an error or not; a shorter
+    interval already set is kept. The materializer runs its writers under it, and only then."""
+    import gc
+    import sys
+
+    from envvault.vault import threads
+
+    seen = []
+    old = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        with pytest.raises(KeyError):
+            with threads.busy_threads():
+                seen.append((sys.getswitchinterval(), gc.isenabled()))
+                raise KeyError("x")
+        assert (sys.getswitchinterval(), gc.isenabled()) == (pytest.approx(0.005, rel=0.05), True)
+        sys.setswitchinterval(0.0001)
+        with threads.busy_threads():
+            seen.append((sys.getswitchinterval(), gc.isenabled()))
+        assert sys.getswitchinterval() == pytest.approx(0.0001, rel=0.05)
+        gc.disable()
+        with threads.busy_threads():
+            pass
+        assert not gc.isenabled()  # left off: it was off before
+    finally:
+        gc.enable()
+        sys.setswitchinterval(old)
+    assert seen == [(pytest.approx(threads.SWITCH_INTERVAL, rel=0.05), False), (pytest.approx(0.0001, rel=0.05), False)]
+
+    blobs = {f"o{i}": bytes([i]) * (64 << 10) for i in range(40)}  # two runs of 20: both threads write
+    specs = [_spec(f"g{i}", blobs[f"o{i}"], f"o{i}") for i in range(40)]
+
+    class Watching(_Reader):
+        def get(self, oid):
+            seen.append((round(sys.getswitchinterval(), 6), gc.isenabled()))
+            return super().get(oid)
+
+    for workers, inside in ((2, (threads.SWITCH_INTERVAL, False)), (1, (round(old, 6), True))):
+        del seen[:]
+        (tmp_path / str(workers)).mkdir()
+        materialize.stage(Watching(blobs), tmp_path / str(workers), specs, _tmp, workers=workers)
+        assert set(seen) == {inside}, workers
