@@ -264,3 +264,26 @@ def test_stamps_never_name_the_backup_of_a_damaged_environment(tmp_path):
     fp = lock_fingerprint(v.load_snapshot(good).snapshot)
     assert lock_fingerprint(backups[0].snapshot) == fp  # what makes the choice matter
     assert find_snapshot(v, fp, str(venv)) == (good, False)
+
+
+def test_an_unchanged_lock_only_snap_imports_no_reader_or_pack_writer(edited, tmp_path):
+    """A lock-only snap of an environment the stat cache knows reads no file: the ingester (``vault/ingest.py``,
+    its readers and chunker) is neither made nor imported (snap/scan.py ``_ingester``); the first one, which
+    reads every dist-info, and a full snap still make it."""
+    venv = edited[0]
+    vault = tmp_path / "v"
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print('ingest imported' if 'envvault.vault.ingest' in sys.modules else 'no ingest'))\n"
+             "from envvault.entry import main\n"
+             "sys.argv = ['envvault', 'snap', '--json', *sys.argv[1:]]\n"
+             "main()\n")
+
+    def snap(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-c", probe, "--venv", str(venv), *args], capture_output=True,
+                              text=True, env=ev_env(vault), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert snap("--lock-only") == "ingest imported"  # the first: no stat cache group has a lock yet
+    assert snap("--lock-only") == "no ingest"
+    assert snap("--no-caches") == "ingest imported"

@@ -17,7 +17,6 @@ from envvault.env.reader import reader_for
 from envvault.model.encoding import canonical_json, object_id
 from envvault.output import ProgressSink
 from envvault.vault import timing
-from envvault.vault.ingest import Ingester
 from envvault.vault.statcache import (
     StatCache, encode_stats, group_from_portable, portable_group, stat_key,
 )
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from envvault.model.manifest import DistManifest
 
     from .manifests import DistPlan, ManifestBuilder
+    from envvault.vault.ingest import Ingester
     from envvault.env.dists import InstalledDist
 
 __all__ = ["scan_environment", "scan_current", "statcache_for", "save_checked"]
@@ -106,7 +106,7 @@ def scan_environment(
         cache = statcache_for(vault, prefix)
     reader = reader_for(prefix, cache)
     interp = reader.interpreter()
-    ing = Ingester(writer, vault.has, store=mode == "full", threads=1 if mode == "lock" else None)
+    ing = None  # made once something is read (``_ingester``), or for a full snap's cache hook
     mkey = "manifest_" + mode
     packages: list[dict] = []
     slow: list[InstalledDist] = []
@@ -144,6 +144,7 @@ def scan_environment(
     if pending:
         from .manifests import ManifestBuilder
 
+        ing = _ingester(writer, vault, mode)
         builder = ManifestBuilder(vault, interp, ing, cache, mode)
     # A check scan of many distributions without groups (a venv restore --into just wrote): read and built in
     # forked children. Otherwise read here, built with the reader threads below.
@@ -179,7 +180,17 @@ def scan_environment(
         warnings = builder.warnings + warnings
     packages.sort(key=lambda p: (p["name"], p["version"]))
     stats = {"files": sum(p["files"] for p in packages), "bytes": sum(p["size"] for p in packages)}
+    if ing is None and mode == "full":
+        ing = _ingester(writer, vault, mode)  # a compile cache hook archives through it
     return interp, packages, warnings, cache, ing, stats
+
+
+def _ingester(writer, vault: Vault, mode: str) -> "Ingester":
+    """The ingester a scan reads files through (``vault/ingest.py``: its import, with the pack writer's, is a
+    fifth of a lock-only snap's or an unchanged check scan's start, which read no file)."""
+    from envvault.vault.ingest import Ingester
+
+    return Ingester(writer, vault.has, store=mode == "full", threads=1 if mode == "lock" else None)
 
 
 def _unstored_warning(dist: InstalledDist) -> str | None:
