@@ -72,6 +72,7 @@ def test_unchanged_snap_imports_no_pool_journal_or_subprocess(tmp_path, make_ven
     for name in ("concurrent.futures", "envvault.journal", "envvault.env.dists", "email") + _BUILD_ONLY:
         assert name not in imported, f"an unchanged snap imported {name}"
     assert "subprocess" not in imported
+    assert "shutil" not in imported  # PATH searched for nvidia-smi without it (env/host.py find_on_path)
     assert '"new_objects": 0' in proc.stdout
     assert first["packages"] == 2
 
@@ -79,6 +80,31 @@ def test_unchanged_snap_imports_no_pool_journal_or_subprocess(tmp_path, make_ven
 # What only hashing files, parsing a RECORD or building a manifest needs: an unchanged environment does none
 # of those (OpenSSL's hashlib alone was 4.5 ms of a 0.17 s status on the 2-core machine).
 _BUILD_ONLY = ("hashlib", "_hashlib", "csv", "base64", "queue", "envvault.model.manifest", "envvault.snap.manifests")
+
+
+def test_find_on_path_finds_what_shutil_which_finds(tmp_path):
+    """The one PATH search (host facts, compile cache fingerprints): an executable file in the first folder
+    that has one; a file that is not executable and a folder of that name are passed over; empty entries
+    are skipped; nothing found is None."""
+    import shutil
+    import stat
+
+    from envvault.env.host import find_on_path
+
+    a, b, c, d = (tmp_path / n for n in "abcd")
+    for folder in (a, b, c, d):
+        folder.mkdir()
+    (a / "tool").write_text("#!/bin/sh\n")  # not executable
+    (b / "tool").mkdir()  # a folder
+    (c / "tool").write_text("#!/bin/sh\n")
+    (c / "tool").chmod(stat.S_IRWXU)
+    (d / "tool").write_text("#!/bin/sh\n")
+    (d / "tool").chmod(stat.S_IRWXU)
+    for path in (os.pathsep.join(map(str, (a, b, c, d))), os.pathsep.join(["", str(d), "", str(c)]),
+                 os.pathsep.join(map(str, (a, b))), ""):
+        assert find_on_path("tool", path) == shutil.which("tool", path=path), path
+    assert find_on_path("tool", os.pathsep.join(map(str, (a, b, c, d)))) == str(c / "tool")
+    assert find_on_path("tool", str(a)) is None
 
 
 def test_unchanged_status_imports_nothing_a_build_needs(tmp_path, make_venv, wheelhouse):

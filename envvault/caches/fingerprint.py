@@ -77,10 +77,11 @@ def compile_env(env: Mapping[str, str]) -> dict[str, str]:
 def probe_gpus(env: Mapping[str, str] = os.environ) -> tuple[GpuInfo, ...] | None:
     """NVIDIA GPUs from ``nvidia-smi``: empty when it is not on ``PATH`` (normal without a GPU), None
     when it is there but fails."""
-    import shutil
     import subprocess
 
-    exe = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
+    from envvault.env.host import find_on_path
+
+    exe = find_on_path("nvidia-smi", env.get("PATH", os.defpath))
     if exe is None:
         return ()
     for fields in ("name,compute_cap,driver_version", "name,driver_version"):

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import blake3
 
+from ..env.host import find_on_path
 from ..errors import EnvironmentProblem, UsageError
 from ..model.encoding import canonical_json
 from ..vault.statcache import StatCache, stat_key
@@ -67,7 +68,7 @@ def _fp_key(venv: Path, env: Mapping[str, str]) -> list | None:
     # Every variable compile_env() could keep (a superset, so no import is needed to compute it).
     words = ("TORCH", "TRITON", "INDUCTOR", "LLVM", "MLIR", "MMA", "PTX", "AMDGCN", "TMEM", "DISABLE_", "USE_")
     parts.append(sorted((k, v) for k, v in env.items() if any(w in k for w in words)))
-    if not _on_path("nvidia-smi", env.get("PATH", os.defpath)):
+    if find_on_path("nvidia-smi", env.get("PATH", os.defpath)) is None:
         parts.append("no nvidia-smi")
     else:
         try:  # the GPUs the driver sees, without running nvidia-smi
@@ -78,10 +79,6 @@ def _fp_key(venv: Path, env: Mapping[str, str]) -> list | None:
             return None
     return parts
 
-
-def _on_path(name: str, path: str) -> bool:
-    # shutil.which without importing shutil (it costs an unchanged snap more than the check itself)
-    return any(os.access(os.path.join(d, name), os.X_OK) for d in path.split(os.pathsep) if d)
 
 
 def builder_fingerprint(tree, env_fp):

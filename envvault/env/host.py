@@ -6,7 +6,7 @@ import os
 import re
 from typing import Mapping
 
-__all__ = ["host_facts", "relevant_env", "redact"]
+__all__ = ["host_facts", "find_on_path", "relevant_env", "redact"]
 
 _ENV_EXACT = {"CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "LD_PRELOAD",
               "CUDA_CACHE_PATH", "HF_HOME", "OMP_NUM_THREADS", "PYTHONHASHSEED", "TMPDIR"}
@@ -44,10 +44,21 @@ def _has_confstr() -> bool:
         return False
 
 
-def _nvidia() -> dict:
-    import shutil
+def find_on_path(name: str, path: str | None = None) -> str | None:
+    """Where ``shutil.which(name, path=path)`` finds ``name`` (an executable that is not a folder, in the
+    first folder of ``path``, default ``$PATH``, that holds one), without importing shutil: with bz2 and
+    lzma it was 2 ms of an unchanged snap's start on a host without nvidia-smi. The one PATH search of the
+    snap's host facts and of the compile caches' fingerprints."""
+    for folder in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
+        if folder:
+            candidate = os.path.join(folder, name)
+            if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+                return candidate
+    return None
 
-    exe = shutil.which("nvidia-smi")
+
+def _nvidia() -> dict:
+    exe = find_on_path("nvidia-smi")
     if not exe:
         return {}
     import subprocess  # only where there is an nvidia-smi to run
