@@ -10,11 +10,12 @@
 # gpu_into_fair_937070a.txt). Variants: uv; `-` (the carried wheel's envvault); NAME=VALUE (the wheel's
 # envvault under that setting); old or old:NAME=VALUE (the carried old tree, .whl/old-tree).
 # Also prints /tmp's filesystem, its mount options and the disk's settings.
-# Usage: OUT=$OUT [RETIRE=truncate|rm] [SETTLE=s] bash bench/gpu_into_fair.sh [ROUNDS] [VARIANT...]
+# STAGES=1: each envvault run's phases (ENVVAULT_STAGES) under its time.
+# Usage: OUT=$OUT [RETIRE=truncate|rm] [SETTLE=s] [STAGES=1] bash bench/gpu_into_fair.sh [ROUNDS] [VARIANT...]
 set -u
 ROUNDS=${1:-3}; shift || true
 VARIANTS=${*:-"uv -"}
-RETIRE=${RETIRE:-truncate}; SETTLE=${SETTLE:-15}
+RETIRE=${RETIRE:-truncate}; SETTLE=${SETTLE:-15}; STAGES=${STAGES:-0}
 . bench/gpu_two_trees_setup.sh
 {
 findmnt -no FSTYPE,SOURCE,OPTIONS -T /tmp; uname -r; df -h /tmp | tail -1; df -i /tmp | tail -1
@@ -29,9 +30,11 @@ run_one() {  # $1 round, $2 variant, $3 folder
     $UVB venv -q --python $BASE $3; t0=$(now)
     $UVB pip install -q --offline --no-deps --python $3/bin/python /tmp/exp/pylock.wheels/*.whl; t1=$(now)
   else
-    t0=$(now); env "$env" PYTHONPATH=$site $PY -m envvault restore latest --into $3 >/dev/null 2>/tmp/err || tail -2 /tmp/err; t1=$(now)
+    t0=$(now); env "$env" ENVVAULT_STAGES=$STAGES PYTHONPATH=$site $PY -m envvault restore latest --into $3 >/dev/null 2>/tmp/err || tail -2 /tmp/err; t1=$(now)
   fi
   echo "round $1 $2: $(secs $t0 $t1) s"
+  [ "$STAGES" = 1 ] && [ "$2" != uv ] && grep "stage into" /tmp/err | sed 's/^/  /'
+  return 0
 }
 for i in $(seq "$ROUNDS"); do
   set -- $VARIANTS; k=$#; order=""
