@@ -54,10 +54,13 @@ class FinalTree:
         self.links = dict(links or {})
         self.entries = set(entries) - set(self.links)
         self.dirs = set(dirs) - set(self.links) - self.entries
-        self._implied: set[str] = set()
-        for p in list(self.links) + list(self.entries) + list(self.dirs):
-            parts = p.split("/")
-            self._implied.update("/".join(parts[:k]) for k in range(1, len(parts)))
+        self._implied: set[str] = set()  # every folder above an entry, link or folder of the restore
+        for paths in (self.links, self.entries, self.dirs):
+            for p in paths:
+                head = p.rpartition("/")[0]
+                while head and head not in self._implied:  # a folder there has its own folders above it
+                    self._implied.add(head)
+                    head = head.rpartition("/")[0]
         self._disk: dict[str, tuple[str, str | None]] = {}
         self._dir_cache: dict[str, tuple[str, ...] | str] = {}
         self._disk_only = not (self.links or self.entries or self.dirs)
@@ -177,11 +180,14 @@ class FinalTree:
         why = path_problem(rel)
         if why is not None:
             return why
-        parts = rel.split("/")
-        for k in range(1, len(parts)):
-            up = "/".join(parts[:k])
-            if up in self.links:
-                return f"lies under {up}, a symlink this restore creates"
+        if self.links:  # the topmost folder on its way that is a symlink this restore creates
+            up, under = rel.rpartition("/")[0], None
+            while up:
+                if up in self.links:
+                    under = up
+                up = up.rpartition("/")[0]
+            if under is not None:
+                return f"lies under {under}, a symlink this restore creates"
         up = self._dir(rel.rpartition("/")[0])
         if isinstance(up, str):
             return f"lies under a symlink that leads outside {self.where} ({up})"

@@ -218,6 +218,44 @@ def test_refuse_escapes_names_each_entry(tmp_path):
     materialize.refuse_escapes(tmp_path, "refusing", links={"ok": "a/b"}, entries=["a/b"])
 
 
+def test_an_entry_under_nested_links_names_the_topmost_and_folders_above_entries_count_as_made(tmp_path):
+    """The final tree's rule, as it was before its loops were made cheaper: the topmost symlink of the
+    restore above an entry is the one named; a folder above any entry, link or folder of the restore is one
+    the restore makes (an entry below it is inside), however many entries share it."""
+    from envvault.safepaths import FinalTree
+
+    tree = FinalTree(tmp_path, links={"a": "x", "a/b": "y"}, entries=["a/b/c/f", "d/e/g", "d/e/h", "d/k"])
+    assert tree.write_problem("a/b/c/f") == "lies under a, a symlink this restore creates"
+    assert tree.write_problem("d/e/g") is None and tree._implied == {"a", "a/b", "a/b/c", "d", "d/e"}
+    assert tree._kind("d/e") == ("dir", None) and tree._kind("a/b/c") == ("dir", None)
+    assert tree._kind("q") == ("missing", None)
+
+
+def test_path_problem_says_what_splitting_the_path_says():
+    """``path_problem`` finds empty and "." parts without splitting into them: the same answer as the
+    definition (each part of ``path.split("/")``) on every path of up to four pieces of a tricky alphabet."""
+    import itertools
+
+    from envvault.model import paths
+
+    def defined(path):
+        why = paths._text_problem(path)
+        if why is not None:
+            return why
+        parts = path.split("/")
+        if ".." in parts:
+            return "contains '..'"
+        if any(p in ("", ".") for p in parts):
+            return "is not a normalised path"
+        return None
+
+    pieces = ["a", ".", "..", "", "/", "b.c", "...", ".a", "a."]
+    for k in range(1, 5):
+        for combo in itertools.product(pieces, repeat=k):
+            for path in ("".join(combo), "/".join(combo)):
+                assert paths.path_problem(path) == defined(path), path
+
+
 # -- the journal record ----------------------------------------------------------------------------
 
 

@@ -43,10 +43,11 @@ def path_problem(path: object) -> str | None:
     why = _text_problem(path)
     if why is not None:
         return why
-    parts = path.split("/")
-    if ".." in parts:
+    if ".." in path.split("/"):
         return "contains '..'"
-    if any(p in ("", ".") for p in parts):
+    # an empty or "." part, found without a loop over the parts (a manifest's and a restore's every path)
+    if (path.endswith("/") or "//" in path or path == "." or path.startswith("./") or path.endswith("/.")
+            or "/./" in path):
         return "is not a normalised path"
     return None
 
