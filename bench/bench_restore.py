@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    Figure, bench_main, drop_dirty, envvault_cmd, ev_env, median, run, site_packages, timed,
+    Figure, bench_main, drop_dirty, envvault_cmd, ev_env, median, retire, run, site_packages, timed,
 )
 
 
@@ -148,9 +148,9 @@ def measure(venv: Path, runs: int = 3) -> list[Figure]:
             w, _ = timed([uv, "pip", "install", "-q", "--offline", "--no-deps", "--no-cache", "--python",
                           t3 / "bin" / "python", *wheels], env={**os.environ, "UV_NO_CONFIG": "1"})
             uvoff_walls.append(w)
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.rmtree(t2, ignore_errors=True)
-            shutil.rmtree(t3, ignore_errors=True)
+            for tree in (target, t2, t3):
+                retire(tree, work / "retired")  # no inode freed before the next round's runs
+        shutil.rmtree(work / "retired", ignore_errors=True)
         figs.append(Figure("restore --into, whole venv vs uv install of the exported wheels: wall (s)",
                            median(into_walls), "s", "uv pip install --offline --no-deps --no-cache (exported wheels)",
                            median(uvoff_walls), "<= 1.0x", 1.0, samples=into_walls))

@@ -90,6 +90,24 @@ def drop_dirty() -> None:
     os.sync()
 
 
+def retire(tree: Path, graveyard: Path) -> None:
+    """Put a finished tree away without freeing an inode before the next timed run: its files emptied (their
+    blocks freed) and the folder moved under ``graveyard``, which the caller removes once its rounds are done.
+    This machine's ext4, like the GPU host's, has no journal (``/sys/fs/ext4/*/journal_task``: ``<none>``); there
+    the kernel skips every inode freed in the last minutes when it picks one for a new file, scanning past them
+    on every create, so a tree removed just before a timed run slows whatever runs next
+    (bench/results/issue11_device.md, twenty-fourth session)."""
+    if not tree.exists():
+        return
+    for folder, _dirs, files in os.walk(tree):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.truncate(path, 0)
+    graveyard.mkdir(parents=True, exist_ok=True)
+    tree.rename(graveyard / f"{tree.name}-{time.monotonic_ns()}")
+
+
 def du(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
