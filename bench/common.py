@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import statistics
 import subprocess
 import sys
@@ -96,13 +97,15 @@ def retire(tree: Path, graveyard: Path) -> None:
     This machine's ext4, like the GPU host's, has no journal (``/sys/fs/ext4/*/journal_task``: ``<none>``); there
     the kernel skips every inode freed in the last minutes when it picks one for a new file, scanning past them
     on every create, so a tree removed just before a timed run slows whatever runs next
-    (bench/results/issue11_device.md, twenty-fourth session)."""
+    (bench/results/issue11_device.md, twenty-fourth session). A file with other names (uv links its cache's
+    files into the venvs it makes) is left whole: emptying it would empty them too."""
     if not tree.exists():
         return
     for folder, _dirs, files in os.walk(tree):
         for name in files:
             path = os.path.join(folder, name)
-            if not os.path.islink(path):
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                 os.truncate(path, 0)
     graveyard.mkdir(parents=True, exist_ok=True)
     tree.rename(graveyard / f"{tree.name}-{time.monotonic_ns()}")

@@ -107,8 +107,9 @@ def retire(*folders: str) -> str:
     once the rounds are done. The device's ext4 has no journal; there the kernel skips every inode freed in the
     last minutes when it picks one for a new file, scanning past them all on every create (ialloc.c,
     ``recently_deleted``), so a tree removed just before a timed ``--into`` or uv install slowed whichever came
-    next by up to 2x (bench/gpu_into_fair.sh, bench/results/gpu_wchan_*.txt, gpu_into_fair_*.txt)."""
-    return "; ".join(f"if [ -d {f} ]; then find {f} -type f -print0 | xargs -0 -r truncate -s 0; "
+    next by up to 2x (bench/gpu_into_fair.sh, bench/results/gpu_wchan_*.txt, gpu_into_fair_*.txt). A file with
+    other names (uv's cache linked into a venv) is left whole: emptying it would empty them too."""
+    return "; ".join(f"if [ -d {f} ]; then find {f} -type f -links 1 -print0 | xargs -0 -r truncate -s 0; "
                      f"mkdir -p {W}/retired && mv {f} $(mktemp -d -p {W}/retired); fi" for f in folders)
 
 
