@@ -12,7 +12,8 @@ or the symlink target, size, sha256, mode). Here, and nowhere else:
   read from the vault in pack order (contiguous runs, one per thread at a time, the largest taken first;
   each frame is decompressed about once), every object's BLAKE3 checked by the reader and each file's size and sha256
   checked while writing. Modes lose setuid, setgid and sticky; a file is created with its mode where the
-  umask leaves it whole (one system call fewer a file), else created private and given it after writing.
+  umask leaves it whole (one system call fewer a file; a folder's default ACL, which overrides the umask, is
+  caught by the ``fstat`` after writing), else created private and given it after writing.
   The threads run under ``busy_threads`` (a short GIL switch interval, no garbage collection). A failure
   deletes every temp file of the run and nothing is renamed. Crash point ``stage`` after each file.
   A new tree that nothing uses yet (``restore --into``) is written under final names (``FINAL_NAME``): no
@@ -284,7 +285,9 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
         on = timing.ON  # ENVVAULT_STAGES=1: each step's seconds summed (bench/); off, one check a step
         t0 = timing.clock() if on else 0.0
         mode = spec.mode & 0o777  # never setuid/setgid/sticky from a vault
-        whole = umask is not None and not mode & umask  # created with it; else private, given it once written
+        # Created with it where the umask leaves it whole (checked once written: a folder's default ACL
+        # narrows it instead of the umask); else created private and given it once written.
+        whole = umask is not None and not mode & umask
         fd = _fresh(lambda: os.open(tmp, _CREATE, mode if whole else 0o600), tmp)
         h = hashlib.sha256()
         size = 0
@@ -308,7 +311,11 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
                     t0 = _step("materialize: writes", t0)
             if not whole:
                 os.fchmod(fd, mode)
-            st = os.fstat(fd) if tmp == final else None  # no rename to come: these are its final stats
+            st = os.fstat(fd) if whole or tmp == final else None
+            if whole and st.st_mode & 0o777 != mode:  # a default ACL on the folder chose the bits, not the umask
+                os.fchmod(fd, mode)
+                st = os.fstat(fd)
+            st = st if tmp == final else None  # no rename to come: these are its final stats
             if on:
                 t0 = _step("materialize: modes, stats", t0)
         finally:

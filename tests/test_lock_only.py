@@ -287,3 +287,17 @@ def test_an_unchanged_lock_only_snap_imports_no_reader_or_pack_writer(edited, tm
     assert snap("--lock-only") == "ingest imported"  # the first: no stat cache group has a lock yet
     assert snap("--lock-only") == "no ingest"
     assert snap("--no-caches") == "ingest imported"
+
+
+def test_a_lock_only_snap_calls_no_compile_cache_hook(edited, tmp_path):
+    """A lock-only snapshot stores no file, so it archives no compile cache: ``take_snapshot`` never calls
+    the hook it is given (the scan has no ingester to give it once nothing was read)."""
+    from envvault.snap import take_snapshot
+
+    vault = Vault.open(tmp_path / "v", create=True)
+    called = []
+    for _ in range(2):  # the first reads every dist-info; the second, none
+        result = take_snapshot(vault, Path(edited[0]), lock_only=True,
+                               cache_hook=lambda *args: called.append(args) or [])
+        assert result.to_json()["packages"] > 0
+    assert called == []

@@ -188,6 +188,34 @@ def test_modes_come_whole_under_any_umask_with_no_fchmod_where_it_leaves_them(tm
     assert sorted(chmods) == sorted(m & 0o777 for m in modes if m & 0o777 & umask)
 
 
+def test_a_folders_default_acl_does_not_narrow_the_archived_mode(tmp_path):
+    """Where a folder has a default ACL, the kernel gives a new file the ACL's bits (within the mode asked
+    for) instead of applying the umask: a file created with its mode is checked once written and given the
+    archived mode, as one created private always was."""
+    import struct
+
+    folder = tmp_path / "acl"
+    folder.mkdir()
+    entry = struct.Struct("<HHI")  # the kernel's posix_acl xattr: version 2, then (tag, perm, id) entries
+    acl = struct.pack("<I", 2) + b"".join(entry.pack(tag, perm, 0xFFFFFFFF) for tag, perm in
+                                           ((0x01, 7), (0x04, 5), (0x20, 0)))  # u::rwx g::r-x o::---
+    try:
+        os.setxattr(folder, "system.posix_acl_default", acl)
+    except OSError as err:
+        pytest.skip(f"this filesystem keeps no POSIX ACLs ({err})")
+    probe = folder / "probe"
+    probe.touch(0o755)
+    assert probe.stat().st_mode & 0o777 == 0o750  # the ACL, not the umask, chose the bits
+    data = b"#!/bin/sh\n"
+    specs = [FileSpec("acl/tool", ("t",), len(data), record_sha256(hashlib.sha256(data).digest()), 0o755)]
+    old = os.umask(0o022)
+    try:
+        staged = materialize.stage(_Reader({"t": data}), tmp_path, specs, materialize.FINAL_NAME, workers=1)
+    finally:
+        os.umask(old)
+    assert (folder / "tool").stat().st_mode & 0o777 == 0o755 and staged[0].st.st_mode & 0o777 == 0o755
+
+
 def test_a_short_file_is_refused(tmp_path):
     blobs = {"o": b"abc"}
     spec = FileSpec("f", ("o",), 4, None, 0o644)

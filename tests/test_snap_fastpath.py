@@ -82,10 +82,11 @@ def test_unchanged_snap_imports_no_pool_journal_or_subprocess(tmp_path, make_ven
 _BUILD_ONLY = ("hashlib", "_hashlib", "csv", "base64", "queue", "envvault.model.manifest", "envvault.snap.manifests")
 
 
-def test_find_on_path_finds_what_shutil_which_finds(tmp_path):
+def test_find_on_path_finds_what_shutil_which_finds_but_never_in_the_working_directory(tmp_path, monkeypatch):
     """The one PATH search (host facts, compile cache fingerprints): an executable file in the first folder
-    that has one; a file that is not executable and a folder of that name are passed over; empty entries
-    are skipped; nothing found is None."""
+    that has one; a file that is not executable and a folder of that name are passed over; nothing found is
+    None. An empty entry, which ``shutil.which`` takes for the working directory, is skipped: a snap there
+    (the shell hook runs in every directory) never runs an ``nvidia-smi`` left in it."""
     import shutil
     import stat
 
@@ -105,6 +106,9 @@ def test_find_on_path_finds_what_shutil_which_finds(tmp_path):
         assert find_on_path("tool", path) == shutil.which("tool", path=path), path
     assert find_on_path("tool", os.pathsep.join(map(str, (a, b, c, d)))) == str(c / "tool")
     assert find_on_path("tool", str(a)) is None
+    monkeypatch.chdir(d)  # an executable "tool" in the working directory
+    for path in (os.pathsep.join(["", str(a)]), os.pathsep.join([str(a), ""])):
+        assert shutil.which("tool", path=path) is not None and find_on_path("tool", path) is None, path
 
 
 def test_unchanged_status_imports_nothing_a_build_needs(tmp_path, make_venv, wheelhouse):

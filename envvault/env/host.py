@@ -45,10 +45,12 @@ def _has_confstr() -> bool:
 
 
 def find_on_path(name: str, path: str | None = None) -> str | None:
-    """Where ``shutil.which(name, path=path)`` finds ``name`` (an executable that is not a folder, in the
-    first folder of ``path``, default ``$PATH``, that holds one), without importing shutil: with bz2 and
-    lzma it was 2 ms of an unchanged snap's start on a host without nvidia-smi. The one PATH search of the
-    snap's host facts and of the compile caches' fingerprints."""
+    """Where ``name`` is on ``path`` (default ``$PATH``): an executable that is not a folder, in the first
+    folder that holds one, as ``shutil.which`` finds it, except that an empty entry is skipped: it would
+    mean the working directory, and a snap run there (the shell hook runs in every directory) must not run
+    an ``nvidia-smi`` someone left in it. Made without importing shutil (with bz2 and lzma, 2 ms of an
+    unchanged snap's start on a host without nvidia-smi). The one PATH search of the snap's host facts and
+    of the compile caches' fingerprints."""
     for folder in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
         if folder:
             candidate = os.path.join(folder, name)

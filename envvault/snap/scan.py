@@ -91,10 +91,12 @@ def scan_environment(
     writer=None,
     progress: ProgressSink | None = None,
     cache: StatCache | None = None,
-) -> tuple[Interpreter, list[dict], list[str], StatCache, Ingester, dict]:
+) -> tuple[Interpreter, list[dict], list[str], StatCache, Ingester | None, dict]:
     """Scan ``prefix``. ``mode``: "full" hashes files and stores new objects through ``writer``; "check"
     hashes files (to find in-place edits) and stores nothing; "lock" reads dist-info only. Manifests are
-    queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, ..."""
+    queued on ``writer`` when one is given. Returns the interpreter, package summaries, warnings, the stat
+    cache, the ingester (always for "full", which a compile cache hook archives through; otherwise None when
+    no file was read) and the totals."""
     # A killed restore (its journal in a venv, or a system environment's in the vault's state): clean what it
     # half-made first.
     if journal_left(prefix, vault.state.dir):

@@ -65,7 +65,7 @@ def take_snapshot(
             cache=cache,
         )
         t0 = _stage("snap: scan (reads, manifests)", t0)
-        caches = cache_hook(vault, ing, cache) if cache_hook else []
+        caches = cache_hook(vault, ing, cache) if cache_hook and not lock_only else []  # a lock stores no file
         t0 = _stage("snap: compile caches", t0)
         txn.flush()
         t0 = _stage("snap: flush (last packs durable)", t0)
