@@ -348,3 +348,26 @@ def test_no_pth_file_of_the_environment_runs_when_envvault_asks_its_interpreter(
 
     info = probe(venv)
     assert info.prefix == venv and info.purelib == site and not marker.exists()
+
+
+def test_a_snap_never_runs_an_nvidia_smi_left_in_the_working_directory(tmp_path, make_venv):
+    """A PATH with an empty entry (``/usr/bin:``, a common slip) names the working directory to
+    ``shutil.which``: a snap (its host facts, the compile caches' fingerprint) run in a folder holding an
+    executable ``nvidia-smi`` must not run it (``env/host.find_on_path`` skips empty entries)."""
+    marker = tmp_path / "PWNED"
+    cwd = tmp_path / "checkout"
+    cwd.mkdir()
+    fake = cwd / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\necho 'Evil GPU, 9.0, 999.0, 1 MiB'\n")
+    fake.chmod(0o755)
+    venv = make_venv("venv", name="venv")
+    env = ev_env(tmp_path / "vault")
+    env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep)
+                                  if d and not os.path.exists(os.path.join(d, "nvidia-smi"))) + os.pathsep
+    for args in (["snap", "--venv", str(venv)], ["cache", "snap", "--venv", str(venv)]):
+        proc = subprocess.run([sys.executable, "-m", "envvault", *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert not marker.exists(), f"{args[0]} ran the working directory's nvidia-smi"
+    assert subprocess.run(["sh", "-c", "nvidia-smi"], cwd=cwd, env=env, capture_output=True).returncode == 0
+    assert marker.exists()  # the PATH given does reach it, as a shell would
