@@ -46,7 +46,7 @@ for i in $(seq "$ROUNDS"); do
       run_one $i "$v" $F/t
     else
       run_one $i "$v" $F/t$n
-      find $F/t$n -type f -links 1 -print0 | xargs -0 -r truncate -s 0; sync  # (a file linked elsewhere: left)
+      empty_tree $F/t$n
     fi
   done
 done

@@ -12,7 +12,7 @@ for mode in all gil; do
   flag=""; [ $mode = gil ] && flag=--gil
   t0=$(now); .whl/py-spy record -r "$RATE" -f raw -o $F/$mode.raw --threads $flag -- env PYTHONPATH=/tmp/site $PY -m envvault restore latest --into $F/t-$mode >/dev/null 2>$F/err || tail -3 $F/err; t1=$(now)
   echo "py-spy $mode: --into $(secs $t0 $t1) s"; $PY bench/pyspy_fold.py $F/$mode.raw "$RATE"; cp $F/$mode.raw "${OUT:-/tmp}/pyspy_$mode.raw"
-  find $F/t-$mode -type f -links 1 -print0 | xargs -0 -r truncate -s 0; sync
+  empty_tree $F/t-$mode
 done
 ENVVAULT_STAGES=1 PYTHONPATH=/tmp/site $PY -m envvault restore latest --into $F/t-stages 2>&1 | grep -E "stage|verified"
 rm -rf $F/t-*
