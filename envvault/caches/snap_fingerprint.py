@@ -80,7 +80,6 @@ def _fp_key(venv: Path, env: Mapping[str, str]) -> list | None:
     return parts
 
 
-
 def builder_fingerprint(tree, env_fp):
     """The fingerprint to keep with a cache: what the tree says about its builder, completed from the
     environment it was snapped in when the two agree on torch (a cache carried over from another torch
