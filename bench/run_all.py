@@ -122,7 +122,12 @@ def render(results: dict[str, dict]) -> str:
     lines = ["# Benchmarks", "",
              "Each figure is measured beside its anchor in the same run (medians; the machines are shared and",
              "noisy, so compare ratios). Regenerate with `python bench/run_all.py`; raw numbers are in",
-             "`bench/out/*.json` after a run.", ""]
+             "`bench/out/*.json` after a run.", "",
+             "Both this machine's ext4 and the GPU host's have no journal: there a file made within minutes of",
+             "a removal waits while the kernel skips every inode just freed, so no benchmark removes a tree right",
+             "before a timed run unless the row is about that removal (`rm -rf torch`, then restore); finished",
+             "trees are emptied and put aside instead (`bench/common.py` `retire`; twenty-fourth session below).",
+             ""]
     first = next((r for k, r in results.items() if k != "s3"), None)
     if first:
         m = first.get("machine", {})
