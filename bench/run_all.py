@@ -124,10 +124,10 @@ def render(results: dict[str, dict]) -> str:
              "noisy, so compare ratios). Regenerate with `python bench/run_all.py`; raw numbers are in",
              "`bench/out/*.json` after a run.", "",
              "Both this machine's ext4 and the GPU host's have no journal: there a file made within minutes of",
-             "a removal waits while the kernel skips every inode just freed, so no benchmark removes a tree right",
-             "before a timed run unless the row is about that removal (`rm -rf torch`, then restore); finished",
-             "trees are emptied and put aside instead (`bench/common.py` `retire`; twenty-fourth session below).",
-             ""]
+             "a removal waits while the kernel skips every inode just freed. The `--into` rows and their uv",
+             "anchors therefore never follow a removal: finished trees are emptied and put aside",
+             "(`bench/common.py` `retire`; twenty-fourth session below). Rows defined by a removal",
+             "(`rm -rf torch`, then restore) keep it, and so do their `tar -x` anchors.", ""]
     first = next((r for k, r in results.items() if k != "s3"), None)
     if first:
         m = first.get("machine", {})
