@@ -125,8 +125,8 @@ def render(results: dict[str, dict]) -> str:
              "`bench/out/*.json` after a run.", "",
              "Both this machine's ext4 and the GPU host's have no journal: there a file made within minutes of",
              "a removal waits while the kernel skips every inode just freed. The `--into` rows and their uv",
-             "anchors therefore never follow a removal: finished trees are emptied and put aside",
-             "(`bench/common.py` `retire`; twenty-fourth session below). Rows defined by a removal",
+             "anchors therefore no longer remove the last round's trees before a timed run: finished trees are",
+             "emptied and put aside (`bench/common.py` `retire`; twenty-fourth session below). Rows defined by a removal",
              "(`rm -rf torch`, then restore) keep it, and so do their `tar -x` anchors.", ""]
     first = next((r for k, r in results.items() if k != "s3"), None)
     if first:
