@@ -166,12 +166,20 @@ def _largest_first(runs: Sequence[list[FileSpec]]) -> list[int]:
 
 
 def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpec], tmp_name: TempName, *,
-          progress: Callable[[int], None] | None = None, workers: int = WORKERS) -> list[Staged]:
+          progress: Callable[[int], None] | None = None, workers: int = WORKERS,
+          folders: Callable[[str], None] | None = None) -> list[Staged]:
     """Write every spec under its temp name (see the module doc); returns them in pack order.
-    ``progress(bytes_done)`` after each run. On any failure every temp file of the run is deleted."""
+    ``progress(bytes_done)`` after each run. On any failure every temp file of the run is deleted.
+    ``folders(path)``: makes the folder ``path`` when a create finds it missing (``restore --into``: the
+    writers make the new tree's folders as they reach them, in parallel; its caller has checked every path
+    with ``refuse_escapes``); without it, every folder must exist before."""
     root = os.fspath(root)
     ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
     runs = _runs(ordered, workers)
+    if tmp_name is FINAL_NAME and getattr(getattr(reader, "vault", None), "local", False):
+        forked = _stage_forked(reader, root, ordered, progress, folders)
+        if forked is not None:
+            return forked
     take = _largest_first(runs)
     prefetch = getattr(reader, "prefetch", None)  # ObjectReader's: a bucket's packs, fetched ahead in this order
     if prefetch is not None:
@@ -185,7 +193,7 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
             if failed.is_set():
                 break
             try:
-                out.append(_stage_one(reader, root, spec, tmp_name, umask))
+                out.append(_stage_one(reader, root, spec, tmp_name, umask, folders))
             except BaseException:
                 failed.set()
                 raise
@@ -214,6 +222,53 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
             _unlink(tmp_name(os.path.join(root, spec.path)))
         raise
     return [s for slot in slots for s in slot]
+
+
+def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec],
+                  progress: Callable[[int], None] | None, folders: Callable[[str], None] | None) -> list[Staged] | None:
+    """A new tree (``FINAL_NAME``) written by forked processes (``default_write_processes``), each taking the
+    next run, the largest first (``forked.map_all``), one thread each, and answering each file's sha256 and
+    stats; None where that is not for this run (one process, too little to write, a process that already
+    has threads). A run a child did not answer (it failed, or was killed) is written again here, over what
+    it left; an error (a lying object) is raised here from that second try. ``progress`` as each run is
+    written, by any process, and at the end."""
+    from envvault.snap import forked
+    from envvault.vault.threads import default_write_processes
+
+    processes = default_write_processes()
+    runs = _runs(ordered, processes)
+    weights = [sum(s.size + 4096 for s in run) for run in runs]
+    if processes < 2 or len(runs) < 2 or sum(weights) < _FORK_BYTES or not forked.can_fork():
+        return None
+    import pickle
+
+    umask = current_umask()
+
+    def write(run: list[FileSpec]) -> bytes:
+        return pickle.dumps([(s.sha256, s.st) for s in (_stage_one(reader, root, spec, FINAL_NAME, umask, folders)
+                                                         for spec in run)])
+
+    sizes = [sum(s.size for s in run) for run in runs]
+    written = [0]
+
+    def told(i: int) -> None:  # a run finished, in any process: the bar moves
+        written[0] += sizes[i]
+        progress(written[0])
+
+    try:
+        answers = forked.map_all(write, runs, weights, processes=processes, done=told if progress else None)
+    except BaseException:
+        for spec in ordered:
+            _unlink(os.path.join(root, spec.path))
+        raise
+    staged = [Staged(spec, final, final, sha, st) for run, got in zip(runs, answers)
+              for spec, (sha, st) in zip(run, pickle.loads(got)) for final in (os.path.join(root, spec.path),)]
+    if progress:
+        progress(sum(s.spec.size for s in staged))
+    return staged
+
+
+_FORK_BYTES = 64 << 20  # below this much to write, the threads of one process (a fork costs milliseconds)
 
 
 def _as_done(fn: Callable, items: Sequence, workers: int, failed: threading.Event,
@@ -274,12 +329,13 @@ def _as_done(fn: Callable, items: Sequence, workers: int, failed: threading.Even
                 t.join()
 
 
-def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempName, umask: int | None) -> Staged:
+def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempName, umask: int | None,
+               folders: Callable[[str], None] | None = None) -> Staged:
     final = os.path.join(root, spec.path)
     tmp = tmp_name(final)
     try:
         if spec.link is not None:
-            _fresh(lambda: os.symlink(spec.link, tmp), tmp)
+            _fresh(lambda: os.symlink(spec.link, tmp), tmp, folders)
             crash_point("stage")
             return Staged(spec, tmp, final, None)
         on = timing.ON  # ENVVAULT_STAGES=1: each step's seconds summed (bench/); off, one check a step
@@ -288,7 +344,7 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
         # Created with it where the umask leaves it whole (checked once written: a folder's default ACL
         # narrows it instead of the umask); else created private and given it once written.
         whole = umask is not None and not mode & umask
-        fd = _fresh(lambda: os.open(tmp, _CREATE, mode if whole else 0o600), tmp)
+        fd = _fresh(lambda: os.open(tmp, _CREATE, mode if whole else 0o600), tmp, folders)
         h = hashlib.sha256()
         size = 0
         if on:
@@ -344,15 +400,21 @@ def _step(stage: str, since: float) -> float:
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _fresh(create, tmp: str):
+def _fresh(create, tmp: str, folders: Callable[[str], None] | None = None):
     """``create()`` a new entry at ``tmp``; a stale one of that name (a killed run with this pid) is deleted
-    first, never written through. (Trying first spares an ``unlink`` per file: temp names are almost
-    always free.)"""
+    first, never written through; a missing folder is made first by ``folders`` when given. (Trying first
+    spares an ``unlink`` or a ``stat`` per file: temp names are almost always free, folders almost always
+    there.)"""
     try:
         return create()
     except FileExistsError:
         _unlink(tmp)
         return create()
+    except (FileNotFoundError, NotADirectoryError):
+        if folders is None:
+            raise
+        folders(os.path.dirname(tmp))  # makes what is missing, or names what is in the way
+        return _fresh(create, tmp)
 
 
 def discard(staged: Iterable[Staged]) -> None:

@@ -91,6 +91,25 @@ def test_children_answer_the_tasks_they_take():
     assert True in got["answers"]  # a child's
 
 
+def test_done_tells_each_answer_once_whoever_answers_and_large_answers_never_stall():
+    """``done``: every item's position, once, as it is answered here or in a child (a progress bar); answers
+    larger than a pipe holds (1.1 MB from each child) are read as they come, not one child after another."""
+    got = _fresh("""
+        seen = []
+
+        def answer(i):
+            return (str(os.getpid()) + ",").encode() * (100_000 if i % 2 else 1)
+
+        answers = forked.map_all(answer, list(range(40)), [1000] * 40, processes=4, done=seen.append)
+        whose = [a.split(b",")[0].decode() for a in answers]
+        print(json.dumps({"seen": seen, "processes": len(set(whose)), "whole": all(
+            a == (w + ",").encode() * (100_000 if i % 2 else 1) for i, (a, w) in enumerate(zip(answers, whose))),
+            "forks": len(forks), "left": not no_children_left()}))
+    """)
+    assert got["forks"] == 3 and not got["left"] and got["whole"]
+    assert sorted(got["seen"]) == list(range(40)) and got["processes"] >= 2
+
+
 def test_a_slow_task_does_not_hold_back_the_others():
     """The items are taken one task at a time: while one process is held in its task (item 0, the heaviest,
     taken first), the others answer every other item. With slices fixed up front its process would answer a
@@ -509,10 +528,13 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
     assert got["errors"][0] == got["errors"][1] and "RECORD is missing" in got["errors"][0]
 
 
-def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv):
+@pytest.mark.parametrize("writers", ["1", "3"])
+def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv, writers):
     """``restore --into`` of a venv made by ``python -m venv`` and pip with real torch 2.13.0+cpu and numpy
-    (about 16,000 files): the verification reads and builds the distributions in forked children, the new venv
-    is verified and imports torch, and ``status`` then finds it unchanged."""
+    (about 16,000 files), its files written by the threads of one process or (``ENVVAULT_WRITE_PROCESSES=3``)
+    by forked children too, which make the folders they need as they reach them: the verification reads and
+    builds the distributions in forked children, the new venv is verified and imports torch, and ``status``
+    then finds it unchanged."""
     from evtools import ev, ev_json
 
     vault = tmp_path / "v"
@@ -521,8 +543,18 @@ def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv)
     got = _fresh(f"""
         import contextlib, io
         os.environ["ENVVAULT_HOME"] = {str(vault)!r}
+        os.environ["ENVVAULT_WRITE_PROCESSES"] = {writers!r}
         os.environ.pop("VIRTUAL_ENV", None)
+        from envvault import materialize
         from envvault.cli import main
+        one = materialize._stage_one
+
+        def marked(*a, **kw):  # a byte logged for each file a child writes
+            if os.getpid() != parent:
+                note(b"w")
+            return one(*a, **kw)
+
+        materialize._stage_one = marked
         out, code = io.StringIO(), 0
         try:
             with contextlib.redirect_stdout(out):
@@ -530,10 +562,11 @@ def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv)
         except SystemExit as done:
             code = done.code
         print(json.dumps({{"code": code, "result": json.loads(out.getvalue() or "null"), "forks": len(forks),
-                          "left": not no_children_left()}}))
+                          "left": not no_children_left(), "by_children": noted().count(b"w")}}))
     """)
     assert got["code"] in (0, None) and got["result"]["verified"] is True, got
     assert got["forks"] >= 1 and not got["left"]
+    assert got["by_children"] == 0 if writers == "1" else got["by_children"] > 1000, got  # of about 16,600 files
     version = subprocess.run([str(new / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True, timeout=300)
     assert version.stdout.strip() == "2.13.0+cpu", version.stderr[-2000:]

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -377,3 +378,138 @@ def test_busy_threads_shortens_the_switch_interval_and_stops_collection_then_put
         (tmp_path / str(workers)).mkdir()
         materialize.stage(Watching(blobs), tmp_path / str(workers), specs, _tmp, workers=workers)
         assert set(seen) == {inside}, workers
+
+class _LocalVault:
+    local = True  # what the materializer asks before forking: a vault in a folder
+
+
+def _forced_forks(monkeypatch, processes: int = 3) -> list[int]:
+    """Make ``stage`` with ``FINAL_NAME`` fork for a few bytes; the children's pids, as they are forked."""
+    from envvault.snap import forked
+
+    monkeypatch.setenv("ENVVAULT_WRITE_PROCESSES", str(processes))
+    monkeypatch.setattr(materialize, "_FORK_BYTES", 0)
+    pids: list[int] = []
+    real = forked.map_all
+    monkeypatch.setattr(forked, "map_all", lambda *a, **kw: real(*a, **kw, pids=pids))
+    return pids
+
+
+def _writers(monkeypatch, folder) -> Callable[[], list[int]]:
+    """Each process that writes a file leaves its pid in ``folder``; the pids seen so far."""
+    folder.mkdir()
+    real = materialize._stage_one
+
+    def marked(reader, root, spec, tmp_name, *rest):
+        (folder / str(os.getpid())).touch()
+        return real(reader, root, spec, tmp_name, *rest)
+
+    monkeypatch.setattr(materialize, "_stage_one", marked)
+    return lambda: sorted(int(p.name) for p in folder.iterdir())
+
+
+def _final_reader(blobs):
+    reader = _Reader(blobs)
+    reader.vault = _LocalVault()
+    return reader
+
+
+def test_a_new_tree_is_written_by_forked_processes_each_file_checked(tmp_path, monkeypatch):
+    pids = _forced_forks(monkeypatch)
+    who = _writers(monkeypatch, tmp_path / "who")
+    blobs = {f"o{i}": f"data {i}".encode() * (i * 50 + 1) for i in range(80)}
+    specs = [_spec(f"d{i % 4}/f{i:02}", data, oid) for i, (oid, data) in enumerate(blobs.items())]
+    specs.append(FileSpec("d0/link", link="f00"))
+    for d in range(4):
+        (tmp_path / "root" / f"d{d}").mkdir(parents=True)
+    reader = _final_reader(blobs)
+    seen: list[int] = []
+    root = tmp_path / "root"
+    staged = materialize.stage(reader, root, specs, materialize.FINAL_NAME, progress=seen.append, workers=16)
+    assert len(pids) == 2 and set(who()) & set(pids)  # three processes: two children (which wrote) and this one
+    ordered = sorted(specs, key=lambda s: materialize.pack_position(reader, s.chunks))
+    assert [s.spec for s in staged] == ordered  # pack order, whoever wrote them
+    assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] == sum(s.size for s in specs)  # as runs end
+    for s in staged:
+        assert s.tmp == s.final == str(root / s.spec.path)
+        if s.spec.link is None:
+            st = os.lstat(s.final)
+            assert (s.sha256, s.st.st_ino, s.st.st_size, s.st.st_mtime_ns) == (s.spec.sha256, st.st_ino, st.st_size, st.st_mtime_ns)
+            assert open(s.final, "rb").read() == blobs[s.spec.chunks[0]] and st.st_mode & 0o777 == 0o755
+    assert os.readlink(root / "d0/link") == "f00"
+
+
+def test_a_lying_object_in_a_forked_write_leaves_no_file(tmp_path, monkeypatch):
+    pids = _forced_forks(monkeypatch)
+    blobs = {f"o{i}": b"y" * (i + 1) * 100 for i in range(60)}
+    specs = [_spec(f"f{i:02}", blobs[f"o{i}"], f"o{i}") for i in range(60)]
+    specs[33] = FileSpec("f33", ("o33",), 3400, record_sha256(hashlib.sha256(b"other").digest()), 0o644)
+    with pytest.raises(CorruptError, match="f33: the vault's objects do not make the archived file"):
+        materialize.stage(_final_reader(blobs), tmp_path, specs, materialize.FINAL_NAME, workers=4)
+    assert pids and _files(tmp_path) == []  # the children wrote; every file of the tree is gone
+
+
+def test_a_run_a_killed_child_left_is_written_again_here(tmp_path, monkeypatch):
+    """A child that dies mid-run (killed while writing f07) answers nothing: this process writes its runs
+    again, over the half-written files, and every file comes out whole."""
+    pids = _forced_forks(monkeypatch)
+    parent = os.getpid()
+    real = materialize._stage_one
+    (tmp_path / "killed").mkdir()
+
+    def dies_in_a_child(reader, root, spec, tmp_name, *rest):
+        if os.getpid() != parent:  # every child dies at its first file, half written
+            with open(os.path.join(root, spec.path), "wb") as f:
+                f.write(b"half")
+            (tmp_path / "killed" / str(os.getpid())).touch()
+            os.kill(os.getpid(), 9)
+        return real(reader, root, spec, tmp_name, *rest)
+
+    monkeypatch.setattr(materialize, "_stage_one", dies_in_a_child)
+    blobs = {f"o{i}": bytes([65 + i % 26]) * (i + 1) * 300 for i in range(200)}
+    specs = [_spec(f"f{i:03}", blobs[f"o{i}"], f"o{i}") for i in range(200)]
+    root = tmp_path / "root"
+    root.mkdir()
+    staged = materialize.stage(_final_reader(blobs), root, specs, materialize.FINAL_NAME, workers=16)
+    assert len(pids) == 2 and {int(p.name) for p in (tmp_path / "killed").iterdir()} & set(pids)
+    assert len(staged) == 200
+    assert {p: (root / p).read_bytes() for p in _files(root)} == {s.path: blobs[s.chunks[0]] for s in specs}
+
+
+@pytest.mark.parametrize("forks", [False, True])
+def test_a_new_tree_s_folders_are_made_by_the_writers_as_they_reach_them(tmp_path, monkeypatch, forks):
+    """``folders``: the writers (threads, or forked processes) make each missing folder as a create finds it
+    missing, nested ones too, however many writers reach one at once; without it a missing folder is an
+    error, and a file in the way is the callback's one error, with nothing left written."""
+    from envvault.errors import EnvironmentProblem, StorageError
+    from envvault.vault.fsutil import makedirs_recording
+
+    if forks:
+        _forced_forks(monkeypatch)
+    blobs = {f"o{i}": f"file {i}".encode() * (i + 1) * 40 for i in range(120)}
+    specs = [_spec(f"a{i % 3}/b{i % 5}/c{i % 2}/f{i:03}", blobs[f"o{i}"], f"o{i}") for i in range(120)]
+    specs.append(FileSpec("a0/l/link", link="../b0"))
+    made = []
+
+    def folders(path):
+        made.append(path)
+        makedirs_recording(path, [], lambda q: EnvironmentProblem(f"{q} is in the way"))
+
+    root = tmp_path / "root"
+    root.mkdir()
+    staged = materialize.stage(_final_reader(blobs), root, specs, materialize.FINAL_NAME, workers=4, folders=folders)
+    assert len(staged) == 121 and os.readlink(root / "a0/l/link") == "../b0"
+    assert {p: (root / p).read_bytes() for p in _files(root) if not p.endswith("link")} == \
+        {s.path: blobs[s.chunks[0]] for s in specs if s.link is None}
+    assert made or forks  # this process asked for some (the children's calls are theirs)
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(StorageError, match="No such file or directory"):
+        materialize.stage(_final_reader(blobs), other, specs, materialize.FINAL_NAME, workers=4)
+    assert _files(other) == []
+    blocked = tmp_path / "blocked"
+    (blocked / "a1").mkdir(parents=True)
+    (blocked / "a1" / "b1").write_bytes(b"not a folder")
+    with pytest.raises(EnvironmentProblem, match=r"a1/b1 is in the way"):
+        materialize.stage(_final_reader(blobs), blocked, specs, materialize.FINAL_NAME, workers=4, folders=folders)
+    assert _files(blocked) == ["a1/b1"]

@@ -82,6 +82,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         if snapshot.lock_only:
             lock_entries = resolve_lock_sources(vault, sid, snapshot, work, sources)
         else:
+            t0 = timing.clock()
             vault.prefetch(p.manifest for p in packages)  # a bucket's packs come side by side (vault/s3.py)
             for p in packages:  # every manifest read (its paths checked) before the venv is made
                 if p.record != "ok" or not vault.has(p.manifest):
@@ -93,6 +94,8 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
                     man = venv_manifest(man, python)
                 _check_links(p, man)
                 manifests[p.manifest] = man
+            if timing.ON:
+                timing.add("into: manifests read and checked", t0)
         t0 = timing.clock()
         venv_warning = make_venv(dest, python)
         if timing.ON:
@@ -124,7 +127,10 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
             if staged:
                 from envvault.restore.apply import populate_statcache
 
+                t0 = timing.clock()
                 populate_statcache(vault, dest, staged, cache)  # the verification stats, never re-reads
+                if timing.ON:
+                    timing.add("into: the stat cache told what was written", t0)
     t0 = timing.clock()
     with _removed_on_failure(dest, created):  # the verification too: a failure leaves no half-built venv
         after = scan_current(vault, dest, facts=False, cache=cache)
@@ -164,6 +170,7 @@ def _write_all(vault, sid: str, python: PythonInfo, packages: tuple[PackageSumma
                manifests: dict[str, DistManifest], provenance: dict[str, dict], progress) -> list[Staged]:
     """Write every stored file of ``manifests`` into the new venv at ``dest`` (see the module doc); returns
     what was written, in place."""
+    t0 = timing.clock()
     reader = ObjectReader(vault)
     exe = str(dest / (python.scripts or "bin") / "python")
     specs: list[FileSpec] = []
@@ -176,14 +183,20 @@ def _write_all(vault, sid: str, python: PythonInfo, packages: tuple[PackageSumma
                                links={s.path: s.link for s in specs if s.link is not None},
                                entries=[s.path for s in specs if s.link is None], where="the new environment",
                                scripts={"bin", python.scripts if isinstance(python.scripts, str) else "bin"})
-    made: list[str] = []
-    for d in sorted({os.path.dirname(s.path) for s in specs} - {""}):
-        makedirs_recording(str(dest / d), made, lambda q: EnvironmentProblem(f"{q} is in the way of the new venv"))
     if progress is not None:
         progress.set_total(sum(s.size for s in specs))
+    if timing.ON:
+        timing.add("into: files decided, paths checked", t0)
     # The venv is new and nothing imports from it yet: files go straight under their final names, as an
-    # installer's would (no temp name, no rename); a failure removes the whole venv (the caller).
-    return materialize.stage(reader, dest, specs, materialize.FINAL_NAME, progress=progress)
+    # installer's would (no temp name, no rename), each folder made by the writer that first needs it; a
+    # failure removes the whole venv (the caller).
+    return materialize.stage(reader, dest, specs, materialize.FINAL_NAME, progress=progress, folders=_make_folder)
+
+
+def _make_folder(path: str) -> None:
+    """``mkdir -p`` for a writer of the new venv (``materialize.stage``'s ``folders``); a file in the way is
+    one clear line."""
+    makedirs_recording(path, [], lambda q: EnvironmentProblem(f"{q} is in the way of the new venv"))
 
 
 def _specs_of(reader, p: PackageSummary, man: DistManifest, python: PythonInfo, exe: str,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import os
+import select
 import signal
 import sys
 import threading
@@ -51,36 +52,45 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
 
 
 def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[int],
-            processes: int | None = None, here: bool = True, pids: list | None = None) -> list[bytes]:
+            processes: int | None = None, here: bool = True, pids: list | None = None,
+            done: Callable[[int], None] | None = None) -> list[bytes]:
     """``[fn(item) for item in items]``, in forked children when that pays; ``fn`` must only read (what it
     changes stays in the child) and return bytes, its whole answer. Whatever a child does not answer is
     computed here by the same ``fn``. ``processes``: how many processes do the work (this one among them),
     in place of ``workers_for``'s rule and its ``FORK_MIN_WEIGHT``, where forking is safe at all
     (``can_fork``). ``here=False``: this process only waits and forks ``processes`` children (work whose
     memory this process should not keep). ``pids``: given a list,
-    each child's process id is added to it (every one has ended when this returns or raises)."""
+    each child's process id is added to it (every one has ended when this returns or raises). ``done(i)``:
+    called in this process as item ``i`` is answered, by any process (a child's are passed on through a pipe
+    of their own, read between this process's items: a progress bar; best effort, not every item need come)."""
     total = sum(weights)
     workers = workers_for(total) if processes is None else (processes if can_fork() else 1)
     if workers < 2:
-        return [fn(it) for it in items]
+        return [_told(done, i, fn(it)) for i, it in enumerate(items)]
     tasks = _tasks(weights)
     queue = _queue(len(tasks))
     if queue is None:  # no pipe could be made or filled: one process answers all
-        return [fn(it) for it in items]
+        return [_told(done, i, fn(it)) for i, it in enumerate(items)]
     answers: list[bytes | None] = [None] * len(items)
     kids: list[tuple[int, int]] = []  # (pid, read end of its answers)
+    told = _Told(done) if done is not None else None
     finished = False
     try:
         for _ in range(workers - 1 if here else workers):
-            if not _fork_one(fn, items, tasks, queue, kids):  # no fork (out of processes, memory): taken below
+            # no fork (out of processes, memory): taken below
+            if not _fork_one(fn, items, tasks, queue, kids, told.write_end if told else None):
                 break
             if pids is not None:
                 pids.append(kids[-1][0])
+        if told:
+            told.forked()
         for n in _taken(queue) if here else ():  # this process takes what the children have not
             for i in tasks[n]:
                 answers[i] = fn(items[i])
-        for _pid, fd in kids:
-            for i, got in _frames(_read_to_end(fd)):
+                if told:
+                    told.here(i)
+        for sent in _gather([fd for _pid, fd in kids], told):
+            for i, got in _frames(sent):
                 if i == _STAGES:
                     if timing.ON:
                         timing.merge(got, "forked children: ")
@@ -89,10 +99,66 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
         finished = True
     finally:
         os.close(queue)
+        if told:
+            told.close()
         if kids:
             _end(kids, kill=not finished)
     # a child that failed or sent less, a task taken and never answered: here
     return [a if a is not None else fn(items[i]) for i, a in enumerate(answers)]
+
+
+def _told(done: Callable[[int], None] | None, i: int, answer: bytes) -> bytes:
+    if done is not None:
+        done(i)
+    return answer
+
+
+class _Told:
+    """``map_all``'s ``done``: the positions the children answer come through a pipe (four bytes each, written
+    without waiting: a full pipe drops them), read here without waiting between this process's own items."""
+
+    def __init__(self, done: Callable[[int], None]) -> None:
+        self.done = done
+        self.read_end: int | None = None
+        self.write_end: int | None = None
+        try:
+            self.read_end, self.write_end = os.pipe()
+            os.set_blocking(self.read_end, False)
+            os.set_blocking(self.write_end, False)
+        except OSError:
+            self.close()
+
+    def forked(self) -> None:
+        """Every child is forked: this process keeps no write end (the children's ends close as they leave)."""
+        if self.write_end is not None:
+            os.close(self.write_end)
+            self.write_end = None
+
+    def here(self, i: int) -> None:
+        self.done(i)
+        self.drain()
+
+    def drain(self) -> bool:
+        """Pass on every position waiting in the pipe; False once it is at its end (every child has left)."""
+        while self.read_end is not None:
+            try:
+                got = os.read(self.read_end, 4096)
+            except BlockingIOError:
+                return True
+            except OSError:
+                got = b""
+            if not got:
+                return False
+            for at in range(0, len(got) - 3, 4):
+                self.done(int.from_bytes(got[at:at + 4], "big"))
+        return False
+
+    def close(self) -> None:
+        self.forked()
+        if self.read_end is not None:
+            self.drain()
+            os.close(self.read_end)
+            self.read_end = None
 
 
 def workers_for(total: int) -> int:
@@ -166,10 +232,12 @@ def _taken(queue: int) -> Iterator[int]:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int, kids: list) -> bool:
+def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int, kids: list,
+              told: int | None = None) -> bool:
     """Fork a child that answers the tasks it takes from ``queue``; it goes on ``kids`` (pid, read end)
     before any signal can interrupt this process, so an interrupted parent always reaps it. False when no
-    child could be made."""
+    child could be made. ``told``: a pipe's write end (non-blocking) the child writes each answered
+    item's position to (``_Told``)."""
     try:
         r, w = os.pipe()
     except OSError:
@@ -202,6 +270,11 @@ def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int,
                     got = fn(items[i])
                     out += i.to_bytes(4, "big") + len(got).to_bytes(4, "big")
                     out += got
+                    if told is not None:
+                        try:
+                            os.write(told, i.to_bytes(4, "big"))  # four bytes: whole or not at all
+                        except OSError:
+                            pass
             if timing.ON:  # one more frame after the answers: this child's stages (ENVVAULT_STAGES)
                 got = timing.encoded()
                 out += _STAGES.to_bytes(4, "big") + len(got).to_bytes(4, "big")
@@ -220,14 +293,29 @@ def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int,
     return True
 
 
-def _read_to_end(fd: int) -> bytes:
-    """Everything ``fd`` gives until its end."""
-    parts = []
-    while True:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            return b"".join(parts)
-        parts.append(chunk)
+def _gather(fds: Sequence[int], told: "_Told | None") -> list[bytes]:
+    """Everything each of ``fds`` gives until its end, read as it comes (a child blocked on a full pipe is
+    read at once, whatever the others do); the children's ``told`` positions passed on meanwhile."""
+    got: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    if told is not None and told.read_end is not None:
+        poller.register(told.read_end, select.POLLIN)
+    left = set(fds)
+    while left:
+        for fd, _event in poller.poll():
+            if fd not in got:  # ``told``'s pipe: at its end once every child has left
+                if not told.drain():
+                    poller.unregister(fd)
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if chunk:
+                got[fd].append(chunk)
+            else:
+                poller.unregister(fd)
+                left.discard(fd)
+    return [b"".join(got[fd]) for fd in fds]
 
 
 def _frames(data: bytes) -> Iterator[tuple[int, bytes]]:

@@ -111,6 +111,18 @@ def default_restorers() -> int:
     return env_count("ENVVAULT_RESTORERS", 1, 64, max(1, min(8, usable_cores())))
 
 
+def default_write_processes() -> int:
+    """Forked processes that write a new tree out of a vault in a folder (``materialize.stage`` with
+    ``FINAL_NAME``: ``restore --into``), each on one thread, in place of ``default_restorers``' threads of one
+    process: 49,405 files each take the GIL for their Python work, behind the other threads. On 8 cores or
+    more, one a core up to 16; below that, 1 (the threads of one process). ``ENVVAULT_WRITE_PROCESSES``
+    overrides it (1: threads). Measured on the 16-core device (``restore --into`` of the 7.3 GB venv,
+    2026-12-06, bench/results/gpu_into_fair_procs_*.txt): 8 threads 8.36-11.72 s, 8 processes 6.44-7.70 s,
+    16 processes 5.92-6.65 s, uv's install 5.14-6.60 s."""
+    cores = usable_cores()
+    return env_count("ENVVAULT_WRITE_PROCESSES", 1, 64, min(16, cores) if cores >= 8 else 1)
+
+
 def default_group_processes() -> int:
     """Forked processes that build a first snap's groups of small files before the pipeline
     (``snap/groups.py``): on 8 cores or more, half of them, at most 8 (16-core device: 4 were slower than 8);
