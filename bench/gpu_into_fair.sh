@@ -33,7 +33,7 @@ run_one() {  # $1 round, $2 variant, $3 folder
     t0=$(now); env "$env" ENVVAULT_STAGES=$STAGES PYTHONPATH=$site $PY -m envvault restore latest --into $3 >/dev/null 2>/tmp/err || tail -2 /tmp/err; t1=$(now)
   fi
   echo "round $1 $2: $(secs $t0 $t1) s"
-  [ "$STAGES" = 1 ] && [ "$2" != uv ] && grep "stage into" /tmp/err | sed 's/^/  /'
+  [ "$STAGES" = 1 ] && [ "$2" != uv ] && grep "envvault-stage" /tmp/err | sed "s/^/  /"
   return 0
 }
 for i in $(seq "$ROUNDS"); do

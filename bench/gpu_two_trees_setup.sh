@@ -2,7 +2,10 @@
 # gpu_into_variants.sh): the carried wheels in /tmp/site, the old tree (.whl/old-tree: `git archive REV envvault`)
 # in /tmp/oldsite, both compiled; the page cache warmed; the device venv snapped into /tmp/abv and exported to
 # /tmp/exp (uv's install of those wheels is the --into anchor). Sets PY, V, now, secs, empty_tree, BASE, UVB.
-PY=python3
+# -P (PYTHONSAFEPATH): `python -m envvault` run from the repository root would otherwise import the working
+# tree's envvault ahead of PYTHONPATH, whatever tree a variant names. Until 2026-12-06 (the twenty-fifth
+# session) it did: every "old" variant of these scripts ran the carried working tree, not .whl/old-tree.
+PY="python3 -P"
 V=$($PY -c 'import sys;print(sys.prefix)')
 rm -rf /tmp/site /tmp/oldsite && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1
 cp -r /tmp/site /tmp/oldsite && rm -rf /tmp/oldsite/envvault && cp -r .whl/old-tree/envvault /tmp/oldsite/

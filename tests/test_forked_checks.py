@@ -573,6 +573,71 @@ def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv,
     assert ev(vault, "status", "--venv", new, "--exit-code").returncode == 0
 
 
+def test_into_plans_in_children_the_tree_one_process_plans(tmp_path, torch_venv):
+    """``restore --into`` of the real torch venv reads its manifests and decides its files in forked children
+    (restore/into.py ``_plan_all``): the new venv holds the same entries (bytes, modes, symlink targets) at
+    the same path as when one process plans it all (forking refused), and both are verified."""
+    from evtools import ev_json
+
+    vault = tmp_path / "v"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", torch_venv)["id"]
+    new, first = tmp_path / "new", tmp_path / "first"
+    got = _fresh(f"""
+        import contextlib, hashlib, io, stat
+        os.environ["ENVVAULT_HOME"] = {str(vault)!r}
+        os.environ.pop("VIRTUAL_ENV", None)
+        from envvault.cli import main
+        real_map, children = forked.map_all, []
+
+        def spy(fn, items, weights, **kw):
+            kw["pids"] = pids = []
+            try:
+                return real_map(fn, items, weights, **kw)
+            finally:
+                children.append((fn.__qualname__, len(pids)))
+
+        forked.map_all = spy
+
+        def into():
+            out, code = io.StringIO(), 0
+            try:
+                with contextlib.redirect_stdout(out):
+                    main(["restore", {sid!r}, "--into", {str(new)!r}, "--json"])
+            except SystemExit as done:
+                code = done.code
+            return code, json.loads(out.getvalue() or "null")
+
+        def tree(root):
+            out = {{}}
+            for d, ds, fs in os.walk(root):
+                for n in ds + fs:
+                    p = os.path.join(d, n)
+                    st = os.lstat(p)
+                    rel = os.path.relpath(p, root)
+                    if stat.S_ISLNK(st.st_mode):
+                        out[rel] = "link " + os.readlink(p)
+                    elif stat.S_ISREG(st.st_mode):
+                        with open(p, "rb") as f:
+                            out[rel] = f"file {{oct(st.st_mode & 0o7777)}} " + hashlib.sha256(f.read()).hexdigest()
+            return out
+
+        forked_run = into()
+        planned_in_children = [n for name, n in children if name.startswith("_plan_all.")]
+        one = tree({str(new)!r})
+        os.rename({str(new)!r}, {str(first)!r})
+        forked.can_fork = lambda: False
+        alone_run = into()
+        two = tree({str(new)!r})
+        print(json.dumps({{"runs": [forked_run, alone_run], "children": planned_in_children, "files": len(one),
+                          "differ": sorted(k for k in one.keys() | two.keys() if one.get(k) != two.get(k))[:20],
+                          "left": not no_children_left()}}))
+    """)
+    for code, result in got["runs"]:
+        assert code in (0, None) and result["verified"] is True, got
+    assert len(got["children"]) == 1 and got["children"][0] >= 1 and not got["left"], got
+    assert got["files"] > 10000 and got["differ"] == [], got
+
+
 def _odd_venv(root: Path) -> Path:
     """A venv (``python -m venv``) whose distributions hold what a scan must warn of or tell apart: a RECORD row
     outside the environment, a row with no hash, a file edited in place, a file two distributions list, a file

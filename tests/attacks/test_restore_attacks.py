@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.trees import forge_snapshot, tree_state
+from tests.attacks.craft import ROOT
 from tests.evtools import assert_one_line_error, ev, ev_json
 
 SP = f"lib/python3.{sys.version_info[1]}/site-packages"  # the uv venvs of make_venv use this Python
@@ -532,3 +533,44 @@ def _blake(data: bytes) -> str:
     from envvault.model.encoding import object_id
 
     return object_id(data)
+
+
+def test_into_refuses_a_hostile_manifest_that_a_forked_child_reads(box, tmp_path):
+    """``restore --into`` reads the manifests and decides the files in forked children when the venv is large
+    (restore/into.py ``_plan_all``), here forced for six small distributions on four cores: a manifest path
+    that climbs out refuses the restore as it does in one process, in one line, with no venv made and nothing
+    written outside; no child is left."""
+    import subprocess
+
+    from envvault.model.encoding import object_id
+    from envvault.vault.store import Vault
+
+    vault, venv, decoy, sid = box
+    payload = b"owned\n"
+    mans = [_dist(f"good{i}", [_file(f"{SP}/good{i}/__init__.py", payload)]) for i in range(5)]
+    climb = "../" * 12 + str(decoy / "pwned.txt").lstrip("/")
+    mans.append(_dist("evil", [_file(f"{SP}/evil/__init__.py", payload), _file(climb, payload)]))
+    v = Vault.open(vault)
+    evil = forge_snapshot(v, v.load_snapshot(sid).doc, mans, {object_id(payload): payload})
+    before = tree_state(decoy)
+    into = tmp_path / "into"
+    code = ("import atexit, os, sys\n"
+            "os.sched_getaffinity = lambda pid: {0, 1, 2, 3}\n"
+            "from envvault.snap import forked\n"
+            "forked.FORK_MIN_WEIGHT = 1\n"
+            "forked._WEIGHT_A_CHILD = 1\n"
+            "forks, real = [], os.fork\n"
+            "os.fork = lambda: forks.append(1) or real()\n"
+            "atexit.register(lambda: os.getpid() == me and print(f'forks {len(forks)}', flush=True))\n"
+            "me = os.getpid()\n"
+            "from envvault.entry import main\n"
+            "sys.argv = ['envvault', 'restore', sys.argv[1], '--into', sys.argv[2]]\n"
+            "main()\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), ENVVAULT_HOME=str(vault))
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run([sys.executable, "-c", code, evil, str(into)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "refusing" in proc.stderr and "'..'" in proc.stderr, proc.stderr
+    assert int(proc.stdout.split("forks ")[1]) >= 1, proc.stdout
+    assert not into.exists() and tree_state(decoy) == before
