@@ -12,7 +12,7 @@ import statistics
 import sys
 import time
 
-from envvault.snap import forked
+from envvault.vault import forked
 from envvault.snap.verdict import unchanged_since
 from envvault.vault.location import default_vault_path
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # After a snap of the device venv: unchanged status walls beside pip freeze, and how many children one
-# status forked for its freshness checks (envvault/snap/forked.py). Needs the carried wheels in .whl/.
+# status forked for its freshness checks (envvault/vault/forked.py). Needs the carried wheels in .whl/.
 set -u
 PY=python3
 VENV=$($PY -c 'import sys; print(sys.prefix)')

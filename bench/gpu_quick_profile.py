@@ -72,7 +72,7 @@ def main() -> None:
         say(f"{name}: median {statistics.median(ws) * 1000:.1f} ms ({min(ws) * 1000:.1f}-{max(ws) * 1000:.1f})")
     # In process, under the tool's interpreter: unchanged_since's own time, and where it goes.
     prelude = ("import cProfile, pstats, io, time, sys\n"
-               "from envvault.snap import forked\n"
+               "from envvault.vault import forked\n"
                "from envvault.snap.verdict import unchanged_since\n"
                "from envvault.vault.location import default_vault_path\n"
                f"root, venv = default_vault_path(None), {venv!r}\n")
@@ -83,7 +83,7 @@ def main() -> None:
     )
     p = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env)
     say(p.stdout + p.stderr[-2000:])
-    # unchanged_since in process, under each sizing of the forked check (snap/forked.py: at most
+    # unchanged_since in process, under each sizing of the forked check (vault/forked.py: at most
     # _MAX_CHILDREN processes, _WEIGHT_A_CHILD files each at least; 16, 3000 is envvault's since 6969ae6's sweep), in turn round by round.
     sweep = prelude + (
         "settings = [(8, 4000), (12, 3000), (16, 3000), (16, 2000), (24, 2000)]\n"

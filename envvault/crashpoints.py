@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import threading
 
-__all__ = ["crash_point", "ENV"]
+__all__ = ["armed", "crash_point", "ENV"]
 
 ENV = "ENVVAULT_TEST_CRASH_AT"
 
@@ -51,6 +51,12 @@ _counts: dict[str, int] = {}
 
 
 _SPEC = os.environ.get(ENV)
+
+
+def armed() -> bool:
+    """A crash point is set for this process: its work stays in it (a point passed in a forked child would
+    kill only the child, which its parent replaces)."""
+    return bool(_SPEC)
 
 
 def crash_point(name: str) -> None:

@@ -38,6 +38,7 @@ from contextlib import nullcontext
 from envvault.model.records import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
+from envvault import crashpoints
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
 from envvault.env.static import WHOLE_FILE_LIMIT
@@ -236,10 +237,12 @@ def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec],
     has threads). A run a child did not answer (it failed, or was killed) is written again here, over what
     it left; an error (a lying object) is raised here from that second try. ``progress`` as each run is
     written, by any process, and at the end."""
-    from envvault.snap import forked
+    from envvault.vault import forked
     from envvault.vault.threads import default_write_processes
 
     processes = default_write_processes()
+    if processes < 2 or crashpoints.armed():  # a crash test kills the restore itself, not one of its children
+        return None
     runs = _runs(ordered, processes)
     weights = [sum(s.size + 4096 for s in run) for run in runs]
     if processes < 2 or len(runs) < 2 or sum(weights) < _FORK_BYTES or not forked.can_fork():
@@ -260,7 +263,8 @@ def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec],
         progress(written[0])
 
     try:
-        answers = forked.map_all(write, runs, weights, processes=processes, done=told if progress else None)
+        answers = forked.map_all(write, runs, weights, processes=processes, done=told if progress else None,
+                                 bound=True)  # no writer outlives a restore killed with SIGKILL
     except BaseException:
         for spec in ordered:
             _unlink(os.path.join(root, spec.path))

@@ -385,7 +385,7 @@ class _LocalVault:
 
 def _forced_forks(monkeypatch, processes: int = 3) -> list[int]:
     """Make ``stage`` with ``FINAL_NAME`` fork for a few bytes; the children's pids, as they are forked."""
-    from envvault.snap import forked
+    from envvault.vault import forked
 
     monkeypatch.setenv("ENVVAULT_WRITE_PROCESSES", str(processes))
     monkeypatch.setattr(materialize, "_FORK_BYTES", 0)
@@ -516,3 +516,21 @@ def test_a_new_tree_s_folders_are_made_by_the_writers_as_they_reach_them(tmp_pat
     with pytest.raises(EnvironmentProblem, match=r"a1/b1 is in the way"):
         materialize.stage(_final_reader(blobs), blocked, specs, materialize.FINAL_NAME, workers=4, folders=folders)
     assert _files(blocked) == ["a1/b1"]
+
+
+def test_with_a_crash_point_armed_a_new_tree_is_written_in_this_process(tmp_path, monkeypatch):
+    """A crash test kills the restore at a point (``crashpoints``): a point passed in a forked writer would kill
+    only that child, which its parent replaces; so with one armed, the threads of this process write."""
+    from envvault import crashpoints
+
+    pids = _forced_forks(monkeypatch)
+    blobs = {f"o{i}": bytes([i]) * 4000 for i in range(30)}
+    specs = [_spec(f"f{i:02}", blobs[f"o{i}"], f"o{i}") for i in range(30)]
+    monkeypatch.setattr(crashpoints, "_SPEC", "no_such_point")
+    (tmp_path / "a").mkdir()
+    materialize.stage(_final_reader(blobs), tmp_path / "a", specs, materialize.FINAL_NAME, workers=4)
+    assert pids == [] and len(_files(tmp_path / "a")) == 30
+    monkeypatch.setattr(crashpoints, "_SPEC", None)
+    (tmp_path / "b").mkdir()
+    materialize.stage(_final_reader(blobs), tmp_path / "b", specs, materialize.FINAL_NAME, workers=4)
+    assert len(pids) == 2 and len(_files(tmp_path / "b")) == 30

@@ -591,7 +591,7 @@ def test_thread_counts_follow_the_cpu_affinity_not_the_hosts_cores():
             "[os.environ.pop(v, None) for v in ('ENVVAULT_READERS', 'ENVVAULT_NAMERS', 'ENVVAULT_COMPRESSORS', "
             "'ENVVAULT_RESTORERS')]; "
             "from envvault.vault import threads, ingest; from envvault import materialize; "
-            "from envvault.snap.forked import workers_for; "
+            "from envvault.vault.forked import workers_for; "
             "print(threads.usable_cores(), threads.default_readers(), threads.default_namers(), "
             "threads.default_compressors(), threads.default_restorers(), materialize.WORKERS, "
             "workers_for(10 ** 6), ingest._HASH_ASIDE_OK)")

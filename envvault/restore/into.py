@@ -194,7 +194,7 @@ def _plan_all(vault, packages: list[PackageSummary], python: PythonInfo,
 
     if not vault.local:
         return [plan(p) for p in packages]
-    from envvault.snap.forked import map_all
+    from envvault.vault.forked import map_all
 
     def answer(p: PackageSummary) -> bytes:
         specs, wanted = plan(p)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from envvault.vault.statcache import group_stats_fresh, stat_key, unpack_stats
 
-from .forked import check_all
+from envvault.vault.forked import check_all
 
 __all__ = ["JOURNAL_NAME", "STATE_JOURNAL", "journal_left", "env_cache_name", "base_of", "entry_key", "fresh_groups"]
 

@@ -34,7 +34,7 @@ from envvault.vault.ingest import SMALL_FILE, FileDigest, Ingester
 from envvault.vault.statcache import stat_key
 from envvault.vault.store import Vault
 
-from .forked import can_fork, map_all
+from envvault.vault.forked import can_fork, map_all
 
 __all__ = ["SmallGroups", "small_groups", "MIN_BYTES", "GROUP_BYTES", "GROUP_FILES"]
 
@@ -117,16 +117,14 @@ class SmallGroups:
         t0 = timing.clock()
         known, vault = self.known, self.vault
         pids: list[int] = []
-        parent = os.getpid()
 
         def build(group: list[str]) -> bytes:
-            if os.getpid() != parent:  # a forked builder: it writes packs and holds the vault's lock, so it
-                _end_with(parent)  # must not outlive a snap killed with SIGKILL
             return _build(vault, known, group)
 
-        try:
+        try:  # here=False: this process keeps no writer's heap; bound: a builder writes packs and holds the
+            # vault's lock, so it must not outlive a snap killed with SIGKILL
             answers = map_all(build, self.groups, [len(g) for g in self.groups],
-                              processes=processes, here=False, pids=pids)  # this process keeps no writer's heap
+                              processes=processes, here=False, pids=pids, bound=True)
         finally:  # a child killed mid-pack (Ctrl-C here, or the kernel) leaves its temp pack: removed now
             vault.state.clean_dead_tmp(pids)
         for n, got in enumerate(answers):
@@ -179,26 +177,6 @@ class SmallGroups:
         for packs, nbytes, objects in self._packs:
             self.vault.add_packs(packs)
             writer.count(nbytes, objects)
-
-
-_BOUND = False  # this forked builder asked the kernel to kill it when its parent ends (``_end_with``)
-
-
-def _end_with(parent: int) -> None:
-    """In a forked group builder, before each group: have the kernel SIGKILL this process when the snap that
-    forked it ends (Linux's ``PR_SET_PDEATHSIG``, asked once), and leave at once if it has already ended."""
-    global _BOUND
-    if not _BOUND:
-        _BOUND = True
-        try:
-            import ctypes
-            import signal
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError, ImportError):  # no ctypes: the check below, before each group
-            pass
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _build(vault: Vault, known, group: list[str]) -> bytes:

@@ -252,7 +252,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
     one process would do them all (the reader threads' path is then faster), and when any distribution failed
     (a RECORD gone, a file that cannot be read): the one-process scan then says why, the same error in the same
     order as without children."""
-    from .forked import map_all, workers_for
+    from envvault.vault.forked import map_all, workers_for
 
     weights = []
     for dist_info, _ in pending:  # the RECORD's bytes, about 100 a file

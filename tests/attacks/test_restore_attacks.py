@@ -556,7 +556,7 @@ def test_into_refuses_a_hostile_manifest_that_a_forked_child_reads(box, tmp_path
     into = tmp_path / "into"
     code = ("import atexit, os, sys\n"
             "os.sched_getaffinity = lambda pid: {0, 1, 2, 3}\n"
-            "from envvault.snap import forked\n"
+            "from envvault.vault import forked\n"
             "forked.FORK_MIN_WEIGHT = 1\n"
             "forked._WEIGHT_A_CHILD = 1\n"
             "forks, real = [], os.fork\n"

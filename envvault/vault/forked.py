@@ -20,7 +20,10 @@ threaded process may inherit a lock another thread held), two cores or more and 
 leaves with ``os._exit``; with ``ENVVAULT_STAGES=1`` its stages' seconds follow its answers and are added to
 this process's as "forked children: <stage>". Whatever a child does not answer (it failed, was killed, sent
 too little, took a task and never answered it) is answered here, in this process, by the same function: the
-answers never depend on the children.
+answers never depend on the children. A child whose function raises takes every task left (so no process
+starts another), sends what it answered and the item it failed on, which this process computes first (the
+error raised here at once, not after the rest is redone). A child whose parent is gone (killed) stops before
+its next task.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def check_all(check: Callable[[object], bool], items: Sequence, weights: Sequenc
 
 def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[int],
             processes: int | None = None, here: bool = True, pids: list | None = None,
-            done: Callable[[int], None] | None = None) -> list[bytes]:
+            done: Callable[[int], None] | None = None, bound: bool = False) -> list[bytes]:
     """``[fn(item) for item in items]``, in forked children when that pays; ``fn`` must only read (what it
     changes stays in the child) and return bytes, its whole answer. Whatever a child does not answer is
     computed here by the same ``fn``. ``processes``: how many processes do the work (this one among them),
@@ -62,7 +65,10 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
     memory this process should not keep). ``pids``: given a list,
     each child's process id is added to it (every one has ended when this returns or raises). ``done(i)``:
     called in this process as item ``i`` is answered, by any process (a child's are passed on through a pipe
-    of their own, read between this process's items: a progress bar; best effort, not every item need come)."""
+    of their own, read between this process's items: a progress bar; best effort, not every item need come).
+    ``bound``: each child has the kernel SIGKILL it as soon as this process ends (Linux's ``PR_SET_PDEATHSIG``;
+    children that write, which must not work on for a process killed with SIGKILL; it costs each child the
+    import of ``ctypes``); without it a child whose parent is gone stops before its next task."""
     total = sum(weights)
     workers = workers_for(total) if processes is None else (processes if can_fork() else 1)
     if workers < 2:
@@ -74,11 +80,12 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
     answers: list[bytes | None] = [None] * len(items)
     kids: list[tuple[int, int]] = []  # (pid, read end of its answers)
     told = _Told(done) if done is not None else None
+    failed: list[int] = []  # items a child raised on (``_FAILED`` frames)
     finished = False
     try:
         for _ in range(workers - 1 if here else workers):
             # no fork (out of processes, memory): taken below
-            if not _fork_one(fn, items, tasks, queue, kids, told.write_end if told else None):
+            if not _fork_one(fn, items, tasks, queue, kids, told.write_end if told else None, bound):
                 break
             if pids is not None:
                 pids.append(kids[-1][0])
@@ -94,16 +101,26 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
                 if i == _STAGES:
                     if timing.ON:
                         timing.merge(got, "forked children: ")
+                elif i == _FAILED:
+                    at = int.from_bytes(got[:4], "big") if len(got) == 4 else len(answers)
+                    if at < len(answers):
+                        failed.append(at)
                 elif i < len(answers):
                     answers[i] = got
         finished = True
     finally:
         os.close(queue)
-        if told:
-            told.close()
-        if kids:
-            _end(kids, kill=not finished)
-    # a child that failed or sent less, a task taken and never answered: here
+        try:
+            if told:
+                told.close(tell=False)  # no ``done`` while ending: whatever it raises, the children end below
+        finally:
+            if kids:
+                _end(kids, kill=not finished)
+    # a child that failed or sent less, a task taken and never answered: here, an item a child failed on first
+    # (an error it raised comes back here at once, before the rest is redone)
+    for i in failed:
+        if answers[i] is None:
+            answers[i] = fn(items[i])
     return [a if a is not None else fn(items[i]) for i, a in enumerate(answers)]
 
 
@@ -153,12 +170,16 @@ class _Told:
                 self.done(int.from_bytes(got[at:at + 4], "big"))
         return False
 
-    def close(self) -> None:
+    def close(self, tell: bool = True) -> None:
+        """Close both ends; ``tell``: pass on what is waiting first."""
         self.forked()
         if self.read_end is not None:
-            self.drain()
-            os.close(self.read_end)
-            self.read_end = None
+            try:
+                if tell:
+                    self.drain()
+            finally:
+                os.close(self.read_end)
+                self.read_end = None
 
 
 def workers_for(total: int) -> int:
@@ -188,6 +209,7 @@ def _one_thread() -> bool:
 
 _MAX_TASKS = 1024  # task numbers in the pipe, at most: 4 KiB, what any pipe holds (one page, PIPE_BUF)
 _STAGES = 0xFFFFFFFF  # the position a child's stages frame is tagged with (ENVVAULT_STAGES)
+_FAILED = 0xFFFFFFFE  # the position of the frame naming the item a child raised on
 
 
 def _tasks(weights: Sequence[int]) -> list[list[int]]:
@@ -233,7 +255,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int, kids: list,
-              told: int | None = None) -> bool:
+              told: int | None = None, bound: bool = False) -> bool:
     """Fork a child that answers the tasks it takes from ``queue``; it goes on ``kids`` (pid, read end)
     before any signal can interrupt this process, so an interrupted parent always reaps it. False when no
     child could be made. ``told``: a pipe's write end (non-blocking) the child writes each answered
@@ -244,6 +266,7 @@ def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int,
         return False
     # Signals wait until the child is on ``kids`` (parent) or has dropped the parent's handlers (child): a
     # Ctrl-C landing in between must not run the parent's cleanup in the child.
+    parent = os.getpid()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         pid = os.fork()
@@ -256,25 +279,38 @@ def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int,
         code = 1
         try:
             gc.disable()  # no finalizer of an object inherited from the parent runs here
-            for sig in _SIGNALS:
-                signal.signal(sig, signal.SIG_DFL)  # a signal ends the child; the parent answers its tasks
+            for sig in _SIGNALS:  # a signal ends the child (the parent answers its tasks); one ignored stays so
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            if bound:
+                _end_with_parent()
             os.close(r)
             if timing.ON:
                 timing.clear()  # the stages inherited are the parent's: this child reports only its own
             # Every answer first, then one write: a child that waits on a full pipe while the parent reads
             # another's has already done its work. Each answer: its item's position, its length, its bytes.
             out = bytearray()
-            for n in _taken(queue):
-                for i in tasks[n]:
-                    got = fn(items[i])
-                    out += i.to_bytes(4, "big") + len(got).to_bytes(4, "big")
-                    out += got
-                    if told is not None:
-                        try:
-                            os.write(told, i.to_bytes(4, "big"))  # four bytes: whole or not at all
-                        except OSError:
-                            pass
+            i = -1
+            try:
+                for n in _taken(queue):
+                    if os.getppid() != parent:  # the parent is gone (killed): nothing more to do for it
+                        os._exit(1)
+                    for i in tasks[n]:
+                        got = fn(items[i])
+                        out += i.to_bytes(4, "big") + len(got).to_bytes(4, "big")
+                        out += got
+                        if told is not None:
+                            try:
+                                os.write(told, i.to_bytes(4, "big"))  # four bytes: whole or not at all
+                            except OSError:
+                                pass
+                i = -1
+            except Exception:  # noqa: BLE001 - the parent computes item i first and raises what it raises
+                while os.read(queue, 4096):  # every task left taken: no process starts another
+                    pass
+                if i >= 0:
+                    out += _FAILED.to_bytes(4, "big") + (4).to_bytes(4, "big") + i.to_bytes(4, "big")
             if timing.ON:  # one more frame after the answers: this child's stages (ENVVAULT_STAGES)
                 got = timing.encoded()
                 out += _STAGES.to_bytes(4, "big") + len(got).to_bytes(4, "big")
@@ -291,6 +327,17 @@ def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int,
     os.close(w)  # before Ctrl-C can land: the parent keeps no write end of a child's pipe
     signal.pthread_sigmask(signal.SIG_SETMASK, old)
     return True
+
+
+def _end_with_parent() -> None:
+    """In a child: have the kernel SIGKILL it when the process that forked it ends (``PR_SET_PDEATHSIG``);
+    where that cannot be asked (no ``ctypes``), the check before each task stands alone."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError, ImportError):
+        pass
 
 
 def _gather(fds: Sequence[int], told: "_Told | None") -> list[bytes]:
