@@ -11,6 +11,7 @@ import click
 
 from envvault import __version__
 from envvault.env import chosen_python
+from envvault.errors import Terminated
 from envvault.failures import guarded
 
 __all__ = ["main", "cli", "python_option", "chosen_python"]
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
 def _click_failure(err: Exception) -> int | None:
     """The exit code of what click raised (its message shown as click shows it), None for anything else."""
     if isinstance(err, click.exceptions.Abort):
+        if isinstance(err.__context__, Terminated):  # click makes every KeyboardInterrupt an Abort
+            click.echo("envvault: terminated", err=True)
+            return Terminated.exit_code
         click.echo("envvault: aborted", err=True)
         return 130
     if isinstance(err, click.ClickException):

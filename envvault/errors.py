@@ -11,6 +11,7 @@ __all__ = [
     "StorageError",
     "RefusedError",
     "EnvironmentProblem",
+    "Terminated",
 ]
 
 
@@ -63,3 +64,12 @@ class EnvironmentProblem(EnvvaultError):
     """The environment itself is damaged (garbled METADATA/RECORD, unreadable file)."""
 
     exit_code = 7
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a job scheduler's cancel or time limit, ``docker stop``): raised in the command's main thread
+    as Ctrl-C's KeyboardInterrupt is, so every command cleans up as it does after Ctrl-C (a half-built
+    ``--into`` venv removed, a snap's temp packs deleted, a restore's journal left for the next run); exit 143.
+    Installed by ``entry.main`` only (never in a process that imports envvault as a library)."""
+
+    exit_code = 143

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from envvault.errors import EnvvaultError
+from envvault.errors import EnvvaultError, Terminated
 from envvault.output import echo
 
 __all__ = ["guarded"]
@@ -15,7 +15,7 @@ __all__ = ["guarded"]
 def guarded(call, other=None) -> int:
     """Run ``call()`` as a command; its exit code. Whatever it raises becomes one line on stderr and a code,
     never a traceback, as click's own main turns it: an ``EnvvaultError`` its message and code; Ctrl-C or an
-    EOFError a blank line and "aborted", 130; a closed stdout pipe 1 (stdout is pointed at /dev/null, so
+    EOFError a blank line and "aborted", 130 (SIGTERM, ``Terminated``: "terminated", 143); a closed stdout pipe 1 (stdout is pointed at /dev/null, so
     that nothing fails again at exit); an OSError a storage error (6); anything else an internal error (70;
     ``ENVVAULT_DEBUG=1`` raises it). ``other(err)`` first gets an exception of another kind and may give its
     code (the CLI's click errors). A line that cannot be written (a closed stderr) leaves the code as it is.
@@ -24,6 +24,9 @@ def guarded(call, other=None) -> int:
         call()
     except EnvvaultError as err:
         return _say(f"envvault: error: {err}", err.exit_code)
+    except Terminated:
+        _say("", 0)
+        return _say("envvault: terminated", Terminated.exit_code)
     except (KeyboardInterrupt, EOFError):
         _say("", 0)
         return _say("envvault: aborted", 130)

@@ -757,6 +757,46 @@ def test_into_plans_in_children_the_tree_one_process_plans(tmp_path, torch_venv)
     assert got["files"] > 10000 and got["differ"] == [], got
 
 
+def test_a_terminated_forked_into_removes_its_venv_and_leaves_no_writer(tmp_path, torch_venv):
+    """SIGTERM (a scheduler's cancel) while forked writers build the real torch venv: the command ends as after
+    Ctrl-C, exit 143 with one line, its writers killed with it, and no half-built venv left. The signal goes
+    once the tree holds 500 files (each file is slowed by a millisecond, so that the run is still going)."""
+    from evtools import ev_env, ev_json
+
+    vault = tmp_path / "v"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", torch_venv)["id"]
+    new = tmp_path / "new"
+    code = ("import sys, time\n"
+            "from envvault import materialize\n"
+            "one = materialize._stage_one\n"
+            "def slow(*a, **kw):\n"
+            "    time.sleep(0.001)\n"
+            "    return one(*a, **kw)\n"
+            "materialize._stage_one = slow\n"
+            "from envvault.entry import main\n"
+            "sys.argv = ['envvault', 'restore', sys.argv[1], '--into', sys.argv[2]]\n"
+            "main()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, sid, str(new)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=ev_env(vault, ENVVAULT_WRITE_PROCESSES="3", PYTHONPATH=str(ROOT)))
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if new.exists() and sum(len(fs) for _, _, fs in os.walk(new)) >= 500:
+                break
+        children = subprocess.run(["ps", "--ppid", str(proc.pid), "-o", "pid="], capture_output=True,
+                                  text=True).stdout.split()
+        proc.terminate()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] == "envvault: terminated" and "Traceback" not in err, err
+    assert len(children) >= 2, children  # the writers were forked
+    assert not new.exists()
+    assert not [p for p in children if _alive(int(p))]
+
+
 def _odd_venv(root: Path) -> Path:
     """A venv (``python -m venv``) whose distributions hold what a scan must warn of or tell apart: a RECORD row
     outside the environment, a row with no hash, a file edited in place, a file two distributions list, a file
