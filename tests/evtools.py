@@ -52,3 +52,12 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
     assert len(lines) == 1, err
     for n in needles:
         assert n in err, (n, err)
+
+
+def alive(pid: int) -> bool:
+    """Process ``pid`` runs and is not a zombie (an orphan's zombie is reaped by init, maybe later)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -16,6 +16,7 @@ import pytest
 
 from envvault.vault import forked
 from fixtures import catalogue as C
+from tests.evtools import alive
 from fixtures import uv_install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +63,19 @@ def childs(i):
         return False
     note()
     return True
+
+
+def into_here(sid, new):
+    # ``envvault restore SID --into NEW --json`` in this process: (exit code, the JSON it printed)
+    import contextlib, io
+    from envvault.cli import main
+    out, code = io.StringIO(), 0
+    try:
+        with contextlib.redirect_stdout(out):
+            main(["restore", sid, "--into", str(new), "--json"])
+    except SystemExit as done:
+        code = done.code
+    return code, json.loads(out.getvalue() or "null")
 
 
 def no_children_left():
@@ -213,20 +227,11 @@ def test_children_stop_when_their_parent_is_killed(tmp_path, bound):
     children = {int(p) for p in log.read_text().split()} - {proc.pid}
     assert len(children) == 3, children
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in children) and time.monotonic() < deadline:
+    while any(alive(p) for p in children) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not [p for p in children if _alive(p)]
+    assert not [p for p in children if alive(p)]
     lines = len(log.read_text().split())
     assert lines < 40, lines  # of 400: each child stopped within a task of its parent's death
-
-
-def _alive(pid: int) -> bool:
-    """``pid`` runs and is not a zombie (an orphan's zombie is reaped by init, maybe later)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_slow_task_does_not_hold_back_the_others():
@@ -660,12 +665,10 @@ def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv,
     sid = ev_json(vault, "snap", "--no-caches", "--venv", torch_venv)["id"]
     new = tmp_path / "new"
     got = _fresh(f"""
-        import contextlib, io
         os.environ["ENVVAULT_HOME"] = {str(vault)!r}
         os.environ["ENVVAULT_WRITE_PROCESSES"] = {writers!r}
         os.environ.pop("VIRTUAL_ENV", None)
         from envvault import materialize
-        from envvault.cli import main
         one = materialize._stage_one
 
         def marked(*a, **kw):  # a byte logged for each file a child writes
@@ -674,13 +677,8 @@ def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv,
             return one(*a, **kw)
 
         materialize._stage_one = marked
-        out, code = io.StringIO(), 0
-        try:
-            with contextlib.redirect_stdout(out):
-                main(["restore", {sid!r}, "--into", {str(new)!r}, "--json"])
-        except SystemExit as done:
-            code = done.code
-        print(json.dumps({{"code": code, "result": json.loads(out.getvalue() or "null"), "forks": len(forks),
+        code, result = into_here({sid!r}, {str(new)!r})
+        print(json.dumps({{"code": code, "result": result, "forks": len(forks),
                           "left": not no_children_left(), "by_children": noted().count(b"w")}}))
     """)
     assert got["code"] in (0, None) and got["result"]["verified"] is True, got
@@ -702,10 +700,9 @@ def test_into_plans_in_children_the_tree_one_process_plans(tmp_path, torch_venv)
     sid = ev_json(vault, "snap", "--no-caches", "--venv", torch_venv)["id"]
     new, first = tmp_path / "new", tmp_path / "first"
     got = _fresh(f"""
-        import contextlib, hashlib, io, stat
+        import hashlib, stat
         os.environ["ENVVAULT_HOME"] = {str(vault)!r}
         os.environ.pop("VIRTUAL_ENV", None)
-        from envvault.cli import main
         real_map, children = forked.map_all, []
 
         def spy(fn, items, weights, **kw):
@@ -718,13 +715,7 @@ def test_into_plans_in_children_the_tree_one_process_plans(tmp_path, torch_venv)
         forked.map_all = spy
 
         def into():
-            out, code = io.StringIO(), 0
-            try:
-                with contextlib.redirect_stdout(out):
-                    main(["restore", {sid!r}, "--into", {str(new)!r}, "--json"])
-            except SystemExit as done:
-                code = done.code
-            return code, json.loads(out.getvalue() or "null")
+            return into_here({sid!r}, {str(new)!r})
 
         def tree(root):
             out = {{}}
@@ -794,7 +785,7 @@ def test_a_terminated_forked_into_removes_its_venv_and_leaves_no_writer(tmp_path
     assert err.strip().splitlines()[-1] == "envvault: terminated" and "Traceback" not in err, err
     assert len(children) >= 2, children  # the writers were forked
     assert not new.exists()
-    assert not [p for p in children if _alive(int(p))]
+    assert not [p for p in children if alive(int(p))]
 
 
 def _odd_venv(root: Path) -> Path:

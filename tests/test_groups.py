@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from fixtures import catalogue as C
 from fixtures.venvs import pip_install, site_packages
-from tests.evtools import ev, ev_env
+from tests.evtools import alive, ev, ev_env
 from tests.test_forked_checks import _fresh
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -361,17 +361,10 @@ take_snapshot(Vault.open(Path({str(tmp_path / "v")!r}), create=True), Path({str(
     proc.send_signal(signal.SIGKILL)
     proc.wait()
 
-    def running(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
     deadline = time.monotonic() + 10
-    while any(map(running, pids)) and time.monotonic() < deadline:
+    while any(map(alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(map(running, pids)), [p for p in pids if running(p)]
+    assert not any(map(alive, pids)), [p for p in pids if alive(p)]
 
 
 def test_the_pipeline_takes_every_grouped_files_digest_from_its_group(tmp_path, make_venv, wheelhouse):
