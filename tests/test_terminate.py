@@ -61,3 +61,29 @@ def test_a_command_started_with_sigterm_ignored_keeps_it_ignored(tmp_path, make_
                           env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="snap_objects:1:TERM"))
     assert proc.returncode == 0, proc.stderr
     assert len(ev_json(vault, "list", "--all")["snapshots"]) == 1
+
+
+def test_guard_passes_a_sigterm_on_to_the_command_it_runs(tmp_path):
+    """While guard runs the guarded command, a SIGTERM sent to guard reaches the command (which decides how to
+    end: here, exit 7) and guard goes on with that exit code, as after Ctrl-C, instead of ending first."""
+    started = tmp_path / "started"
+    child = ("import signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(7))\n"
+             f"open({str(started)!r}, 'w').close()\n"
+             "time.sleep(120)\n")
+    code = ("import os, signal, sys, threading, time\n"
+            "from envvault import entry\n"
+            "from envvault.guard.run import run_command\n"
+            "entry._terminate_as_interrupt()\n"
+            "def term():\n"
+            f"    while not os.path.exists({str(started)!r}):\n"
+            "        time.sleep(0.01)\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "threading.Thread(target=term, daemon=True).start()\n"
+            f"rc, _ = run_command((sys.executable, '-c', {child!r}), dict(os.environ))\n"
+            "print('rc', rc)\n"
+            "print('after', signal.getsignal(signal.SIGTERM).__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=ev_env(tmp_path / "vault"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["rc", "7", "after", "_raise_terminated"], proc.stdout

@@ -107,8 +107,9 @@ class GuardResult:
 def run_command(argv: tuple[str, ...], env: Mapping[str, str], *, stdout_to_stderr: bool = False) -> tuple[int, float]:
     """Run ``argv`` with the terminal, return (exit code as a shell reports it, wall-clock start time).
 
-    While it runs, Ctrl-C reaches only the child (it shares the terminal's process group); guard stays
-    alive to snapshot and roll back whatever the interrupted command left.
+    While it runs, Ctrl-C reaches only the child (it shares the terminal's process group), and a SIGTERM sent
+    to guard (a scheduler's cancel, ``docker stop`` of a container whose first process guard is) is passed on
+    to the child; either way guard stays alive to snapshot and roll back whatever the stopped command left.
     """
     started = time.time()
     try:
@@ -118,10 +119,12 @@ def run_command(argv: tuple[str, ...], env: Mapping[str, str], *, stdout_to_stde
     except PermissionError:
         return 126, started
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old_term = signal.signal(signal.SIGTERM, lambda _s, _f: proc.send_signal(signal.SIGTERM))
     try:
         rc = proc.wait()
     finally:
         signal.signal(signal.SIGINT, old)
+        signal.signal(signal.SIGTERM, old_term)
     return (128 - rc if rc < 0 else rc), started
 
 
