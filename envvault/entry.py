@@ -27,7 +27,20 @@ __all__ = ["main", "keep_bytecode", "leave_now"]
 
 def main() -> None:
     keep_bytecode()
-    _terminate_as_interrupt()
+    from envvault import terminate
+
+    terminate.install()  # SIGTERM handled as Ctrl-C
+    try:
+        _run()
+    except KeyboardInterrupt as stop:  # one that came outside a command's own handling (imports, the exit)
+        from envvault.errors import Terminated
+
+        term = isinstance(stop, Terminated)
+        sys.stderr.write("envvault: terminated\n" if term else "envvault: interrupted\n")
+        sys.exit(143 if term else 130)
+
+
+def _run() -> None:
     from envvault.quick import answer
 
     try:
@@ -36,12 +49,6 @@ def main() -> None:
             from envvault.lean import answer as run_lean
 
             code = run_lean(sys.argv[1:])  # a plain snap or cache restore, without click (lean.py)
-    except KeyboardInterrupt as stop:
-        from envvault.errors import Terminated
-
-        term = isinstance(stop, Terminated)
-        sys.stderr.write("envvault: terminated\n" if term else "envvault: interrupted\n")
-        sys.exit(143 if term else 130)
     except BrokenPipeError:
         sys.exit(0)
     if code is not None:
@@ -54,22 +61,6 @@ def main() -> None:
     except SystemExit as done:
         leave_now(done.code)
         raise
-
-
-def _terminate_as_interrupt() -> None:
-    """SIGTERM raises ``errors.Terminated`` (a KeyboardInterrupt) in the main thread, so the command cleans up
-    as after Ctrl-C, unless the process was started with SIGTERM ignored. ``_signal`` (built in): the
-    ``signal`` module's import would cost every ``status`` 0.4 ms."""
-    import _signal
-
-    if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
-        _signal.signal(_signal.SIGTERM, _raise_terminated)
-
-
-def _raise_terminated(_signum, _frame) -> None:
-    from envvault.errors import Terminated
-
-    raise Terminated()
 
 
 def leave_now(code) -> None:

@@ -70,6 +70,7 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (a job scheduler's cancel or time limit, ``docker stop``): raised in the command's main thread
     as Ctrl-C's KeyboardInterrupt is, so every command cleans up as it does after Ctrl-C (a half-built
     ``--into`` venv removed, a snap's temp packs deleted, a restore's journal left for the next run); exit 143.
-    Installed by ``entry.main`` only (never in a process that imports envvault as a library)."""
+    Installed by ``terminate.install`` from the entry point only (never in a process that imports envvault as a
+    library)."""
 
     exit_code = 143

@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from fixtures import catalogue as C
 from fixtures.venvs import pip_install
-from tests.evtools import ev, ev_env, ev_json
+from tests.evtools import ROOT, ev, ev_env, ev_json
 
 
 def _run(vault, *args, point: str):
@@ -72,9 +75,9 @@ def test_guard_passes_a_sigterm_on_to_the_command_it_runs(tmp_path):
              f"open({str(started)!r}, 'w').close()\n"
              "time.sleep(120)\n")
     code = ("import os, signal, sys, threading, time\n"
-            "from envvault import entry\n"
+            "from envvault import terminate\n"
             "from envvault.guard.run import run_command\n"
-            "entry._terminate_as_interrupt()\n"
+            "terminate.install()\n"
             "def term():\n"
             f"    while not os.path.exists({str(started)!r}):\n"
             "        time.sleep(0.01)\n"
@@ -82,8 +85,112 @@ def test_guard_passes_a_sigterm_on_to_the_command_it_runs(tmp_path):
             "threading.Thread(target=term, daemon=True).start()\n"
             f"rc, _ = run_command((sys.executable, '-c', {child!r}), dict(os.environ))\n"
             "print('rc', rc)\n"
-            "print('after', signal.getsignal(signal.SIGTERM).__name__)\n")
+            "after = signal.getsignal(signal.SIGTERM)\n"
+            "print('after', getattr(after, '__name__', None) or after.name)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=ev_env(tmp_path / "vault"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["rc", "7", "after", "_raise_terminated"], proc.stdout
+    # Started with SIGTERM ignored: it stays ignored, for guard and for the command (which sleeps on, then 3).
+    ignored = code.replace("terminate.install()\n", "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n")
+    ignored = ignored.replace("time.sleep(120)", "time.sleep(1); sys.exit(3)")
+    started.unlink()
+    proc = subprocess.run([sys.executable, "-c", ignored], capture_output=True, text=True, timeout=120,
+                          env=ev_env(tmp_path / "vault"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["rc", "3", "after", "SIG_IGN"], proc.stdout
+
+
+def _uv_that_is_terminated_meanwhile(tmp_path) -> tuple[Path, Path]:
+    """A folder holding a ``uv`` that sends its parent (envvault) SIGTERM, then runs the real uv to its end and
+    leaves a mark: a scheduler's cancel landing while uv works. The folder and the mark's path."""
+    from envvault.restore.uv import find_uv
+
+    folder, mark = tmp_path / "shim", tmp_path / "uv-finished"
+    folder.mkdir()
+    shim = folder / "uv"
+    shim.write_text(f"#!/bin/sh\nkill -TERM $PPID\n{find_uv()} \"$@\"\nrc=$?\ntouch {mark}\nexit $rc\n")
+    shim.chmod(0o755)
+    return folder, mark
+
+
+def test_a_sigterm_while_uv_makes_the_venv_waits_for_uv_then_leaves_no_venv(tmp_path, make_venv, wheelhouse):
+    """``--into``: a SIGTERM while uv makes the venv waits for uv (never killed mid-write), then the restore
+    ends as terminated and leaves nothing: the folder it made is gone, a folder that was there (empty) is
+    empty again."""
+    venv = make_venv("venv")
+    pip_install(venv, str(wheelhouse[C.TORCH_PLAIN_A]), str(wheelhouse[C.SERVING]))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    folder, mark = _uv_that_is_terminated_meanwhile(tmp_path)
+    env = ev_env(vault, PATH=f"{folder}:{os.environ['PATH']}")
+    new, empty = tmp_path / "new", tmp_path / "empty"
+    empty.mkdir()
+    for target in (new, empty):
+        proc = subprocess.run([sys.executable, "-m", "envvault", "restore", sid, "--into", str(target)],
+                              capture_output=True, text=True, env=env, timeout=300)
+        _terminated(proc)
+        assert mark.exists()  # uv ran to its end
+        mark.unlink()
+    assert not new.exists() and empty.is_dir() and list(empty.iterdir()) == []
+
+
+def test_guard_takes_a_sigterm_at_its_prompt_for_no_answer():
+    """At guard's question, Ctrl-C answers no; a SIGTERM is no answer: it ends guard (click turns both into
+    an Abort, told apart by what it was raised from)."""
+    import click
+
+    from envvault.commands.guard import _CliUI
+    from envvault.errors import Terminated
+
+    def aborted(by):
+        def confirm(*_a, **_k):
+            try:
+                raise by()
+            except KeyboardInterrupt:
+                raise click.exceptions.Abort() from None  # as click.confirm does
+        return confirm
+
+    ui = _CliUI(as_json=False)
+    real = click.confirm
+    try:
+        click.confirm = aborted(KeyboardInterrupt)
+        assert ui.confirm("Keep this change?", True) is False
+        click.confirm = aborted(Terminated)
+        with pytest.raises(click.exceptions.Abort) as got:
+            ui.confirm("Keep this change?", True)
+        assert isinstance(got.value.__context__, Terminated)
+    finally:
+        click.confirm = real
+
+
+def test_a_sigterm_outside_any_command_s_handling_is_one_line_and_143(tmp_path):
+    """A SIGTERM that lands while the command line is still being set up (here: inside the CLI's entry, before
+    any command's own handling) is the same one line and 143, never a traceback."""
+    code = ("import os, signal, sys, types\n"
+            "fake = types.ModuleType('envvault.cli')\n"
+            "def main():\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    signal.pause()\n"
+            "fake.main = main\n"
+            "sys.modules['envvault.cli'] = fake\n"
+            "sys.argv = ['envvault', 'list']\n"
+            "from envvault.entry import main as entry\n"
+            "entry()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=ev_env(tmp_path / "vault"))
+    _terminated(proc)
+
+
+def test_the_shell_hook_s_and_the_stamp_s_way_in_handles_sigterm_too(tmp_path, make_venv):
+    """``boot_code`` (how the shell hook's guard and the checkpoint stamp's background snap start envvault)
+    goes through the entry point: a SIGTERM there cleans up as from the console script."""
+    from envvault.env.untrusted import boot_code
+
+    venv = make_venv("venv")
+    vault = tmp_path / "vault"
+    proc = subprocess.run([sys.executable, "-c", boot_code([str(ROOT)]), "snap", "--no-caches", "--venv", str(venv)],
+                          capture_output=True, text=True, timeout=300,
+                          env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="snap_objects:1:TERM"), cwd=tmp_path)
+    _terminated(proc)
+    assert ev_json(vault, "list", "--all")["snapshots"] == []

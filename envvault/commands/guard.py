@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from envvault.cli import cli, python_option as cli_python_option
-from envvault.errors import RefusedError, UsageError
+from envvault.errors import RefusedError, UsageError, Terminated
 from envvault.output import emit_json, style
 
 
@@ -85,7 +85,9 @@ class _CliUI:
     def confirm(self, question: str, default: bool) -> bool:
         try:
             return click.confirm(f"envvault: {question}", default=default, err=True)
-        except click.exceptions.Abort:
+        except click.exceptions.Abort as err:
+            if isinstance(err.__context__, Terminated):  # SIGTERM is no answer: guard ends as terminated
+                raise
             click.echo("", err=True)
             return False
 

@@ -22,5 +22,6 @@ def boot_code(prepend: list[str] | tuple[str, ...] = ()) -> str:
     the current folder off ``sys.path``: ``-c`` puts ``''`` first, so a module of the folder the command
     runs in (``envvault/``, ``typing.py``, ``json.py``) would shadow envvault or the standard library.
     Only absolute entries stay; ``prepend`` goes first. The one way envvault starts itself in a folder it
-    does not trust (the shell hook; the background snap of checkpoint stamping)."""
-    return without_cwd("sys.argv[0] = 'envvault'\nfrom envvault.cli import main\nmain()\n", prepend)
+    does not trust (the shell hook; the background snap of checkpoint stamping). It runs ``entry.main``, as the
+    console script does (SIGTERM handled as Ctrl-C, the quick and lean paths)."""
+    return without_cwd("sys.argv[0] = 'envvault'\nfrom envvault.entry import main\nmain()\n", prepend)

@@ -119,12 +119,15 @@ def run_command(argv: tuple[str, ...], env: Mapping[str, str], *, stdout_to_stde
     except PermissionError:
         return 126, started
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    old_term = signal.signal(signal.SIGTERM, lambda _s, _f: proc.send_signal(signal.SIGTERM))
+    old_term = signal.getsignal(signal.SIGTERM)
+    if old_term is not signal.SIG_IGN:  # started with SIGTERM ignored: it stays so, for the command too
+        signal.signal(signal.SIGTERM, lambda _s, _f: proc.send_signal(signal.SIGTERM))
     try:
         rc = proc.wait()
     finally:
         signal.signal(signal.SIGINT, old)
-        signal.signal(signal.SIGTERM, old_term)
+        if old_term is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, old_term)
     return (128 - rc if rc < 0 else rc), started
 
 

@@ -97,13 +97,13 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
             planned = _plan_all(vault, stored, python, str(dest / (python.scripts or "bin") / "python"))
             if timing.ON:
                 timing.add("into: every distribution planned (manifests read and checked, files decided)", t0)
-        t0 = timing.clock()
-        venv_warning = make_venv(dest, python)
-        if timing.ON:
-            timing.add("into: the venv made (uv venv)", t0)
-        if venv_warning:
-            warnings.append(venv_warning)
-        with _removed_on_failure(dest, created):
+        with _removed_on_failure(dest, created):  # from the venv's making on: a stop leaves no bare venv
+            t0 = timing.clock()
+            venv_warning = make_venv(dest, python)
+            if timing.ON:
+                timing.add("into: the venv made (uv venv)", t0)
+            if venv_warning:
+                warnings.append(venv_warning)
             python_exe = dest / "bin" / "python"
             if lock_entries is not None:
                 sync_from_lock(sid, snapshot, lock_entries, python_exe, reinstall=[], work=work)
@@ -161,12 +161,22 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
 
 @contextmanager
 def _removed_on_failure(dest: Path, created: bool) -> Iterator[None]:
-    """Remove the half-built venv at ``dest`` (when this restore created the folder) if the body fails."""
+    """Remove the half-built venv at ``dest`` if the body fails (Ctrl-C and SIGTERM included): the folder, when
+    this restore created it, else everything in it (it was empty: ``refuse_nonempty``)."""
     try:
         yield
     except BaseException:
         if created:
             shutil.rmtree(dest, ignore_errors=True)
+        else:
+            for entry in os.scandir(dest) if dest.is_dir() else ():
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    try:
+                        os.unlink(entry.path)
+                    except OSError:
+                        pass
         raise
 
 

@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Iterator
 
+from envvault.terminate import held
 from envvault.errors import EnvironmentProblem, NotFoundError, RefusedError, UsageError
 from envvault.model.snapshot import PythonInfo, Snapshot, loose_snapshot
 from envvault.restore.installed import reapply_state
@@ -48,10 +49,12 @@ def _env() -> dict[str, str]:
 
 
 def run_uv(*args: str, what: str) -> subprocess.CompletedProcess:
-    """Run uv; on failure raise ``EnvironmentProblem`` with uv's last meaningful error lines."""
+    """Run uv; on failure raise ``EnvironmentProblem`` with uv's last meaningful error lines. A SIGTERM while
+    it runs waits for it (``terminate.held``)."""
     cmd = [find_uv(), *map(str, args)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), stdin=subprocess.DEVNULL)
+        with held():  # uv is never killed mid-install by a SIGTERM: it is raised once uv is done
+            out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), stdin=subprocess.DEVNULL)
     except OSError as err:
         raise EnvironmentProblem(f"cannot run uv for {what}: {err}") from None
     if out.returncode != 0:
