@@ -5,14 +5,13 @@ SIGTERM raise ``errors.Terminated``, a KeyboardInterrupt, in the main thread, so
 after Ctrl-C; a process started with SIGTERM ignored keeps ignoring it. ``held`` holds it back while a child
 process writes an environment (uv installing into it): Python kills a child on a KeyboardInterrupt, and uv
 killed mid-install leaves the environment half changed; the SIGTERM is raised once the child is done.
-Built on ``_signal`` (built in): the ``signal`` module's import would cost every ``status`` 0.4 ms.
+Built on ``_signal`` (built in): the ``signal`` module's import would cost every ``status`` 0.4 ms;
+``errors`` is imported only when a SIGTERM comes.
 """
 
 from __future__ import annotations
 
 import _signal
-
-from envvault.errors import Terminated
 
 __all__ = ["install", "held"]
 
@@ -24,6 +23,8 @@ def install() -> None:
 
 
 def _raise_terminated(_signum, _frame) -> None:
+    from envvault.errors import Terminated  # imported only then: every status starts here
+
     raise Terminated()
 
 
@@ -49,4 +50,4 @@ class held:  # noqa: N801 - used as a statement: ``with held():``
         if self.active:
             _signal.signal(_signal.SIGTERM, self.old)
         if self.came and kind is None:
-            raise Terminated()
+            _raise_terminated(None, None)
