@@ -180,11 +180,11 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     with ``refuse_escapes``); without it, every folder must exist before."""
     root = os.fspath(root)
     ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
-    runs = _runs(ordered, workers)
     if tmp_name is FINAL_NAME and getattr(getattr(reader, "vault", None), "local", False):
         forked = _stage_forked(reader, root, ordered, progress, folders)
         if forked is not None:
             return forked
+    runs = _runs(ordered, workers)
     take = _largest_first(runs)
     prefetch = getattr(reader, "prefetch", None)  # ObjectReader's: a bucket's packs, fetched ahead in this order
     if prefetch is not None:
@@ -245,7 +245,7 @@ def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec],
         return None
     runs = _runs(ordered, processes)
     weights = [sum(s.size + 4096 for s in run) for run in runs]
-    if processes < 2 or len(runs) < 2 or sum(weights) < _FORK_BYTES or not forked.can_fork():
+    if len(runs) < 2 or sum(weights) < _FORK_BYTES or not forked.can_fork():
         return None
     import pickle
 

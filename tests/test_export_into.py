@@ -150,9 +150,7 @@ def test_into_verification_compares_provenance_and_pyvenv(shaped, restored):
 
     vault = Vault.open(shaped["vault"])
     snap = vault.load_snapshot(shaped["sid"]).snapshot
-    pkgs = snap.packages
-    manifests = {p.manifest: vault.load_manifest(p.manifest) for p in pkgs}
-    provenance = into._provenance_of(vault, pkgs, manifests)
+    provenance = into._provenance_of(vault, snap.packages)
     wanted = into._pyvenv_wanted(snap.python)
     assert into._provenance_differences(restored, snap.python, provenance) == []
     assert into._pyvenv_differences(restored, wanted) == []

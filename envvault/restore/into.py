@@ -39,7 +39,7 @@ from envvault.model.manifest import DistManifest
 from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.model.snapshot import PackageSummary, PythonInfo, Snapshot
 from envvault.restore.managed import refuse_uncopyable, venv_manifest, venv_view
-from envvault.restore.installed import (find_dist_info, installed_script, read_record, reapply_state, replace_file,
+from envvault.restore.installed import (find_dist_info, installed_script, read_record, replace_file,
                                         stored_record)
 from envvault.restore.result import RestoreResult
 from envvault.vault import timing
@@ -79,7 +79,6 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
     staged: list[Staged] = []
     with vault.lock(), scratch_dir(vault) as work:
         lock_entries = None
-        manifests: dict[str, DistManifest] = {}
         planned: list[tuple[list[FileSpec], tuple[str, dict] | None]] = []  # a full snapshot's (_plan_all)
         if snapshot.lock_only:
             lock_entries = resolve_lock_sources(vault, sid, snapshot, work, sources)
@@ -105,14 +104,9 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
             if venv_warning:
                 warnings.append(venv_warning)
             python_exe = dest / "bin" / "python"
-            if lock_entries is not None:
+            if lock_entries is not None:  # (an edited stored copy's RECORD rows are put back by sync_from_lock)
                 sync_from_lock(sid, snapshot, lock_entries, python_exe, reinstall=[], work=work)
-                for p in packages:
-                    man = manifests.get(p.manifest)
-                    if man is not None and (p.modified or p.missing):
-                        reapply_state(vault, dest, python, man)
-            if lock_entries is not None:
-                provenance = _provenance_of(vault, packages, manifests)
+                provenance = _provenance_of(vault, packages)
             else:
                 provenance = [wanted for _specs, wanted in planned if wanted is not None]
             if planned:
@@ -335,14 +329,14 @@ def _wanted_provenance(vault, man: DistManifest) -> dict[str, tuple[bytes | None
     return out
 
 
-def _provenance_of(vault, packages: tuple[PackageSummary, ...], manifests: dict[str, DistManifest]) -> list[tuple[str, dict]]:
+def _provenance_of(vault, packages: tuple[PackageSummary, ...]) -> list[tuple[str, dict]]:
+    """A lock-only snapshot's provenance files, as its manifests recorded them (uv installed the packages)."""
     out = []
     for p in packages:
-        man = manifests.get(p.manifest)
-        if man is None and p.record == "ok" and vault.has(p.manifest):
-            man = vault.load_manifest(p.manifest)  # lock-only: installed from a lock, manifests not loaded yet
-        if man is not None and (man.dist_info or "").endswith(".dist-info"):
-            out.append((PurePosixPath(man.dist_info).name, _wanted_provenance(vault, man)))
+        if p.record == "ok" and vault.has(p.manifest):
+            man = vault.load_manifest(p.manifest)
+            if (man.dist_info or "").endswith(".dist-info"):
+                out.append((PurePosixPath(man.dist_info).name, _wanted_provenance(vault, man)))
     return out
 
 
