@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import gc
 import os
-import select
 import signal
 import sys
 import threading
@@ -112,7 +111,7 @@ def map_all(fn: Callable[[object], bytes], items: Sequence, weights: Sequence[in
         os.close(queue)
         try:
             if told:
-                told.close(tell=False)  # no ``done`` while ending: whatever it raises, the children end below
+                told.close()  # no ``done`` while ending
         finally:
             if kids:
                 _end(kids, kill=not finished)
@@ -170,16 +169,12 @@ class _Told:
                 self.done(int.from_bytes(got[at:at + 4], "big"))
         return False
 
-    def close(self, tell: bool = True) -> None:
-        """Close both ends; ``tell``: pass on what is waiting first."""
+    def close(self) -> None:
+        """Close both ends; what is still waiting is not passed on (the caller's own end says it all)."""
         self.forked()
         if self.read_end is not None:
-            try:
-                if tell:
-                    self.drain()
-            finally:
-                os.close(self.read_end)
-                self.read_end = None
+            os.close(self.read_end)
+            self.read_end = None
 
 
 def workers_for(total: int) -> int:
@@ -343,6 +338,8 @@ def _end_with_parent() -> None:
 def _gather(fds: Sequence[int], told: "_Told | None") -> list[bytes]:
     """Everything each of ``fds`` gives until its end, read as it comes (a child blocked on a full pipe is
     read at once, whatever the others do); the children's ``told`` positions passed on meanwhile."""
+    import select  # only once children were forked
+
     got: dict[int, list[bytes]] = {fd: [] for fd in fds}
     poller = select.poll()
     for fd in fds:
