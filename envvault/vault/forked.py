@@ -359,6 +359,8 @@ def _gather(fds: Sequence[int], told: "_Told | None") -> list[bytes]:
             else:
                 poller.unregister(fd)
                 left.discard(fd)
+    if told is not None:
+        told.drain()  # a child tells each position before it sends its answers: every one is there now
     return [b"".join(got[fd]) for fd in fds]
 
 
