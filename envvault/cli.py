@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
 def _click_failure(err: Exception) -> int | None:
     """The exit code of what click raised (its message shown as click shows it), None for anything else."""
     if isinstance(err, click.exceptions.Abort):
-        if isinstance(err.__context__, Terminated):  # click makes every KeyboardInterrupt an Abort
+        if Terminated.behind(err):
             click.echo("envvault: terminated", err=True)
             return Terminated.exit_code
         click.echo("envvault: aborted", err=True)

@@ -37,7 +37,7 @@ def main() -> None:
 
         term = isinstance(stop, Terminated)
         sys.stderr.write("envvault: terminated\n" if term else "envvault: interrupted\n")
-        sys.exit(143 if term else 130)
+        sys.exit(Terminated.exit_code if term else 130)
 
 
 def _run() -> None:

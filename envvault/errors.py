@@ -74,3 +74,8 @@ class Terminated(KeyboardInterrupt):
     library)."""
 
     exit_code = 143
+
+    @staticmethod
+    def behind(err: BaseException) -> bool:
+        """``err`` (click's ``Abort``: click turns every KeyboardInterrupt into one) was raised by a SIGTERM."""
+        return isinstance(err.__context__, Terminated)

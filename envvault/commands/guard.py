@@ -86,7 +86,7 @@ class _CliUI:
         try:
             return click.confirm(f"envvault: {question}", default=default, err=True)
         except click.exceptions.Abort as err:
-            if isinstance(err.__context__, Terminated):  # SIGTERM is no answer: guard ends as terminated
+            if Terminated.behind(err):  # SIGTERM is no answer: guard ends as terminated
                 raise
             click.echo("", err=True)
             return False
