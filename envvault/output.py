@@ -9,7 +9,11 @@ import json
 import os
 import sys
 import time
-from typing import Any, Protocol
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    from envvault.runtime_types import Protocol
 
 __all__ = ["emit_json", "echo", "use_colour", "style", "Progress", "ProgressSink", "human_bytes"]
 

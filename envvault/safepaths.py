@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 import re
 import stat as statmod
-from typing import Iterable, Mapping
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Iterable, Mapping
 
 from envvault.model.paths import link_target_problem, path_problem  # the text rule lives in model/
 

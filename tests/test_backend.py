@@ -42,7 +42,14 @@ def backend(request, tmp_path) -> Backend:
 
 
 def test_backend_contract(backend, tmp_path):
-    assert isinstance(backend, Backend)
+    # every method the protocol declares, with its parameters (the protocol is a plain class at run time:
+    # envvault/runtime_types.py)
+    import inspect
+
+    declared = {n: f for n, f in vars(Backend).items() if callable(f) and not n.startswith("_")}
+    assert declared and all(
+        list(inspect.signature(getattr(backend, n)).parameters) == list(inspect.signature(f).parameters)[1:]
+        for n, f in declared.items()), sorted(declared)
     assert backend.location and "memory" in backend.location or str(tmp_path) in backend.location
     for kind in KINDS:
         assert backend.list(kind) == []

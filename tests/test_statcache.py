@@ -125,12 +125,14 @@ def test_a_stat_cache_whose_extra_is_not_an_object_is_ignored(tmp_path):
 def test_a_garbled_groups_file_is_an_empty_cache_never_an_error(tmp_path):
     """The groups file (state/ of a vault that may come from someone else) is one whole or nothing: no magic,
     a header that is not a JSON object, a length past the end, a packed count that is not one, bytes missing or
-    left over, paths that are not UTF-8: the cache is empty (every distribution is read again), never an
-    error, and nothing is read past the file."""
+    left over, a group both packed and with lists: the cache is empty (every distribution is read again), never
+    an error, and nothing is read past the file. Packed paths that are not UTF-8 (read only when a scan needs
+    them) make their group stale."""
     import json
 
     from envvault import __version__
-    from envvault.vault.statcache import GROUPS_MAGIC, StatCache, decode_groups_file, encode_groups_file, encode_stats
+    from envvault.vault.statcache import (GROUPS_MAGIC, StatCache, decode_groups_file, encode_groups_file,
+                                          encode_stats, group_file_count, group_stats_fresh, unpacked_group)
 
     for d in ("state", "locks", "tmp"):
         (tmp_path / d).mkdir()
@@ -139,7 +141,9 @@ def test_a_garbled_groups_file_is_an_empty_cache_never_an_error(tmp_path):
     files, stats = encode_stats(["a", "b"], [[st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]] * 2)
     head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
     good = encode_groups_file(head, {"g": {"files": files, "stats": stats, "summary": {}}})
-    assert decode_groups_file(good)["groups"]["g"] == {"files": "a\nb", "stats": stats, "summary": {}}
+    lazy = decode_groups_file(good)["groups"]["g"]
+    assert group_file_count(lazy) == 2 and "files" not in lazy  # read when first needed
+    assert unpacked_group(lazy) == {"files": "a\nb", "stats": stats, "summary": {}}
 
     def header(groups) -> bytes:
         text = json.dumps(dict(head, groups=groups)).encode()
@@ -151,7 +155,7 @@ def test_a_garbled_groups_file_is_an_empty_cache_never_an_error(tmp_path):
         header([]), header({"g": {"packed": [3, -1]}}) + b"a\nb",
         header({"g": {"packed": "3,2"}}) + b"a\nb" + stats,
         header({"g": {"packed": [3, 2, 1]}}) + b"a\nb" + stats,
-        header({"g": {"packed": [3, 2]}}) + b"a\n\xff" + stats,
+        header({"g": {"packed": [3, 2], "files": "a\nb"}}) + b"a\nb" + stats,
         header({"g": {"packed": [3, 1 << 40]}}) + b"a\nb" + stats,
         GROUPS_MAGIC + (2).to_bytes(4, "big") + b"[]",
     ]
@@ -162,7 +166,10 @@ def test_a_garbled_groups_file_is_an_empty_cache_never_an_error(tmp_path):
         cache = StatCache(path)
         assert cache.groups == {} and cache.identity() is None, raw[:80]
     (tmp_path / "state" / "stat-x.groups.bin").write_bytes(good)
-    assert StatCache(path).groups["g"]["stats"] == stats
+    assert unpacked_group(StatCache(path).groups["g"])["stats"] == stats
+    (tmp_path / "state" / "stat-x.groups.bin").write_bytes(header({"g": {"packed": [3, 2]}}) + b"a\n\xff" + stats)
+    group = StatCache(path).groups["g"]  # loaded: the header is whole
+    assert unpacked_group(group) == {} and not group_stats_fresh(str(tmp_path) + "/", group)  # stale
 
 
 def test_a_group_that_is_not_what_a_group_holds_makes_the_whole_file_nothing():
@@ -280,3 +287,38 @@ def test_the_writer_never_writes_a_header_the_reader_refuses(monkeypatch):
     many = {f"lib/p{i}.dist-info": env_group for i in range(100)}
     assert decode_groups_file(encode_groups_file(head, many))["groups"] == {}
     assert decode_groups_file(encode_groups_file(dict(head, extra={"x": "y" * 5000}), {}))["extra"] == {}
+
+
+def test_packed_files_are_read_from_the_groups_file_that_was_loaded(tmp_path):
+    """A cache's groups keep their packed files and stats in the groups file until a scan needs them (in the
+    forked child that checks them, mostly); read then through the descriptor it was loaded from, so a save
+    that replaced the file since (another process's) never mixes two files; a forked child reads them
+    through its own copy of the descriptor."""
+    import os
+
+    from envvault import __version__
+    from envvault.vault.statcache import StatCache, encode_groups_file, encode_stats, unpacked_group
+
+    for d in ("state", "locks", "tmp"):
+        (tmp_path / d).mkdir()
+    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
+    key = [1, 2, 3, 4]
+    files, stats = encode_stats(["a", "b"], [key, key])
+    path = tmp_path / "state" / "stat-x"
+    groups_file = tmp_path / "state" / "stat-x.groups.bin"
+    groups_file.write_bytes(encode_groups_file(head, {"g": {"files": files, "stats": stats, "summary": {}}}))
+    cache = StatCache(path)
+    other = encode_stats(["c", "d", "e"], [key] * 3)
+    replacement = tmp_path / "tmp" / "new"
+    replacement.write_bytes(encode_groups_file(head, {"g": {"files": other[0], "stats": other[1], "summary": {}}}))
+    os.replace(replacement, groups_file)  # as a save does
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a forked child reads the group from the file its parent loaded
+        os.write(w, unpacked_group(cache.groups["g"])["files"].encode())
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 100) == b"a\nb"
+    os.waitpid(pid, 0)
+    assert unpacked_group(cache.groups["g"])["files"] == "a\nb" and cache.groups["g"]["stats"] == stats
+    assert unpacked_group(StatCache(path).groups["g"])["files"] == "c\nd\ne"

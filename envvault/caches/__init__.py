@@ -7,7 +7,9 @@ the fingerprint machinery alone takes longer than that to import.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "CacheLocation",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Literal
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Iterable, Literal
 
 from ..errors import UsageError
 

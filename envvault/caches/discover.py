@@ -29,14 +29,18 @@ import re
 import sys
 from envvault.model.records import dataclass
 from pathlib import Path
-from typing import Literal, Mapping, Sequence
+
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Literal, Mapping, Sequence
+
+    CacheKind = Literal["inductor", "triton", "torch_extensions", "cuda", "user"]
 
 from envvault.env.untrusted import without_cwd
 
 from ..errors import EnvironmentProblem
 
 __all__ = [
-    "CacheKind",
     "CacheLocation",
     "discover_caches",
     "inductor_cache_dir",
@@ -47,7 +51,6 @@ __all__ = [
     "usable_kinds",
 ]
 
-CacheKind = Literal["inductor", "triton", "torch_extensions", "cuda", "user"]
 
 # torch/_inductor/runtime/cache_dir_utils.py: default_cache_dir
 _UNSAFE_IN_USER = re.compile(r'[\\/:*?"<>|]')

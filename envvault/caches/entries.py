@@ -3,7 +3,9 @@ and the counts by category a snapshot lists for each archived cache."""
 
 from __future__ import annotations
 
-from typing import Sequence
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Sequence
 
 __all__ = ["entry_key", "summarise_entries"]
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 from envvault.model.records import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 from ..model.cache import FINGERPRINT_FORMAT as FORMAT
 from ..model.cache import Fingerprint, GpuInfo  # the records (re-exported here)

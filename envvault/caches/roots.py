@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
 
 from .discover import CacheLocation, discover_caches, inductor_cache_dir
 

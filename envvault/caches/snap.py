@@ -9,7 +9,9 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import EnvironmentProblem, NotFoundError
 from ..model.encoding import recordable
@@ -22,7 +24,7 @@ from .roots import locations_to_snap
 from .snap_fingerprint import environment_fingerprint
 
 
-__all__ = ["CacheSnapResult", "CacheHook", "make_cache_hook", "take_cache_snapshot"]
+__all__ = ["CacheSnapResult", "make_cache_hook", "take_cache_snapshot"]
 
 
 class CacheSnapResult(Committed):
@@ -35,9 +37,10 @@ class CacheSnapResult(Committed):
         return {"seconds": self.snapshot.stats.seconds}
 
 
-# What an environment's snap calls inside its transaction: (vault, the snap's ingester, its stat cache) ->
-# the snapshot's cache entries.
-CacheHook = Callable[[Any, Ingester, StatCache], "list[dict]"]
+if TYPE_CHECKING:
+    # What an environment's snap calls inside its transaction: (vault, the snap's ingester, its stat cache) ->
+    # the snapshot's cache entries.
+    CacheHook = Callable[[Any, Ingester, StatCache], "list[dict]"]
 
 
 def make_cache_hook(

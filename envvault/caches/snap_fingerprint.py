@@ -7,7 +7,9 @@ from __future__ import annotations
 from envvault.model import records
 import os
 from pathlib import Path
-from typing import Any, Mapping
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 import blake3
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Mapping
 
 __all__ = ["host_facts", "find_on_path", "relevant_env", "redact"]
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
+else:
+    from envvault.runtime_types import NamedTuple
 
 from envvault.model.encoding import json_loads, not_utf8
 from envvault.errors import UsageError

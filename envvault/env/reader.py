@@ -19,11 +19,14 @@ site directories without reading them, so that a snap can skip an unchanged one 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
     from envvault.env.dists import InstalledDist
     from envvault.env.probe import Interpreter
+else:
+    from envvault.runtime_types import Protocol
 
 __all__ = ["EnvironmentReader", "Memo", "reader_for"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 
 from envvault.env.probe import Interpreter, probe, read_pyvenv_cfg
 from envvault.errors import UsageError

@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import re
 from envvault.model.records import dataclass
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    Rule = Callable[[Any], "str | None"]
 
 from envvault.errors import CorruptError
 
-__all__ = ["Key", "Rule", "NO_EXTRA", "load_fields", "load_record", "record_loader", "dump_fields", "plain", "raise_problems", "is_id",
+__all__ = ["Key", "NO_EXTRA", "load_fields", "load_record", "record_loader", "dump_fields", "plain", "raise_problems", "is_id",
            "check_str", "check_opt_str", "check_int", "check_opt_int", "check_num", "check_bool", "check_hex_id",
            "check_opt_hex_id", "check_dict", "check_opt_dict", "check_str_list", "check_opt_str_list",
            "check_str_map", "check_list", "check_opt_list", "check_any"]
 
 _ID = re.compile(r"[0-9a-f]{64}")
-
-Rule = Callable[[Any], "str | None"]
-
 
 class _NoExtra(Mapping):
     """The ``extra`` of a record whose document had no unknown keys: empty, immutable, shared."""

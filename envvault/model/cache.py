@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import re
 from envvault.model.records import dataclass, field
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Literal
+
+    EnvScope = Literal["process", "repro", "none"]
 
 from ..errors import CorruptError, RefusedError, UsageError
 from .paths import link_target_problem, path_problem
 
 __all__ = [
-    "FORMAT", "FINGERPRINT_FORMAT", "EnvScope", "GpuInfo", "Fingerprint", "ManifestFile", "CacheManifest",
+    "FORMAT", "FINGERPRINT_FORMAT", "GpuInfo", "Fingerprint", "ManifestFile", "CacheManifest",
     "parse_manifest", "path_problem", "link_problem",
 ]
 
@@ -27,9 +33,6 @@ FORMAT = 1  # of a cache tree manifest
 FINGERPRINT_FORMAT = 1
 _OID = re.compile(r"[0-9a-f]{64}")
 _MAX_PROBLEMS = 10
-
-EnvScope = Literal["process", "repro", "none"]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuInfo:

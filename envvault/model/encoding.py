@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 import blake3
 

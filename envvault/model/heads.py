@@ -5,7 +5,9 @@ so that listing 1,000 snapshots parses none of them. Pure: no I/O."""
 from __future__ import annotations
 
 from envvault.model.records import dataclass
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 from envvault.model._fields import (
     NO_EXTRA, Key, check_bool, check_int, check_opt_int, check_opt_str, check_str, dump_fields, load_record,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import posixpath
 import re
 from envvault.model.records import dataclass
-from typing import Iterable
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Iterable
 
 import blake3
 

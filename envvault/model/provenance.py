@@ -11,7 +11,9 @@ kept). Pure: no I/O.
 from __future__ import annotations
 
 from envvault.model.records import dataclass
-from typing import Any, Mapping
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 from envvault.model._fields import (
     NO_EXTRA, Key, check_dict, check_opt_str, check_str, dump_fields, load_record, raise_problems,

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import re
 from envvault.model.records import dataclass, field
-from typing import Any, Mapping
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Mapping
 
 from envvault.errors import UsageError
 from envvault.model._fields import (

@@ -4,7 +4,9 @@ cache), ``manifests.py`` (one distribution's manifest and summary)."""
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["take_snapshot", "SnapResult", "scan_environment", "scan_current", "statcache_for"]
 

@@ -10,7 +10,7 @@ import json
 import os
 import posixpath
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 
 from envvault.env.probe import Interpreter
 from envvault.env.reader import reader_for
@@ -18,13 +18,14 @@ from envvault.model.encoding import canonical_json, object_id
 from envvault.output import ProgressSink
 from envvault.vault import timing
 from envvault.vault.statcache import (
-    StatCache, encode_stats, group_from_portable, portable_group, stat_key,
+    StatCache, encode_stats, group_from_portable, portable_group, stat_key, unpacked_group,
 )
 from envvault.vault.store import Vault
 
 from .fresh import base_of, entry_key, env_cache_name, fresh_groups, journal_left
 
 if TYPE_CHECKING:
+    from typing import Iterator
     from envvault.model.manifest import DistManifest
 
     from .manifests import DistPlan, ManifestBuilder
@@ -460,6 +461,7 @@ def remember_group(cache: StatCache, dist_info: Path, prefix: Path, man: DistMan
         "summary": {k: v for k, v in summary.items() if k != "manifest"},
         "manifest_" + mode: oid,
     }
+    unpacked_group(old)  # its files and stats, when the groups file still holds them
     unchanged = all(old.get(k) == group[k] for k in ("record_stat", "meta_stat", "files", "stats", "missing"))
     for k in ("manifest_full", "manifest_check"):
         if unchanged and k in old and k not in group:

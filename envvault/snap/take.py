@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 
 from envvault import __version__
 from envvault.crashpoints import crash_point

@@ -33,7 +33,11 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import NamedTuple
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from envvault.runtime_types import NamedTuple
 
 from envvault.errors import CorruptError, EnvvaultError
 from envvault.model.encoding import json_loads

@@ -45,7 +45,11 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import NamedTuple, Protocol, runtime_checkable
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import NamedTuple, Protocol
+else:
+    from envvault.runtime_types import NamedTuple, Protocol
 
 from envvault.errors import NotFoundError, StorageError
 
@@ -89,7 +93,6 @@ def check_name(name: str) -> str:
     return name
 
 
-@runtime_checkable
 class Backend(Protocol):
     """Objects under (kind, name). See the module docstring for the contract."""
 

@@ -33,7 +33,9 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, Iterator, Sequence
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Callable, Iterator, Sequence
 
 from envvault.vault import timing
 

@@ -8,11 +8,13 @@ import os
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Iterable, Iterator
 
 from envvault.errors import CorruptError, RefusedError, StorageError
 
-__all__ = ["atomic_write", "current_umask", "flocked", "fsync_dir", "storage_error", "tmp_name", "read_regular", "read_regular_at",
+__all__ = ["atomic_write", "current_umask", "flocked", "fsync_dir", "storage_error", "tmp_name", "open_regular", "read_regular", "read_regular_at",
            "link_refused", "write_nofollow", "open_regular_fd"]
 
 # Files of the vault's own tree are opened without following a symlink at their last component; a FIFO or
@@ -26,7 +28,9 @@ def link_refused(path: Path | str) -> RefusedError:
                         "outside it): replace it with the real file or folder")
 
 
-def _open_regular(path: Path | str, what: str, follow: bool = False) -> tuple[int, os.stat_result]:
+def open_regular(path: Path | str, what: str, follow: bool = False) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file ``path`` inside a vault and its stat: a symlink there (unless
+    ``follow``), a FIFO or a device is refused (CorruptError), never waited on. The caller closes it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else _NOFOLLOW))
     except OSError as err:
@@ -53,7 +57,7 @@ def open_regular_fd(path: Path | str) -> int | None:
 def read_regular_at(path: Path | str, offset: int, length: int, what: str) -> bytes:
     """At most ``length`` bytes at ``offset`` of the regular file ``path`` (opened as :func:`read_regular`
     does); fewer when the file is shorter."""
-    fd, _st = _open_regular(path, what)
+    fd, _st = open_regular(path, what)
     try:
         return os.pread(fd, length, offset)
     finally:
@@ -71,7 +75,7 @@ def read_regular(path: Path | str, limit: int, what: str, *, follow: bool = Fals
 
 def read_regular_stat(path: Path | str, limit: int, what: str, *, follow: bool = False) -> tuple[bytes, os.stat_result]:
     """``read_regular``, with the stat of the file read (taken from its open descriptor)."""
-    fd, st = _open_regular(path, what, follow)
+    fd, st = open_regular(path, what, follow)
     try:
         if st.st_size > limit:
             raise CorruptError(f"{what} is {st.st_size} bytes, over the limit of {limit}")

@@ -7,7 +7,11 @@ saved for the next listing, and handed to a backend that shares heads with other
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Protocol
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Protocol
+else:
+    from envvault.runtime_types import Protocol
 
 from envvault.errors import CorruptError
 from envvault.model.heads import SnapshotHead, head_of, parse_head

@@ -12,7 +12,9 @@ import threading
 from collections import deque
 from envvault.model.records import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Callable, Iterable, Iterator
 
 
 from envvault.errors import EnvironmentProblem

@@ -12,7 +12,9 @@ import os
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Callable
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Callable
 
 import blake3
 

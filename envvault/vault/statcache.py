@@ -18,11 +18,11 @@ from pathlib import Path
 from envvault import __version__
 from envvault.errors import CorruptError
 from envvault.model.encoding import MAX_DOC_BYTES, json_loads
-from envvault.vault.fsutil import atomic_write, flocked, read_regular, read_regular_stat
+from envvault.vault.fsutil import atomic_write, flocked, open_regular, read_regular, read_regular_stat
 
-__all__ = ["StatCache", "stat_key", "file_key", "groups_path", "encode_groups_file",
-           "decode_groups_file", "group_problem", "encode_stats", "group_paths", "group_stats_fresh", "unpack_stats", "portable_group",
-           "group_from_portable"]
+__all__ = ["StatCache", "stat_key", "file_key", "groups_path", "encode_groups_file", "decode_groups_file",
+           "read_groups_file", "group_problem", "encode_stats", "group_paths", "group_file_count", "unpacked_group",
+           "group_stats_fresh", "unpack_stats", "portable_group", "group_from_portable"]
 
 
 def stat_key(st: os.stat_result) -> list[int]:
@@ -72,11 +72,12 @@ class StatCache:
             self.extra = extra if isinstance(extra, dict) else {}
 
     def _load(self, path: Path, compressed: bool) -> dict | None:
-        """The files document (``compressed``: zstd over JSON) or the groups file (``decode_groups_file``),
-        None when it is missing, unreadable, does not decode or another version or envvault wrote it."""
+        """The files document (``compressed``: zstd over JSON) or the groups file (``read_groups_file``: its
+        groups' files and stats read when first needed), None when it is missing, unreadable, does not decode
+        or another version or envvault wrote it."""
         try:
-            raw, st = read_regular_stat(path, MAX_DOC_BYTES, path.name)  # no FIFO, no link to /dev/zero
             if compressed:
+                raw, st = read_regular_stat(path, MAX_DOC_BYTES, path.name)  # no FIFO, no link to /dev/zero
                 import zstandard
 
                 try:
@@ -87,7 +88,7 @@ class StatCache:
                     return None
                 doc = json_loads(raw)
             else:
-                doc = decode_groups_file(raw)
+                doc, st = read_groups_file(path)
         except (OSError, ValueError, CorruptError):
             return None
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:
@@ -223,7 +224,7 @@ def encode_groups_file(head: dict, groups: dict[str, dict]) -> bytes:
     any group: those are scanned again, the rest keeps its shortcuts."""
     out, body = {}, []
     for key, group in groups.items():
-        files, stats = group.get("files"), group.get("stats")
+        files, stats = unpacked_group(group).get("files"), group.get("stats")
         if isinstance(files, str) and isinstance(stats, bytes):
             paths = files.encode()
             group = {k: v for k, v in group.items() if k not in ("files", "stats")}
@@ -240,18 +241,96 @@ def encode_groups_file(head: dict, groups: dict[str, dict]) -> bytes:
     return b"".join([GROUPS_MAGIC, len(header).to_bytes(4, "big"), header, *body])
 
 
+class _Bytes:
+    """A groups file held in memory (``decode_groups_file``)."""
+
+    __slots__ = ("raw", "size")
+
+    def __init__(self, raw: bytes):
+        self.raw, self.size = raw, len(raw)
+
+    def read(self, at: int, n: int) -> bytes:
+        return self.raw[at:at + n]
+
+
+class _File:
+    """A groups file on disk, read at offsets (``os.pread``) through the descriptor it was opened with: a
+    save that replaces the file (a rename) never changes what this reads. The descriptor is closed with the
+    last group that needs it; a forked child reads through its own copy."""
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+
+    def read(self, at: int, n: int) -> bytes:
+        try:
+            return os.pread(self.fd, n, at)
+        except OSError:
+            return b""  # a short answer: the group is stale
+
+    def __del__(self):
+        try:
+            os.close(self.fd)
+        except (OSError, TypeError):  # TypeError: at the interpreter's exit, ``os`` may be gone
+            pass
+
+
+class _Packed:
+    """Where a packed group's paths and stats lie in its groups file. Read the first time something needs
+    them (``unpacked_group``), mostly in the forked child that checks the group: loading a cache parses the
+    header alone (the paths and stats of a 70,000-file venv are 5 MB)."""
+
+    __slots__ = ("source", "at", "size", "count")
+
+    def __init__(self, source, at: int, size: int, count: int):
+        self.source, self.at, self.size, self.count = source, at, size, count
+
+    def __eq__(self, other) -> bool:  # groups compare by what they hold, read or not
+        return isinstance(other, _Packed) and self.read() == other.read()
+
+    __hash__ = None
+
+    def read(self) -> tuple[str, bytes] | None:
+        """(paths joined by newlines, stats), or None when the bytes are short or the paths not UTF-8."""
+        data = self.source.read(self.at, self.size + 32 * self.count)
+        if len(data) != self.size + 32 * self.count:
+            return None
+        try:
+            return data[:self.size].decode(), data[self.size:]
+        except UnicodeDecodeError:
+            return None
+
+
+def read_groups_file(path: Path) -> tuple[dict | None, os.stat_result]:
+    """The groups file at ``path`` (opened as every file of a vault: no link, no FIFO) and its stat: its
+    header, each packed group's files and stats left in the file until needed (``unpacked_group``); None
+    for a file that is not one whole (``decode_groups_file``). OSError, CorruptError as ``open_regular``."""
+    fd, st = open_regular(path, path.name)
+    source = _File(fd, st.st_size)  # closes the descriptor once no group needs it
+    if st.st_size > MAX_DOC_BYTES:
+        return None, st
+    return _parse_groups(source), st
+
+
 def decode_groups_file(raw: bytes) -> dict | None:
-    """A groups file's header with every packed group's ``files`` (str) and ``stats`` (bytes) put back; None
-    when it is not one whole (no magic, a header that is not a JSON object, a count that is not one, bytes
-    missing or left over, paths that are not UTF-8). Never raises."""
+    """``read_groups_file`` of a groups file held in memory."""
+    return _parse_groups(_Bytes(raw))
+
+
+def _parse_groups(source) -> dict | None:
+    """A groups file's header, each packed group's ``packed`` made a ``_Packed`` (where its files and stats
+    lie); None when it is not one whole (no magic, a header that is not a JSON object, a count that is not one,
+    bytes missing or left over, a group with a problem: ``group_problem``). Never raises."""
     start = len(GROUPS_MAGIC) + 4
-    if not raw.startswith(GROUPS_MAGIC) or len(raw) < start:
+    lead = source.read(0, start)
+    if len(lead) != start or not lead.startswith(GROUPS_MAGIC):
         return None
-    at = start + int.from_bytes(raw[len(GROUPS_MAGIC):start], "big")
-    if at > len(raw) or at - start > HEADER_LIMIT:
+    at = start + int.from_bytes(lead[len(GROUPS_MAGIC):], "big")
+    if at > source.size or at - start > HEADER_LIMIT:
         return None
     try:
-        doc = json_loads(raw[start:at])
+        doc = json_loads(source.read(start, at - start))
     except (ValueError, CorruptError):
         return None
     groups = doc.get("groups") if isinstance(doc, dict) else None
@@ -262,21 +341,43 @@ def decode_groups_file(raw: bytes) -> dict | None:
             return None  # every group an object, or no cache: a scan reads each with .get
         if "packed" not in group:
             continue
-        packed = group.pop("packed")
+        packed = group["packed"]
         if not (isinstance(packed, list) and len(packed) == 2 and all(type(n) is int and n >= 0 for n in packed)):
             return None
+        if "files" in group or "stats" in group:
+            return None  # packed, and the lists too
         size, count = packed
-        stop = at + size + 32 * count
-        if stop > len(raw):
+        group["packed"] = _Packed(source, at, size, count)
+        at += size + 32 * count
+        if at > source.size:
             return None
-        try:
-            group["files"] = raw[at:at + size].decode()
-        except UnicodeDecodeError:
-            return None
-        group["stats"], at = raw[at + size:stop], stop
-    if at != len(raw) or any(group_problem(group) for group in groups.values()):
+    if at != source.size or any(group_problem(group) for group in groups.values()):
         return None
     return doc
+
+
+def unpacked_group(group: dict) -> dict:
+    """``group`` with its packed files and stats read from its groups file (once: they replace ``packed``).
+    Bytes that are short or paths that are not UTF-8 leave it without files and stats: stale, read again
+    (docs/format.md, "Stat cache")."""
+    body = group.get("packed")
+    if isinstance(body, _Packed):
+        got = body.read()
+        del group["packed"]
+        if got is not None:
+            group["files"], group["stats"] = got
+    return group
+
+
+def group_file_count(group: dict) -> int:
+    """How many files a stat cache group lists, without reading them."""
+    body = group.get("packed")
+    if isinstance(body, _Packed):
+        return body.count
+    stats = group.get("stats")
+    if isinstance(stats, bytes):
+        return len(stats) // 32
+    return len(stats) if isinstance(stats, list) else 0
 
 
 def _ints(v, n: int | None = None) -> bool:
@@ -327,7 +428,7 @@ def group_problem(group) -> str | None:
     if ("manifest_full" in group or "manifest_check" in group) and "summary" not in group:
         return "a manifest id without its summary"
     files, stats = group.get("files"), group.get("stats")
-    if files is None and stats is None:
+    if files is None and stats is None:  # none, or packed: their bytes were counted against the file's
         return None
     if type(files) is str and type(stats) is bytes:  # packed: the loader sliced 32 bytes a counted file
         # (paths that are not that count only make the group stale: the freshness rule compares all of them)
@@ -366,7 +467,7 @@ def encode_stats(paths: list[str], stats: list[list[int]]) -> tuple:
 def portable_group(group: dict) -> dict:
     """``group`` as JSON carries it (a forked child's answer, ``snap/scan.py``): its packed stats as hex;
     ``group_from_portable`` gives it back."""
-    stats = group.get("stats")
+    stats = unpacked_group(group).get("stats")
     return dict(group, stats=stats.hex()) if isinstance(stats, bytes) else group
 
 
@@ -378,7 +479,7 @@ def group_from_portable(group: dict) -> dict:
 
 def group_paths(group: dict) -> list[str]:
     """The stored files of a stat cache group, in order."""
-    files = group.get("files")
+    files = unpacked_group(group).get("files")
     if isinstance(files, str):
         return files.split("\n") if files else []
     return list(files or ())
@@ -387,7 +488,7 @@ def group_paths(group: dict) -> list[str]:
 def unpack_stats(group: dict) -> tuple[list[str], bytes] | None:
     """A packed stat cache group's stored files and their stat keys (32 bytes a file), split once for the
     checks of its parts (``group_stats_fresh``); None when the group is not packed."""
-    files, stats = group.get("files"), group.get("stats")
+    files, stats = unpacked_group(group).get("files"), group.get("stats")
     if not (isinstance(files, str) and isinstance(stats, bytes)):
         return None
     return (files.split("\n") if files else []), stats
@@ -398,7 +499,7 @@ def group_stats_fresh(base: str, group: dict, start: int = 0, stop: int | None =
     """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash), or
     those from ``start`` to ``stop``, still has the stat key recorded: one ``lstat`` a file, compared packed.
     ``unpacked``: the group's ``unpack_stats``, when the caller split it already. False on any error."""
-    files, stats = group.get("files"), group.get("stats")
+    files, stats = unpacked_group(group).get("files"), group.get("stats")
     lstat = os.lstat
     try:
         if unpacked is None and isinstance(files, str) and isinstance(stats, bytes):

@@ -16,7 +16,9 @@ import os
 import time
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Iterator
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Iterator
 
 from envvault.errors import CorruptError
 from envvault.vault.backend import check_name

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from envvault.model.records import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 
 from envvault.errors import AmbiguousError, CorruptError, EnvvaultError, NotFoundError, UsageError
 from envvault.model.encoding import MAX_DOC_BYTES, canonical_json, json_loads, object_id, parse_json
@@ -27,6 +27,7 @@ from envvault.vault.location import default_vault_path, vault_url
 from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_problem
 
 if TYPE_CHECKING:  # a manifest is parsed only where one is loaded: a cache snap or restore never imports it
+    from typing import Callable, Iterable, Iterator
     from envvault.model.manifest import DistManifest
 
 __all__ = ["Vault", "ObjectReader", "default_vault_path", "FORMAT", "SnapshotRef", "check_tag_name",

@@ -9,7 +9,9 @@ import gc
 import os
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Iterator
 
 __all__ = [
     "busy_threads", "usable_cores", "default_readers", "default_namers", "default_compressors", "default_writers", "default_restorers",

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from envvault.model.records import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 
 from envvault.vault.packs import PackWriter
 
 if TYPE_CHECKING:
+    from typing import Any, Iterator
     from envvault.model.snapshot import Snapshot
     from envvault.vault.store import Vault
 
