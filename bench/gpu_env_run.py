@@ -238,6 +238,11 @@ def main() -> int:
                 ("status again (own venv)", f"env -u PYTHONPATH {tool}/bin/envvault status --venv {venv} --exit-code", None),
             ], rc)
             row("status, unchanged, again, envvault in its own venv", stat3, freeze3, "pip freeze", "<= 0.15x")
+            uvf2, lo2 = timed_rounds([
+                ("uv pip freeze (own venv rows)", f"{UV} pip freeze --python {sys.executable}", None),
+                ("lock-only snap (own venv)", f"env -u PYTHONPATH {tool}/bin/envvault snap --venv {venv} --lock-only -m lo", None),
+            ], rc)
+            row("--lock-only snap, envvault in its own venv", lo2, uvf2, "uv pip freeze", "<= 2x")
         if a.profile:
             sh(f"{TOOL_PY} -X importtime -m envvault status --venv {venv} 2>{OUT}/importtime_status.txt",
                name="importtime status", want=None)

@@ -61,3 +61,16 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def follows_backend(backend) -> bool:
+    """``backend`` has every method ``envvault.vault.backend.Backend`` declares, each with its parameters (the
+    protocol is a plain class at run time: envvault/runtime_types.py, so ``isinstance`` cannot tell)."""
+    import inspect
+
+    from envvault.vault.backend import Backend
+
+    declared = {n: f for n, f in vars(Backend).items() if callable(f) and not n.startswith("_")}
+    return bool(declared) and isinstance(getattr(backend, "location", None), str) and all(
+        list(inspect.signature(getattr(backend, n)).parameters) == list(inspect.signature(f).parameters)[1:]
+        for n, f in declared.items())

@@ -17,6 +17,7 @@ from envvault.errors import CorruptError, NotFoundError
 from envvault.model.encoding import canonical_json
 from envvault.vault.backend import KINDS, Backend, Missing
 from envvault.vault.gc import collect_garbage
+from tests.evtools import follows_backend
 from envvault.vault.local import LocalBackend
 from envvault.vault.memory import MemoryBackend
 from envvault.vault.state import LocalState
@@ -42,14 +43,7 @@ def backend(request, tmp_path) -> Backend:
 
 
 def test_backend_contract(backend, tmp_path):
-    # every method the protocol declares, with its parameters (the protocol is a plain class at run time:
-    # envvault/runtime_types.py)
-    import inspect
-
-    declared = {n: f for n, f in vars(Backend).items() if callable(f) and not n.startswith("_")}
-    assert declared and all(
-        list(inspect.signature(getattr(backend, n)).parameters) == list(inspect.signature(f).parameters)[1:]
-        for n, f in declared.items()), sorted(declared)
+    assert follows_backend(backend)
     assert backend.location and "memory" in backend.location or str(tmp_path) in backend.location
     for kind in KINDS:
         assert backend.list(kind) == []

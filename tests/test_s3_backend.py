@@ -14,14 +14,15 @@ import pytest
 
 from envvault.errors import CorruptError, StorageError
 from envvault.model.encoding import object_id
-from envvault.vault.backend import Backend, Missing
+from envvault.vault.backend import Missing
 from envvault.vault.objcache import ObjectCache
 from envvault.vault.s3 import S3Backend
+from tests.evtools import follows_backend
 
 
 def test_contract(aws):
     b = S3Backend(f"s3://{aws.bucket()}/team/vault")
-    assert isinstance(b, Backend)
+    assert follows_backend(b)
     assert b.location.startswith("s3://") and "testing-secret" not in b.location
     assert b.list("snapshots") == [] and b.list("config") == []
     assert b.save("config", "config", b"{}", exclusive=True) is True
