@@ -20,16 +20,10 @@ import subprocess
 import sys
 import time
 
-from gpu_quick_profile import run, tool_venv
+from gpu_quick_profile import lines, run, say, tool_venv
 
 OUT = os.environ.get("OUT", "/tmp")
 W = "/tmp/gso"
-lines: list[str] = []
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
-    lines.append(text)
 
 
 def imports_of(cmd: list[str], env: dict) -> str:

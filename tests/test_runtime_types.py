@@ -16,36 +16,30 @@ from fixtures import uv_install
 from tests.evtools import ev_env
 
 
-class Light(NamedTuple):
-    """A point."""
+def _point(name: str, base):
+    """The same class declared on ``base`` (envvault's NamedTuple or typing's), named ``name`` at module level."""
 
-    x: int
-    y: str = "b"
-    z: tuple = ()
+    class Point(base):
+        """A point."""
 
-    @property
-    def both(self) -> str:
-        return f"{self.x}{self.y}"
+        x: int
+        y: str = "b"
+        z: tuple = ()
 
-    @classmethod
-    def origin(cls) -> "Light":
-        return cls(0)
+        @property
+        def both(self) -> str:
+            return f"{self.x}{self.y}"
+
+        @classmethod
+        def origin(cls):
+            return cls(0)
+
+    Point.__name__ = Point.__qualname__ = name
+    return Point
 
 
-class Heavy(typing.NamedTuple):
-    """A point."""
-
-    x: int
-    y: str = "b"
-    z: tuple = ()
-
-    @property
-    def both(self) -> str:
-        return f"{self.x}{self.y}"
-
-    @classmethod
-    def origin(cls) -> "Heavy":
-        return cls(0)
+Light = _point("Light", NamedTuple)
+Heavy = _point("Heavy", typing.NamedTuple)
 
 
 def test_a_named_tuple_behaves_as_typings():
