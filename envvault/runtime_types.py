@@ -11,7 +11,8 @@ that name as typing's), and a module that declares a named tuple or a protocol w
     else:
         from envvault.runtime_types import NamedTuple, Protocol
 
-so a type checker sees typing's, and the running program these: a ``class X(NamedTuple)`` with annotated
+in a module that has ``from __future__ import annotations``, so a type checker sees typing's, and the running
+program these: a ``class X(NamedTuple)`` with annotated
 fields (defaults after the fields without one, methods, a docstring) becomes the ``collections.namedtuple``
 that ``typing.NamedTuple`` would make; a ``class X(Protocol)`` is a plain class (nothing checks a protocol at
 run time here).
@@ -30,6 +31,8 @@ class _NamedTupleMaker(type):
     def __new__(mcls, name, bases, ns):
         if ns.get("__module__") == __name__:  # the base itself
             return super().__new__(mcls, name, bases, ns)
+        if "__annotations__" not in ns and "__annotate__" in ns:  # Python 3.14's lazy annotations (PEP 649)
+            raise TypeError(f"{name}: declare it in a module with `from __future__ import annotations`")
         fields = list(ns.get("__annotations__", {}))
         defaults = [ns[f] for f in fields if f in ns]
         if any(f not in ns for f in fields[len(fields) - len(defaults):]):

@@ -104,3 +104,11 @@ def test_the_commands_measured_from_the_shell_import_no_typing(tmp_path, make_ve
     assert run("snap", "--no-caches") == "True False"  # the first snap reads and stores every file
     run(*args)  # a first lock-only snap reads every dist-info
     assert run(*args) == "False False"
+
+
+def test_a_named_tuple_with_lazy_annotations_is_refused_not_made_empty():
+    """Python 3.14 puts ``__annotate__`` in a class body written without ``from __future__ import
+    annotations``: the fields would be lost, so the class is refused (simulated here: no 3.14 on this machine)."""
+    maker = type(NamedTuple)
+    with pytest.raises(TypeError, match="from __future__ import annotations"):
+        maker("Lazy", (NamedTuple,), {"__module__": __name__, "__qualname__": "Lazy", "__annotate__": lambda f: {}})

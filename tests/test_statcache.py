@@ -322,3 +322,37 @@ def test_packed_files_are_read_from_the_groups_file_that_was_loaded(tmp_path):
     os.waitpid(pid, 0)
     assert unpacked_group(cache.groups["g"])["files"] == "a\nb" and cache.groups["g"]["stats"] == stats
     assert unpacked_group(StatCache(path).groups["g"])["files"] == "c\nd\ne"
+
+
+def test_a_copied_group_shares_its_groups_file_and_none_is_pickled(tmp_path):
+    """A copy of a loaded group reads the same descriptor, which is closed once (two closes would close a
+    file the process opened since); a group not yet read cannot be pickled (its descriptor is this
+    process's)."""
+    import copy
+    import pickle
+
+    import pytest
+
+    from envvault import __version__
+    from envvault.vault.statcache import StatCache, encode_groups_file, encode_stats, unpacked_group
+
+    for d in ("state", "locks", "tmp"):
+        (tmp_path / d).mkdir()
+    files, stats = encode_stats(["a", "b"], [[1, 2, 3, 4]] * 2)
+    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
+    (tmp_path / "state" / "stat-x.groups.bin").write_bytes(
+        encode_groups_file(head, {"g": {"files": files, "stats": stats, "summary": {}}}))
+    cache = StatCache(tmp_path / "state" / "stat-x")
+    twin = copy.deepcopy(cache.groups["g"])
+    with pytest.raises(TypeError):
+        pickle.dumps(cache.groups["g"])
+    del twin
+    import gc
+
+    gc.collect()
+    other = os.open(tmp_path / "a-file", os.O_CREAT | os.O_RDWR)  # may take a number a double close frees
+    try:
+        assert unpacked_group(cache.groups["g"])["files"] == "a\nb"
+        os.fstat(other)  # still open
+    finally:
+        os.close(other)

@@ -81,26 +81,18 @@ def fresh_groups(entries: list, prefix: Path) -> set[int]:
     file's ``lstat``, in parts of ``_PART_FILES`` files shared out to forked children on a large
     environment (``forked.check_all``); a group is fresh when all its parts are."""
     parts, weights = [], []  # (entry, start, stop): the last part of a group runs to its end; files in each
-    several: set[int] = set()  # the groups checked in several parts
-    split: dict[int, tuple | None] = {}  # such a group's files, read and split once in each process checking it
-
-    def check(part: tuple) -> bool:
-        n, start, stop = part
-        group = entries[n][2]
-        if n in several and n not in split:
-            split[n] = unpack_stats(group)
-        return _group_fresh(group, prefix, entries[n][0], start, stop, split.get(n))
-
+    split: dict[int, tuple | None] = {}  # a group of several parts: its files read and split once, before any fork
     for n, (_, _, group, mid) in enumerate(entries):
         if mid:
-            count = group_file_count(group)  # read from the groups file by the process that checks it
+            count = group_file_count(group)  # a group of one part is read by the process that checks it
             if count > _PART_FILES:
-                several.add(n)
+                split[n] = unpack_stats(group)
             for a in range(0, max(count, 1), _PART_FILES):
                 last = a + _PART_FILES >= count
                 parts.append((n, a, None if last else a + _PART_FILES))
                 weights.append((count if last else a + _PART_FILES) - a + 1)
-    flags = check_all(check, parts, weights)
+    flags = check_all(lambda p: _group_fresh(entries[p[0]][2], prefix, entries[p[0]][0], p[1], p[2], split.get(p[0])),
+                      parts, weights)
     stale = {p[0] for p, ok in zip(parts, flags) if not ok}
     return {p[0] for p in parts} - stale
 

@@ -269,6 +269,15 @@ class _File:
         except OSError:
             return b""  # a short answer: the group is stale
 
+    def __copy__(self):  # one descriptor, closed once
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError("a groups file's descriptor does not leave its process but by fork")
+
     def __del__(self):
         try:
             os.close(self.fd)
