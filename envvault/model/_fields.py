@@ -29,6 +29,7 @@ __all__ = ["Key", "NO_EXTRA", "load_fields", "load_record", "record_loader", "du
 
 _ID = re.compile(r"[0-9a-f]{64}")
 
+
 class _NoExtra(Mapping):
     """The ``extra`` of a record whose document had no unknown keys: empty, immutable, shared."""
 

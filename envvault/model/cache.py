@@ -34,6 +34,7 @@ FINGERPRINT_FORMAT = 1
 _OID = re.compile(r"[0-9a-f]{64}")
 _MAX_PROBLEMS = 10
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuInfo:
     """One GPU: its name as torch reports it, compute capability (``"9.0"``) and driver, when known."""
