@@ -356,3 +356,33 @@ def test_a_copied_group_shares_its_groups_file_and_none_is_pickled(tmp_path):
         os.fstat(other)  # still open
     finally:
         os.close(other)
+
+
+def test_a_groups_file_that_is_a_link_or_a_fifo_is_an_empty_cache_never_a_wait(tmp_path):
+    """The groups file is opened as every file of a vault (its state/ may be someone else's): a symlink there
+    (to a good groups file, or to /dev/zero) or a FIFO makes the cache empty at once; nothing is followed,
+    read without end or waited on."""
+    import os
+
+    from envvault import __version__
+    from envvault.vault.statcache import StatCache, encode_groups_file, encode_stats
+
+    for d in ("state", "locks", "tmp"):
+        (tmp_path / d).mkdir()
+    files, stats = encode_stats(["a"], [[1, 2, 3, 4]])
+    good = tmp_path / "good.groups.bin"
+    good.write_bytes(encode_groups_file({"version": StatCache.VERSION, "tool": __version__, "extra": {}},
+                                        {"g": {"files": files, "stats": stats, "summary": {}}}))
+    path = tmp_path / "state" / "stat-x"
+    groups_file = tmp_path / "state" / "stat-x.groups.bin"
+    os.symlink(good, groups_file)
+    assert StatCache(path).groups == {}
+    groups_file.unlink()
+    os.symlink("/dev/zero", groups_file)
+    assert StatCache(path).groups == {}
+    groups_file.unlink()
+    os.mkfifo(groups_file)
+    assert StatCache(path).groups == {}  # no writer ever opens it: a wait would hang the test
+    groups_file.unlink()
+    os.link(good, groups_file)  # the same bytes as a regular file: read
+    assert set(StatCache(path).groups) == {"g"}
