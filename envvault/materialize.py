@@ -36,7 +36,12 @@ import os
 import threading
 from contextlib import nullcontext
 from envvault.model.records import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+    TempName = Callable[[str], str]  # final absolute path -> the temp path beside it
 
 from envvault import crashpoints
 from envvault.crashpoints import crash_point
@@ -49,10 +54,8 @@ from envvault.vault.threads import busy_threads, default_restorers
 from envvault.model.record import record_sha256
 from envvault.vault.store import ObjectReader
 
-__all__ = ["FileSpec", "Staged", "TempName", "refuse_escapes", "stage", "stored_bytes", "discard", "place",
+__all__ = ["FileSpec", "Staged", "refuse_escapes", "stage", "stored_bytes", "discard", "place",
            "place_link", "pack_position", "FINAL_NAME", "WORKERS"]
-
-TempName = Callable[[str], str]  # final absolute path -> the temp path beside it
 
 
 def FINAL_NAME(final: str) -> str:  # noqa: N802 (a TempName constant)

@@ -285,6 +285,111 @@ def test_damaged_object_aborts_before_anything_is_renamed(tmp_path):
     assert_one_line_error(proc, "do not make the archived file")
     assert proc.returncode == 5
     assert not root.exists()  # the folders it made are gone too, and no temp file is left
+    assert _leftovers(tmp_path) == []  # nor the folder the new root was being made in
+
+
+# -- a root that does not exist yet: made beside it, then renamed in ------------------------------------
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """The temp entries of a cache restore in ``folder`` (``.<name>.envvault-<pid>-<run>.tmp``)."""
+    return sorted(p.name for p in folder.iterdir() if ".envvault-" in p.name)
+
+
+def _snapped_small_cache(tmp_path: Path) -> tuple[Path, str]:
+    vault = tmp_path / "vault"
+    return vault, ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", _small_cache(tmp_path / "c"))["id"]
+
+
+def test_a_root_that_does_not_exist_is_made_whole_beside_it(tmp_path):
+    vault, sid = _snapped_small_cache(tmp_path)
+    into_existing = tmp_path / "existing"
+    into_existing.mkdir()  # an existing (empty) root: files staged and renamed in one by one
+    ev_json(vault, "cache", "restore", sid, "--to", into_existing)
+    new = tmp_path / "new" / "deeper" / "root"  # neither it nor its parents exist
+    got = ev_json(vault, "cache", "restore", sid, "--to", new)["caches"][0]
+    assert tree(new) == tree(into_existing)  # the same files, modes, symlinks and empty folders
+    assert len(tree(new)) > 10 and got["written_files"] == sum(1 for k in tree(new).values() if k[0] != "dir")
+    assert os.listdir(new.parent) == ["root"]  # its temp folder renamed, nothing left beside it
+
+
+def _planned(vault_dir: Path, sid: str, dest: Path, mode: str = "merge"):
+    from envvault.caches.restore import select_caches
+    from envvault.caches.restore_tree import plan_tree
+    from envvault.model.cache import parse_manifest
+
+    vault = Vault.open(vault_dir)
+    entry = select_caches(vault.load_snapshot(sid).snapshot)[0]
+    return vault, plan_tree(parse_manifest(vault.get_json(entry.manifest), "m"), entry.manifest, dest, mode)
+
+
+def test_a_root_made_after_the_plan_is_planned_again_and_merged_into(tmp_path):
+    from envvault.caches.restore_tree import execute_tree
+    from envvault.vault.store import ObjectReader
+
+    vault_dir, sid = _snapped_small_cache(tmp_path)
+    dest = tmp_path / "dest"
+    vault, plan = _planned(vault_dir, sid, dest)
+    assert plan.fresh and plan.kept == 0
+    (dest / "xy").mkdir(parents=True)  # a compile made the root meanwhile, and one file in it
+    (dest / "xy/cxy.py").write_bytes(b"compiled meanwhile")
+    execute_tree(plan, ObjectReader(vault))
+    assert (dest / "xy/cxy.py").read_bytes() == b"compiled meanwhile"  # merge never overwrites
+    assert (dest / "fxgraph/ab/fabc/entry1").read_bytes() == b"graph one" * 100
+    assert not plan.fresh and plan.kept == 1 and "xy/cxy.py" not in {f.path for f in plan.writes}
+    assert _leftovers(tmp_path) == []
+
+
+def test_an_empty_folder_made_after_the_plan_is_replaced_by_the_new_root(tmp_path):
+    from envvault.caches.restore_tree import execute_tree
+    from envvault.vault.store import ObjectReader
+
+    vault_dir, sid = _snapped_small_cache(tmp_path)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    ev_json(vault_dir, "cache", "restore", sid, "--to", reference)
+    dest = tmp_path / "dest"
+    vault, plan = _planned(vault_dir, sid, dest)
+    dest.mkdir()
+    execute_tree(plan, ObjectReader(vault))
+    assert plan.fresh and tree(dest) == tree(reference) and _leftovers(tmp_path) == []
+
+
+def test_a_symlink_leading_out_made_after_the_plan_is_refused(tmp_path):
+    from envvault.caches.restore_tree import execute_tree
+    from envvault.errors import RefusedError
+    from envvault.vault.store import ObjectReader
+
+    vault_dir, sid = _snapped_small_cache(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    vault, plan = _planned(vault_dir, sid, dest)
+    dest.mkdir()  # made between the plan and the rename, with a folder of the cache that leads out
+    os.symlink(outside, dest / "xy")
+    with pytest.raises(RefusedError, match="outside the cache root"):
+        execute_tree(plan, ObjectReader(vault))
+    assert not any(outside.iterdir()) and os.listdir(dest) == ["xy"] and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("how, left", [("KILL", 1), ("TERM", 0)])
+def test_a_restore_killed_while_it_makes_a_new_root_leaves_no_root(tmp_path, how, left):
+    """SIGKILL at the third staged file leaves the temp folder beside the root (never archived by a cache
+    snap, and no obstacle to the next restore); SIGTERM removes it. Either way the root does not exist."""
+    vault, sid = _snapped_small_cache(tmp_path)
+    dest = tmp_path / "p" / "root"
+    dest.parent.mkdir()
+    at = "stage:3" + (":TERM" if how == "TERM" else "")
+    proc = ev(vault, "cache", "restore", sid, "--to", dest, check=False, env=ev_env(vault, ENVVAULT_TEST_CRASH_AT=at))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert not os.path.lexists(dest) and len(_leftovers(dest.parent)) == left
+    snapped = ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", dest.parent)["caches"][0]
+    assert snapped["files"] == 0  # a killed restore's temp folder is not a cache's content
+    ev_json(vault, "cache", "restore", sid, "--to", dest)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    ev_json(vault, "cache", "restore", sid, "--to", reference)
+    assert tree(dest) == tree(reference) and len(_leftovers(dest.parent)) == left
 
 
 def test_environment_restore_of_a_cache_only_snapshot_is_refused(tmp_path, make_venv):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import pickle
 import subprocess
 import sys
@@ -104,6 +105,43 @@ def test_the_commands_measured_from_the_shell_import_no_typing(tmp_path, make_ve
     assert run("snap", "--no-caches") == "True False"  # the first snap reads and stores every file
     run(*args)  # a first lock-only snap reads every dist-info
     assert run(*args) == "False False"
+
+
+# Run as ``python -c``: the modules that import ``typing`` or ``click`` first, found from the import's frames.
+_IMPORTERS = """import sys
+importers = set()
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("typing", "click"):
+            f = sys._getframe(1)
+            while f is not None and f.f_globals.get("__name__", "").startswith(("importlib", "_frozen_importlib")):
+                f = f.f_back
+            importers.add(name + " from " + (f.f_globals.get("__name__", "?") if f is not None else "?"))
+        return None
+sys.meta_path.insert(0, Spy())
+import atexit
+atexit.register(lambda: print(sorted(importers)))
+from envvault.entry import main
+sys.argv = ["envvault", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_compile_cache_restore_imports_no_typing(tmp_path):
+    """The compile cache restore, measured from the shell beside ``zstd -dc | tar -x``, imports neither
+    ``typing`` nor ``click`` from envvault's own modules (on Python 3.11, zstandard imports ``typing``)."""
+    cache = tmp_path / "cache"
+    (cache / "fxgraph" / "ab").mkdir(parents=True)
+    (cache / "fxgraph" / "ab" / "entry").write_bytes(b"graph" * 100)
+    vault = tmp_path / "vault"
+    subprocess.run([sys.executable, "-m", "envvault", "cache", "snap", "--no-discover", "--cache-dir", str(cache)],
+                   check=True, capture_output=True, env=ev_env(vault), timeout=300)
+    proc = subprocess.run([sys.executable, "-c", _IMPORTERS, "cache", "restore", "--to", str(tmp_path / "restored")],
+                          capture_output=True, text=True, env=ev_env(vault), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    importers = ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+    assert [i for i in importers if " from envvault" in i or i.startswith("click")] == []
+    assert (tmp_path / "restored" / "fxgraph" / "ab" / "entry").read_bytes() == b"graph" * 100
 
 
 def test_a_named_tuple_with_lazy_annotations_is_refused_not_made_empty():

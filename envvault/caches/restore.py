@@ -13,7 +13,13 @@ import os
 import time
 from envvault.model.records import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
+
+    from .restore_tree import Mode
+
 
 from ..errors import NotFoundError, UsageError
 from ..model.cache import CacheManifest, parse_manifest
@@ -21,7 +27,7 @@ from ..model.snapshot import CacheEntry, Snapshot, as_snapshot
 from ..vault.store import ObjectReader
 from .discover import inductor_cache_dir, triton_cache_dir
 from .fingerprint import Fingerprint, Mismatch, compare
-from .restore_tree import Mode, execute_tree, plan_tree
+from .restore_tree import execute_tree, plan_tree
 
 __all__ = ["CacheRestoreEntry", "CacheRestoreResult", "restore_snapshot_caches", "select_caches", "cache_roots"]
 

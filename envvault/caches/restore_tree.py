@@ -5,7 +5,9 @@ against the final tree, a symlink on the way that leads out refusing the restore
 ``<dir>/.<name>.envvault-<pid>-<run>.tmp``, BLAKE3 per object, size and sha256 per file) and only when all
 are staged, rename them into place: kernels and other files first, Inductor's ``fxgraph/`` and
 ``aotautograd/`` entries last, so a compile running meanwhile never finds an entry whose kernels are missing.
-A failure before the renames removes every temp file and every folder this run created.
+A failure before the renames removes every temp file and every folder this run created. A root that does
+not exist yet is instead made whole beside it (``.<root name>.envvault-<pid>-<run>.tmp``, every file under its
+final name) and renamed into place: one rename, and a compile sees all of the cache or none of it.
 
 ``merge`` (the default) adds what is missing and never overwrites: a file is put in place with ``link`` +
 ``unlink``, which fails rather than replace one that appeared meanwhile. ``replace`` makes the root hold
@@ -21,7 +23,6 @@ import os
 import stat as statmod
 from envvault.model.records import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from .. import materialize
 from ..errors import StorageError
@@ -31,11 +32,15 @@ from ..safepaths import FinalTree
 from ..vault.fsutil import makedirs_recording, remove_folders
 from ..model.record import record_sha256
 from ..vault.store import ObjectReader
-from .walk import walk_cache
+from .walk import restore_temp_name, walk_cache
 
-__all__ = ["Mode", "TreePlan", "plan_tree", "execute_tree"]
+__all__ = ["TreePlan", "plan_tree", "execute_tree"]
 
-Mode = Literal["merge", "replace"]
+TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
+if TYPE_CHECKING:
+    from typing import Literal
+
+    Mode = Literal["merge", "replace"]
 _LAST = ("fxgraph/", "aotautograd/")
 
 
@@ -56,13 +61,14 @@ class TreePlan:
     removals: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     keep_dirs: set[str] = field(default_factory=set)
+    fresh: bool = False  # no entry at ``dest`` when planned: the whole tree is made beside it, then renamed in
     kept: int = 0
     raced: int = 0  # merge: appeared while we staged, so left as found
 
 
 def plan_tree(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> TreePlan:
     """Plan the restore of ``manifest`` into ``dest``; ``RefusedError`` when an entry would lead out."""
-    plan = TreePlan(manifest=manifest, mid=mid, dest=dest, mode=mode)
+    plan = TreePlan(manifest=manifest, mid=mid, dest=dest, mode=mode, fresh=not os.path.lexists(dest))
     disk = FinalTree(dest, where="the cache root")  # as it is now; the final tree is checked below
     parents: dict[str, str | None] = {"": None}
 
@@ -150,7 +156,16 @@ def _same(path: str, st: os.stat_result, f: ManifestFile) -> bool:
 
 
 def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
-    """Carry out ``plan``; a failure before the renames leaves the root as it was."""
+    """Carry out ``plan``; a failure before the renames leaves the root as it was. A root that did not exist
+    (``plan.fresh``) is made whole beside it and renamed into place; when an entry took its place meanwhile,
+    the restore is planned again against what is there (``plan`` updated) and done file by file."""
+    if plan.fresh:
+        if _execute_fresh(plan, reader):
+            return
+        again = plan_tree(plan.manifest, plan.mid, plan.dest, plan.mode)
+        for name in ("writes", "links", "dirs", "removals", "keep_dirs", "kept", "fresh"):
+            setattr(plan, name, getattr(again, name))
+        plan.warnings.extend(w for w in again.warnings if w not in plan.warnings)
     dest = plan.dest
     pid = os.getpid()
     created: list[str] = []
@@ -159,7 +174,7 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
         for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""}):
             _makedirs(os.path.join(dest, rel), created)
         specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
-        staged = materialize.stage(reader, dest, specs, lambda final: _tmp_path(final, pid))
+        staged = materialize.stage(reader, dest, specs, lambda final: restore_temp_name(final, pid))
     except BaseException:
         remove_folders(created)
         raise
@@ -171,7 +186,7 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
             plan.raced += 1
     for f in plan.links:
         final = os.path.join(dest, f.path)
-        if not materialize.place_link(f.target, final, lambda p: _tmp_path(p, pid), keep_existing=merge):
+        if not materialize.place_link(f.target, final, lambda p: restore_temp_name(p, pid), keep_existing=merge):
             plan.raced += 1
     for f in plan.dirs:
         path = os.path.join(dest, f.path)
@@ -198,12 +213,57 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
             pass
 
 
-_RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a stale temp file) apart
+def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> bool:
+    """The whole tree written under its final names into a new folder beside the root
+    (``<parent>/.<root name>.envvault-<pid>-<run>.tmp``, the same temp name a file gets), which is then renamed
+    to the root: one rename instead of one per file, and a compile never sees part of the tree. False (the
+    folder removed again) when the rename finds an entry in the root's place that it cannot replace."""
+    dest = str(plan.dest)
+    parent = os.path.dirname(dest)
+    work = restore_temp_name(dest, os.getpid())
+    created: list[str] = []
+    made = False
+    try:
+        _makedirs(parent, created)
+        try:
+            os.mkdir(work)  # the run id is random: an entry of that name is not this run's, and is left alone
+        except OSError as err:
+            raise StorageError(f"cannot create folder {work}: {err.strerror}") from None
+        made = True
+
+        def folder(path: str) -> None:  # the writers make the new tree's folders as they reach them
+            _makedirs(path, [])
+
+        specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
+        materialize.stage(reader, work, specs, materialize.FINAL_NAME, folders=folder)
+        for f in plan.links:
+            path = os.path.join(work, f.path)
+            _makedirs(os.path.dirname(path), [])
+            os.symlink(f.target, path)
+        for f in plan.dirs:
+            path = os.path.join(work, f.path)
+            _makedirs(path, [])
+            os.chmod(path, f.mode & 0o777)
+        try:
+            os.rename(work, dest)  # over nothing, or over an empty folder made meanwhile
+            return True
+        except OSError as err:
+            if not os.path.lexists(dest):
+                raise StorageError(f"cannot rename {work} to {dest}: {err.strerror}") from None
+        _remove_tree(work)
+        return False
+    except BaseException:
+        if made:
+            _remove_tree(work)
+        remove_folders(created)
+        raise
 
 
-def _tmp_path(final: str, pid: int) -> str:
-    head, name = os.path.split(final)
-    return os.path.join(head, f".{name}.envvault-{pid}-{_RUN}.tmp")
+def _remove_tree(path: str) -> None:
+    """Remove this run's own temp tree (symlinks in it are removed, never followed)."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _makedirs(path: str, created: list[str]) -> None:

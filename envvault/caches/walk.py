@@ -10,6 +10,8 @@ What is left out, and why (sources: torch 2.13, Triton 3.6):
   fills one, then renames it to the kernel folder.
 - the content of ``locks/``: lock files for ``filelock`` (``codecache.get_lock_dir``); only the folder is
   noted, so that a restore recreates it empty.
+- ``.<name>.envvault-<pid>-<run>.tmp/`` folders: envvault's own cache restore builds a root that did not
+  exist there, beside it, and renames it into place (``restore_tree.py``); a killed restore leaves it.
 
 Symbolic links are recorded with their target and never followed; ``escapes_root`` says when the target
 lies outside the root, so an archiver can refuse to recreate it.
@@ -23,15 +25,17 @@ import re
 import stat
 from envvault.model.records import dataclass
 from pathlib import Path
-from typing import Protocol
+
+from envvault.runtime_types import Protocol
 
 from ..errors import EnvironmentProblem, NotFoundError
 from ..model.encoding import not_utf8
 
-__all__ = ["CacheFile", "walk_cache", "stable_read", "is_transient"]
+__all__ = ["CacheFile", "walk_cache", "stable_read", "is_transient", "restore_temp_name"]
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_TRANSIENT_DIR = re.compile(rf"tmp\.(pid_\d+_)?{_UUID}")
+_TRANSIENT_DIR = re.compile(rf"tmp\.(pid_\d+_)?{_UUID}|\..+\.envvault-\d+-[0-9a-f]{{6}}\.tmp")  # torch's, Triton's, ours
+_RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a killed one's leftovers) apart
 _LOCKS = "locks"
 
 
@@ -51,6 +55,13 @@ class CacheFile:
     is_symlink: bool = False
     target: str | None = None
     escapes_root: bool = False
+
+
+def restore_temp_name(final: str, pid: int) -> str:
+    """The temp name a cache restore stages ``final`` under, beside it: ``.<name>.envvault-<pid>-<run>.tmp``, for
+    a file and for a whole root that did not exist (``restore_tree.py``); ``is_transient`` knows both."""
+    head, name = os.path.split(final)
+    return os.path.join(head, f".{name}.envvault-{pid}-{_RUN}.tmp")
 
 
 def is_transient(relpath: str, *, is_dir: bool) -> bool:
