@@ -7,7 +7,9 @@ row's ratio to its anchor.
 
 Usage: ``python bench/startup_ab.py VENV OLD_TREE [NEW_TREE] [ROUNDS]`` (NEW_TREE: this checkout; the
 interpreter running this script runs envvault, uv from its folder or PATH; a PYTHONPATH set for this
-script is kept after each tree's). Prints a table. On the device: ``bench/gpu_startup_ab.sh``.
+script is kept after each tree's). The compile cache is a synthetic one of the H200 cache's shape, or with
+``CACHE_TAR`` set, that archive's tree (a ``.tar.zst``, e.g. the H200 cache). Prints a table. On the
+device: ``bench/gpu_startup_ab.sh``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ def main() -> None:
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 9
     work = Path(tempfile.mkdtemp(prefix="startup-ab-"))
     cache, vault, dst = work / "cache", work / "vault", work / "dst"
-    synthetic_cache(cache)
+    if os.environ.get("CACHE_TAR"):
+        cache.mkdir(parents=True)
+        subprocess.run(f"{sys.executable} -c '{UNZSTD}' < {os.environ['CACHE_TAR']} | tar -xf - -C {cache}",
+                       shell=True, check=True)
+    else:
+        synthetic_cache(cache)
     base = dict(os.environ, ENVVAULT_HOME=str(vault))
     base.pop("VIRTUAL_ENV", None)
     rest = os.environ.get("PYTHONPATH")  # (the dependencies' folder, on the device) stays after the tree
