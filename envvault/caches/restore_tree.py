@@ -96,7 +96,9 @@ def plan_tree(manifest: CacheManifest, mid: str, dest: Path, mode: Mode) -> Tree
         return why
 
     wanted: set[str] = set()
-    for f in manifest.files:
+    for f in manifest.files if plan.fresh else ():  # nothing on disk to look at: every entry is made
+        (plan.dirs if f.kind == "dir" else plan.writes if f.kind == "file" else plan.links).append(f)
+    for f in manifest.files if not plan.fresh else ():
         wanted.add(f.path)
         why = parent_problem(f.path.rpartition("/")[0])
         if why is not None:
