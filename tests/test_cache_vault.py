@@ -372,6 +372,92 @@ def test_a_symlink_leading_out_made_after_the_plan_is_refused(tmp_path):
     assert not any(outside.iterdir()) and os.listdir(dest) == ["xy"] and _leftovers(tmp_path) == []
 
 
+def test_a_replace_whose_root_appears_as_a_symlink_meanwhile_deletes_nothing(tmp_path):
+    """A ``--replace`` of a root that did not exist, when a symlink to another folder takes the root's place
+    while the files are written: the restore is planned again as a merge, so nothing in that folder is
+    removed or replaced, and it says so."""
+    from envvault.caches.restore_tree import execute_tree
+    from envvault.vault.store import ObjectReader
+
+    vault_dir, sid = _snapped_small_cache(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_bytes(b"four years")
+    (home / "xy").mkdir()
+    (home / "xy" / "cxy.py").write_bytes(b"mine")
+    dest = tmp_path / "dest"
+    vault, plan = _planned(vault_dir, sid, dest, "replace")
+    os.symlink(home, dest)
+    execute_tree(plan, ObjectReader(vault))
+    assert (home / "thesis.tex").read_bytes() == b"four years" and (home / "xy" / "cxy.py").read_bytes() == b"mine"
+    assert plan.mode == "merge" and plan.removals == [] and _leftovers(tmp_path) == []
+    assert any("appeared while the cache was restored" in w for w in plan.warnings)
+
+
+def test_the_warnings_of_a_restore_planned_again_are_reported(tmp_path, monkeypatch):
+    """What the second plan leaves out (a file where the archive has a folder) is in the result's warnings."""
+    from envvault.caches import restore_tree
+    from envvault.caches.restore import restore_snapshot_caches
+
+    vault_dir, sid = _snapped_small_cache(tmp_path)
+    dest = tmp_path / "dest"
+    real_stage = restore_tree.materialize.stage
+
+    def stage_then_a_compile_makes_the_root(*args, **kwargs):
+        out = real_stage(*args, **kwargs)
+        if not dest.exists():  # the first staging only (into the temp folder)
+            dest.mkdir()
+            (dest / "xy").write_bytes(b"a file where the archive has a folder")
+        return out
+
+    monkeypatch.setattr(restore_tree.materialize, "stage", stage_then_a_compile_makes_the_root)
+    vault = Vault.open(vault_dir)
+    result = restore_snapshot_caches(vault, vault.load_snapshot(sid).snapshot, to=dest)
+    (entry,) = result.entries
+    assert entry.mode == "merge" and (dest / "xy").read_bytes() == b"a file where the archive has a folder"
+    assert (dest / "fxgraph/ab/fabc/entry1").read_bytes() == b"graph one" * 100
+    said = " | ".join(result.warnings)
+    assert "appeared while the cache was restored" in said and "left out what lies under xy" in said, said
+    assert _leftovers(tmp_path) == []
+
+
+def test_folder_modes_of_a_new_root_are_those_of_an_existing_one(tmp_path):
+    """A manifest's folder entries get their modes the same way whether the root is new (made beside it) or
+    there already: an empty folder made by the restore gets its mode, a folder that holds files keeps the
+    mode it was made with; and no temp folder is left even with a folder the owner cannot enter."""
+    files = [_file("a/f", b"x"), {"path": "a", "dir": True, "mode": 0o500},
+             {"path": "e", "dir": True, "mode": 0o500}, {"path": "locked", "dir": True, "mode": 0o000}]
+    modes = {}
+    for name in ("existing", "new"):
+        root = tmp_path / name
+        if name == "existing":
+            root.mkdir()
+        sid = _hostile_vault(tmp_path / f"vault-{name}", files, [b"x"], root)
+        ev_json(tmp_path / f"vault-{name}", "cache", "restore", sid, "--to", root)
+        modes[name] = {p: stat.S_IMODE((root / p).stat().st_mode) for p in ("a", "e", "locked", "a/f")}
+    assert modes["new"] == modes["existing"]
+    assert modes["new"]["e"] == 0o500 and modes["new"]["locked"] == 0o000 and modes["new"]["a"] != 0o500
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_new_root_whose_temp_name_is_too_long_is_restored_file_by_file(tmp_path):
+    root = tmp_path / ("c" * 240)  # the temp name beside it would pass the file system's 255 bytes
+    sid = _hostile_vault(tmp_path / "vault", [_file("fxgraph/e", b"x")], [b"x"], root)
+    done = ev_json(tmp_path / "vault", "cache", "restore", sid, "--to", root)["caches"][0]
+    assert done["written_files"] == 1 and (root / "fxgraph/e").read_bytes() == b"x"
+    assert _leftovers(tmp_path) == []
+
+
+def test_the_walker_leaves_out_a_killed_restores_temp_folder_whatever_the_root_is_called():
+    from envvault.caches.walk import is_transient, restore_temp_name
+
+    for name in ("inductor", "a\nb", "with space", ".dot"):
+        temp = os.path.basename(restore_temp_name(f"/x/{name}", 4242))
+        assert is_transient(f"sub/{temp}", is_dir=True), temp
+    assert not is_transient("sub/.a.envvault-1-zz.tmp", is_dir=True)  # not a run id
+    assert not is_transient("sub/inductor", is_dir=True)
+
+
 @pytest.mark.parametrize("how, left", [("KILL", 1), ("TERM", 0)])
 def test_a_restore_killed_while_it_makes_a_new_root_leaves_no_root(tmp_path, how, left):
     """SIGKILL at the third staged file leaves the temp folder beside the root (never archived by a cache

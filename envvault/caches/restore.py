@@ -142,13 +142,13 @@ def restore_snapshot_caches(
         results = []
         for plan in plans:
             started = time.monotonic()
-            warnings = _where_torch_looks(plan.manifest.cache_kind, plan.dest, env) + plan.warnings
             mismatches = _mismatches(plan.manifest, target_fp)
             if not dry_run:
                 execute_tree(plan, reader)
+            warnings = _where_torch_looks(plan.manifest.cache_kind, plan.dest, env) + plan.warnings  # as run
             results.append(CacheRestoreEntry(
                 kind=plan.manifest.cache_kind, root=str(plan.dest), archived_root=plan.manifest.root,
-                manifest=plan.mid, mode=mode, dry_run=dry_run,
+                manifest=plan.mid, mode=plan.mode, dry_run=dry_run,
                 written_files=len(plan.writes) + len(plan.links) - plan.raced,
                 written_bytes=sum(f.size for f in plan.writes), kept_files=plan.kept + plan.raced,
                 removed_files=len(plan.removals), mismatches=tuple(mismatches), warnings=tuple(warnings),

@@ -18,6 +18,7 @@ leaves only complete files under final names, a power cut may lose some (torch t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat as statmod
@@ -159,15 +160,21 @@ def _same(path: str, st: os.stat_result, f: ManifestFile) -> bool:
 
 def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
     """Carry out ``plan``; a failure before the renames leaves the root as it was. A root that did not exist
-    (``plan.fresh``) is made whole beside it and renamed into place; when an entry took its place meanwhile,
-    the restore is planned again against what is there (``plan`` updated) and done file by file."""
+    (``plan.fresh``) is made whole beside it and renamed into place. When an entry took its place meanwhile,
+    the restore is planned again against what is there, as a merge whatever the mode (what appeared, a
+    symlink among them, is never a reason to delete), with a warning, and done file by file (``plan``
+    updated); where the temp folder's longer name does not fit, file by file as planned."""
     if plan.fresh:
-        if _execute_fresh(plan, reader):
+        how = _execute_fresh(plan, reader)
+        if how == _DONE:
             return
-        again = plan_tree(plan.manifest, plan.mid, plan.dest, plan.mode)
-        for name in ("writes", "links", "dirs", "removals", "keep_dirs", "kept", "fresh"):
-            setattr(plan, name, getattr(again, name))
-        plan.warnings.extend(w for w in again.warnings if w not in plan.warnings)
+        if how == _APPEARED:
+            again = plan_tree(plan.manifest, plan.mid, plan.dest, "merge")
+            for name in ("mode", "writes", "links", "dirs", "removals", "keep_dirs", "kept", "fresh"):
+                setattr(plan, name, getattr(again, name))
+            plan.warnings.append(f"{plan.dest}: appeared while the cache was restored: merged into it, "
+                                 "nothing there replaced or removed")
+            plan.warnings.extend(w for w in again.warnings if w not in plan.warnings)
     dest = plan.dest
     pid = os.getpid()
     created: list[str] = []
@@ -215,11 +222,17 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
             pass
 
 
-def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> bool:
+_DONE, _APPEARED, _NO_ROOM = "done", "appeared", "no room"  # how _execute_fresh ended
+
+
+def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> str:
     """The whole tree written under its final names into a new folder beside the root
     (``<parent>/.<root name>.envvault-<pid>-<run>.tmp``, the same temp name a file gets), which is then renamed
-    to the root: one rename instead of one per file, and a compile never sees part of the tree. False (the
-    folder removed again) when the rename finds an entry in the root's place that it cannot replace."""
+    to the root: one rename instead of one per file, and a compile never sees part of the tree. ``_DONE``;
+    ``_APPEARED`` (the folder removed again) when the rename finds an entry in the root's place that it
+    cannot replace; ``_NO_ROOM`` (nothing made) when the temp name is too long for the file system. The
+    modes of the empty folders are given once the tree is in place (a folder without the owner's rights
+    inside the temp folder would keep it from being removed)."""
     dest = str(plan.dest)
     parent = os.path.dirname(dest)
     work = restore_temp_name(dest, os.getpid())
@@ -230,6 +243,9 @@ def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> bool:
         try:
             os.mkdir(work)  # the run id is random: an entry of that name is not this run's, and is left alone
         except OSError as err:
+            if err.errno == errno.ENAMETOOLONG:
+                remove_folders(created)
+                return _NO_ROOM
             raise StorageError(f"cannot create folder {work}: {err.strerror}") from None
         made = True
 
@@ -242,18 +258,23 @@ def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> bool:
             path = os.path.join(work, f.path)
             _makedirs(os.path.dirname(path), [])
             os.symlink(f.target, path)
+        empty: list[ManifestFile] = []  # the folders this step makes, as the file by file way counts them
         for f in plan.dirs:
-            path = os.path.join(work, f.path)
-            _makedirs(path, [])
-            os.chmod(path, f.mode & 0o777)
+            mine: list[str] = []
+            _makedirs(os.path.join(work, f.path), mine)
+            if mine:
+                empty.append(f)
         try:
             os.rename(work, dest)  # over nothing, or over an empty folder made meanwhile
-            return True
         except OSError as err:
             if not os.path.lexists(dest):
                 raise StorageError(f"cannot rename {work} to {dest}: {err.strerror}") from None
-        _remove_tree(work)
-        return False
+            _remove_tree(work)
+            return _APPEARED
+        made = False  # the tree is the root now
+        for f in empty:
+            os.chmod(os.path.join(dest, f.path), f.mode & 0o777)
+        return _DONE
     except BaseException:
         if made:
             _remove_tree(work)

@@ -34,7 +34,7 @@ from ..model.encoding import not_utf8
 __all__ = ["CacheFile", "walk_cache", "stable_read", "is_transient", "restore_temp_name"]
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_TRANSIENT_DIR = re.compile(rf"tmp\.(pid_\d+_)?{_UUID}|\..+\.envvault-\d+-[0-9a-f]{{6}}\.tmp")  # torch's, Triton's, ours
+_TRANSIENT_DIR = re.compile(rf"tmp\.(pid_\d+_)?{_UUID}|\..+\.envvault-\d+-[0-9a-f]{{6}}\.tmp", re.DOTALL)  # torch's, Triton's, ours
 _RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a killed one's leftovers) apart
 _LOCKS = "locks"
 
