@@ -45,7 +45,7 @@ def _device_rows() -> list[str]:
     """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
     res = ROOT / "bench" / "results"
     now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
-    mid_name = "74f9668"  # the last whole run before this session (the twenty-sixth session)
+    mid_name = "4726c9a"  # the whole run at this session's start (the twenty-seventh session), on its code before
     mid_p = res / f"gpu_env_run_{mid_name}.json"
     if not now_p.exists():
         return []
