@@ -458,6 +458,39 @@ def test_the_walker_leaves_out_a_killed_restores_temp_folder_whatever_the_root_i
     assert not is_transient("sub/inductor", is_dir=True)
 
 
+def test_a_killed_restores_temp_folder_is_removed_by_the_next_restore_only_when_surely_dead(tmp_path):
+    """Beside the root, only this root's temp folders (the exact temp name), of this user, whose process is
+    gone and that nobody touched for an hour are removed; a symlink of that name is never followed."""
+    vault, sid = _snapped_small_cache(tmp_path)
+    parent = tmp_path / "p"
+    parent.mkdir()
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
+    old = time.time() - 7200
+
+    def leftover(name: str, age: float = old) -> Path:
+        d = parent / name
+        d.mkdir()
+        (d / "half-written").write_bytes(b"x" * 100)
+        os.utime(d, (age, age))
+        return d
+
+    stale = leftover(f".root.envvault-{dead}-abcdef.tmp")
+    kept = [leftover(f".root.envvault-{dead}-abcde0.tmp", time.time() - 60),  # touched a minute ago
+            leftover(f".root.envvault-{os.getpid()}-abcde1.tmp"),  # its process runs
+            leftover(f".other.envvault-{dead}-abcde2.tmp"),  # another root's
+            leftover(f".root.envvault-{dead}-zzzzzz.tmp")]  # not a temp name of ours
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"keep")
+    link = parent / f".root.envvault-{dead}-abcde3.tmp"
+    os.symlink(outside, link)
+    os.utime(link, (old, old), follow_symlinks=False)
+    ev_json(vault, "cache", "restore", sid, "--to", parent / "root")
+    assert not stale.exists() and all(k.is_dir() for k in kept)
+    assert link.is_symlink() and (outside / "precious").read_bytes() == b"keep"
+    assert (parent / "root" / "fxgraph/ab/fabc/entry1").read_bytes() == b"graph one" * 100
+
+
 @pytest.mark.parametrize("how, left", [("KILL", 1), ("TERM", 0)])
 def test_a_restore_killed_while_it_makes_a_new_root_leaves_no_root(tmp_path, how, left):
     """SIGKILL at the third staged file leaves the temp folder beside the root (never archived by a cache

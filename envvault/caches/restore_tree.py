@@ -22,6 +22,7 @@ import errno
 import hashlib
 import os
 import stat as statmod
+import time
 from envvault.model.records import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from ..safepaths import FinalTree
 from ..vault.fsutil import makedirs_recording, remove_folders
 from ..model.record import record_sha256
 from ..vault.store import ObjectReader
-from .walk import restore_temp_name, walk_cache
+from .walk import restore_temp_name, restore_temp_owner, walk_cache
 
 __all__ = ["TreePlan", "plan_tree", "execute_tree"]
 
@@ -163,7 +164,9 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
     (``plan.fresh``) is made whole beside it and renamed into place. When an entry took its place meanwhile,
     the restore is planned again against what is there, as a merge whatever the mode (what appeared, a
     symlink among them, is never a reason to delete), with a warning, and done file by file (``plan``
-    updated); where the temp folder's longer name does not fit, file by file as planned."""
+    updated); where the temp folder's longer name does not fit, file by file as planned. First, what killed
+    restores of this root left beside it is removed (``_remove_stale``)."""
+    _remove_stale(str(plan.dest))
     if plan.fresh:
         how = _execute_fresh(plan, reader)
         if how == _DONE:
@@ -280,6 +283,40 @@ def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> str:
             _remove_tree(work)
         remove_folders(created)
         raise
+
+
+_STALE_AFTER = 3600  # seconds a dead restore's temp folder stays untouched before it is removed
+
+
+def _remove_stale(dest: str) -> None:
+    """Remove the temp folders killed restores of the root ``dest`` left beside it (``restore_temp_name``):
+    only folders of this user, whose restore's process is gone, untouched for ``_STALE_AFTER`` seconds (a
+    process id seen from another PID namespace may look gone; an hour is longer than any restore writes
+    without adding to its folder). Anything else of that name, and every error, is left alone."""
+    parent, name = os.path.split(dest)
+    try:
+        with os.scandir(parent) as entries:
+            found = [(e, owner[1]) for e in entries if (owner := restore_temp_owner(e.name)) and owner[0] == name]
+    except OSError:
+        return
+    for entry, pid in found:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if (statmod.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and time.time() - st.st_mtime > _STALE_AFTER
+                and not _alive(pid)):
+            _remove_tree(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def _remove_tree(path: str) -> None:

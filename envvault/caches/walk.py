@@ -11,7 +11,8 @@ What is left out, and why (sources: torch 2.13, Triton 3.6):
 - the content of ``locks/``: lock files for ``filelock`` (``codecache.get_lock_dir``); only the folder is
   noted, so that a restore recreates it empty.
 - ``.<name>.envvault-<pid>-<run>.tmp/`` folders: envvault's own cache restore builds a root that did not
-  exist there, beside it, and renames it into place (``restore_tree.py``); a killed restore leaves it.
+  exist there, beside it, and renames it into place (``restore_tree.py``); a killed restore leaves it, and
+  the next restore of that root removes it (``restore_temp_owner`` names the root and the process).
 
 Symbolic links are recorded with their target and never followed; ``escapes_root`` says when the target
 lies outside the root, so an archiver can refuse to recreate it.
@@ -31,10 +32,11 @@ from envvault.runtime_types import Protocol
 from ..errors import EnvironmentProblem, NotFoundError
 from ..model.encoding import not_utf8
 
-__all__ = ["CacheFile", "walk_cache", "stable_read", "is_transient", "restore_temp_name"]
+__all__ = ["CacheFile", "walk_cache", "stable_read", "is_transient", "restore_temp_name", "restore_temp_owner"]
 
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_TRANSIENT_DIR = re.compile(rf"tmp\.(pid_\d+_)?{_UUID}|\..+\.envvault-\d+-[0-9a-f]{{6}}\.tmp", re.DOTALL)  # torch's, Triton's, ours
+_TRANSIENT_DIR = re.compile(rf"tmp\.(pid_\d+_)?{_UUID}")  # Triton's and Inductor's
+_RESTORE_TEMP = re.compile(r"\.(.+)\.envvault-(\d+)-[0-9a-f]{6}\.tmp", re.DOTALL)  # ours: restore_temp_name
 _RUN = os.urandom(3).hex()  # with the pid, keeps two restores (or a killed one's leftovers) apart
 _LOCKS = "locks"
 
@@ -64,11 +66,18 @@ def restore_temp_name(final: str, pid: int) -> str:
     return os.path.join(head, f".{name}.envvault-{pid}-{_RUN}.tmp")
 
 
+def restore_temp_owner(name: str) -> tuple[str, int] | None:
+    """``(name of the entry it stands in for, pid of the restore that made it)`` for a temp name that
+    ``restore_temp_name`` gives, else None."""
+    m = _RESTORE_TEMP.fullmatch(name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def is_transient(relpath: str, *, is_dir: bool) -> bool:
     """True for a name torch or Triton uses only while writing (see the module docstring)."""
     name = relpath.rsplit("/", 1)[-1]
     if is_dir:
-        return bool(_TRANSIENT_DIR.fullmatch(name))
+        return bool(_TRANSIENT_DIR.fullmatch(name) or _RESTORE_TEMP.fullmatch(name))
     return name.endswith(".tmp")
 
 
