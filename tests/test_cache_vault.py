@@ -475,6 +475,7 @@ def test_a_killed_restores_temp_folder_is_removed_by_the_next_restore_only_when_
         return d
 
     stale = leftover(f".root.envvault-{dead}-abcdef.tmp")
+    impossible = leftover(f".root.envvault-{10 ** 20}-abcde4.tmp")  # no process can have it either
     kept = [leftover(f".root.envvault-{dead}-abcde0.tmp", time.time() - 60),  # touched a minute ago
             leftover(f".root.envvault-{os.getpid()}-abcde1.tmp"),  # its process runs
             leftover(f".other.envvault-{dead}-abcde2.tmp"),  # another root's
@@ -486,7 +487,7 @@ def test_a_killed_restores_temp_folder_is_removed_by_the_next_restore_only_when_
     os.symlink(outside, link)
     os.utime(link, (old, old), follow_symlinks=False)
     ev_json(vault, "cache", "restore", sid, "--to", parent / "root")
-    assert not stale.exists() and all(k.is_dir() for k in kept)
+    assert not stale.exists() and not impossible.exists() and all(k.is_dir() for k in kept)
     assert link.is_symlink() and (outside / "precious").read_bytes() == b"keep"
     assert (parent / "root" / "fxgraph/ab/fabc/entry1").read_bytes() == b"graph one" * 100
 

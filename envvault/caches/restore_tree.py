@@ -31,7 +31,7 @@ from ..errors import StorageError
 from ..materialize import FileSpec, refuse_escapes
 from ..model.cache import CacheManifest, ManifestFile
 from ..safepaths import FinalTree
-from ..vault.fsutil import makedirs_recording, remove_folders
+from ..vault.fsutil import makedirs_recording, process_alive, remove_folders
 from ..model.record import record_sha256
 from ..vault.store import ObjectReader
 from .walk import restore_temp_name, restore_temp_owner, walk_cache
@@ -305,18 +305,8 @@ def _remove_stale(dest: str) -> None:
         except OSError:
             continue
         if (statmod.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and time.time() - st.st_mtime > _STALE_AFTER
-                and not _alive(pid)):
+                and not process_alive(pid)):
             _remove_tree(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
 
 
 def _remove_tree(path: str) -> None:

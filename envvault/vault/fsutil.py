@@ -234,6 +234,20 @@ def makedirs_recording(path: str, created: list[str], in_the_way) -> None:
         created.append(d)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host (and PID namespace) has the id ``pid``: one of another user's counts;
+    an id no process can have (0, negative, too large: ``os.kill`` would signal a group or fail) does not."""
+    if not 0 < pid < 1 << 31:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_folders(created: Iterable[str]) -> None:
     """Remove the folders a failed run made (``makedirs_recording``'s ``created``), deepest first, each only
     while it is empty; what cannot be removed stays."""

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 from envvault.errors import StorageError
 from envvault.model.encoding import json_loads
+from envvault.vault.fsutil import process_alive
 
 __all__ = ["hold", "LockKeys", "LOCK_STALE_SECONDS", "LOCK_REFRESH_SECONDS"]
 
@@ -127,7 +128,7 @@ def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None
         if not isinstance(doc, dict):  # not a lock object envvault writes: judged by its age alone
             doc = {}
         age = (now - meta["last_modified"]).total_seconds()
-        dead_here = doc.get("hostname") == host and isinstance(doc.get("pid"), int) and not _alive(doc["pid"])
+        dead_here = doc.get("hostname") == host and isinstance(doc.get("pid"), int) and not process_alive(doc["pid"])
         if age > LOCK_STALE_SECONDS or dead_here:
             try:
                 keys.delete_key(meta["path"])
@@ -150,13 +151,3 @@ def _refresh(keys: LockKeys, key: str, body: dict, me: str, stop: Any) -> None:
             continue
 
 
-def _alive(pid: int) -> bool:
-    if not 0 < pid < 1 << 31:  # not a pid this host can have (os.kill would fail, or signal a group)
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
