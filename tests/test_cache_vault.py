@@ -512,6 +512,88 @@ def test_a_restore_killed_while_it_makes_a_new_root_leaves_no_root(tmp_path, how
     assert tree(dest) == tree(reference) and len(_leftovers(dest.parent)) == left
 
 
+def _temps_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if ".envvault-" in p.name)
+
+
+def test_temp_files_a_killed_restore_left_in_an_existing_root_are_removed_once_surely_dead(tmp_path):
+    """A restore into an existing root stages each file beside its final name; SIGKILL leaves those temp
+    files (never archived). The next restore that writes into their folders removes them once they are an
+    hour old and their process is gone (a temp symlink is removed, never followed); younger ones, and those
+    of a running process, stay."""
+    vault, sid = _snapped_small_cache(tmp_path)
+    dest = tmp_path / "root"
+    dest.mkdir()
+    proc = ev(vault, "cache", "restore", sid, "--to", dest, check=False,
+              env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="stage:3"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    killed = _temps_under(dest)
+    assert len(killed) >= 3, killed  # the killed restore's staged files
+    assert ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", dest)["caches"][0]["files"] == 0
+    folder = killed[0].parent
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"keep")
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    link = folder / f".x.envvault-{dead}-abcde3.tmp"
+    os.symlink(outside / "precious", link)
+    alive = folder / f".y.envvault-{os.getpid()}-abcde1.tmp"
+    alive.write_bytes(b"a restore still running")
+    ev_json(vault, "cache", "restore", sid, "--to", dest)  # nothing was placed: every file written again
+    assert set(_temps_under(dest)) == {*killed, link, alive}  # all younger than an hour
+    old = time.time() - 7200
+    for p in _temps_under(dest):
+        os.utime(p, (old, old), follow_symlinks=False)
+    for p in dest.rglob("*"):
+        if p.is_file() and not p.is_symlink() and ".envvault-" not in p.name:
+            p.unlink()  # so that the next restore writes into every folder again
+    ev_json(vault, "cache", "restore", sid, "--to", dest)
+    assert _temps_under(dest) == [alive] and (outside / "precious").read_bytes() == b"keep"
+    reference = tmp_path / "reference"
+    ev_json(vault, "cache", "restore", sid, "--to", reference)
+    alive.unlink()
+    assert tree(dest) == tree(reference)
+
+
+def _mount(args: list[str]) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def test_a_full_disk_under_a_new_root_is_named_as_the_root_not_its_temp_folder(tmp_path):
+    assert os.geteuid() == 0, "this test mounts a tmpfs; CI runs as root"
+    vault = tmp_path / "vault"
+    big = _small_cache(tmp_path / "c")
+    (big / "fxgraph" / "big.bin").write_bytes(os.urandom(600_000))
+    sid = ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", big)["id"]
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    _mount(["-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)])
+    try:
+        proc = ev(vault, "cache", "restore", sid, "--to", disk / "root", check=False)
+        assert_one_line_error(proc, "no space left", f"writing {disk / 'root'}/")
+        assert ".envvault-" not in proc.stderr and "committed" not in proc.stderr  # not the vault's words
+        assert proc.returncode == 6 and os.listdir(disk) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_read_only_cache_root_is_not_blamed_on_the_vault(tmp_path):
+    assert os.geteuid() == 0, "this test mounts a read-only bind; CI runs as root"
+    vault, sid = _snapped_small_cache(tmp_path)
+    dest = tmp_path / "root"
+    dest.mkdir()
+    _mount(["--bind", str(dest), str(dest)])
+    try:
+        _mount(["-o", "remount,bind,ro", str(dest)])
+        proc = ev(vault, "cache", "restore", sid, "--to", dest, check=False)
+        assert_one_line_error(proc, "read-only filesystem", str(dest))
+        assert "--vault" not in proc.stderr and "the vault at" not in proc.stderr
+        assert proc.returncode == 6
+    finally:
+        subprocess.run(["umount", str(dest)], check=True)
+    assert os.listdir(dest) == []
+
+
 def test_environment_restore_of_a_cache_only_snapshot_is_refused(tmp_path, make_venv):
     venv = make_venv("uv")
     root = _small_cache(tmp_path / "c")

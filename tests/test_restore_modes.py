@@ -113,6 +113,29 @@ def test_full_disk_restore_leaves_the_environment_as_it_was(tmp_path):
         subprocess.run(["umount", str(full)], check=True)
 
 
+def test_a_read_only_environment_is_not_blamed_on_the_vault(tmp_path, make_venv):
+    """A venv on a read-only mount (a container's image layer): one line that names the environment's file
+    and the read-only filesystem, not the vault's advice (--vault); the environment is left as it was."""
+    assert os.geteuid() == 0, "this test mounts a read-only bind; CI runs as root"
+    venv = make_venv("uv")
+    uv_install(venv, _big_wheel(tmp_path / "w"))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    _uninstall(venv)
+    before = tree_state(venv)
+    _mount(["--bind", str(venv), str(venv)])
+    try:
+        _mount(["-o", "remount,bind,ro", str(venv)])
+        for extra in ([], ["--no-backup"]):
+            proc = ev(vault, "restore", sid, "--venv", venv, *extra, check=False)
+            assert_one_line_error(proc, "read-only filesystem", str(venv))
+            assert "--vault" not in proc.stderr and "the vault at" not in proc.stderr
+            assert proc.returncode == 6
+    finally:
+        subprocess.run(["umount", str(venv)], check=True)
+    assert tree_state(venv) == before and not _imports(venv)
+
+
 def test_a_killed_restore_is_tidied_by_the_next_command(tmp_path, make_venv):
     venv = make_venv("uv")
     uv_install(venv, _big_wheel(tmp_path / "w"))

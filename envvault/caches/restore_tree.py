@@ -27,7 +27,7 @@ from envvault.model.records import dataclass, field
 from pathlib import Path
 
 from .. import materialize
-from ..errors import StorageError
+from ..errors import EnvvaultError, StorageError
 from ..materialize import FileSpec, refuse_escapes
 from ..model.cache import CacheManifest, ManifestFile
 from ..safepaths import FinalTree
@@ -165,8 +165,9 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
     the restore is planned again against what is there, as a merge whatever the mode (what appeared, a
     symlink among them, is never a reason to delete), with a warning, and done file by file (``plan``
     updated); where the temp folder's longer name does not fit, file by file as planned. First, what killed
-    restores of this root left beside it is removed (``_remove_stale``)."""
-    _remove_stale(str(plan.dest))
+    restores of this root left beside it is removed, and before files are written into the root's folders,
+    the temp files killed restores left in them (``_remove_stale``)."""
+    _remove_stale(*os.path.split(str(plan.dest)))
     if plan.fresh:
         how = _execute_fresh(plan, reader)
         if how == _DONE:
@@ -183,8 +184,11 @@ def execute_tree(plan: TreePlan, reader: ObjectReader) -> None:
     created: list[str] = []
     try:
         _makedirs(str(dest), created)
-        for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links} - {""}):
-            _makedirs(os.path.join(dest, rel), created)
+        for rel in sorted({f.path.rpartition("/")[0] for f in plan.writes + plan.links}):
+            folder = os.path.join(dest, rel)
+            if os.path.isdir(folder):
+                _remove_stale(folder)
+            _makedirs(folder, created)
         specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
         staged = materialize.stage(reader, dest, specs, lambda final: restore_temp_name(final, pid))
     except BaseException:
@@ -256,7 +260,10 @@ def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> str:
             _makedirs(path, [])
 
         specs = [FileSpec(f.path, f.chunks, f.size, f.sha256, f.mode) for f in plan.writes]
-        materialize.stage(reader, work, specs, materialize.FINAL_NAME, folders=folder)
+        try:
+            materialize.stage(reader, work, specs, materialize.FINAL_NAME, folders=folder)
+        except EnvvaultError as err:  # named as the user knows it: the root, not the temp folder
+            raise type(err)(str(err).replace(work, dest), exit_code=err.exit_code) from None
         for f in plan.links:
             path = os.path.join(work, f.path)
             _makedirs(os.path.dirname(path), [])
@@ -288,15 +295,16 @@ def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> str:
 _STALE_AFTER = 3600  # seconds a dead restore's temp folder stays untouched before it is removed
 
 
-def _remove_stale(dest: str) -> None:
-    """Remove the temp folders killed restores of the root ``dest`` left beside it (``restore_temp_name``):
-    only folders of this user, whose restore's process is gone, untouched for ``_STALE_AFTER`` seconds (a
+def _remove_stale(folder: str, root: str | None = None) -> None:
+    """Remove what killed restores left in ``folder`` (``restore_temp_name``): with ``root``, the temp folders
+    of that root (made whole beside it); without, temp files and symlinks (a root restored file by file).
+    Only entries of this user, whose restore's process is gone, untouched for ``_STALE_AFTER`` seconds (a
     process id seen from another PID namespace may look gone; an hour is longer than any restore writes
     without adding to its folder). Anything else of that name, and every error, is left alone."""
-    parent, name = os.path.split(dest)
     try:
-        with os.scandir(parent) as entries:
-            found = [(e, owner[1]) for e in entries if (owner := restore_temp_owner(e.name)) and owner[0] == name]
+        with os.scandir(folder) as entries:
+            found = [(e, owner[1]) for e in entries
+                     if (owner := restore_temp_owner(e.name)) and (root is None or owner[0] == root)]
     except OSError:
         return
     for entry, pid in found:
@@ -304,9 +312,15 @@ def _remove_stale(dest: str) -> None:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if (statmod.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and time.time() - st.st_mtime > _STALE_AFTER
-                and not process_alive(pid)):
-            _remove_tree(entry.path)
+        if (statmod.S_ISDIR(st.st_mode) == (root is not None) and st.st_uid == os.getuid()
+                and time.time() - st.st_mtime > _STALE_AFTER and not process_alive(pid)):
+            if root is not None:
+                _remove_tree(entry.path)
+            else:
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
 
 
 def _remove_tree(path: str) -> None:

@@ -43,7 +43,7 @@ def record_restored(vault: Vault, target: Path, sid: str) -> None:
     """Remember that ``target`` now holds snapshot ``sid``. Never fails the caller."""
     try:
         data = json.dumps({"snapshot": sid, "venv": str(target), "at": utc_timestamp()}).encode()
-        atomic_write(_marker(vault, target), data, tmp_dir=vault.state.tmp_dir)
+        atomic_write(_marker(vault, target), data, tmp_dir=vault.state.tmp_dir, vault=True)
     except EnvvaultError:
         pass
 

@@ -142,26 +142,36 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def storage_error(err: OSError, where: Path | str) -> StorageError:
-    """One clear line for the OSErrors a vault write can meet."""
+def storage_error(err: OSError, where: Path | str, *, vault: bool = False) -> StorageError:
+    """One clear line for the OSErrors a write can meet. ``vault``: ``where`` lies in the vault (or its
+    machine-local state), whose way out is another ``--vault``; otherwise it is a file of an environment, a
+    cache or an output the user named, whose way out is that disk or that folder's owner."""
     if err.errno == errno.ENOSPC:
-        return StorageError(f"no space left on device while writing {where}; free space and run again (nothing was committed)")
+        return StorageError(f"no space left on device while writing {where}; free space and run again"
+                            + (" (nothing was committed)" if vault else ""))
     if err.errno == errno.EROFS:
-        return StorageError(f"the vault at {where} is on a read-only filesystem; pass --vault PATH on a writable disk")
+        if vault:
+            return StorageError(f"the vault at {where} is on a read-only filesystem; pass --vault PATH on a writable disk")
+        return StorageError(f"{where} is on a read-only filesystem; make it writable (or choose another destination) "
+                            "and run again")
     if err.errno in (errno.EACCES, errno.EPERM):
-        return StorageError(f"permission denied writing {where}; check ownership of the vault or pass --vault PATH")
+        if vault:
+            return StorageError(f"permission denied writing {where}; check ownership of the vault or pass --vault PATH")
+        return StorageError(f"permission denied writing {where}; run as the owner of that folder (or choose another "
+                            "destination)")
     if err.errno == errno.EDQUOT:
         return StorageError(f"disk quota exceeded while writing {where}; free space and run again")
     return StorageError(f"cannot write {where}: {err.strerror or err}")
 
 
 def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: int = 0o600,
-                 durable: bool = True) -> os.stat_result:
+                 durable: bool = True, vault: bool = False) -> os.stat_result:
     """Write ``data`` to ``path`` so that ``path`` either does not change or holds all of ``data``; the stat
     of the file written, taken before it was renamed to ``path`` (its inode, size and mtime stay; its ctime
     moves with the rename), so that it is this write's even when another writer replaces ``path`` at once.
 
     ``durable=False`` skips the fsyncs, for caches that may be lost in a crash but never seen half-written.
+    ``vault``: ``path`` lies in the vault (``storage_error``).
     """
     tmp_dir = tmp_dir or path.parent
     tmp = tmp_name(tmp_dir, path.name)
@@ -186,20 +196,21 @@ def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: 
             os.unlink(tmp)
         except OSError:
             pass
-        raise storage_error(err, path) from None
+        raise storage_error(err, path, vault=vault) from None
 
 
 @contextmanager
 def flocked(path: Path, *, exclusive: bool, wait: bool = True, where: Path | None = None) -> Iterator[bool]:
     """Hold an flock on ``path`` (created with mode 0600) for the block. Yields True once held; with
     ``wait=False`` yields False at once when another process holds it. Closing the descriptor releases it.
-    A lock file that cannot be opened is a StorageError naming ``where`` (default: the lock file)."""
+    A lock file (every one is a vault's) that cannot be opened is a StorageError naming ``where`` (default:
+    the lock file)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise link_refused(path) from None
-        raise storage_error(err, where or path) from None
+        raise storage_error(err, where or path, vault=True) from None
     try:
         try:
             fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))

@@ -64,7 +64,7 @@ class LocalBackend:
         if kind == "packs":
             self._pack_folder(path)
         if not exclusive:
-            atomic_write(path, data, tmp_dir=self.tmp_dir, mode=0o600)
+            atomic_write(path, data, tmp_dir=self.tmp_dir, mode=0o600, vault=True)
             return True
         # Create-if-absent through link(): two creators race, one file wins, neither is ever seen half-written.
         tmp = tmp_name(self.tmp_dir, path.name)
@@ -84,7 +84,7 @@ class LocalBackend:
             fsync_dir(path.parent)
             return True
         except OSError as err:
-            raise storage_error(err, path) from None
+            raise storage_error(err, path, vault=True) from None
         finally:
             try:
                 os.unlink(tmp)
@@ -100,14 +100,14 @@ class LocalBackend:
             os.replace(local_path, path)
             fsync_dir(path.parent)
         except OSError as err:
-            raise storage_error(err, path) from None
+            raise storage_error(err, path, vault=True) from None
 
     @staticmethod
     def _pack_folder(path: Path) -> None:
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
         except OSError as err:
-            raise storage_error(err, path) from None
+            raise storage_error(err, path, vault=True) from None
 
     # -- reading -------------------------------------------------------------------------------
     def load(self, kind: str, name: str, offset: int = 0, length: int | None = None, *,
@@ -181,7 +181,7 @@ class LocalBackend:
         except FileNotFoundError:
             return False
         except OSError as err:
-            raise storage_error(err, path) from None
+            raise storage_error(err, path, vault=True) from None
 
     def lock(self, name: str, *, exclusive: bool, wait: bool = True) -> AbstractContextManager[bool]:
         return flocked(self.path("locks", name), exclusive=exclusive, wait=wait, where=self.root)
@@ -209,7 +209,7 @@ class LocalBackend:
         except (FileNotFoundError, NotADirectoryError):
             pass
         except OSError as err:
-            raise storage_error(err, root / "packs") from None
+            raise storage_error(err, root / "packs", vault=True) from None
 
     def create(self) -> None:
         """Make the vault's folders in a new or empty folder (or finish one a killed or concurrent creator
@@ -235,4 +235,4 @@ class LocalBackend:
                 except FileExistsError:
                     pass
         except OSError as err:
-            raise storage_error(err, root) from None
+            raise storage_error(err, root, vault=True) from None

@@ -56,7 +56,7 @@ class DirLockKeys:
     def put_key(self, key: str, data: bytes) -> None:
         path = self._path(key)
         path.parent.mkdir(exist_ok=True)
-        atomic_write(path, data, tmp_dir=self.root / "tmp", mode=0o644)
+        atomic_write(path, data, tmp_dir=self.root / "tmp", mode=0o644, vault=True)
 
     def delete_key(self, key: str) -> None:
         try:

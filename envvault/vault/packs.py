@@ -281,7 +281,7 @@ class PackWriter:
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as err:
-            raise storage_error(err, tmp) from None
+            raise storage_error(err, tmp, vault=True) from None
         pack = self._pack = _OpenPack(fd, tmp)
         _pwrite_all(fd, PACK_MAGIC, 0, self.backend)
         pack.length = len(PACK_MAGIC)
@@ -404,7 +404,7 @@ class PackWriter:
             self.backend.save_file("index", pack_id, idx_tmp)
         except OSError as err:
             _unlink_quietly(idx_tmp)
-            raise storage_error(err, self.backend.location) from None
+            raise storage_error(err, self.backend.location, vault=True) from None
         except BaseException:
             _unlink_quietly(idx_tmp)
             raise
@@ -507,7 +507,7 @@ def _pwrite_all(fd: int, bufs: "bytes | list", at: int, backend: Backend) -> Non
             if n:
                 views[0] = views[0][n:]
     except OSError as err:
-        raise storage_error(err, backend.location) from None
+        raise storage_error(err, backend.location, vault=True) from None
 
 
 def _settle(futures: list) -> None:

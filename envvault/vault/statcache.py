@@ -187,12 +187,12 @@ class StatCache:
                     import zstandard
 
                     data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
-                    atomic_write(self.files_path, data, tmp_dir=self._tmp_dir, durable=False)
+                    atomic_write(self.files_path, data, tmp_dir=self._tmp_dir, durable=False, vault=True)
                 if self._dirty_groups:
                     data = encode_groups_file({"version": self.VERSION, "tool": __version__, "extra": self.extra},
                                               self.groups)
                     self._groups_key = file_key(atomic_write(self.groups_path, data, tmp_dir=self._tmp_dir,
-                                                             durable=False))
+                                                             durable=False, vault=True))
                     self._dirty_groups = False
                     try:  # version 6's groups file, which no version reads now
                         os.unlink(self.groups_path.with_suffix(".json"))

@@ -54,7 +54,7 @@ class LocalState:
 
     def write(self, name: str, data: bytes, *, durable: bool = True) -> None:
         """Replace ``name`` atomically (through ``tmp_dir``); a StorageError when it cannot be written."""
-        atomic_write(self.path(name), data, tmp_dir=self.tmp_dir, durable=durable)
+        atomic_write(self.path(name), data, tmp_dir=self.tmp_dir, durable=durable, vault=True)
 
     def write_in_place(self, name: str, data: bytes) -> None:
         """Overwrite the small file ``name`` in place, refusing a symlink there (FileNotFoundError when the
@@ -97,7 +97,7 @@ class LocalState:
         try:
             self.locks_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise storage_error(err, self.locks_dir) from None
+            raise storage_error(err, self.locks_dir, vault=True) from None
 
     @contextmanager
     def scratch_dir(self, prefix: str = "restore-") -> Iterator[Path]:
