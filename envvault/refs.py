@@ -11,10 +11,10 @@ from __future__ import annotations
 from envvault.model.records import dataclass
 from pathlib import Path
 
-from envvault.errors import AmbiguousError, NotFoundError
+from envvault.errors import AmbiguousError, NotFoundError, UsageError
 from envvault.model.stamp import SIDECAR_NAME, Stamp
 
-__all__ = ["Ref", "resolve_arg", "is_lockfile"]
+__all__ = ["Ref", "resolve_arg", "is_lockfile", "environment_snapshot"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,18 @@ def resolve_arg(vault, arg: str) -> Ref:
 
 def _named(vault, arg: str) -> Ref:
     sid = vault.resolve(arg)
-    return Ref(sid, sid[:12], vault.load_snapshot(sid).snapshot.venv)
+    return Ref(sid, sid[:12], environment_snapshot(vault, sid, arg).venv)
+
+
+def environment_snapshot(vault, sid: str, arg: str):
+    """The snapshot ``sid`` (named ``arg``) for a command that needs an environment (restore, diff, export,
+    status --against); a cache-only snapshot is a ``UsageError`` that names the cache command to use."""
+    snap = vault.load_snapshot(sid).snapshot
+    if snap.is_cache_only:
+        named = sid[:12] if sid.startswith(arg.strip().lower()) else f"{sid[:12]} ({arg})"
+        raise UsageError(f"snapshot {named} is cache-only (made by `envvault cache snap`): it holds compile caches, "
+                         f"no environment; use `envvault cache restore {sid[:12]}` or `envvault cache diff`")
+    return snap
 
 
 def _checkpoint_file(vault, path: Path) -> Ref:
@@ -58,13 +69,12 @@ def _checkpoint_file(vault, path: Path) -> Ref:
 
     sid = snapshot_of(vault, path)
     stamp = read_checkpoint(path).stamp
-    return Ref(sid, f"{path.name} ({sid[:12]})", _venv_of(vault, sid, stamp))
+    return Ref(sid, f"{path.name} ({sid[:12]})", _venv_of(vault, sid, stamp, str(path)))
 
 
-def _venv_of(vault, sid: str, stamp: Stamp | None) -> str | None:
-    if stamp is not None and stamp.venv:
-        return stamp.venv
-    return vault.load_snapshot(sid).snapshot.venv
+def _venv_of(vault, sid: str, stamp: Stamp | None, arg: str) -> str | None:
+    snap = environment_snapshot(vault, sid, arg)  # a stamp that names a cache-only snapshot is refused too
+    return stamp.venv if stamp is not None and stamp.venv else snap.venv
 
 
 # -- folders -----------------------------------------------------------------------------------------
@@ -138,4 +148,4 @@ def _checkpoint_folder(vault, d: Path) -> Ref:
                              "or a snapshot id")
     (sid, members), = groups.items()
     label = f"{d.name}/ ({sid[:12]})"
-    return Ref(sid, label, _venv_of(vault, sid, members[0][1]))
+    return Ref(sid, label, _venv_of(vault, sid, members[0][1], str(d)))

@@ -605,6 +605,36 @@ def test_environment_restore_of_a_cache_only_snapshot_is_refused(tmp_path, make_
     assert sorted(p.name for p in (venv / "lib").rglob("*")) == before
 
 
+def test_latest_is_the_newest_environment_snapshot_and_a_cache_only_one_is_refused_by_name(tmp_path, make_venv):
+    """A `cache snap` after a snap (the usual order: train, then archive the compile cache) does not become
+    what `restore latest`, `diff latest current` or `export latest` act on; named, a cache-only snapshot gets
+    one line that points to the cache commands (exit 2) from every command that needs an environment."""
+    from fixtures import build_wheel, uv_install
+
+    venv = make_venv("uv")
+    uv_install(venv, build_wheel(tmp_path / "w", "tiny", "1.0", {"tiny/__init__.py": b"X = 1\n"}))
+    vault = tmp_path / "vault"
+    env_sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    cache_sid = ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", _small_cache(tmp_path / "c"))["id"]
+    assert ev_json(vault, "list")["snapshots"][0]["id"] == cache_sid  # the newest of all
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    subprocess.run([uv, "pip", "uninstall", "--python", str(venv / "bin" / "python"), "tiny"], check=True,
+                   capture_output=True)
+    assert ev_json(vault, "restore", "latest", "--venv", venv, "--dry-run")["restored"] == env_sid
+    changed = ev_json(vault, "diff", "latest", "current", "--venv", venv)
+    assert changed["old"] == env_sid[:12] and [p["name"] for p in changed["packages"]["removed"]] == ["tiny"]
+    assert ev_json(vault, "export", "latest", "-o", tmp_path / "pylock.toml", "--no-wheels")["packages"] >= 1
+    assert ev_json(vault, "show", "latest")["id"] == env_sid
+    assert ev_json(vault, "cache", "diff", "latest", cache_sid)["a_id"] == cache_sid  # the cache commands' own
+    for args in (["restore", cache_sid, "--venv", venv], ["restore", cache_sid[:8], "--into", tmp_path / "new"],
+                 ["diff", cache_sid, "latest"], ["export", cache_sid, "-o", tmp_path / "x.toml"],
+                 ["status", "--against", cache_sid, "--venv", venv]):
+        proc = ev(vault, *args, check=False)
+        assert_one_line_error(proc, "cache-only", f"envvault cache restore {cache_sid[:12]}")
+        assert proc.returncode == 2, args
+    assert not (tmp_path / "new").exists() and not (tmp_path / "x.toml").exists()
+
+
 # -- a cache that changes while it is archived ------------------------------------------------------
 
 WRITER = r"""

@@ -229,7 +229,7 @@ def cache_diff(ctx, a, b, show_all, as_json):
     from envvault.caches.diff import diff_caches
 
     vault = _vault(ctx)
-    sa, sb = vault.resolve(a), vault.resolve(b)
+    sa, sb = plain.resolve_caches(vault, a), plain.resolve_caches(vault, b)  # ``latest``: the newest with caches
     result = diff_caches(vault, vault.load_snapshot(sa).snapshot, vault.load_snapshot(sb).snapshot,
                          label_a=sa[:12], label_b=sb[:12])
     if as_json:

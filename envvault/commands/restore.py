@@ -180,8 +180,10 @@ def status(ctx, venv, against, as_json, exit_code):
     vault = open_vault(ctx)
     stamp = None  # the vault's side of a verdict (snap/verdict.py), taken before the baseline is chosen
     if against:  # without --venv and an active venv: the environment the snapshot names
+        from envvault.refs import environment_snapshot
+
         sid = resolve_ref(vault, against)
-        against_snap = vault.load_snapshot(sid).snapshot
+        against_snap = environment_snapshot(vault, sid, against)
         target = current_target(venv, against_snap.venv, against_snap)
     else:
         target = find_target(venv)

@@ -183,9 +183,11 @@ def export(ctx, snapshot_id, output, fmt, no_wheels, as_json):
       envvault export 3fa9c2 --format requirements -o requirements.txt
     """
     from envvault.lock.export import export_snapshot
+    from envvault.refs import environment_snapshot
 
     vault = open_vault(ctx)
     sid = resolve_ref(vault, snapshot_id)
+    environment_snapshot(vault, sid, snapshot_id)
     out = Path(output or ("pylock.toml" if fmt == "pylock" else "requirements.txt")).absolute()
     result = export_snapshot(vault, sid, out, fmt=fmt, wheels=not no_wheels)
     if as_json:

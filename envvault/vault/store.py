@@ -400,11 +400,14 @@ class Vault:
     def resolve(self, ref: str, *, venv: str | None = None) -> str:
         """A full id from: full hex, unique prefix (>= 4), tag, or ``latest`` (optionally of one venv).
 
-        ``latest`` skips the backups a restore takes, so ``restore latest`` never undoes a restore.
+        ``latest`` is the newest environment snapshot: it skips the backups a restore takes, so ``restore
+        latest`` never undoes a restore, and cache-only snapshots (``cache snap``; the cache commands have a
+        ``latest`` of their own, the newest snapshot that holds caches).
         """
         ref = ref.strip()
         if ref == "latest":
-            hit = newest_head(self, lambda h: h.trigger != "restore-backup" and (venv is None or h.venv == venv))
+            hit = newest_head(self, lambda h: h.trigger != "restore-backup" and h.kind == "snapshot"
+                              and (venv is None or h.venv == venv))
             if hit is None:
                 where = f" of {venv}" if venv else ""
                 raise NotFoundError(f"no snapshot{where} in {self.location}; run `envvault snap` first")
