@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,3 +75,19 @@ def follows_backend(backend) -> bool:
     return bool(declared) and isinstance(getattr(backend, "location", None), str) and all(
         list(inspect.signature(getattr(backend, n)).parameters) == list(inspect.signature(f).parameters)[1:]
         for n, f in declared.items())
+
+
+@contextmanager
+def mounted(path: Path, *, tmpfs_size: str | None = None):
+    """For the block, ``path`` is a tmpfs of ``tmpfs_size`` (a full disk), else a read-only bind of itself (a
+    read-only filesystem: a container's image layer). Needs root, which CI has."""
+    assert os.geteuid() == 0, "this test mounts a filesystem; CI runs as root"
+    steps = ([["-t", "tmpfs", "-o", f"size={tmpfs_size}", "tmpfs", str(path)]] if tmpfs_size else
+             [["--bind", str(path), str(path)], ["-o", "remount,bind,ro", str(path)]])
+    subprocess.run(["mount", *steps[0]], check=True, capture_output=True)
+    try:
+        for step in steps[1:]:
+            subprocess.run(["mount", *step], check=True, capture_output=True)
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -24,7 +24,7 @@ import zstandard
 from envvault.model.encoding import canonical_json, object_id
 from envvault.model.record import record_sha256
 from envvault.vault.store import Vault
-from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json, mounted
 from fixtures.machine import H200_CACHE_TAR
 
 H200_TAR = H200_CACHE_TAR
@@ -555,42 +555,29 @@ def test_temp_files_a_killed_restore_left_in_an_existing_root_are_removed_once_s
     assert tree(dest) == tree(reference)
 
 
-def _mount(args: list[str]) -> None:
-    subprocess.run(["mount", *args], check=True, capture_output=True)
-
-
 def test_a_full_disk_under_a_new_root_is_named_as_the_root_not_its_temp_folder(tmp_path):
-    assert os.geteuid() == 0, "this test mounts a tmpfs; CI runs as root"
     vault = tmp_path / "vault"
     big = _small_cache(tmp_path / "c")
     (big / "fxgraph" / "big.bin").write_bytes(os.urandom(600_000))
     sid = ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", big)["id"]
     disk = tmp_path / "disk"
     disk.mkdir()
-    _mount(["-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)])
-    try:
+    with mounted(disk, tmpfs_size="256k"):
         proc = ev(vault, "cache", "restore", sid, "--to", disk / "root", check=False)
         assert_one_line_error(proc, "no space left", f"writing {disk / 'root'}/")
         assert ".envvault-" not in proc.stderr and "committed" not in proc.stderr  # not the vault's words
         assert proc.returncode == 6 and os.listdir(disk) == []
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 def test_a_read_only_cache_root_is_not_blamed_on_the_vault(tmp_path):
-    assert os.geteuid() == 0, "this test mounts a read-only bind; CI runs as root"
     vault, sid = _snapped_small_cache(tmp_path)
     dest = tmp_path / "root"
     dest.mkdir()
-    _mount(["--bind", str(dest), str(dest)])
-    try:
-        _mount(["-o", "remount,bind,ro", str(dest)])
+    with mounted(dest):
         proc = ev(vault, "cache", "restore", sid, "--to", dest, check=False)
         assert_one_line_error(proc, "read-only filesystem", str(dest))
         assert "--vault" not in proc.stderr and "the vault at" not in proc.stderr
         assert proc.returncode == 6
-    finally:
-        subprocess.run(["umount", str(dest)], check=True)
     assert os.listdir(dest) == []
 
 

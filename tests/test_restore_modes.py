@@ -13,7 +13,7 @@ from pathlib import Path
 from fixtures import build_wheel, python_of, site_packages, uv_install
 from fixtures import make_venv as make_venv_at
 from fixtures.trees import temp_files, tree_state
-from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json, mounted
 
 JOURNAL = ".envvault-restore.json"
 
@@ -79,17 +79,11 @@ def _imports(venv: Path) -> bool:
     return proc.returncode == 0
 
 
-def _mount(args: list[str]) -> None:
-    subprocess.run(["mount", *args], check=True, capture_output=True)
-
-
 def test_full_disk_restore_leaves_the_environment_as_it_was(tmp_path):
-    assert os.geteuid() == 0, "this test mounts a tmpfs; CI runs as root"
     wheel = _big_wheel(tmp_path / "w")
     full = tmp_path / "full"
     full.mkdir()
-    _mount(["-t", "tmpfs", "-o", "size=4m", "tmpfs", str(full)])
-    try:
+    with mounted(full, tmpfs_size="4m"):
         venv = make_venv_at(full / "venv", "uv")
         uv_install(venv, wheel)
         vault = tmp_path / "vault"  # the vault has room; the environment's disk has not
@@ -109,30 +103,23 @@ def test_full_disk_restore_leaves_the_environment_as_it_was(tmp_path):
         (full / "filler").unlink()
         assert ev_json(vault, "restore", sid, "--venv", venv)["verified"] is True
         assert _imports(venv)
-    finally:
-        subprocess.run(["umount", str(full)], check=True)
 
 
 def test_a_read_only_environment_is_not_blamed_on_the_vault(tmp_path, make_venv):
     """A venv on a read-only mount (a container's image layer): one line that names the environment's file
     and the read-only filesystem, not the vault's advice (--vault); the environment is left as it was."""
-    assert os.geteuid() == 0, "this test mounts a read-only bind; CI runs as root"
     venv = make_venv("uv")
     uv_install(venv, _big_wheel(tmp_path / "w"))
     vault = tmp_path / "vault"
     sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     _uninstall(venv)
     before = tree_state(venv)
-    _mount(["--bind", str(venv), str(venv)])
-    try:
-        _mount(["-o", "remount,bind,ro", str(venv)])
+    with mounted(venv):
         for extra in ([], ["--no-backup"]):
             proc = ev(vault, "restore", sid, "--venv", venv, *extra, check=False)
             assert_one_line_error(proc, "read-only filesystem", str(venv))
             assert "--vault" not in proc.stderr and "the vault at" not in proc.stderr
             assert proc.returncode == 6
-    finally:
-        subprocess.run(["umount", str(venv)], check=True)
     assert tree_state(venv) == before and not _imports(venv)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from fixtures import catalogue as C
 from fixtures import pip_install, python_of, site_packages, uv_install, uv_pip
-from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json, mounted
 
 
 def _install_base(venv: Path, wheelhouse: dict, installer=uv_install) -> None:
@@ -267,39 +267,27 @@ def test_unreadable_file_one_line(tmp_path, make_venv, wheelhouse):
     assert not list((vault / "snapshots").glob("*.json"))
 
 
-def _mount(args: list[str]) -> None:
-    subprocess.run(["mount", *args], check=True, capture_output=True)
-
-
 def test_read_only_vault_and_full_disk(tmp_path, make_venv, wheelhouse):
-    assert os.geteuid() == 0, "this test mounts filesystems; CI runs as root"
     venv = make_venv("uv")
     _install_base(venv, wheelhouse)
     # read-only filesystem under an existing vault
     vault = tmp_path / "ro"
     ev(vault, "snap", "--venv", venv)
     before = sorted(p.name for p in (vault / "snapshots").iterdir())
-    _mount(["--bind", str(vault), str(vault)])
-    try:
-        _mount(["-o", "remount,bind,ro", str(vault)])
+    with mounted(vault):
         uv_install(venv, str(wheelhouse[C.SMALL_02]))
         proc = ev(vault, "snap", "--venv", venv, check=False)
         assert_one_line_error(proc, "read-only")
-    finally:
-        subprocess.run(["umount", str(vault)], check=True)
     assert sorted(p.name for p in (vault / "snapshots").iterdir()) == before
     # a full disk: a 120 KiB tmpfs cannot hold the torchlike build
     full = tmp_path / "full"
     full.mkdir()
-    _mount(["-t", "tmpfs", "-o", "size=120k", "tmpfs", str(full)])
-    try:
+    with mounted(full, tmpfs_size="120k"):
         proc = ev(full / "vault", "snap", "--venv", venv, check=False)
         assert_one_line_error(proc, "no space left")
         assert not list((full / "vault" / "snapshots").glob("*.json"))
         assert not list((full / "vault" / "tmp").iterdir())  # a failed snap removes its temp files
         assert ev_json(full / "vault", "verify")["ok"]
-    finally:
-        subprocess.run(["umount", str(full)], check=True)
 
 
 def test_two_snaps_at_once(tmp_path, make_venv, wheelhouse):
