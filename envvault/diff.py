@@ -153,9 +153,10 @@ def _no_contents(p: PackageSummary) -> PackageSummary:
 
 def content_states(vault, doc: Snapshot | dict) -> dict[tuple[str, str], PackageSummary]:
     """For a lock-only snapshot ``doc``: ``{(name, build_id): package summary}`` of its packages as the newest
-    full snapshot holding the same build recorded them (one of the same environment first, then any; a
-    snapshot taken no later than ``doc`` first): their contents (state id, edited, missing and executable
-    files) stand for the lock-only ones. Packages of no stored full copy are absent."""
+    full snapshot holding the same build recorded them (a restore's backup last: it records the state the
+    restore undid; then one of the same environment first, then any; a snapshot taken no later than ``doc``
+    first): their contents (state id, edited, missing and executable files) stand for the lock-only ones.
+    Packages of no stored full copy are absent."""
     if vault is None:
         return {}
     doc = loose_snapshot(doc)
@@ -164,7 +165,8 @@ def content_states(vault, doc: Snapshot | dict) -> dict[tuple[str, str], Package
     from envvault.vault.heads import snapshot_heads
 
     refs = [(sid, h) for sid, h in snapshot_heads(vault) if not h.lock_only and h.kind == "snapshot"]
-    refs.sort(key=lambda r: (r[1].venv == doc.venv, r[1].created <= created, r[1].created), reverse=True)
+    refs.sort(key=lambda r: (r[1].trigger != "restore-backup", r[1].venv == doc.venv, r[1].created <= created,
+                             r[1].created), reverse=True)
     out: dict[tuple[str, str], PackageSummary] = {}
     for sid, _ in refs:  # read one by one: the first usually holds every build wanted
         ref = vault.load_listed(sid)
@@ -295,7 +297,10 @@ def _change(o: PackageSummary, n: PackageSummary, vault) -> PackageChange:
     else:
         modified = _edited_files(o, n, o_mod, n_mod, vault)
     missing = sorted(set(o.missing) ^ set(n.missing))
-    modes = exec_change(o, n)
+    # A mode change is one of a file both sides hold: another version or build is a change of its own (the
+    # files of one version only are not "gained or lost the execute bit"), a missing file has no mode.
+    gone = set(o.missing) | set(n.missing)
+    modes = () if build_changed or ov != nv else tuple(f for f in exec_change(o, n) if f not in gone)
     if kind == "edited" and modes and not modified and not missing:
         kind = "mode"
     return PackageChange(

@@ -14,7 +14,7 @@ from pathlib import Path
 from envvault.errors import AmbiguousError, NotFoundError, UsageError
 from envvault.model.stamp import SIDECAR_NAME, Stamp
 
-__all__ = ["Ref", "resolve_arg", "is_lockfile", "environment_snapshot"]
+__all__ = ["Ref", "resolve_arg", "resolve_name", "is_lockfile", "environment_snapshot"]
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,10 @@ def is_lockfile(path: Path) -> bool:
     return path.suffix == ".toml" or path.name.startswith("pylock")
 
 
-def resolve_arg(vault, arg: str) -> Ref:
+def resolve_arg(vault, arg: str, venv: str | None = None) -> Ref:
     """``arg`` as a snapshot: a checkpoint file (not a lockfile), a checkpoint folder, else an id / prefix /
-    tag / ``latest``. A folder that holds no checkpoint is taken as a name when the vault knows one."""
+    tag / ``latest`` (``resolve_name``; ``venv``: the command's ``--venv``). A folder that holds no checkpoint
+    is taken as a name when the vault knows one."""
     path = Path(arg).expanduser()
     if path.is_file() and not is_lockfile(path):
         return _checkpoint_file(vault, path)
@@ -40,16 +41,59 @@ def resolve_arg(vault, arg: str) -> Ref:
         if _holds_checkpoints(path):
             return _checkpoint_folder(vault, path)
         try:
-            return _named(vault, arg)
+            return _named(vault, arg, venv)
         except NotFoundError:
             raise NotFoundError(f"{path} is a folder without checkpoint files (.metadata, envvault.json, "
                                 f"*.safetensors, *.bin, *.pt, ...) and no snapshot or tag has that name") from None
-    return _named(vault, arg)
+    return _named(vault, arg, venv)
 
 
-def _named(vault, arg: str) -> Ref:
-    sid = vault.resolve(arg)
+def _named(vault, arg: str, venv: str | None) -> Ref:
+    sid = resolve_name(vault, arg, venv)
     return Ref(sid, sid[:12], environment_snapshot(vault, sid, arg).venv)
+
+
+def resolve_name(vault, ref: str, venv: str | None = None) -> str:
+    """The id ``ref`` names: an id, prefix or tag (``Vault.resolve``), or ``latest`` as a command means it.
+    With an environment in scope (``venv``: the command's ``--venv``; ``--python``; else the active venv or
+    conda environment, as ``find_target`` takes it), ``latest`` is the snapshot that environment was last
+    snapped as or restored to (``baseline_snapshot``, what ``status`` compares with: never a restore's backup,
+    nor the "after" snapshot of a guard that rolled back), else the newest snapshot of that path; an
+    environment without one is a ``NotFoundError``, never another environment's snapshot. Without one, the
+    vault's newest environment snapshot, or, when its environment is here, that environment's baseline."""
+    if ref.strip() != "latest":
+        return vault.resolve(ref)
+    from envvault.env.probe import chosen_python, find_target
+    from envvault.errors import EnvvaultError
+
+    if venv is not None or chosen_python():
+        return _latest_of(vault, find_target(venv))
+    import os
+
+    if os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX"):
+        try:
+            scope = find_target(None)
+        except UsageError:
+            scope = None  # an active environment that is gone or not one: the vault's newest, as without one
+        if scope is not None:
+            return _latest_of(vault, scope)
+    sid = vault.resolve("latest")
+    recorded = vault.load_snapshot(sid).snapshot.venv
+    if recorded and Path(recorded).is_dir():
+        try:
+            return _latest_of(vault, find_target(recorded))
+        except EnvvaultError:
+            pass
+    return sid
+
+
+def _latest_of(vault, target: Path) -> str:
+    from envvault.restore.baseline import baseline_snapshot
+
+    try:
+        return baseline_snapshot(vault, target)
+    except NotFoundError:  # snapshots of that path by another interpreter only, or none (named in the error)
+        return vault.resolve("latest", venv=str(target))
 
 
 def environment_snapshot(vault, sid: str, arg: str):
@@ -59,7 +103,7 @@ def environment_snapshot(vault, sid: str, arg: str):
     if snap.is_cache_only:
         named = sid[:12] if sid.startswith(arg.strip().lower()) else f"{sid[:12]} ({arg})"
         raise UsageError(f"snapshot {named} is cache-only (made by `envvault cache snap`): it holds compile caches, "
-                         f"no environment; use `envvault cache restore {sid[:12]}` or `envvault cache diff`")
+                         f"no environment; use `{vault.command('cache', 'restore', sid[:12])}` or `envvault cache diff`")
     return snap
 
 

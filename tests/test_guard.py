@@ -155,6 +155,12 @@ def test_failing_install_is_rolled_back(cu128_pip_venv, disaster_index, tmp_path
     assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
     assert _dists(venv) == ["torchlike-2.11.0+cu128"]
     assert not (venv / "share" / "torchlike" / "build.txt").read_text().count("13.0")
+    # The wreck is the newest snapshot, but `latest` is what the environment was rolled back to: a later
+    # `restore latest` must not put the +cu130 build back (with the venv active, and without one).
+    for e in (env, {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}):
+        again = json.loads(run_envvault("restore", "latest", "--dry-run", "--json", env=e).stdout)
+        assert again["restored"] == doc["before"] and again["changed"] == 0, again
+        assert json.loads(run_envvault("show", "latest", "--json", env=e).stdout)["id"] == doc["before"]
 
 
 def test_no_restore_keeps_the_wreck(cu128_pip_venv, disaster_index, tmp_path):

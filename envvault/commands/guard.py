@@ -187,15 +187,18 @@ def _active() -> bool:
 def _render_outcome(result) -> None:
     if result.outcome == "passthrough" or result.before is None:
         return
+    from envvault.vault.location import command_for
+
     c = _colour()
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     if result.restored_to:
         _say(style(f"restored snapshot {result.restored_to[:12]}", "green", c) + f" ({result.reason})")
         if result.after:
-            _say(f"what the command left is snapshot {result.after[:12]}: envvault restore {result.after[:12]}")
+            _say(f"what the command left is snapshot {result.after[:12]}: "
+                 + command_for(result.vault, "restore", result.after[:12]))
     elif result.outcome in ("ran", "failed") and result.diff is not None and not result.diff.environment_empty:
-        _say(f"undo with: envvault restore {result.before[:12]}")
+        _say("undo with: " + command_for(result.vault, "restore", result.before[:12]))
 
 
 @cli.command("shell-hook")

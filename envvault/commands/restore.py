@@ -34,11 +34,11 @@ def resolve_side(vault: Vault, arg: str, *, venv: str | None = None,
 
         target = current_target(venv, other, other_doc)
         return f"current ({target})", scan_current(vault, target)
-    label, doc, _ = _stored_side(vault, arg)
+    label, doc, _ = _stored_side(vault, arg, venv)
     return label, doc
 
 
-def _stored_side(vault: Vault, arg: str) -> tuple[str, Snapshot | dict, str | None]:
+def _stored_side(vault: Vault, arg: str, venv: str | None = None) -> tuple[str, Snapshot | dict, str | None]:
     """A side that is not ``current``: (label, document, the environment it names or None)."""
     from envvault.refs import is_lockfile, resolve_arg
 
@@ -47,7 +47,7 @@ def _stored_side(vault: Vault, arg: str) -> tuple[str, Snapshot | dict, str | No
         from envvault.lock.pylock_doc import lockfile_document
 
         return str(path), lockfile_document(path), None
-    ref = resolve_arg(vault, arg)
+    ref = resolve_arg(vault, arg, venv)
     return ref.label, vault.load_snapshot(ref.sid).snapshot, ref.venv
 
 
@@ -99,12 +99,12 @@ def _stamp_url(arg: str) -> str | None:
         return None
 
 
-def resolve_snapshot(vault: Vault, arg: str):
-    """A snapshot for restore (:class:`envvault.refs.Ref`): id / prefix / tag / ``latest``, or a stamped
-    checkpoint file or folder."""
+def resolve_snapshot(vault: Vault, arg: str, venv: str | None = None):
+    """A snapshot for restore (:class:`envvault.refs.Ref`): id / prefix / tag / ``latest`` (of ``--venv``,
+    else the active environment), or a stamped checkpoint file or folder."""
     from envvault.refs import resolve_arg
 
-    return resolve_arg(vault, arg)
+    return resolve_arg(vault, arg, venv)
 
 
 def _render_diff(result) -> None:
@@ -140,7 +140,7 @@ def diff(ctx, old, new, venv, as_json, exit_code):
     from envvault.diff import diff_snapshots
 
     vault = _open_for(ctx, old, new)
-    stored = {arg: _stored_side(vault, arg) for arg in (old, new) if arg != "current"}
+    stored = {arg: _stored_side(vault, arg, venv) for arg in (old, new) if arg != "current"}
     named = next((s[2] for s in stored.values() if s[2]), None)  # for `current`: the environment named
     named_doc = next((s[1] for s in stored.values() if s[2]), None)  # a system environment's interpreter
     old_label, old_doc = stored[old][:2] if old in stored else resolve_side(vault, old, venv=venv, other=named, other_doc=named_doc)
@@ -182,7 +182,7 @@ def status(ctx, venv, against, as_json, exit_code):
     if against:  # without --venv and an active venv: the environment the snapshot names
         from envvault.refs import environment_snapshot
 
-        sid = resolve_ref(vault, against)
+        sid = resolve_ref(vault, against, venv)
         against_snap = environment_snapshot(vault, sid, against)
         target = current_target(venv, against_snap.venv, against_snap)
     else:
@@ -193,7 +193,7 @@ def status(ctx, venv, against, as_json, exit_code):
     broken = interrupted_restore(journal_file(vault, target))
     if broken:
         click.echo(f"warning: a restore of {broken[:12]} onto {target} was interrupted; run "
-                   f"`envvault restore {broken[:12]} --venv {target}` to finish it", err=True)
+                   f"`{vault.command('restore', broken[:12], '--venv', str(target))}` to finish it", err=True)
     cache = statcache_for(vault, target)
     now = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")
@@ -277,7 +277,7 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, share_s
 
         share_system_packages(True)
     vault = _open_for(ctx, snapshot_id)
-    ref = resolve_snapshot(vault, snapshot_id)
+    ref = resolve_snapshot(vault, snapshot_id, venv)
     sid = ref.sid
     target = Path(into).absolute() if into else _restore_target(vault, sid, venv, ref.venv)
     stats = vault.load_snapshot(sid).snapshot.stats
@@ -292,12 +292,12 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, share_s
     if as_json:
         emit_json(doc)
     else:
-        _render_restore(result, doc)
+        _render_restore(result, doc, vault)
     if not dry_run and not result.verified:
         sys.exit(1)
 
 
-def _render_restore(result, doc: dict) -> None:
+def _render_restore(result, doc: dict, vault: Vault) -> None:
     short = result.restored[:12]
     plan = doc.get("plan") or {}
     if result.mode == "into":
@@ -329,7 +329,8 @@ def _render_restore(result, doc: dict) -> None:
                        + (f"{result.modes_set} modes set, " if result.modes_set else "")
                        + f"{result.removed_files} removed in {result.seconds:.2f}s")
             if result.backup:
-                click.echo(f"backup {style(result.backup[:12], 'yellow')} (undo with: envvault restore {result.backup[:12]})")
+                click.echo(f"backup {style(result.backup[:12], 'yellow')} "
+                           f"(undo with: {vault.command('restore', result.backup[:12])})")
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     caches = result.caches or {}

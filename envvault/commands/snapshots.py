@@ -162,9 +162,12 @@ def show(ctx, snapshot_id, as_json):
         click.echo(f"warning  {w}")
 
 
-def resolve_ref(vault: Vault, ref: str) -> str:
-    """Resolve an id/prefix/tag/latest. Other areas (checkpoints, pylock paths) extend diff/restore."""
-    return vault.resolve(ref)
+def resolve_ref(vault: Vault, ref: str, venv: str | None = None) -> str:
+    """Resolve an id/prefix/tag/latest (``refs.resolve_name``: ``latest`` of the environment in scope, ``venv``
+    the command's ``--venv``). Other areas (checkpoints, pylock paths) extend diff/restore."""
+    from envvault.refs import resolve_name
+
+    return resolve_name(vault, ref, venv)
 
 
 @cli.command()

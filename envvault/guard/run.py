@@ -73,6 +73,7 @@ class GuardResult:
     exit_code: int
     command_exit: int | None = None
     target: str | None = None
+    vault: str | None = None  # its location, for the commands a message names (``location.command_for``)
     before: str | None = None
     after: str | None = None
     restored_to: str | None = None
@@ -91,6 +92,7 @@ class GuardResult:
             "exit_code": self.exit_code,
             "command_exit": self.command_exit,
             "venv": self.target,
+            "vault": self.vault,
             "before": self.before,
             "after": self.after,
             "restored_to": self.restored_to,
@@ -289,7 +291,7 @@ def guard(
                          "pass --venv with the environment it should guard")
     protected = [(c, pat) for c in plan.changes if c.touches_build and (pat := protection.match(c.name))]
     ui.show_plan(plan, protected, target, before.id)
-    base = dict(command=cmd.argv, target=str(target), before=before.id, plan=plan,
+    base = dict(command=cmd.argv, target=str(target), vault=vault.location, before=before.id, plan=plan,
                 protected=tuple(sorted({c.name for c, _ in protected})))
 
     consented: set[str] = set()
@@ -362,7 +364,7 @@ def guard(
             _write_project_files(project_files)
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
-                                f"`envvault status --against {before.id[:12]}` shows how")
+                                f"`{vault.command('status', '--against', before.id[:12])}` shows how")
             outcome = "restored" if outcome != "refused" else outcome
             base["restored_to"] = before.id
         except EnvvaultError as err:
@@ -370,7 +372,7 @@ def guard(
         timings["restore"] = time.monotonic() - t
     elif undo:
         warnings.append(f"--no-restore: the environment stays as the command left it; "
-                        f"`envvault restore {before.id[:12]}` brings back the state before")
+                        f"`{vault.command('restore', before.id[:12])}` brings back the state before")
 
     warnings += _retain(vault, target, protection)
     return GuardResult(outcome=outcome, exit_code=exit_code, reason=reason, restore_error=restore_error,

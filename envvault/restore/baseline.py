@@ -1,7 +1,7 @@
 """Which snapshot an environment should match now: what ``status`` compares against.
 
-That is the newest snapshot of the environment (backups a restore took excluded) or, when newer, the
-snapshot most recently restored onto it. The latter is remembered under the vault's ``state/`` (a cache:
+That is the newest environment snapshot of the environment (backups a restore took excluded; cache-only
+snapshots never) or, when newer, the snapshot most recently restored onto it (a guard's rollback included). The latter is remembered under the vault's ``state/`` (a cache:
 losing it only makes ``status`` fall back to the newest snapshot).
 """
 
@@ -52,8 +52,11 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none."""
     target = Path(target)
     mine = _same_python(target)
-    own = newest_head(vault, lambda h: h.venv == str(target) and mine(h) and h.trigger != "restore-backup") \
-        or newest_head(vault, lambda h: h.venv == str(target) and mine(h))
+
+    def ours(h) -> bool:  # an environment snapshot of it (a `cache snap --venv` of it is not)
+        return h.venv == str(target) and h.kind == "snapshot" and mine(h)
+
+    own = newest_head(vault, lambda h: ours(h) and h.trigger != "restore-backup") or newest_head(vault, ours)
     best = (own[1].created, own[0]) if own else None
     try:
         marker = json_loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from envvault.errors import UsageError
 
-__all__ = ["default_vault_path", "vault_url", "parse_s3_url", "S3Url", "have_client", "EXTRA_HINT"]
+__all__ = ["default_vault_path", "vault_url", "parse_s3_url", "S3Url", "have_client", "EXTRA_HINT", "command_for"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -30,6 +30,20 @@ def default_vault_path(explicit: str | os.PathLike | None = None) -> Path:
         return Path(os.environ["ENVVAULT_HOME"]).expanduser().absolute()
     data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data_home).expanduser().absolute() / "envvault"
+
+
+def command_for(location: str, *words: str) -> str:
+    """The command line ``envvault WORDS`` a message tells the user to run on the vault at ``location``: with
+    ``--vault LOCATION`` when a plain ``envvault`` (``$ENVVAULT_HOME``, else the default folder) would open
+    another vault, so that a hint copied from a ``--vault`` run acts on the same vault."""
+    import shlex
+
+    try:
+        default = vault_url(os.environ.get("ENVVAULT_HOME") or None) or str(default_vault_path())
+    except UsageError:
+        default = None
+    flag = [] if location == default else ["--vault", location]
+    return " ".join(["envvault", *map(shlex.quote, [*flag, *words])])
 
 
 def vault_url(location: str | os.PathLike | None) -> str | None:

@@ -397,6 +397,13 @@ class Vault:
                 self.warn(f"skipped {err}")
             return None
 
+    def command(self, *words: str) -> str:
+        """``envvault WORDS`` as a message tells the user to run it on this vault (``location.command_for``:
+        with ``--vault`` when a plain ``envvault`` would open another)."""
+        from envvault.vault.location import command_for
+
+        return command_for(self.location, *words)
+
     def resolve(self, ref: str, *, venv: str | None = None) -> str:
         """A full id from: full hex, unique prefix (>= 4), tag, or ``latest`` (optionally of one venv).
 
