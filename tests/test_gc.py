@@ -75,6 +75,27 @@ def test_keep_last_tags_and_dry_run(tmp_path, make_venv, wheelhouse):
     assert proc.returncode == 4
 
 
+def test_keep_last_keeps_what_the_environment_was_restored_to_not_the_backup(tmp_path, make_venv, wheelhouse):
+    """After `restore good`, the newest snapshot is the restore's backup of the broken state; `gc --keep-last
+    1` keeps what the environment was restored to (its `latest`), and what is kept still restores."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
+    good = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_pip(venv, "uninstall", "torchlike")
+    uv_install(venv, wheelhouse[C.TORCH_CU130])
+    broken = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    restored = ev_json(vault, "restore", good, "--venv", venv)
+    backup = restored["backup"]
+    assert restored["verified"] and backup not in (None, good, broken)
+    dry = ev(vault, "gc", "--keep-last", "1", "--dry-run").stdout
+    assert dry.startswith("would remove 2 snapshot(s)") and "would rewrite" in dry and "would keep 1" in dry, dry
+    res = ev_json(vault, "gc", "--keep-last", "1")
+    assert sorted(res["removed_snapshots"]) == sorted([broken, backup]) and res["kept_snapshots"] == 1
+    assert ev_json(vault, "status", "--venv", venv)["snapshot"] == good
+    assert ev_json(vault, "restore", "latest", "--into", tmp_path / "copy")["verified"]
+
+
 def test_partly_live_packs_are_rewritten_and_orphans_removed(tmp_path, make_venv, wheelhouse):
     vault = tmp_path / "vault"
     venv = make_venv("uv")

@@ -433,16 +433,26 @@ def gc(ctx, keep_last, dry_run, as_json):
       envvault gc --keep-last 10 --dry-run
       envvault gc
     """
+    from envvault.errors import EnvvaultError
+    from envvault.restore.baseline import baseline_snapshot
     from envvault.vault.gc import collect_garbage
 
     vault = open_vault(ctx)
-    result = collect_garbage(vault, keep_last=keep_last, dry_run=dry_run)
+
+    def latest_of(venv: str) -> str | None:  # what `latest` names for it (refs.resolve_name)
+        try:
+            return baseline_snapshot(vault, Path(venv))
+        except EnvvaultError:
+            return None
+
+    result = collect_garbage(vault, keep_last=keep_last, dry_run=dry_run, first=latest_of)
     if as_json:
         emit_json(result.to_json())
         return
-    verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb} {len(result.removed_snapshots)} snapshot(s), {result.removed_packs} pack(s), "
-               f"rewrote {result.rewritten_packs}; {'would free' if dry_run else 'freed'} {human_bytes(result.freed_bytes)}; "
-               f"kept {len(result.kept_snapshots)} snapshot(s)")
+    would = dry_run
+    click.echo(f"{'would remove' if would else 'removed'} {len(result.removed_snapshots)} snapshot(s), "
+               f"{result.removed_packs} pack(s), {'would rewrite' if would else 'rewrote'} {result.rewritten_packs}; "
+               f"{'would free' if would else 'freed'} {human_bytes(result.freed_bytes)}; "
+               f"{'would keep' if would else 'kept'} {len(result.kept_snapshots)} snapshot(s)")
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)

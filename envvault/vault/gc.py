@@ -55,27 +55,33 @@ class GcResult:
         }
 
 
-def _choose(vault: Vault, keep_last: int | None) -> tuple[list, list]:
+def _choose(vault: Vault, keep_last: int | None, first) -> tuple[list, list]:
     snaps = vault.snapshots()  # newest first
     if keep_last is None:
         return snaps, []
     tagged = set(vault.tags().values())
-    per_venv: dict[str, int] = {}
-    keep, drop = [], []
+    by_venv: dict[str | None, list] = {}
     for s in snaps:
-        venv = str(s.snapshot.venv)
-        per_venv[venv] = per_venv.get(venv, 0) + 1
-        (keep if s.id in tagged or per_venv[venv] <= keep_last else drop).append(s)
-    return keep, drop
+        by_venv.setdefault(s.snapshot.venv, []).append(s)
+    keep_ids = set(tagged)
+    for venv, own in by_venv.items():
+        head = first(venv) if first is not None and venv is not None else None
+        own.sort(key=lambda s: s.id != head)  # stable: that one first, the others newest first
+        keep_ids.update(s.id for s in own[:keep_last])
+    keep = [s for s in snaps if s.id in keep_ids]
+    return keep, [s for s in snaps if s.id not in keep_ids]
 
 
-def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool = False) -> GcResult:
+def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool = False,
+                    first=None) -> GcResult:
     """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None);
-    delete the rest and every object only they referenced."""
+    delete the rest and every object only they referenced. ``first(venv)``: the snapshot of an environment
+    that counts as its newest (the one ``latest`` names for it: what it was last snapped as or restored to,
+    not a restore's backup taken since), or None."""
     if keep_last is not None and keep_last < 0:
         raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
     with vault.lock(exclusive=True):
-        keep, drop = _choose(vault, keep_last)
+        keep, drop = _choose(vault, keep_last, first)
         unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
         if unreadable:
             # Their references are unknown; deleting anything could break them.
