@@ -180,6 +180,15 @@ def test_failure_that_changed_nothing_passes_exit_code(cu128_pip_venv, disaster_
     assert doc["diff"]["packages"] == {"added": [], "removed": [], "changed": []}
 
 
+def test_the_first_snapshot_note_is_only_for_an_environment_never_snapped(cu128_pip_venv, tmp_path):
+    note = "an environment's first snapshot stores every file once"
+    env = guard_env(cu128_pip_venv, tmp_path / "vault")
+    assert note in _guard(env, "--", "true").stderr
+    snapped = guard_env(cu128_pip_venv, tmp_path / "snapped")
+    run_envvault("snap", "--no-caches", env=snapped)
+    assert note not in _guard(snapped, "--", "true").stderr  # guard's first run, not its first snapshot
+
+
 def test_exit_code_of_any_command_passes_through(cu128_pip_venv, tmp_path):
     env = guard_env(cu128_pip_venv, tmp_path / "vault")
     proc, doc = _guard(env, "--", "sh", "-c", "exit 7", json_out=True)

@@ -268,7 +268,10 @@ def guard(
         protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
         t = time.monotonic()
         if not _pointer(vault, target).exists():
-            ui.note(f"snapshotting {target} first (an environment's first snapshot stores every file once)")
+            from envvault.vault.heads import newest_head
+
+            if newest_head(vault, lambda h: h.venv == str(target) and h.kind == "snapshot") is None:
+                ui.note(f"snapshotting {target} first (an environment's first snapshot stores every file once)")
         prev = _previous_provenance(vault, target)
         prov_before = carry(prev, current_builds(target, _sites_guess(target), prev)) if prev else {}
         record_argv = ["envvault", "guard", "--", *cmd.argv]
