@@ -775,6 +775,12 @@ def test_cache_diff_side_by_side(tmp_path, torch_venv):
     text = ev(vault, "cache", "diff", b, c).stdout
     assert "2.11.0+cu130" in text and "only in B" in text
     assert ev_json(vault, "cache", "diff", a, a)["same"] is True
+    # A symlink is compared, but the entry counts are the ones `cache snap` and `cache list` give.
+    os.symlink("zz/czz.py", root / "alias.py")
+    linked = ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", root)
+    (listed,) = [c for c in ev_json(vault, "cache", "list", linked["id"])["caches"]]
+    pair = ev_json(vault, "cache", "diff", b, linked["id"])["caches"][0]
+    assert pair["only_b"] == ["alias.py"] and pair["entries_b"] == listed["entries"] == pair["entries_a"], pair
 
 
 def test_near_identical_large_files_share_chunks(tmp_path):

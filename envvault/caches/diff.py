@@ -116,7 +116,7 @@ def diff_caches(vault, doc_a: Snapshot | dict, doc_b: Snapshot | dict, *, label_
 
 def _pair(vault, ca: CacheEntry | None, cb: CacheEntry | None) -> CachePair:
     kind = (ca or cb).kind or "?"
-    files_a, files_b = _files(vault, ca), _files(vault, cb)
+    (files_a, regular_a), (files_b, regular_b) = _files(vault, ca), _files(vault, cb)
     ents_a = _by_entry(kind, files_a)
     ents_b = _by_entry(kind, files_b)
     changed = sorted(k for k in ents_a.keys() & ents_b.keys() if ents_a[k] != ents_b[k])
@@ -125,8 +125,8 @@ def _pair(vault, ca: CacheEntry | None, cb: CacheEntry | None) -> CachePair:
         root_a=ca.root if ca else None,
         root_b=cb.root if cb else None,
         fingerprint=fingerprint_rows(ca.fingerprint if ca else None, cb.fingerprint if cb else None),
-        entries_a=summarise_entries(kind, list(files_a)),
-        entries_b=summarise_entries(kind, list(files_b)),
+        entries_a=summarise_entries(kind, regular_a),  # counted as the snapshot counts them (archive.py)
+        entries_b=summarise_entries(kind, regular_b),
         only_a=tuple(sorted(ents_a.keys() - ents_b.keys())),
         only_b=tuple(sorted(ents_b.keys() - ents_a.keys())),
         changed=tuple(changed),
@@ -134,12 +134,14 @@ def _pair(vault, ca: CacheEntry | None, cb: CacheEntry | None) -> CachePair:
     )
 
 
-def _files(vault, entry: CacheEntry | None) -> dict[str, tuple]:
+def _files(vault, entry: CacheEntry | None) -> tuple[dict[str, tuple], list[str]]:
+    """The cache's files and symlinks (path -> what it holds), and the paths of its regular files."""
     if entry is None or entry.manifest is None:
-        return {}
+        return {}, []
     mid = entry.manifest
     manifest = parse_manifest(vault.get_json(mid), f"cache manifest {mid[:12]}")
-    return {f.path: (f.sha256 or f.target, f.mode) for f in manifest.files if f.kind != "dir"}
+    return ({f.path: (f.sha256 or f.target, f.mode) for f in manifest.files if f.kind != "dir"},
+            [f.path for f in manifest.files if f.kind == "file"])
 
 
 def _by_entry(kind: str, files: dict[str, tuple]) -> dict[str, frozenset]:
