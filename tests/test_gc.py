@@ -48,6 +48,10 @@ def test_keep_last_tags_and_dry_run(tmp_path, make_venv, wheelhouse):
     lone = ev_json(vault, "snap", "--no-caches", "--venv", other)["id"]
     ev(vault, "tag", first[:8], "known-good")
     assert _vault(vault).tags() == {"known-good": first}
+    moved = ev(vault, "tag", third, "known-good").stdout  # a tag moves, and says from where
+    assert moved.strip() == f"tagged {third[:12]} as known-good (moved from {first[:12]})", moved
+    assert ev(vault, "tag", first[:8], "known-good").stdout.strip().endswith(f"(moved from {third[:12]})")
+    assert ev(vault, "tag", first[:8], "known-good").stdout.strip() == f"tagged {first[:12]} as known-good"
 
     size = _pack_bytes(vault)
     files = sorted(p for p in vault.rglob("*") if p.is_file() and "state" not in p.parts and "locks" not in p.parts)

@@ -398,8 +398,10 @@ def tag(ctx, snapshot_id, name):
     """
     vault = open_vault(ctx)
     sid = resolve_ref(vault, snapshot_id)
+    was = vault.tags().get(name)
     vault.set_tag(name, sid)
-    click.echo(f"tagged {style(sid[:12], 'yellow')} as {name}")
+    moved = f" (moved from {was[:12]})" if was not in (None, sid) else ""
+    click.echo(f"tagged {style(sid[:12], 'yellow')} as {name}{moved}")
 
 
 @cli.command()
