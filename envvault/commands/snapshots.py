@@ -175,10 +175,13 @@ def resolve_ref(vault: Vault, ref: str, venv: str | None = None) -> str:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write (default: pylock.toml or requirements.txt).")
 @click.option("--format", "fmt", type=click.Choice(["pylock", "requirements"]), default="pylock", show_default=True)
 @click.option("--no-wheels", is_flag=True, help="pylock only: do not rebuild wheels from the vault.")
+@venv_option
 @json_option
 @click.pass_context
-def export(ctx, snapshot_id, output, fmt, no_wheels, as_json):
+def export(ctx, snapshot_id, output, fmt, no_wheels, venv, as_json):
     """Export a snapshot as a PEP 751 pylock.toml (with rebuilt wheels) or requirements.txt.
+
+    `latest` is that of --venv (else the active venv), as for restore and diff.
 
     \b
     Examples:
@@ -189,7 +192,7 @@ def export(ctx, snapshot_id, output, fmt, no_wheels, as_json):
     from envvault.refs import environment_snapshot
 
     vault = open_vault(ctx)
-    sid = resolve_ref(vault, snapshot_id)
+    sid = resolve_ref(vault, snapshot_id, venv)
     environment_snapshot(vault, sid, snapshot_id)
     out = Path(output or ("pylock.toml" if fmt == "pylock" else "requirements.txt")).absolute()
     result = export_snapshot(vault, sid, out, fmt=fmt, wheels=not no_wheels)
