@@ -239,3 +239,18 @@ def test_export_no_wheels_warns_about_packages_without_source(shaped, tmp_path):
     proc = ev(shaped["vault"], "export", shaped["sid"], "-o", tmp_path / "pylock.toml", "--no-wheels")
     assert "1 package installed from an index has no source in the lock (--no-wheels): depleaf 1.0" in proc.stderr
     assert "edproj" not in proc.stderr and "folderproj" not in proc.stderr and "filewheel" not in proc.stderr
+
+
+def test_export_again_to_the_same_lock_warns_of_wheels_it_does_not_name(shaped, tmp_path):
+    """An earlier export's wheels stay in `<stem>.wheels/` (nothing a person may have put there is deleted),
+    and a warning names them; the lock names only its own."""
+    out = tmp_path / "pylock.toml"
+    first = ev_json(shaped["vault"], "export", shaped["sid"], "-o", out)
+    assert first["warnings"] == [] and first["wheels"] == 3, first
+    stale = Path(first["wheel_dir"]) / "oldpkg-0.9-py3-none-any.whl"
+    stale.write_bytes(b"an earlier export's")
+    again = ev_json(shaped["vault"], "export", shaped["sid"], "-o", out)
+    (warning,) = again["warnings"]
+    assert "also holds 1 wheel(s) pylock.toml does not name (oldpkg-0.9-py3-none-any.whl)" in warning, warning
+    assert stale.read_bytes() == b"an earlier export's"
+    assert "oldpkg" not in out.read_text()

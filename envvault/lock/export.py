@@ -205,7 +205,8 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
             raise
         n_wheels = sum(1 for e in entries if e["wheel"])
         return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
-                "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings + lock_warnings}
+                "wheel_dir": str(wheel_dir) if n_wheels else None,
+                "warnings": warnings + lock_warnings + _unnamed_wheels(wheel_dir, entries, out)}
     plan = []
     for p in doc.packages:
         man = manifests[p.manifest]
@@ -255,7 +256,24 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
                         "them on its index by name and version")
     n_wheels = sum(1 for e in entries if e["wheel"])
     return {"path": str(out), "format": fmt, "packages": len(entries), "wheels": n_wheels,
-            "wheel_dir": str(wheel_dir) if n_wheels else None, "warnings": warnings}
+            "wheel_dir": str(wheel_dir) if n_wheels else None,
+            "warnings": warnings + _unnamed_wheels(wheel_dir, entries, out)}
+
+
+def _unnamed_wheels(wheel_dir: Path, entries: list[dict], out: Path) -> list[str]:
+    """A warning when the wheel folder holds wheels the lock does not name (an earlier export to the same
+    ``-o``): they are left there (the folder may hold what a person put in it), but an installer pointed at
+    the folder (``--find-links``) could pick one."""
+    named = {e["wheel"]["name"] for e in entries if e["wheel"]}
+    try:
+        others = sorted(n for n in os.listdir(wheel_dir) if n.endswith(".whl") and n not in named)
+    except OSError:
+        return []
+    if not others:
+        return []
+    listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    return [f"{wheel_dir} also holds {len(others)} wheel(s) {out.name} does not name ({listed}), from an earlier "
+            "export? Installing from the lock uses only its own; remove them if nothing else needs them"]
 
 
 def rebuild_wheels(vault: Vault, python, jobs: list[tuple[int, DistManifest]], wheel_dir: Path,
