@@ -153,10 +153,10 @@ def _no_contents(p: PackageSummary) -> PackageSummary:
 
 def content_states(vault, doc: Snapshot | dict) -> dict[tuple[str, str], PackageSummary]:
     """For a lock-only snapshot ``doc``: ``{(name, build_id): package summary}`` of its packages as the newest
-    full snapshot holding the same build recorded them (a restore's backup last: it records the state the
-    restore undid; then one of the same environment first, then any; a snapshot taken no later than ``doc``
-    first): their contents (state id, edited, missing and executable files) stand for the lock-only ones.
-    Packages of no stored full copy are absent."""
+    full snapshot holding the same build recorded them (a restore's backup and a guard's rolled-back "after"
+    snapshot last: they record states a restore undid; then one of the same environment first, then any; a
+    snapshot taken no later than ``doc`` first): their contents (state id, edited, missing and executable
+    files) stand for the lock-only ones. Packages of no stored full copy are absent."""
     if vault is None:
         return {}
     doc = loose_snapshot(doc)
@@ -164,9 +164,12 @@ def content_states(vault, doc: Snapshot | dict) -> dict[tuple[str, str], Package
     created = doc.created
     from envvault.vault.heads import snapshot_heads
 
+    from envvault.snap.verdict import undone_snapshots
+
+    undone = undone_snapshots(vault)
     refs = [(sid, h) for sid, h in snapshot_heads(vault) if not h.lock_only and h.kind == "snapshot"]
-    refs.sort(key=lambda r: (r[1].trigger != "restore-backup", r[1].venv == doc.venv, r[1].created <= created,
-                             r[1].created), reverse=True)
+    refs.sort(key=lambda r: (r[1].trigger != "restore-backup" and r[0] not in undone, r[1].venv == doc.venv,
+                             r[1].created <= created, r[1].created), reverse=True)
     out: dict[tuple[str, str], PackageSummary] = {}
     for sid, _ in refs:  # read one by one: the first usually holds every build wanted
         ref = vault.load_listed(sid)

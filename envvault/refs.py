@@ -11,7 +11,7 @@ from __future__ import annotations
 from envvault.model.records import dataclass
 from pathlib import Path
 
-from envvault.errors import AmbiguousError, NotFoundError, UsageError
+from envvault.errors import AmbiguousError, NotFoundError, RefusedError, UsageError
 from envvault.model.stamp import SIDECAR_NAME, Stamp
 
 __all__ = ["Ref", "resolve_arg", "resolve_name", "is_lockfile", "environment_snapshot"]
@@ -70,13 +70,13 @@ def resolve_name(vault, ref: str, venv: str | None = None) -> str:
         return _latest_of(vault, find_target(venv))
     import os
 
-    if os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX"):
+    active = os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX")
+    if active:
         try:
             scope = find_target(None)
-        except UsageError:
-            scope = None  # an active environment that is gone or not one: the vault's newest, as without one
-        if scope is not None:
-            return _latest_of(vault, scope)
+        except UsageError:  # an active venv since deleted (to be rebuilt with --into): what the vault has of it
+            scope = Path(active).expanduser().absolute()
+        return _latest_of(vault, scope)
     sid = vault.resolve("latest")
     recorded = vault.load_snapshot(sid).snapshot.venv
     if recorded and Path(recorded).is_dir():
@@ -88,21 +88,27 @@ def resolve_name(vault, ref: str, venv: str | None = None) -> str:
 
 
 def _latest_of(vault, target: Path) -> str:
+    from envvault.env.probe import system_of
     from envvault.restore.baseline import baseline_snapshot
 
     try:
         return baseline_snapshot(vault, target)
-    except NotFoundError:  # snapshots of that path by another interpreter only, or none (named in the error)
+    except NotFoundError:
+        if system_of(target) is not None:  # a system root: another interpreter's snapshots of it are not its
+            raise
+        # A venv with snapshots of that path by another interpreter only (rebuilt with another Python: the
+        # restore then says so), or none (named in the error).
         return vault.resolve("latest", venv=str(target))
 
 
 def environment_snapshot(vault, sid: str, arg: str):
     """The snapshot ``sid`` (named ``arg``) for a command that needs an environment (restore, diff, export,
-    status --against); a cache-only snapshot is a ``UsageError`` that names the cache command to use."""
+    status --against); a cache-only snapshot is refused (``RefusedError``, exit 3, as a restore refused it
+    before) with one line that names the cache command to use."""
     snap = vault.load_snapshot(sid).snapshot
     if snap.is_cache_only:
         named = sid[:12] if sid.startswith(arg.strip().lower()) else f"{sid[:12]} ({arg})"
-        raise UsageError(f"snapshot {named} is cache-only (made by `envvault cache snap`): it holds compile caches, "
+        raise RefusedError(f"snapshot {named} is cache-only (made by `envvault cache snap`): it holds compile caches, "
                          f"no environment; use `{vault.command('cache', 'restore', sid[:12])}` or `envvault cache diff`")
     return snap
 

@@ -595,7 +595,7 @@ def test_environment_restore_of_a_cache_only_snapshot_is_refused(tmp_path, make_
 def test_latest_is_the_newest_environment_snapshot_and_a_cache_only_one_is_refused_by_name(tmp_path, make_venv):
     """A `cache snap` after a snap (the usual order: train, then archive the compile cache) does not become
     what `restore latest`, `diff latest current` or `export latest` act on; named, a cache-only snapshot gets
-    one line that points to the cache commands (exit 2) from every command that needs an environment."""
+    one line that points to the cache commands (exit 3, as before) from every command that needs an environment."""
     from fixtures import build_wheel, uv_install
 
     venv = make_venv("uv")
@@ -618,7 +618,7 @@ def test_latest_is_the_newest_environment_snapshot_and_a_cache_only_one_is_refus
                  ["status", "--against", cache_sid, "--venv", venv]):
         proc = ev(vault, *args, check=False)
         assert_one_line_error(proc, "cache-only", f"envvault cache restore {cache_sid[:12]}")
-        assert proc.returncode == 2, args
+        assert proc.returncode == 3, args
     assert not (tmp_path / "new").exists() and not (tmp_path / "x.toml").exists()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,8 @@ def test_keep_last_tags_and_dry_run(tmp_path, make_venv, wheelhouse):
     assert ev_json(vault, "restore", "known-good", "--into", new)["verified"]
 
     ev(vault, "untag", "known-good")
+    assert ev_json(vault, "gc", "--keep-last", "1")["removed_snapshots"] == []  # what from-tag was made from
+    shutil.rmtree(new)  # that environment gone, nothing keeps the untagged snapshot any more
     assert ev_json(vault, "gc", "--keep-last", "1")["removed_snapshots"] == [first]
     assert ev_json(vault, "verify")["ok"]
     proc = ev(vault, "untag", "known-good", check=False)
@@ -98,6 +101,28 @@ def test_keep_last_keeps_what_the_environment_was_restored_to_not_the_backup(tmp
     assert sorted(res["removed_snapshots"]) == sorted([broken, backup]) and res["kept_snapshots"] == 1
     assert ev_json(vault, "status", "--venv", venv)["snapshot"] == good
     assert ev_json(vault, "restore", "latest", "--into", tmp_path / "copy")["verified"]
+
+
+def test_keep_last_keeps_what_an_environment_was_restored_to_from_another_ones_snapshot(tmp_path, make_venv,
+                                                                                      wheelhouse):
+    """B restored from A's snapshot a1, C made with --into from a1, then A snapped again: `gc --keep-last 1`
+    keeps a1 (B's and C's latest) though A's newest is a2, and drops B's older snapshot and its backup."""
+    vault = tmp_path / "vault"
+    a, b = make_venv("uv", name="a"), make_venv("uv", name="b")
+    uv_install(a, wheelhouse[C.SMALL_01])
+    uv_install(b, wheelhouse[C.NS_ALPHA])
+    a1 = ev_json(vault, "snap", "--no-caches", "--venv", a)["id"]
+    b1 = ev_json(vault, "snap", "--no-caches", "--venv", b)["id"]
+    backup = ev_json(vault, "restore", a1, "--venv", b)["backup"]
+    assert ev_json(vault, "restore", a1, "--into", tmp_path / "c")["verified"]
+    uv_install(a, wheelhouse[C.TORCH_CU128])
+    a2 = ev_json(vault, "snap", "--no-caches", "--venv", a)["id"]
+    res = ev_json(vault, "gc", "--keep-last", "1")
+    kept = {s["id"] for s in ev_json(vault, "list", "--all")["snapshots"]}
+    assert kept == {a1, a2} and set(res["removed_snapshots"]) == {b1, backup}, (kept, res)
+    for venv in (b, tmp_path / "c"):
+        status = ev_json(vault, "status", "--venv", venv)
+        assert status["snapshot"] == a1 and status["empty"], status
 
 
 def test_partly_live_packs_are_rewritten_and_orphans_removed(tmp_path, make_venv, wheelhouse):

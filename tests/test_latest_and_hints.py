@@ -4,8 +4,10 @@ local index, ``uv venv``), the real CLI in a subprocess."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +138,32 @@ def test_an_upgrade_lists_no_mode_changes_for_files_of_one_version_only(tmp_path
     os.chmod(venv / "bin" / "new-tool", 0o644)
     (change,) = ev_json(vault, "status", "--venv", venv)["packages"]["changed"]
     assert change["kind"] == "mode" and change["mode_files"] == ["bin/new-tool"], change
+
+
+def test_a_lock_only_snapshot_after_a_guard_rollback_is_unchanged(tmp_path):
+    """guard's rolled-back "after" snapshot records a state the rollback undid, as a restore's backup does:
+    a lock-only snapshot taken after it takes its contents from elsewhere."""
+    vault = tmp_path / "vault"
+    a = _pip_venv(tmp_path / "a")
+    site = next(a.glob("lib/python3.*/site-packages"))
+    ev_json(vault, "snap", "--venv", a, "--no-caches")
+    edit = f"echo '#x' >> {site / 'pip' / '__main__.py'}; exit 3"
+    guarded = json.loads(ev(vault, "guard", "--venv", a, "--yes", "--json", "--", "sh", "-c", edit, check=False).stdout)
+    assert guarded["outcome"] == "restored" and "#x" not in (site / "pip" / "__main__.py").read_text()
+    ev_json(vault, "snap", "--venv", a, "--lock-only")
+    status = ev_json(vault, "status", "--venv", a)
+    assert status["empty"] is True, status
+    assert ev(vault, "restore", "latest", "--venv", a, check=False).returncode == 0
+
+
+def test_latest_of_an_active_venv_deleted_since_is_its_own(tmp_path, make_venv):
+    """VIRTUAL_ENV names a venv that was deleted: `restore latest --into NEW` rebuilds that one, never the
+    vault's newest snapshot of another environment."""
+    vault = tmp_path / "vault"
+    g = _pip_venv(tmp_path / "g")
+    sid_g = ev_json(vault, "snap", "--venv", g, "--no-caches")["id"]
+    other = make_venv("uv", PY312, name="other")
+    ev_json(vault, "snap", "--venv", other, "--no-caches")
+    shutil.rmtree(g)
+    rebuilt = ev_json(vault, "restore", "latest", "--into", tmp_path / "g2", env=_active(vault, g))
+    assert rebuilt["restored"] == sid_g and rebuilt["verified"] is True, rebuilt

@@ -386,6 +386,11 @@ def test_two_interpreters_sharing_root_keep_their_own_baseline(pyenv_copy, tmp_p
     assert deb["venv"] == "/"
     status = run("status", "--python", python, "--json", check=False)
     assert_one_line_error(status, "no snapshot of /")
+    for args in (["restore", "latest", "--dry-run"], ["diff", "latest", "current"], ["export", "latest", "-o",
+                 tmp_path / "p.toml", "--no-wheels"], ["status", "--against", "latest"]):  # never Debian's
+        proc = run(*args, "--python", python, check=False)
+        assert_one_line_error(proc, "no snapshot of /")
+        assert proc.returncode == 4, args
     mine = json.loads(run("snap", "--python", python, "--lock-only", "--no-caches", "--json").stdout)
     assert mine["venv"] == "/"
     for exe, sid in ((python, mine["id"]), (DEBIAN_PYTHON, deb["id"])):

@@ -435,19 +435,12 @@ def gc(ctx, keep_last, dry_run, as_json):
       envvault gc --keep-last 10 --dry-run
       envvault gc
     """
-    from envvault.errors import EnvvaultError
-    from envvault.restore.baseline import baseline_snapshot
+    from envvault.restore.baseline import environment_latests
     from envvault.vault.gc import collect_garbage
 
     vault = open_vault(ctx)
-
-    def latest_of(venv: str) -> str | None:  # what `latest` names for it (refs.resolve_name)
-        try:
-            return baseline_snapshot(vault, Path(venv))
-        except EnvvaultError:
-            return None
-
-    result = collect_garbage(vault, keep_last=keep_last, dry_run=dry_run, first=latest_of)
+    result = collect_garbage(vault, keep_last=keep_last, dry_run=dry_run,
+                             latests=lambda: environment_latests(vault))
     if as_json:
         emit_json(result.to_json())
         return

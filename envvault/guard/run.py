@@ -364,6 +364,9 @@ def guard(
             from envvault.restore.dispatch import restore_snapshot
 
             restored = restore_snapshot(vault, before.id, target, backup=False, caches=False)
+            from envvault.snap.verdict import record_undone
+
+            record_undone(vault, after.id)  # a state the rollback undid, as a restore's backup is
             _write_project_files(project_files)
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "

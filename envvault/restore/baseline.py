@@ -18,7 +18,7 @@ from envvault.model.heads import head_of
 from envvault.vault.heads import newest_head
 from envvault.vault.store import Vault
 
-__all__ = ["baseline_snapshot", "record_restored", "leave_verdict"]
+__all__ = ["baseline_snapshot", "record_restored", "leave_verdict", "environment_latests"]
 
 
 
@@ -69,6 +69,30 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     if best is None:
         raise NotFoundError(f"no snapshot of {target} in {vault.location}; run `envvault snap` first")
     return best[1]
+
+
+def environment_latests(vault: Vault) -> dict[str, str]:
+    """``{environment: its baseline}`` for every environment the vault knows here: those its environment
+    snapshots name, and those here a restore was made onto (``record_restored``: ``--into`` a new folder, or
+    another environment's snapshot), whichever environment's snapshot the baseline is. For gc."""
+    from envvault.vault.heads import snapshot_heads
+
+    targets = {h.venv for _, h in snapshot_heads(vault) if h.kind == "snapshot" and h.venv}
+    for name in vault.state.names():
+        if name.startswith("restored-") and name.endswith(".json"):
+            try:
+                venv = json_loads(vault.state.read(name, 1 << 20) or b"")["venv"]
+            except (ValueError, KeyError, TypeError, EnvvaultError):
+                continue
+            if isinstance(venv, str) and venv and Path(venv).is_dir():  # a folder since deleted needs nothing kept
+                targets.add(venv)
+    out = {}
+    for venv in targets:
+        try:
+            out[venv] = baseline_snapshot(vault, Path(venv))
+        except EnvvaultError:
+            pass
+    return out
 
 
 def leave_verdict(vault: Vault, cache, target: Path, sid: str) -> None:

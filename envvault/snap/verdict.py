@@ -122,6 +122,42 @@ def restored_name(target: str | os.PathLike) -> str:
     return f"restored-{env_key(target)}.json"
 
 
+UNDONE = "undone.json"  # the snapshots a guard rolled back (its "after" ones): states a restore undid
+_UNDONE_KEPT = 1000
+
+
+def undone_snapshots(vault) -> frozenset[str]:
+    """The ids of the "after" snapshots guard rolled back on this machine (``record_undone``): like a
+    restore's backups, states a restore undid (never a lock-only snapshot's stand-in for its contents). A
+    damaged or missing file counts as none (a cache)."""
+    import json
+
+    data = vault.state.read(UNDONE, 1 << 20)
+    try:
+        ids = json.loads(data)["snapshots"] if data else []
+    except (ValueError, KeyError, TypeError):
+        return frozenset()
+    return frozenset(i for i in ids if isinstance(i, str)) if isinstance(ids, list) else frozenset()
+
+
+def record_undone(vault, sid: str) -> None:
+    """Add ``sid`` to ``undone_snapshots`` (the newest ``_UNDONE_KEPT``). Never fails the caller."""
+    import json
+
+    from envvault.errors import EnvvaultError
+
+    try:
+        data = vault.state.read(UNDONE, 1 << 20)
+        ids = json.loads(data)["snapshots"] if data else []
+        ids = [i for i in ids if isinstance(i, str) and i != sid] if isinstance(ids, list) else []
+    except (ValueError, KeyError, TypeError):
+        ids = []
+    try:
+        vault.state.write(UNDONE, json.dumps({"snapshots": (ids + [sid])[-_UNDONE_KEPT:]}).encode(), durable=False)
+    except EnvvaultError:
+        pass
+
+
 def _stat_key_or_absent(path: Path) -> list[int]:
     """The ``lstat`` key of ``path``, or ``[-1]`` when there is nothing there."""
     try:

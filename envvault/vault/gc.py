@@ -55,33 +55,38 @@ class GcResult:
         }
 
 
-def _choose(vault: Vault, keep_last: int | None, first) -> tuple[list, list]:
+def _choose(vault: Vault, keep_last: int | None, latests) -> tuple[list, list]:
     snaps = vault.snapshots()  # newest first
     if keep_last is None:
         return snaps, []
     tagged = set(vault.tags().values())
-    by_venv: dict[str | None, list] = {}
+    groups: dict[tuple, list[str]] = {}  # (environment, kind, a system interpreter): its snapshots, newest first
     for s in snaps:
-        by_venv.setdefault(s.snapshot.venv, []).append(s)
+        py = getattr(s.snapshot, "python", None)
+        who = py.interpreter if py is not None and getattr(py, "system", False) else None
+        groups.setdefault((s.snapshot.venv, s.snapshot.kind, who), []).append(s.id)
+    heads = latests() if latests is not None and keep_last > 0 else {}
+    for venv in heads.keys() - {venv for venv, kind, _ in groups if kind == "snapshot"}:
+        groups[(venv, "snapshot", None)] = []  # restored onto (--into, another's snapshot), never snapped itself
     keep_ids = set(tagged)
-    for venv, own in by_venv.items():
-        head = first(venv) if first is not None and venv is not None else None
-        own.sort(key=lambda s: s.id != head)  # stable: that one first, the others newest first
-        keep_ids.update(s.id for s in own[:keep_last])
+    for (venv, kind, _who), own in groups.items():
+        head = heads.get(venv) if kind == "snapshot" else None
+        ordered = ([head] if head else []) + [sid for sid in own if sid != head]
+        keep_ids.update(ordered[:keep_last])
     keep = [s for s in snaps if s.id in keep_ids]
     return keep, [s for s in snaps if s.id not in keep_ids]
 
 
 def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool = False,
-                    first=None) -> GcResult:
-    """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None);
-    delete the rest and every object only they referenced. ``first(venv)``: the snapshot of an environment
-    that counts as its newest (the one ``latest`` names for it: what it was last snapped as or restored to,
-    not a restore's backup taken since), or None."""
+                    latests=None) -> GcResult:
+    """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None; an
+    environment's compile-cache snapshots and each system interpreter's apart); delete the rest and every
+    object only they referenced. ``latests()``: ``{environment: the snapshot latest names for it}`` (what it
+    was last snapped as or restored to, whichever environment's snapshot that is), counted as its newest."""
     if keep_last is not None and keep_last < 0:
         raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
     with vault.lock(exclusive=True):
-        keep, drop = _choose(vault, keep_last, first)
+        keep, drop = _choose(vault, keep_last, latests)
         unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
         if unreadable:
             # Their references are unknown; deleting anything could break them.
