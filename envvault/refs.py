@@ -108,8 +108,9 @@ def environment_snapshot(vault, sid: str, arg: str):
     snap = vault.load_snapshot(sid).snapshot
     if snap.is_cache_only:
         named = sid[:12] if sid.startswith(arg.strip().lower()) else f"{sid[:12]} ({arg})"
-        raise RefusedError(f"snapshot {named} is cache-only (made by `envvault cache snap`): it holds compile caches, "
-                         f"no environment; use `{vault.command('cache', 'restore', sid[:12])}` or `envvault cache diff`")
+        raise RefusedError(f"snapshot {named} is cache-only (made by `envvault cache snap`): it holds compile "
+                           f"caches, no environment; use `{vault.command('cache', 'restore', sid[:12])}` or "
+                           "`envvault cache diff`")
     return snap
 
 
