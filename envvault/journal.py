@@ -96,7 +96,8 @@ def write_journal(path: Path, journal: Journal) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise storage_error(err, final) from None
+        # A system environment's journal is one of the vault's state files (``journal_file``).
+        raise storage_error(err, final, vault=Path(path).name != JOURNAL_NAME) from None
 
 
 def remove_journal(path: Path) -> None:
