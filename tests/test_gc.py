@@ -34,14 +34,19 @@ def _objects_of(vault: Path, sid: str) -> set[str]:
     return referenced_objects(v, v.load_snapshot(sid).doc)
 
 
-def test_keep_last_tags_and_dry_run(tmp_path, make_venv, wheelhouse):
-    vault = tmp_path / "vault"
-    venv = make_venv("uv")
+def _cu128_then_cu130(vault: Path, venv: Path, wheelhouse) -> tuple[str, str]:
+    """Snapshots of ``venv`` with torchlike +cu128, then after the swap to +cu130 (the seeds' story)."""
     uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
     first = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     uv_pip(venv, "uninstall", "torchlike")
     uv_install(venv, wheelhouse[C.TORCH_CU130])
-    second = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    return first, ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+
+
+def test_keep_last_tags_and_dry_run(tmp_path, make_venv, wheelhouse):
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    first, second = _cu128_then_cu130(vault, venv, wheelhouse)
     uv_pip(venv, "uninstall", "torchlike")
     third = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     other = make_venv("uv", name="other")
@@ -87,11 +92,7 @@ def test_keep_last_keeps_what_the_environment_was_restored_to_not_the_backup(tmp
     1` keeps what the environment was restored to (its `latest`), and what is kept still restores."""
     vault = tmp_path / "vault"
     venv = make_venv("uv")
-    uv_install(venv, wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01])
-    good = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
-    uv_pip(venv, "uninstall", "torchlike")
-    uv_install(venv, wheelhouse[C.TORCH_CU130])
-    broken = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    good, broken = _cu128_then_cu130(vault, venv, wheelhouse)
     restored = ev_json(vault, "restore", good, "--venv", venv)
     backup = restored["backup"]
     assert restored["verified"] and backup not in (None, good, broken)
