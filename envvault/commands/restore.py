@@ -444,10 +444,9 @@ def gc(ctx, keep_last, dry_run, as_json):
     if as_json:
         emit_json(result.to_json())
         return
-    would = dry_run
-    click.echo(f"{'would remove' if would else 'removed'} {len(result.removed_snapshots)} snapshot(s), "
-               f"{result.removed_packs} pack(s), {'would rewrite' if would else 'rewrote'} {result.rewritten_packs}; "
-               f"{'would free' if would else 'freed'} {human_bytes(result.freed_bytes)}; "
-               f"{'would keep' if would else 'kept'} {len(result.kept_snapshots)} snapshot(s)")
+    click.echo(f"{'would remove' if dry_run else 'removed'} {len(result.removed_snapshots)} snapshot(s), "
+               f"{result.removed_packs} pack(s), {'would rewrite' if dry_run else 'rewrote'} "
+               f"{result.rewritten_packs}; {'would free' if dry_run else 'freed'} {human_bytes(result.freed_bytes)}; "
+               f"{'would keep' if dry_run else 'kept'} {len(result.kept_snapshots)} snapshot(s)")
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)

@@ -1,8 +1,9 @@
 """Which snapshot an environment should match now: what ``status`` compares against.
 
 That is the newest environment snapshot of the environment (backups a restore took excluded; cache-only
-snapshots never) or, when newer, the snapshot most recently restored onto it (a guard's rollback included). The latter is remembered under the vault's ``state/`` (a cache:
-losing it only makes ``status`` fall back to the newest snapshot).
+snapshots never) or, when newer, the snapshot most recently restored onto it (a guard's rollback included).
+The latter is remembered under the vault's ``state/`` (a cache: losing it only makes ``status`` fall back to
+the newest snapshot).
 """
 
 from __future__ import annotations
