@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from envvault.errors import EnvvaultError, NotFoundError
-from envvault.snap.verdict import restored_name
+from envvault.snap.verdict import is_restored_name, restored_name
 from envvault.vault.fsutil import atomic_write, read_regular
 from envvault.model.encoding import json_loads, utc_timestamp
 from envvault.model.heads import head_of
@@ -80,7 +80,7 @@ def environment_latests(vault: Vault) -> dict[str, str]:
 
     targets = {h.venv for _, h in snapshot_heads(vault) if h.kind == "snapshot" and h.venv}
     for name in vault.state.names():
-        if name.startswith("restored-") and name.endswith(".json"):
+        if is_restored_name(name):
             try:
                 venv = json_loads(vault.state.read(name, 1 << 20) or b"")["venv"]
             except (ValueError, KeyError, TypeError, EnvvaultError):

@@ -119,7 +119,15 @@ def restored_name(target: str | os.PathLike) -> str:
     """The state file naming the snapshot last restored onto ``target`` (``restore/baseline.py``)."""
     from envvault.safepaths import env_key
 
-    return f"restored-{env_key(target)}.json"
+    return f"{_RESTORED}{env_key(target)}.json"
+
+
+_RESTORED = "restored-"
+
+
+def is_restored_name(name: str) -> bool:
+    """Whether the state file ``name`` is one ``restored_name`` gives."""
+    return name.startswith(_RESTORED) and name.endswith(".json")
 
 
 UNDONE = "undone.json"  # the snapshots a guard rolled back (its "after" ones): states a restore undid
