@@ -24,6 +24,7 @@ class Ref:
     sid: str
     label: str
     venv: str | None
+    scoped: bool = False  # ``latest`` taken for ``venv`` (the environment in scope): restore acts on that one
 
 
 def is_lockfile(path: Path) -> bool:
@@ -49,42 +50,61 @@ def resolve_arg(vault, arg: str, venv: str | None = None) -> Ref:
 
 
 def _named(vault, arg: str, venv: str | None) -> Ref:
-    sid = resolve_name(vault, arg, venv)
-    return Ref(sid, sid[:12], environment_snapshot(vault, sid, arg).venv)
+    sid, scope = _resolve(vault, arg, venv)
+    snap = environment_snapshot(vault, sid, arg)
+    if scope is not None:  # `latest` of that environment, whichever environment's snapshot it is
+        return Ref(sid, sid[:12], str(scope), scoped=True)
+    return Ref(sid, sid[:12], snap.venv)
 
 
 def resolve_name(vault, ref: str, venv: str | None = None) -> str:
     """The id ``ref`` names: an id, prefix or tag (``Vault.resolve``), or ``latest`` as a command means it.
-    With an environment in scope (``venv``: the command's ``--venv``; ``--python``; else the active venv or
-    conda environment, as ``find_target`` takes it), ``latest`` is the snapshot that environment was last
-    snapped as or restored to (``baseline_snapshot``, what ``status`` compares with: never a restore's backup,
-    nor the "after" snapshot of a guard that rolled back), else the newest snapshot of that path; an
+    With an environment in scope (``venv``: the command's ``--venv``; ``--python``; else the active venv, or
+    the active conda environment when it is one envvault takes), ``latest`` is the snapshot that environment
+    was last snapped as or restored to (``baseline_snapshot``, what ``status`` compares with: never a restore's
+    backup, nor the "after" snapshot of a guard that rolled back), else the newest snapshot of that path; an
     environment without one is a ``NotFoundError``, never another environment's snapshot. Without one, the
-    vault's newest environment snapshot, or, when its environment is here, that environment's baseline."""
+    environment of the vault's newest environment snapshot is in scope (since deleted or not)."""
+    return _resolve(vault, ref, venv)[0]
+
+
+def _resolve(vault, ref: str, venv: str | None) -> tuple[str, Path | None]:
+    """``resolve_name``'s id, and the environment ``latest`` was taken for (None: another name, or the
+    vault's newest snapshot as it is, when its environment cannot be named)."""
     if ref.strip() != "latest":
-        return vault.resolve(ref)
+        return vault.resolve(ref), None
+    import os
+
     from envvault.env.probe import chosen_python, find_target
     from envvault.errors import EnvvaultError
 
     if venv is not None or chosen_python():
-        return _latest_of(vault, find_target(venv))
-    import os
-
-    active = os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX")
-    if active:
+        scope = find_target(venv)
+        return _latest_of(vault, scope), scope
+    active = os.environ.get("VIRTUAL_ENV")
+    conda = os.environ.get("CONDA_PREFIX")
+    if active or conda:
         try:
             scope = find_target(None)
-        except UsageError:  # an active venv since deleted (to be rebuilt with --into): what the vault has of it
-            scope = Path(active).expanduser().absolute()
-        return _latest_of(vault, scope)
+        except UsageError:
+            path = Path(active or conda).expanduser().absolute()
+            if os.path.lexists(path):
+                if active:
+                    raise  # an active venv envvault cannot take: what snap would say
+                scope = None  # a conda environment (a base every shell activates): none in scope
+            else:
+                scope = path  # an active venv since deleted (to be rebuilt with --into): what the vault has of it
+        if scope is not None:
+            return _latest_of(vault, scope), scope
     sid = vault.resolve("latest")
     recorded = vault.load_snapshot(sid).snapshot.venv
-    if recorded and Path(recorded).is_dir():
-        try:
-            return _latest_of(vault, find_target(recorded))
+    if recorded:
+        try:  # its environment's latest (a restore since, a guard's rollback), there or since deleted
+            scope = find_target(recorded) if Path(recorded).is_dir() else Path(recorded)
+            return _latest_of(vault, scope), scope
         except EnvvaultError:
-            pass
-    return sid
+            pass  # a root another interpreter owns, a folder that is no environment now: the snapshot itself
+    return sid, None
 
 
 def _latest_of(vault, target: Path) -> str:
@@ -109,8 +129,8 @@ def environment_snapshot(vault, sid: str, arg: str):
     if snap.is_cache_only:
         named = sid[:12] if sid.startswith(arg.strip().lower()) else f"{sid[:12]} ({arg})"
         raise RefusedError(f"snapshot {named} is cache-only (made by `envvault cache snap`): it holds compile "
-                           f"caches, no environment; use `{vault.command('cache', 'restore', sid[:12])}` or "
-                           "`envvault cache diff`")
+                           f"caches, no environment; use `{vault.command('cache', 'restore', sid[:12])}`, or "
+                           f"`{vault.command('cache', 'diff', sid[:12])} OTHER` to compare it")
     return snap
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from fixtures import build_wheel, uv_install
-from tests.evtools import ev, ev_env, ev_json
+from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
 
 PY311 = "/root/.pyenv/versions/3.11.7/bin/python3.11"
 PY312 = "/root/.pyenv/versions/3.12.1/bin/python3.12"
@@ -167,3 +167,99 @@ def test_latest_of_an_active_venv_deleted_since_is_its_own(tmp_path, make_venv):
     shutil.rmtree(g)
     rebuilt = ev_json(vault, "restore", "latest", "--into", tmp_path / "g2", env=_active(vault, g))
     assert rebuilt["restored"] == sid_g and rebuilt["verified"] is True, rebuilt
+
+
+def test_restore_latest_acts_on_the_environment_latest_was_taken_for(tmp_path, make_venv):
+    """w was restored to a snapshot of u: w's `latest` is that snapshot, and `restore latest` with w active
+    (or with nothing in scope, w snapped last) puts w back, never u, the environment the snapshot was made
+    of (helper-14's first finding: u was rewritten in place)."""
+    vault = tmp_path / "vault"
+    u = _pip_venv(tmp_path / "u")
+    w = _pip_venv(tmp_path / "w")
+    sid_u = ev_json(vault, "snap", "--venv", u, "--no-caches")["id"]
+    ev_json(vault, "snap", "--venv", w, "--no-caches")
+    ev_json(vault, "restore", sid_u, "--venv", w)
+    subprocess.run([str(w / "bin" / "pip"), "uninstall", "-q", "-y", "six"], check=True)
+    subprocess.run([str(u / "bin" / "pip"), "uninstall", "-q", "-y", "six"], check=True)
+    for env in (_active(vault, w), _active(vault, None)):
+        plan = ev_json(vault, "restore", "latest", "--dry-run", env=env)
+        assert plan["restored"] == sid_u and plan["target"] == str(w), plan
+        diff = ev_json(vault, "diff", "latest", "current", env=env)
+        assert [p["name"] for p in diff["packages"]["removed"]] == ["six"], diff
+    ev_json(vault, "restore", "latest", env=_active(vault, w))
+    assert list(w.glob("lib/python3.*/site-packages/six.py")) and not list(u.glob("lib/python3.*/site-packages/six.py"))
+    shutil.rmtree(w)  # nothing in scope: w's latest still, and no restore in place anywhere else
+    proc = ev(vault, "restore", "latest", check=False, env=_active(vault, None))
+    assert_one_line_error(proc, f"{w}, the environment `latest` is taken for, does not exist",
+                          f"restore {sid_u[:12]} --into {w}")
+    assert proc.returncode == 2 and not list(u.glob("lib/python3.*/site-packages/six.py"))
+
+
+def test_latest_of_a_deleted_venv_is_never_the_state_a_guard_rolled_back(tmp_path):
+    """With nothing in scope and the venv deleted since (to be rebuilt), `latest` is still what its guard
+    rolled back to, never the rolled-back "after" snapshot, the vault's newest."""
+    vault = tmp_path / "vault"
+    c = _pip_venv(tmp_path / "c")
+    ev_json(vault, "snap", "--venv", c, "--no-caches")
+    site = next(c.glob("lib/python3.*/site-packages"))
+    edit = f"echo '#x' >> {site / 'six.py'}; exit 3"
+    guarded = json.loads(ev(vault, "guard", "--venv", c, "--yes", "--json", "--", "sh", "-c", edit, check=False).stdout)
+    assert guarded["outcome"] == "restored", guarded
+    before = guarded["restored_to"]
+    assert ev_json(vault, "list")["snapshots"][0]["id"] == guarded["after"]  # the vault's newest
+    shutil.rmtree(c)
+    env = _active(vault, None)
+    assert ev_json(vault, "show", "latest", env=env)["id"] == before
+    rebuilt = ev_json(vault, "restore", "latest", "--into", tmp_path / "c2", env=env)
+    assert rebuilt["restored"] == before and rebuilt["verified"] is True, rebuilt
+    assert "#x" not in next((tmp_path / "c2").glob("lib/python3.*/site-packages/six.py")).read_text()
+
+
+def test_an_active_conda_base_leaves_latest_to_the_vault(tmp_path):
+    """Miniconda activates its base in every shell (CONDA_PREFIX): envvault does not snap conda
+    environments, so it has no `latest` of its own and the commands that take `latest` go on as with none
+    in scope; an active venv envvault cannot take is still refused as snap refuses it."""
+    vault = tmp_path / "vault"
+    a = _pip_venv(tmp_path / "a")
+    sid = ev_json(vault, "snap", "--venv", a, "--no-caches")["id"]
+    base = tmp_path / "miniconda"
+    (base / "conda-meta").mkdir(parents=True)
+    (base / "bin").mkdir()
+    (base / "bin" / "python").symlink_to(PY311)
+    (base / "lib" / "python3.11").mkdir(parents=True)
+    (base / "lib" / "python3.11" / "os.py").write_text("")
+    env = dict(_active(vault, None), CONDA_PREFIX=str(base))
+    assert ev_json(vault, "show", "latest", env=env)["id"] == sid
+    assert ev_json(vault, "restore", "latest", "--dry-run", env=env)["target"] == str(a)
+    proc = ev(vault, "show", "latest", check=False, env=dict(_active(vault, None), VIRTUAL_ENV=str(base)))
+    assert_one_line_error(proc, "conda environments are not supported yet")
+    assert proc.returncode == 2
+
+
+def test_hints_of_a_missing_snapshot_run_as_printed(tmp_path):
+    """"no snapshot of N" and the cache-only refusal say what to run on the same vault, with --vault and the
+    environment: the line copied from the output works."""
+    vault = tmp_path / "vlt"
+    env = _active(vault, None)
+    env.pop("ENVVAULT_HOME")
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # the default vault, which is not this one
+    n = _pip_venv(tmp_path / "n")
+    a = _pip_venv(tmp_path / "a")
+    ev(vault, "--vault", vault, "snap", "--venv", a, "--no-caches", env=env)
+    for args in (["restore", "latest", "--venv", n, "--dry-run"], ["status", "--venv", n]):
+        proc = ev(vault, "--vault", vault, *args, check=False, env=env)
+        assert_one_line_error(proc, f"no snapshot of {n}")
+        hint = proc.stderr.split("run `", 1)[1].split("`", 1)[0]
+        assert hint == f"envvault --vault {vault} snap --venv {n}", hint
+    ev(vault, *shlex.split(hint)[1:], "--no-caches", env=env)  # as printed
+    assert ev_json(vault, "--vault", vault, "status", "--venv", n, env=env)["empty"] is True
+    cache = tmp_path / "cache"
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / "entry").write_bytes(b"graph")
+    cid = json.loads(ev(vault, "--vault", vault, "cache", "snap", "--cache-dir", cache, "--no-discover", "--json",
+                        env=env).stdout)["id"]
+    proc = ev(vault, "--vault", vault, "restore", cid[:12], "--venv", a, check=False, env=env)
+    assert_one_line_error(proc, f"`envvault --vault {vault} cache restore {cid[:12]}`",
+                          f"`envvault --vault {vault} cache diff {cid[:12]} OTHER`")
+    compared = proc.stderr.split("or `", 1)[1].split("`", 1)[0].replace("OTHER", "latest")
+    assert ev(vault, *shlex.split(compared)[1:], env=env).returncode == 0  # as printed, OTHER given

@@ -396,6 +396,11 @@ def test_two_interpreters_sharing_root_keep_their_own_baseline(pyenv_copy, tmp_p
     for exe, sid in ((python, mine["id"]), (DEBIAN_PYTHON, deb["id"])):
         doc = json.loads(run("status", "--python", exe, "--json").stdout)
         assert doc["snapshot"] == sid and doc["empty"], doc
+    # gc --keep-last 1 keeps each interpreter's own latest (it dropped Debian's only snapshot, helper-14)
+    run("gc", "--keep-last", "1")
+    for exe, sid in ((python, mine["id"]), (DEBIAN_PYTHON, deb["id"])):
+        doc = json.loads(run("status", "--python", exe, "--json").stdout)
+        assert doc["snapshot"] == sid and doc["empty"], doc
     assert not os.path.exists(userbase)
 
 

@@ -222,9 +222,11 @@ def _system_python(snapshot) -> str | None:
     return None
 
 
-def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None = None) -> Path:
-    """--venv (or --python), else the environment the argument names (a checkpoint stamp's, else the
-    snapshot's; a system environment's through its recorded interpreter) when it exists, else the active venv."""
+def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None = None,
+                    scoped: bool = False) -> Path:
+    """--venv (or --python), else the environment the argument names (``latest``'s environment, ``scoped``;
+    a checkpoint stamp's, else the snapshot's; a system environment's through its recorded interpreter) when
+    it exists, else the active venv. ``latest`` of an environment since deleted is rebuilt with --into only."""
     from envvault.env.probe import chosen_python, find_target
 
     if venv is not None or chosen_python():
@@ -234,6 +236,11 @@ def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None 
     system = _system_python(snapshot)
     if system and recorded and (named in (None, recorded)):
         return find_target(None, python=system)
+    if scoped and named:  # the environment `latest` was taken for, never the one the snapshot was made of
+        if not Path(named).is_dir():
+            raise UsageError(f"{named}, the environment `latest` is taken for, does not exist; rebuild it with "
+                             f"`{vault.command('restore', sid[:12], '--into', named)}`")
+        return find_target(named)
     for candidate in (named, recorded):
         if candidate and Path(candidate).is_dir():
             return find_target(candidate)
@@ -258,7 +265,8 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, share_s
     """Put an environment back exactly as a snapshot recorded it, offline, from the vault.
 
     SNAPSHOT_ID is an id, unique prefix, tag, `latest`, or a stamped checkpoint file or folder.
-    In place (default: --venv, else the checkpoint's or snapshot's own environment, else the active venv):
+    In place (default: --venv; for `latest`, the environment it is taken for; else the checkpoint's or
+    snapshot's own environment, else the active venv):
     distributions the snapshot lacks are removed, changed ones (other version, other build, edited files)
     are rewritten, the rest is left untouched. The current state is snapshotted first, so `envvault restore <backup id>` undoes it.
 
@@ -279,7 +287,7 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, share_s
     vault = _open_for(ctx, snapshot_id)
     ref = resolve_snapshot(vault, snapshot_id, venv)
     sid = ref.sid
-    target = Path(into).absolute() if into else _restore_target(vault, sid, venv, ref.venv)
+    target = Path(into).absolute() if into else _restore_target(vault, sid, venv, ref.venv, ref.scoped)
     stats = vault.load_snapshot(sid).snapshot.stats
     total = (stats.bytes if stats is not None else 0) or 1
     bar = Progress("restore", total, enabled=not as_json)

@@ -36,6 +36,19 @@ def _same_python(target: Path):
     return lambda snap: exe is None or not snap.system or snap.interpreter in (None, exe)
 
 
+def _snap_command(vault: Vault, target: Path) -> str:
+    """The command that snaps ``target`` into ``vault``: a system root through its interpreter."""
+    from envvault.env.probe import system_of
+
+    hit = system_of(target)
+    return vault.command("snap", *(("--python", str(hit[0])) if hit is not None else ("--venv", str(target))))
+
+
+def _of_interpreter(exe: str):
+    """``_same_python``'s test for the system interpreter ``exe`` (as snapshots record it)."""
+    return lambda snap: not snap.system or snap.interpreter in (None, exe)
+
+
 def _marker(vault: Vault, target: Path) -> Path:
     return vault.state_path(restored_name(target))
 
@@ -49,10 +62,11 @@ def record_restored(vault: Vault, target: Path, sid: str) -> None:
         pass
 
 
-def baseline_snapshot(vault: Vault, target: Path) -> str:
-    """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none."""
+def baseline_snapshot(vault: Vault, target: Path, interpreter: str | None = None) -> str:
+    """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none. ``interpreter``:
+    that system interpreter's (of those sharing the root ``target``), else the one in use there."""
     target = Path(target)
-    mine = _same_python(target)
+    mine = _same_python(target) if interpreter is None else _of_interpreter(interpreter)
 
     def ours(h) -> bool:  # an environment snapshot of it (a `cache snap --venv` of it is not)
         return h.venv == str(target) and h.kind == "snapshot" and mine(h)
@@ -68,29 +82,34 @@ def baseline_snapshot(vault: Vault, target: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
         pass
     if best is None:
-        raise NotFoundError(f"no snapshot of {target} in {vault.location}; run `envvault snap` first")
+        raise NotFoundError(f"no snapshot of {target} in {vault.location}; run `{_snap_command(vault, target)}` "
+                            "first")
     return best[1]
 
 
-def environment_latests(vault: Vault) -> dict[str, str]:
-    """``{environment: its baseline}`` for every environment the vault knows here: those its environment
-    snapshots name, and those here a restore was made onto (``record_restored``: ``--into`` a new folder, or
-    another environment's snapshot), whichever environment's snapshot the baseline is. For gc."""
+def environment_latests(vault: Vault) -> dict[tuple[str, str | None], str]:
+    """``{(environment, system interpreter or None): its baseline}`` for every environment the vault knows
+    here: those its environment snapshots name (a system root once per interpreter whose snapshots it holds),
+    and those here a restore was made onto (``record_restored``: ``--into`` a new folder, or another
+    environment's snapshot), whichever environment's snapshot the baseline is. For gc."""
     from envvault.vault.heads import snapshot_heads
 
-    targets = {h.venv for _, h in snapshot_heads(vault) if h.kind == "snapshot" and h.venv}
+    targets = {(h.venv, h.interpreter if h.system else None)
+               for _, h in snapshot_heads(vault) if h.kind == "snapshot" and h.venv}
+    roots = {venv for venv, who in targets if who is not None}  # a restore onto one: each interpreter's own
     for name in vault.state.names():
         if is_restored_name(name):
             try:
                 venv = json_loads(vault.state.read(name, 1 << 20) or b"")["venv"]
             except (ValueError, KeyError, TypeError, EnvvaultError):
                 continue
-            if isinstance(venv, str) and venv and Path(venv).is_dir():  # a folder since deleted needs nothing kept
-                targets.add(venv)
+            # A folder since deleted needs nothing kept.
+            if isinstance(venv, str) and venv and venv not in roots and Path(venv).is_dir():
+                targets.add((venv, None))
     out = {}
-    for venv in targets:
+    for venv, who in targets:
         try:
-            out[venv] = baseline_snapshot(vault, Path(venv))
+            out[(venv, who)] = baseline_snapshot(vault, Path(venv), interpreter=who)
         except EnvvaultError:
             pass
     return out

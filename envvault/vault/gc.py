@@ -66,11 +66,11 @@ def _choose(vault: Vault, keep_last: int | None, latests) -> tuple[list, list]:
         who = py.interpreter if py is not None and getattr(py, "system", False) else None
         groups.setdefault((s.snapshot.venv, s.snapshot.kind, who), []).append(s.id)
     heads = latests() if latests is not None and keep_last > 0 else {}
-    for venv in heads.keys() - {venv for venv, kind, _ in groups if kind == "snapshot"}:
-        groups[(venv, "snapshot", None)] = []  # restored onto (--into, another's snapshot), never snapped itself
+    for venv, who in heads.keys() - {(venv, who) for venv, kind, who in groups if kind == "snapshot"}:
+        groups[(venv, "snapshot", who)] = []  # restored onto (--into, another's snapshot), never snapped itself
     keep_ids = set(tagged)
-    for (venv, kind, _who), own in groups.items():
-        head = heads.get(venv) if kind == "snapshot" else None
+    for (venv, kind, who), own in groups.items():
+        head = heads.get((venv, who)) if kind == "snapshot" else None
         ordered = ([head] if head else []) + [sid for sid in own if sid != head]
         keep_ids.update(ordered[:keep_last])
     keep = [s for s in snaps if s.id in keep_ids]
@@ -81,8 +81,9 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
                     latests=None) -> GcResult:
     """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None; an
     environment's compile-cache snapshots and each system interpreter's apart); delete the rest and every
-    object only they referenced. ``latests()``: ``{environment: the snapshot latest names for it}`` (what it
-    was last snapped as or restored to, whichever environment's snapshot that is), counted as its newest."""
+    object only they referenced. ``latests()``: ``{(environment, system interpreter or None): the snapshot
+    latest names for it}`` (what it was last snapped as or restored to, whichever environment's snapshot that
+    is), counted as its newest."""
     if keep_last is not None and keep_last < 0:
         raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
     with vault.lock(exclusive=True):

@@ -417,7 +417,8 @@ class Vault:
                               and (venv is None or h.venv == venv))
             if hit is None:
                 where = f" of {venv}" if venv else ""
-                raise NotFoundError(f"no snapshot{where} in {self.location}; run `envvault snap` first")
+                snap = self.command("snap", *(("--venv", venv) if venv else ()))
+                raise NotFoundError(f"no snapshot{where} in {self.location}; run `{snap}` first")
             return hit[0]
         tag = self.tags().get(ref)
         if tag:
