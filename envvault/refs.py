@@ -14,7 +14,7 @@ from pathlib import Path
 from envvault.errors import AmbiguousError, NotFoundError, RefusedError, UsageError
 from envvault.model.stamp import SIDECAR_NAME, Stamp
 
-__all__ = ["Ref", "resolve_arg", "resolve_name", "is_lockfile", "environment_snapshot"]
+__all__ = ["Ref", "resolve_arg", "resolve_name", "resolve_named", "is_lockfile", "environment_snapshot"]
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,16 @@ def resolve_arg(vault, arg: str, venv: str | None = None) -> Ref:
         if _holds_checkpoints(path):
             return _checkpoint_folder(vault, path)
         try:
-            return _named(vault, arg, venv)
+            return resolve_named(vault, arg, venv)
         except NotFoundError:
             raise NotFoundError(f"{path} is a folder without checkpoint files (.metadata, envvault.json, "
                                 f"*.safetensors, *.bin, *.pt, ...) and no snapshot or tag has that name") from None
-    return _named(vault, arg, venv)
+    return resolve_named(vault, arg, venv)
 
 
-def _named(vault, arg: str, venv: str | None) -> Ref:
+def resolve_named(vault, arg: str, venv: str | None = None) -> Ref:
+    """``arg`` as an id, prefix, tag or ``latest`` (``resolve_name``), with the environment it names: for
+    ``latest``, the environment it was taken for (``scoped``), else the snapshot's own."""
     sid, scope = _resolve(vault, arg, venv)
     snap = environment_snapshot(vault, sid, arg)
     if scope is not None:  # `latest` of that environment, whichever environment's snapshot it is
@@ -87,13 +89,13 @@ def _resolve(vault, ref: str, venv: str | None) -> tuple[str, Path | None]:
         try:
             scope = find_target(None)
         except UsageError:
-            path = Path(active or conda).expanduser().absolute()
-            if os.path.lexists(path):
-                if active:
-                    raise  # an active venv envvault cannot take: what snap would say
-                scope = None  # a conda environment (a base every shell activates): none in scope
+            if not active:  # a conda environment envvault does not take (a base every shell activates), or
+                scope = None  # one removed while active: none in scope
             else:
-                scope = path  # an active venv since deleted (to be rebuilt with --into): what the vault has of it
+                scope = Path(active).expanduser().absolute()
+                if os.path.lexists(scope):
+                    raise  # an active venv envvault cannot take: what snap would say
+                # else an active venv since deleted (to be rebuilt with --into): what the vault has of it
         if scope is not None:
             return _latest_of(vault, scope), scope
     sid = vault.resolve("latest")
@@ -118,7 +120,13 @@ def _latest_of(vault, target: Path) -> str:
             raise
         # A venv with snapshots of that path by another interpreter only (rebuilt with another Python: the
         # restore then says so), or none (named in the error).
-        return vault.resolve("latest", venv=str(target))
+        try:
+            return vault.resolve("latest", venv=str(target))
+        except NotFoundError:
+            if target.is_dir():
+                raise  # its hint snaps it
+            raise NotFoundError(f"no snapshot of {target} in {vault.location}, and {target} does not exist; pass "
+                                f"--venv with an environment the vault has (`{vault.command('list')}`)") from None
 
 
 def environment_snapshot(vault, sid: str, arg: str):

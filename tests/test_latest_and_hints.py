@@ -186,6 +186,8 @@ def test_restore_latest_acts_on_the_environment_latest_was_taken_for(tmp_path, m
         assert plan["restored"] == sid_u and plan["target"] == str(w), plan
         diff = ev_json(vault, "diff", "latest", "current", env=env)
         assert [p["name"] for p in diff["packages"]["removed"]] == ["six"], diff
+        status = ev_json(vault, "status", "--against", "latest", env=env)
+        assert status["venv"] == str(w) and [p["name"] for p in status["packages"]["removed"]] == ["six"], status
     ev_json(vault, "restore", "latest", env=_active(vault, w))
     assert list(w.glob("lib/python3.*/site-packages/six.py")) and not list(u.glob("lib/python3.*/site-packages/six.py"))
     shutil.rmtree(w)  # nothing in scope: w's latest still, and no restore in place anywhere else
@@ -234,6 +236,11 @@ def test_an_active_conda_base_leaves_latest_to_the_vault(tmp_path):
     proc = ev(vault, "show", "latest", check=False, env=dict(_active(vault, None), VIRTUAL_ENV=str(base)))
     assert_one_line_error(proc, "conda environments are not supported yet")
     assert proc.returncode == 2
+    gone = tmp_path / "removed-env"  # a conda environment removed while active: none in scope either
+    assert ev_json(vault, "show", "latest", env=dict(_active(vault, None), CONDA_PREFIX=str(gone)))["id"] == sid
+    proc = ev(vault, "show", "latest", check=False, env=_active(vault, gone))  # a deleted venv never snapped
+    assert_one_line_error(proc, f"no snapshot of {gone}", f"{gone} does not exist", "envvault list")
+    assert proc.returncode == 4 and "snap --venv" not in proc.stderr
 
 
 def test_hints_of_a_missing_snapshot_run_as_printed(tmp_path):

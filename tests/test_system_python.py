@@ -568,3 +568,44 @@ def test_a_system_restore_writes_only_where_the_interpreter_installs(tmp_path, m
     text = " ".join(out.warnings)
     assert "libpython3.11-minimal" in text and "apt-get install --reinstall libpython3.11-minimal" in text
     assert "outside the interpreter's install locations" in text and "etc/passwd" in text
+
+
+def test_two_interpreters_of_one_root_keep_what_each_was_restored_to(tmp_path):
+    """Copies of pyenv's 3.12 and 3.10 with one user base share their root: a restore by one never hides
+    what the other was restored to (one `restored-` marker per root did: status of the first then compared
+    with its newest snapshot, and gc --keep-last 1 dropped what it held, helper-15); a lock-only snapshot of
+    a system environment is refused in place with the --into command to run instead."""
+    wheels = _wheels(tmp_path / "wheels")
+    (tmp_path / "home").mkdir()
+    env = isolated_env({"PYTHONUSERBASE": str(tmp_path / "user"), "HOME": str(tmp_path / "home"),
+                        "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)})
+    vault = tmp_path / "vault"
+    run_env = ev_env(vault, UV_CACHE_DIR=str(tmp_path / "uv-cache"), PYTHONUSERBASE=env["PYTHONUSERBASE"],
+                     HOME=env["HOME"])
+    run = lambda *a, **kw: ev(vault, *a, env=run_env, **kw)  # noqa: E731
+    run_json = lambda *a, **kw: json.loads(run(*a, "--json", **kw).stdout)  # noqa: E731
+    pythons, firsts = [], []
+    for minor in ("3.12", "3.10"):
+        prefix = tmp_path / f"py{minor}"
+        subprocess.run(["cp", "-a", str(cpython(minor).parent.parent), str(prefix)], check=True)
+        python = prefix / "bin" / f"python{minor}"
+        _pip(python, env, "install", "alpha==1.0")
+        first = run_json("snap", "--python", python, "--no-caches")
+        assert first["venv"] == str(tmp_path), first
+        _pip(python, env, "install", "beta==1.0")
+        run_json("snap", "--python", python, "--no-caches")
+        pythons.append(python)
+        firsts.append(first["id"])
+    for python, sid in zip(pythons, firsts):
+        assert run_json("restore", sid, "--python", python)["verified"]
+    for python, sid in zip(pythons, firsts):
+        status = run_json("status", "--python", python)
+        assert status["snapshot"] == sid and status["empty"], status
+        assert run_json("restore", "latest", "--python", python, "--dry-run")["restored"] == sid
+    run("gc", "--keep-last", "1")
+    for python, sid in zip(pythons, firsts):
+        assert run_json("status", "--python", python)["snapshot"] == sid
+    lock = run_json("snap", "--python", pythons[0], "--lock-only")["id"]
+    proc = run("restore", lock[:12], "--python", pythons[0], check=False)
+    assert_one_line_error(proc, "is lock-only", f"restore {lock[:12]} --into NEW_PATH")
+    assert proc.returncode == 2

@@ -60,8 +60,8 @@ def current_target(venv: str | None, named: str | None, snapshot=None) -> Path:
     if venv is None and chosen_python():
         return find_target(None)  # --python
     if venv is None and not os.environ.get("VIRTUAL_ENV") and named:
-        if Path(named).is_dir():
-            system = _system_python(snapshot)
+        if Path(named).is_dir():  # a system snapshot's own root through its interpreter (not a venv it was put in)
+            system = _system_python(snapshot) if named == getattr(snapshot, "venv", None) else None
             return find_target(None, python=system) if system else find_target(named)
         if not os.environ.get("CONDA_PREFIX"):
             raise UsageError(f"`current` would be {named}, the environment the snapshot names, but it does not "
@@ -179,12 +179,12 @@ def status(ctx, venv, against, as_json, exit_code):
 
     vault = open_vault(ctx)
     stamp = None  # the vault's side of a verdict (snap/verdict.py), taken before the baseline is chosen
-    if against:  # without --venv and an active venv: the environment the snapshot names
-        from envvault.refs import environment_snapshot
+    if against:  # without --venv and an active venv: the environment the snapshot names (latest's: its own)
+        from envvault.refs import resolve_named
 
-        sid = resolve_ref(vault, against, venv)
-        against_snap = environment_snapshot(vault, sid, against)
-        target = current_target(venv, against_snap.venv, against_snap)
+        ref = resolve_named(vault, against, venv)
+        sid = ref.sid
+        target = current_target(venv, ref.venv, vault.load_snapshot(sid).snapshot)
     else:
         target = find_target(venv)
         stamp = verdict_stamp(vault, target)

@@ -23,16 +23,20 @@ __all__ = ["baseline_snapshot", "record_restored", "leave_verdict", "environment
 
 
 
-def _same_python(target: Path):
-    """A test of a snapshot: of the interpreter in use at ``target``? Several system interpreters may share a
-    root (Debian's /usr/bin/python3 and a /usr/local build both root at /): only their own snapshots count.
-    Always true for a venv and for snapshots that name no interpreter."""
+def _interpreter(target: Path) -> str | None:
+    """The system interpreter in use at the root ``target`` (its real path, as snapshots record it), None for a
+    venv. Several may share a root (Debian's /usr/bin/python3 and a /usr/local build both root at /)."""
     import os
 
     from envvault.env.probe import system_of
 
     hit = system_of(target)
-    exe = os.path.realpath(hit[0]) if hit is not None else None
+    return os.path.realpath(hit[0]) if hit is not None else None
+
+
+def _of_interpreter(exe: str | None):
+    """A test of a snapshot: of the system interpreter ``exe``? Only its own snapshots count. Always true for
+    a venv (``exe`` None) and for snapshots that name no interpreter."""
     return lambda snap: exe is None or not snap.system or snap.interpreter in (None, exe)
 
 
@@ -44,20 +48,19 @@ def _snap_command(vault: Vault, target: Path) -> str:
     return vault.command("snap", *(("--python", str(hit[0])) if hit is not None else ("--venv", str(target))))
 
 
-def _of_interpreter(exe: str):
-    """``_same_python``'s test for the system interpreter ``exe`` (as snapshots record it)."""
-    return lambda snap: not snap.system or snap.interpreter in (None, exe)
-
-
-def _marker(vault: Vault, target: Path) -> Path:
-    return vault.state_path(restored_name(target))
+def _markers(vault: Vault, target: Path, exe: str | None) -> list[Path]:
+    """The ``restored-`` markers of ``target`` (a system interpreter's own first; an older vault's one per
+    root after it)."""
+    return [vault.state_path(restored_name(target, exe))] + ([vault.state_path(restored_name(target))] if exe else [])
 
 
 def record_restored(vault: Vault, target: Path, sid: str) -> None:
-    """Remember that ``target`` now holds snapshot ``sid``. Never fails the caller."""
+    """Remember that ``target`` (with the system interpreter in use there: each its own) now holds snapshot
+    ``sid``. Never fails the caller."""
     try:
         data = json.dumps({"snapshot": sid, "venv": str(target), "at": utc_timestamp()}).encode()
-        atomic_write(_marker(vault, target), data, tmp_dir=vault.state.tmp_dir, vault=True)
+        marker = _markers(vault, target, _interpreter(target))[0]
+        atomic_write(marker, data, tmp_dir=vault.state.tmp_dir, vault=True)
     except EnvvaultError:
         pass
 
@@ -66,21 +69,23 @@ def baseline_snapshot(vault: Vault, target: Path, interpreter: str | None = None
     """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none. ``interpreter``:
     that system interpreter's (of those sharing the root ``target``), else the one in use there."""
     target = Path(target)
-    mine = _same_python(target) if interpreter is None else _of_interpreter(interpreter)
+    exe = interpreter or _interpreter(target)
+    mine = _of_interpreter(exe)
 
     def ours(h) -> bool:  # an environment snapshot of it (a `cache snap --venv` of it is not)
         return h.venv == str(target) and h.kind == "snapshot" and mine(h)
 
     own = newest_head(vault, lambda h: ours(h) and h.trigger != "restore-backup") or newest_head(vault, ours)
     best = (own[1].created, own[0]) if own else None
-    try:
-        marker = json_loads(read_regular(_marker(vault, target), 1 << 20, "restored marker"))
-        sid, at = marker["snapshot"], marker["at"]
-        if isinstance(sid, str) and vault.has_snapshot(sid) and (best is None or at > best[0]) \
-                and mine(head_of(vault.load_snapshot(sid).snapshot)):
-            best = (at, sid)
-    except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
-        pass
+    for marker in _markers(vault, target, exe):
+        try:
+            got = json_loads(read_regular(marker, 1 << 20, "restored marker"))
+            sid, at = got["snapshot"], got["at"]
+            if isinstance(sid, str) and vault.has_snapshot(sid) and (best is None or at > best[0]) \
+                    and mine(head_of(vault.load_snapshot(sid).snapshot)):
+                best = (at, sid)
+        except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
+            pass
     if best is None:
         raise NotFoundError(f"no snapshot of {target} in {vault.location}; run `{_snap_command(vault, target)}` "
                             "first")

@@ -200,6 +200,13 @@ def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, back
     from envvault.lock.sources import describe
     from envvault.restore.plan import check_python
 
+    from envvault.env.probe import system_of
+
+    if system_of(target) is not None or snapshot.python.system:
+        # uv would sync the interpreter's whole site, the packages the system manages (apt) included
+        raise UsageError(f"snapshot {sid[:12]} is lock-only (it recorded no file contents), and only a full "
+                         f"snapshot restores the system environment at {target} in place; build a venv from it with "
+                         f"`{vault.command('restore', sid[:12], '--into', 'NEW_PATH')}`")
     if not (target / "bin" / "python").exists():
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     sources = check_lock_sources(vault, sid, snapshot)

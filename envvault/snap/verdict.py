@@ -115,11 +115,13 @@ def verdict_name(target: str | os.PathLike) -> str:
     return f"verdict-{env_key(target)}.json"
 
 
-def restored_name(target: str | os.PathLike) -> str:
-    """The state file naming the snapshot last restored onto ``target`` (``restore/baseline.py``)."""
+def restored_name(target: str | os.PathLike, interpreter: str | None = None) -> str:
+    """The state file naming the snapshot last restored onto ``target`` (``restore/baseline.py``); with
+    ``interpreter``, a system environment's: the one of that interpreter (several may share a root)."""
     from envvault.safepaths import env_key
 
-    return f"{_RESTORED}{env_key(target)}.json"
+    own = f"-{env_key(interpreter)}" if interpreter else ""
+    return f"{_RESTORED}{env_key(target)}{own}.json"
 
 
 _RESTORED = "restored-"
