@@ -79,6 +79,7 @@ def _resolve(vault, ref: str, venv: str | None) -> tuple[str, Path | None]:
 
     from envvault.env.probe import chosen_python, find_target
     from envvault.errors import EnvvaultError
+    from envvault.model.paths import absolute_path
 
     if venv is not None or chosen_python():
         scope = find_target(venv)
@@ -92,7 +93,7 @@ def _resolve(vault, ref: str, venv: str | None) -> tuple[str, Path | None]:
             if not active:  # a conda environment envvault does not take (a base every shell activates), or
                 scope = None  # one removed while active: none in scope
             else:
-                scope = Path(active).expanduser().absolute()
+                scope = absolute_path(active)
                 if os.path.lexists(scope):
                     raise  # an active venv envvault cannot take: what snap would say
                 # else an active venv since deleted (to be rebuilt with --into): what the vault has of it

@@ -274,3 +274,32 @@ def test_snap_archives_inductor_cache_only_for_an_environment_with_torch(tmp_pat
     where = {r["kind"]: r["archived_by_snap"] for r in
              ev_json(vault, "cache", "list", "--where", "--venv", plain, env=env)["locations"] if r["exists"]}
     assert where == {"inductor": True, "triton": True}
+
+
+def test_an_environment_typed_with_dotdot_is_the_same_environment(tmp_path, make_venv):
+    """`--venv ../v1` from a sibling folder (helper-16): status and snap failed with an internal error
+    (exit 70: the stat cache cut paths under 'train/../v1'), guard refused the install as changing another
+    environment, list said "no snapshots yet"; every command now takes it as v1."""
+    venv = make_venv("venv", with_pip=True, name="v1")
+    work = tmp_path / "train"
+    work.mkdir()
+    vault = tmp_path / "vault"
+    typed = "../v1"
+
+    def run(*args, **kw):
+        return ev(vault, *args, cwd=work, **kw)
+
+    first = json.loads(run("snap", "--venv", typed, "--no-caches", "--json").stdout)
+    assert first["venv"] == str(venv), first
+    again = json.loads(run("snap", "--venv", typed, "--no-caches", "--json").stdout)
+    status = json.loads(run("status", "--venv", typed, "--json").stdout)
+    assert status["empty"] and status["venv"] == str(venv) and status["snapshot"] == again["id"], status
+    listed = json.loads(run("list", "--venv", typed, "--json").stdout)["snapshots"]
+    assert {s["id"] for s in listed} == {first["id"], again["id"]}, listed
+    wheel = build_wheel(tmp_path / "wheels", "tiny", "1.0", {"tiny/__init__.py": b""})
+    guarded = run("guard", "--venv", typed, "--yes", "--", f"{typed}/bin/python", "-m", "pip", "install", "-q",
+                  "--no-index", str(wheel), check=False)
+    assert guarded.returncode == 0, guarded.stderr
+    assert list(venv.glob("lib/python3*/site-packages/tiny/__init__.py"))
+    built = json.loads(run("restore", first["id"], "--into", "../v2", "--json").stdout)
+    assert built["verified"] and built["target"] == str(tmp_path / "v2"), built

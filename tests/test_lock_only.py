@@ -266,6 +266,27 @@ def test_stamps_never_name_the_backup_of_a_damaged_environment(tmp_path):
     assert find_snapshot(v, fp, str(venv)) == (good, False)
 
 
+def test_a_stamp_names_the_state_the_environment_was_restored_to(tmp_path):
+    """A patched file snapped, then the clean snapshot restored: the two share a lock-level fingerprint, and a
+    checkpoint stamped now names the clean one the environment holds (its status baseline), not the newest
+    full snapshot of that fingerprint, whose patch the run never had (helper-16: `restore step.pt` would have
+    written the patch back)."""
+    from envvault.torch import environment
+    from envvault.torch.naming import ensure_snapshot
+
+    venv = make_venv(tmp_path / "venv", "uv")
+    uv_install(venv, build_wheel(tmp_path / "w", "pkg", "1.0", {"pkg/__init__.py": b"X = 1\n"}))
+    vault = tmp_path / "vault"
+    clean = _snap(vault, venv)
+    (site_packages(venv) / "pkg" / "__init__.py").write_bytes(b"X = 2  # patched\n")
+    patched = _snap(vault, venv)
+    ev(vault, "restore", clean, "--venv", venv, "--no-backup")
+    v = Vault.open(vault)
+    state = environment.environment_state(v, venv, [site_packages(venv)])
+    assert ensure_snapshot(v, venv, state, full_snapshot=False) == (clean, False)
+    assert patched != clean
+
+
 def test_an_unchanged_lock_only_snap_imports_no_reader_or_pack_writer(edited, tmp_path):
     """A lock-only snap of an environment the stat cache knows reads no file: the ingester (``vault/ingest.py``,
     its readers and chunker) is neither made nor imported (snap/scan.py ``_ingester``); the first one, which

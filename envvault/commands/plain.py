@@ -11,6 +11,7 @@ from pathlib import Path
 from envvault.env import chosen_python
 from envvault.errors import NotFoundError
 from envvault.output import echo, emit_json, human_bytes, style
+from envvault.model.paths import absolute_path
 
 __all__ = ["open_vault", "warn", "snap", "cache_target", "resolve_caches", "cache_restore"]
 
@@ -78,7 +79,7 @@ def cache_target(venv: str | None) -> Path | None:
 
         return find_target(venv)
     active = os.environ.get("VIRTUAL_ENV")
-    return Path(active).absolute() if active else None
+    return absolute_path(active) if active else None
 
 
 def resolve_caches(vault, ref: str) -> str:

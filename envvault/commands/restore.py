@@ -18,6 +18,7 @@ from envvault.commands.snapshots import json_option, open_vault, resolve_ref, ve
 from envvault.errors import UsageError
 from envvault.model.snapshot import Snapshot
 from envvault.output import Progress, emit_json, human_bytes, style
+from envvault.model.paths import absolute_path
 from envvault.vault.store import Vault
 
 __all__ = ["resolve_side", "resolve_snapshot"]
@@ -287,13 +288,14 @@ def restore(ctx, snapshot_id, venv, dry_run, into, no_backup, no_caches, share_s
     vault = _open_for(ctx, snapshot_id)
     ref = resolve_snapshot(vault, snapshot_id, venv)
     sid = ref.sid
-    target = Path(into).absolute() if into else _restore_target(vault, sid, venv, ref.venv, ref.scoped)
+    into = str(absolute_path(into)) if into else None
+    target = Path(into) if into else _restore_target(vault, sid, venv, ref.venv, ref.scoped)
     stats = vault.load_snapshot(sid).snapshot.stats
     total = (stats.bytes if stats is not None else 0) or 1
     bar = Progress("restore", total, enabled=not as_json)
     try:
         result = restore_snapshot(vault, sid, target, backup=not no_backup, dry_run=dry_run,
-                                  into=Path(into).absolute() if into else None, progress=bar, caches=not no_caches)
+                                  into=Path(into) if into else None, progress=bar, caches=not no_caches)
     finally:
         bar.close()
     doc = result.to_json()

@@ -12,6 +12,7 @@ else:
 
 from envvault.model.encoding import json_loads, not_utf8
 from envvault.errors import UsageError
+from envvault.model.paths import absolute_path
 
 __all__ = ["Interpreter", "use_system", "system_of", "choose_python", "chosen_python", "find_target", "probe",
            "probe_system", "system_root"]
@@ -177,7 +178,7 @@ def find_target(venv: str | os.PathLike | None, python: str | os.PathLike | None
         venv = os.environ.get("VIRTUAL_ENV") or os.environ.get("CONDA_PREFIX")
         if not venv:
             raise UsageError("no environment given: pass --venv PATH, --python PATH or activate a virtual environment")
-    path = Path(venv).expanduser().absolute()
+    path = absolute_path(venv)
     if not_utf8(path):
         raise UsageError(f"{os.fsencode(path)!r} is not a UTF-8 path, which a snapshot cannot record; move the "
                          "environment to a path of UTF-8 letters")
@@ -198,7 +199,7 @@ def find_target(venv: str | os.PathLike | None, python: str | os.PathLike | None
 def system_root(python: str | os.PathLike, expect_prefix: Path | None = None) -> Path:
     """Probe the interpreter ``python`` (isolated, ``probe_system``), remember it for this process
     (``use_system``) and return its environment's root."""
-    exe = Path(python).expanduser().absolute()
+    exe = absolute_path(python)
     if not exe.is_file() or not os.access(exe, os.X_OK):
         raise UsageError(f"--python {exe}: not an executable file")
     interp = probe_system(exe)

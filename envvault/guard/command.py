@@ -10,6 +10,7 @@ import shutil
 from envvault.model.records import replace
 from envvault.model.records import dataclass
 from pathlib import Path
+from envvault.model.paths import absolute_path
 from typing import Mapping
 
 __all__ = ["Command", "parse_command", "locate_target", "uv_project_root"]
@@ -204,9 +205,9 @@ def _env_of_executable(exe: str, env: Mapping[str, str]) -> Path | None:
 
 
 def _env_of_python_option(value: str, cwd: Path) -> Path | None:
-    path = (cwd / value).expanduser()
+    path = absolute_path(cwd / value)
     if path.is_dir():
-        return path.absolute() if _is_env(path) else None
+        return path if _is_env(path) else None
     if path.exists():
         prefix = Path(os.path.abspath(path)).parent.parent
         return prefix if _is_env(prefix) else None
@@ -216,7 +217,7 @@ def _env_of_python_option(value: str, cwd: Path) -> Path | None:
 def uv_project_root(cmd: Command, cwd: Path) -> Path | None:
     """The uv project (workspace root) a ``uv add/remove/sync`` works on: the nearest ``pyproject.toml``
     from ``--project``/``--directory`` or ``cwd`` upward, then its workspace root when it is a member."""
-    start = (cwd / cmd.project).absolute() if cmd.project else cwd
+    start = absolute_path(cwd / cmd.project) if cmd.project else cwd
     project = next((d for d in (start, *start.parents) if (d / "pyproject.toml").is_file()), None)
     if project is None:
         return None
@@ -232,12 +233,12 @@ def uv_project_root(cmd: Command, cwd: Path) -> Path | None:
 
 def _uv_project_env(cmd: Command, env: Mapping[str, str], cwd: Path) -> Path | None:
     if _has_option(list(cmd.args), {"--active"}) and env.get("VIRTUAL_ENV"):
-        return Path(env["VIRTUAL_ENV"]).absolute()
+        return absolute_path(env["VIRTUAL_ENV"])
     project = uv_project_root(cmd, cwd)
     if project is None:
         return None
     custom = env.get("UV_PROJECT_ENVIRONMENT")
-    return (project / custom).absolute() if custom else project / ".venv"
+    return absolute_path(project / custom) if custom else project / ".venv"
 
 
 def locate_target(cmd: Command, env: Mapping[str, str], cwd: Path) -> Path | None:
@@ -258,7 +259,7 @@ def locate_target(cmd: Command, env: Mapping[str, str], cwd: Path) -> Path | Non
             return _env_of_python_option(cmd.python, cwd)
         for key in ("VIRTUAL_ENV", "CONDA_PREFIX"):
             if env.get(key):
-                return Path(env[key]).absolute()
+                return absolute_path(env[key])
         return next((d / ".venv" for d in (cwd, *cwd.parents) if _is_env(d / ".venv")), None)
     if cmd.tool == "uv-project":
         return _uv_project_env(cmd, env, cwd)

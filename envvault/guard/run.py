@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Protocol
 
 from envvault.env.probe import chosen_python, find_target
+from envvault.model.paths import absolute_path
 from envvault.errors import EnvvaultError, UsageError
 from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
@@ -204,7 +205,7 @@ def _target_for(cmd: Command, options: GuardOptions, env: Mapping[str, str], cwd
     derived = locate_target(cmd, env, cwd) if cmd.known else None
     if options.venv is not None:
         chosen = find_target(options.venv)
-        if derived is not None and derived.absolute() != chosen:
+        if derived is not None and absolute_path(derived) != chosen:
             raise UsageError(f"`{cmd.display}` would change {derived}, not --venv {chosen}; "
                              "run it with that environment's pip or drop --venv")
         return chosen

@@ -5,9 +5,11 @@ and export. Text only: whether a path leads out through symlinks on disk is ``sa
 
 from __future__ import annotations
 
+import os
 import posixpath
+from pathlib import Path
 
-__all__ = ["path_problem", "link_target_problem", "record_path_problem"]
+__all__ = ["path_problem", "link_target_problem", "record_path_problem", "absolute_path"]
 
 
 # Longer than any path the kernel resolves in one call (PATH_MAX), or deeper than any real tree: refused, so
@@ -84,3 +86,12 @@ def record_path_problem(path: object) -> str | None:
     if ".." in parts[n:]:
         return "contains '..'"
     return None
+
+
+def absolute_path(path: str | os.PathLike) -> Path:
+    """A path the user typed (``--venv``, ``--into``, ``$VIRTUAL_ENV``) as the absolute path an environment is
+    known by: ``~`` expanded, ``.`` and ``..`` folded as the shell's ``cd`` folds them (``train/../v1`` is
+    ``v1``), symlinks kept. Every environment path is compared and cut as a string (snapshot heads, stat
+    cache keys, paths under the root), so one typed with ``..`` must not differ from the same one typed
+    without."""
+    return Path(os.path.abspath(os.path.expanduser(os.fspath(path))))

@@ -35,9 +35,27 @@ def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str
     return sid, facts[sid].lock_only
 
 
+def _current(vault, state: EnvState) -> tuple[str, bool] | None:
+    """The snapshot the environment was last snapped as or restored to (its ``status`` baseline) when it has
+    this lock-level fingerprint and recorded the files: the state the environment is in, among snapshots of
+    one fingerprint that differ in files edited in place (a patched torch snapped, then the clean one restored:
+    the newest full one would be the patch the run never had)."""
+    from envvault.restore.baseline import baseline_snapshot
+
+    try:
+        sid = baseline_snapshot(vault, Path(state.prefix))
+    except EnvvaultError:
+        return None
+    entry = stamp_index.snapshot_facts(vault).get(sid)
+    if entry is None or entry.lock_fingerprint != state.fingerprint or entry.lock_only:
+        return None
+    return sid, False
+
+
 def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool = True,
                     runtime_path: list[str] | None = None) -> tuple[str, bool]:
-    """``(id, lock_only)`` of a snapshot of ``state``: an existing one with its fingerprint, else a
+    """``(id, lock_only)`` of a snapshot of ``state``: the environment's baseline when it has that fingerprint
+    (``_current``), else an existing one with its fingerprint (``find_snapshot``), else a
     lock-only snapshot taken now and, with ``full_snapshot``, a detached ``envvault snap`` that vaults the
     files without making the caller wait.
 
@@ -45,7 +63,7 @@ def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool
     once they hold it, so they produce one snapshot between them. Raises :class:`EnvvaultError` when the
     vault cannot be written or the environment changed before it could be vaulted.
     """
-    found = find_snapshot(vault, state.fingerprint, state.prefix)
+    found = _current(vault, state) or find_snapshot(vault, state.fingerprint, state.prefix)
     if found:
         return found
     from envvault.snap import take_snapshot  # at the first stamp only (stamping starts with the interpreter)
