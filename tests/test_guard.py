@@ -335,6 +335,37 @@ def plain_python() -> Path:
     return Path(sys.executable).resolve()
 
 
+def test_uv_add_in_a_workspace_member(make_venv, wheelhouse, tmp_path):
+    """In a member of a uv workspace, `uv add` edits the member's pyproject.toml and the root's uv.lock: a
+    refused change puts both back (the member's stayed edited, and the next `uv sync` installed the refused
+    change, helper-16); a kept one says that the undo hint puts back the environment only."""
+    with IndexServer([wheelhouse[C.TORCH_CU128], wheelhouse[C.TORCH_CU130], wheelhouse[C.SMALL_01]]) as srv:
+        ws = tmp_path / "ws"
+        member = ws / "pkgs" / "mema"
+        member.mkdir(parents=True)
+        (ws / "pyproject.toml").write_text('[tool.uv.workspace]\nmembers = ["pkgs/*"]\n')
+        (member / "pyproject.toml").write_text(
+            '[project]\nname = "mema"\nversion = "0.1"\nrequires-python = ">=3.8"\n'
+            'dependencies = ["torchlike==2.11.0+cu128"]\n')
+        env = guard_env(ws / ".venv", tmp_path / "vault", uv_cache=tmp_path / "uvcache",
+                        extra={"UV_DEFAULT_INDEX": srv.url})
+        env.pop("VIRTUAL_ENV")
+        sync = subprocess.run(["uv", "sync", "--all-packages", "--python", str(plain_python())], cwd=ws, env=env,
+                              capture_output=True, text=True)
+        assert sync.returncode == 0, sync.stderr
+        venv = ws / ".venv"
+        _protect_torchlike(venv)
+        before = {p: p.read_bytes() for p in (ws / "uv.lock", member / "pyproject.toml", ws / "pyproject.toml")}
+        proc, doc = _run_in(member, env, "--", "uv", "add", "torchlike==2.11.0+cu130")
+        assert proc.returncode == 3 and doc["outcome"] == "refused" and doc["venv"] == str(venv), proc.stderr
+        assert {p: p.read_bytes() for p in before} == before
+        assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+        proc, doc = _run_in(member, env, "--yes", "--", "uv", "add", "smallpkg")
+        assert proc.returncode == 0 and doc["outcome"] == "ran", proc.stderr
+        (note,) = [w for w in doc["warnings"] if "puts back the environment only" in w]
+        assert str(member / "pyproject.toml") in note and str(ws / "uv.lock") in note, note
+
+
 def _run_in(cwd: Path, env, *args):
     proc = run_envvault("guard", "--json", *args, env=env, cwd=cwd)
     return proc, json.loads(proc.stdout)

@@ -13,7 +13,7 @@ from pathlib import Path
 from envvault.model.paths import absolute_path
 from typing import Mapping
 
-__all__ = ["Command", "parse_command", "locate_target", "uv_project_root"]
+__all__ = ["Command", "parse_command", "locate_target", "uv_project", "uv_project_root"]
 
 # Tools: "pip" (pip, pip3, python -m pip), "uv-pip" (uv pip ...), "uv-project" (uv add/remove/sync), None.
 # Actions that change an environment; everything else a tool does is passed through untouched.
@@ -214,11 +214,17 @@ def _env_of_python_option(value: str, cwd: Path) -> Path | None:
     return None  # a version request such as "3.11": uv decides; the caller falls back
 
 
-def uv_project_root(cmd: Command, cwd: Path) -> Path | None:
-    """The uv project (workspace root) a ``uv add/remove/sync`` works on: the nearest ``pyproject.toml``
-    from ``--project``/``--directory`` or ``cwd`` upward, then its workspace root when it is a member."""
+def uv_project(cmd: Command, cwd: Path) -> Path | None:
+    """The folder of the project a ``uv add/remove/sync`` edits: the nearest ``pyproject.toml`` from
+    ``--project``/``--directory`` or ``cwd`` upward (a workspace member's own)."""
     start = absolute_path(cwd / cmd.project) if cmd.project else cwd
-    project = next((d for d in (start, *start.parents) if (d / "pyproject.toml").is_file()), None)
+    return next((d for d in (start, *start.parents) if (d / "pyproject.toml").is_file()), None)
+
+
+def uv_project_root(cmd: Command, cwd: Path) -> Path | None:
+    """The uv project (workspace root) a ``uv add/remove/sync`` works on: ``uv_project``, then its workspace
+    root when it is a member."""
+    project = uv_project(cmd, cwd)
     if project is None:
         return None
     for parent in project.parents:

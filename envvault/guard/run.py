@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 from envvault.env.probe import chosen_python, find_target
 from envvault.model.paths import absolute_path
 from envvault.errors import EnvvaultError, UsageError
-from envvault.guard.command import Command, locate_target, parse_command, uv_project_root
+from envvault.guard.command import Command, locate_target, parse_command, uv_project, uv_project_root
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
 from envvault.model.provenance import ProvenanceEntry
 from envvault.model.snapshot import Snapshot
@@ -381,6 +381,12 @@ def guard(
         warnings.append(f"--no-restore: the environment stays as the command left it; "
                         f"`{vault.command('restore', before.id[:12])}` brings back the state before")
 
+    if not undo and not diff.environment_empty:
+        edited = [str(path) for path, data in project_files.items() if _bytes_or_none(path) != data]
+        if edited:  # the undo hint (`restore BEFORE`) puts back the venv only
+            warnings.append(f"`{vault.command('restore', before.id[:12])}` puts back the environment only: "
+                            f"{', '.join(edited)} keep what `{cmd.display}` changed (the next `uv sync` or `uv run` "
+                            "would install it again); revert them too to undo it")
     warnings += _retain(vault, target, protection)
     return GuardResult(outcome=outcome, exit_code=exit_code, reason=reason, restore_error=restore_error,
                        warnings=tuple(warnings), timings=timings, **base)
@@ -392,19 +398,24 @@ def _sites_guess(prefix: Path) -> list[Path]:
 
 
 def _read_project_files(cmd: Command, cwd: Path) -> dict[Path, bytes | None]:
-    """``uv add/remove/sync`` edit pyproject.toml and uv.lock: keep their bytes to put back on rollback."""
+    """``uv add/remove/sync`` edit pyproject.toml and uv.lock: keep their bytes to put back on rollback (the
+    workspace root's and, in a member, the member's own pyproject.toml, which ``uv add`` edits)."""
     if cmd.tool != "uv-project":
         return {}
-    root = uv_project_root(cmd, cwd)
+    root, member = uv_project_root(cmd, cwd), uv_project(cmd, cwd)
     if root is None:
         return {}
-    out: dict[Path, bytes | None] = {}
-    for name in _PROJECT_FILES:
-        try:
-            out[root / name] = (root / name).read_bytes()
-        except FileNotFoundError:
-            out[root / name] = None
-    return out
+    paths = [root / name for name in _PROJECT_FILES]
+    if member is not None and member != root:
+        paths.append(member / "pyproject.toml")
+    return {path: _bytes_or_none(path) for path in paths}
+
+
+def _bytes_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def _write_project_files(files: dict[Path, bytes | None]) -> None:
