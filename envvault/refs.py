@@ -14,7 +14,8 @@ from pathlib import Path
 from envvault.errors import AmbiguousError, NotFoundError, RefusedError, UsageError
 from envvault.model.stamp import SIDECAR_NAME, Stamp
 
-__all__ = ["Ref", "resolve_arg", "resolve_name", "resolve_named", "is_lockfile", "environment_snapshot"]
+__all__ = ["Ref", "resolve_arg", "resolve_name", "resolve_named", "is_lockfile", "environment_snapshot",
+           "stamped_parts"]
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def _sub_checkpoints(d: Path, entries: list[Path] | None = None) -> list[Path]:
     return [e for e in entries if e.is_dir() and ((e / ".metadata").is_file() or (e / SIDECAR_NAME).is_file())]
 
 
-def _stamped_parts(d: Path) -> list[tuple[str, Path, Stamp]]:
+def stamped_parts(d: Path) -> list[tuple[str, Path, Stamp]]:
     """``(name shown, path to resolve, stamp)`` for every stamped part of folder ``d``: its sidecar or each
     stamped checkpoint file in it, then the same for each checkpoint sub-folder. Read with the folder
     readers of :mod:`envvault.torch.directories` (through ``read_checkpoint``)."""
@@ -211,7 +212,7 @@ def _checkpoint_folder(vault, d: Path) -> Ref:
     resolve to different snapshots, one line names the files and the snapshot each names (exit 4)."""
     from envvault.torch.resolve import snapshot_of
 
-    parts = _stamped_parts(d)
+    parts = stamped_parts(d)
     if not parts:
         raise NotFoundError(f"{d}: no file in this checkpoint folder carries an envvault stamp (saved without "
                             "stamping); name a snapshot instead")

@@ -226,6 +226,11 @@ def test_checkpoint_folder_whose_stamps_disagree(world, tmp_path):
         assert_one_line_error(proc, "stamped with different snapshots",
                               f"model.safetensors, optimizer.pt -> {world['sid'][:12]}",
                               f"training_args.bin -> {other_sid[:12]}")
+    for args in ((), ("--json",)):  # inspect shows one stamp: it says the folder is mixed (helper-16)
+        proc = _run(world["vault"], "inspect", ckpt, *args)
+        assert proc.returncode == 0, proc
+        (warning,) = [line for line in proc.stderr.splitlines() if "stamped with different snapshots" in line]
+        assert "model.safetensors, optimizer.pt -> " in warning and "training_args.bin -> " in warning, warning
 
 
 def test_checkpoint_folder_without_stamps_and_plain_folders(world, tmp_path):

@@ -44,10 +44,27 @@ def inspect(path: Path, as_json: bool) -> None:
         emit_json(info.to_dict())
     else:
         _render(info, path)
+    if Path(path).is_dir():
+        _warn_mixed_stamps(Path(path))
     danger = sum(1 for f in info.findings if f.severity == "danger")
     if danger:
         click.echo(f"warning: {_safe(str(path))} holds {danger} call(s) that would run code on torch.load(weights_only=False); "
                    "none ran here", err=True)
+
+
+def _warn_mixed_stamps(d: Path) -> None:
+    """A folder whose files name different snapshots: inspect shows one stamp; `restore` and `diff` refuse
+    such a folder (``refs.stamped_parts``, the rule they read it by), so say so here too."""
+    from envvault.refs import stamped_parts
+
+    named: dict[str, list[str]] = {}
+    for name, _path, stamp in stamped_parts(d):
+        which = stamp.snapshot[:12] if stamp.snapshot else f"fingerprint {(stamp.fingerprint or '?')[:12]}"
+        named.setdefault(which, []).append(name)
+    if len(named) > 1:
+        listed = "; ".join(f"{', '.join(map(_safe, names))} -> {which}" for which, names in named.items())
+        click.echo(f"warning: {_safe(str(d))}: its files are stamped with different snapshots ({listed}); `restore` "
+                   "and `diff` refuse this folder: name one file", err=True)
 
 
 def _render(info, path: Path) -> None:
