@@ -66,6 +66,23 @@ def cu128_pip_venv(tmp_path, wheelhouse):
     return venv
 
 
+def test_a_killed_pips_stash_is_removed_by_the_rollback(cu128_pip_venv, tmp_path):
+    """pip uninstalls by moving a package aside (``torchlike`` -> ``~orchlike`` next to it) and removes that
+    once the install is done; killed between the two (Ctrl-C, SIGTERM to pip, seen with 758 MB of torch by
+    helper-16) it leaves the copy behind. The rollback puts the package back and removes what the command
+    moved aside; a ``~`` folder that was there before it ran stays."""
+    venv = cu128_pip_venv
+    env = guard_env(venv, tmp_path / "vault")
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "~ld").mkdir()  # the user's, from an earlier run: not this command's
+    kill_mid_uninstall = f"mv {site / 'torchlike'} {site / '~orchlike'} && kill -KILL $$"
+    proc, doc = _guard(env, "--yes", "--", "sh", "-c", kill_mid_uninstall, json_out=True)
+    assert proc.returncode == 137 and doc["outcome"] == "restored", proc.stderr
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+    assert not (site / "~orchlike").exists() and (site / "~ld").is_dir()
+    assert any("~orchlike" in w for w in doc["warnings"]), doc["warnings"]
+
+
 @pytest.fixture
 def disaster_index(wheelhouse, tmp_path):
     wreck = wreck_wheel(tmp_path / "wreck")

@@ -317,6 +317,8 @@ def guard(
                                       "rerun with --yes to allow it")
 
     project_files = _read_project_files(cmd, cwd)
+    sites = _sites(before.snapshot, target)
+    stashes = _stashes(sites)
     timings.setdefault("pre_command", time.monotonic() - t0)
     rc, started = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
     timings["command"] = time.time() - started
@@ -325,7 +327,7 @@ def guard(
     t = time.monotonic()
     fresh = report_provenance(plan.installs, pip_indexes(cmd, env, target)) if cmd.tool == "pip" else {}
     merged = {**prov_before, **fresh}
-    prov_after = carry(merged, current_builds(target, _sites(before.snapshot, target), merged)) if merged else {}
+    prov_after = carry(merged, current_builds(target, sites, merged)) if merged else {}
     after = take_snapshot(vault, target, message=f"after: {cmd.display} (exit {rc})", trigger=TRIGGER,
                           argv=record_argv,
                           extra={"guard": {"phase": "after", "command": list(cmd.argv), "exit_code": rc,
@@ -369,6 +371,9 @@ def guard(
 
             record_undone(vault, after.id)  # a state the rollback undid, as a restore's backup is
             _write_project_files(project_files)
+            left = _remove_new_stashes(sites, stashes)
+            if left:
+                warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
                                 f"`{vault.command('status', '--against', before.id[:12])}` shows how")
@@ -390,6 +395,38 @@ def guard(
     warnings += _retain(vault, target, protection)
     return GuardResult(outcome=outcome, exit_code=exit_code, reason=reason, restore_error=restore_error,
                        warnings=tuple(warnings), timings=timings, **base)
+
+
+def _stashes(sites: list[Path]) -> set[Path]:
+    """The entries of ``sites`` whose name starts with ``~``: where pip moves a package aside while it
+    uninstalls it (its ``AdjacentTempDirectory``: ``torch`` -> ``~orch``), removed once the install is done,
+    left behind when pip is killed."""
+    out: set[Path] = set()
+    for site in sites:
+        try:
+            with os.scandir(site) as it:
+                out.update(Path(e.path) for e in it if e.name.startswith("~"))
+        except OSError:
+            continue
+    return out
+
+
+def _remove_new_stashes(sites: list[Path], before: set[Path]) -> list[str]:
+    """After a rollback: the ``~`` entries the command's pip left in ``sites`` (none there before it ran)
+    removed, never followed through a symlink; their names."""
+    import shutil
+
+    removed = []
+    for path in sorted(_stashes(sites) - before):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path.name)
+        except OSError:
+            continue
+    return removed
 
 
 def _sites_guess(prefix: Path) -> list[Path]:
