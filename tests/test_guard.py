@@ -75,12 +75,40 @@ def test_a_killed_pips_stash_is_removed_by_the_rollback(cu128_pip_venv, tmp_path
     env = guard_env(venv, tmp_path / "vault")
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "~ld").mkdir()  # the user's, from an earlier run: not this command's
-    kill_mid_uninstall = f"mv {site / 'torchlike'} {site / '~orchlike'} && kill -KILL $$"
+    # Another process's stash made meanwhile (a second pip in the same venv) is not this command's.
+    kill_mid_uninstall = (f"mkdir {site / '~ther-stash'} && mv {site / 'torchlike'} {site / '~orchlike'} && "
+                          "kill -KILL $$")
     proc, doc = _guard(env, "--yes", "--", "sh", "-c", kill_mid_uninstall, json_out=True)
     assert proc.returncode == 137 and doc["outcome"] == "restored", proc.stderr
     assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
-    assert not (site / "~orchlike").exists() and (site / "~ld").is_dir()
+    assert not (site / "~orchlike").exists() and (site / "~ld").is_dir() and (site / "~ther-stash").is_dir()
     assert any("~orchlike" in w for w in doc["warnings"]), doc["warnings"]
+
+
+def test_a_killed_pips_stash_in_a_namespace_folder_is_removed(make_venv, tmp_path):
+    """The CUDA wheels torch pulls in share the namespace folder nvidia/: pip moves nvidia/cublas aside as
+    nvidia/~ublas (helper-17); the rollback removes it there too, and leaves nvidia/~other alone."""
+    venv = make_venv("uv")
+    uv_install(venv, build_wheel(tmp_path / "w", "nvidia-cublas", "12.8", {"nvidia/cublas/__init__.py": b"",
+                                                                            "nvidia/cublas/lib/libcublas.so": b"\x7fELF"}),
+               build_wheel(tmp_path / "w", "nvidia-cudnn", "9.1", {"nvidia/cudnn/__init__.py": b""}))
+    env = guard_env(venv, tmp_path / "vault")
+    ns = site_packages(venv) / "nvidia"
+    kill_mid_uninstall = f"mkdir {ns / '~other'} && mv {ns / 'cublas'} {ns / '~ublas'} && kill -KILL $$"
+    proc, doc = _guard(env, "--yes", "--", "sh", "-c", kill_mid_uninstall, json_out=True)
+    assert proc.returncode == 137 and doc["outcome"] == "restored", proc.stderr
+    assert (ns / "cublas" / "lib" / "libcublas.so").is_file() and not (ns / "~ublas").exists()
+    assert (ns / "~other").is_dir() and (ns / "cudnn").is_dir()
+
+
+@pytest.mark.parametrize("stash, name, taken", [
+    ("~orch", "torch", True), ("~-rch", "torch", True), ("~~torch", "torch", True), ("~ublas", "cublas", True),
+    ("~orchlike", "torch", False), ("~ther-stash", "torchlike", False), ("torch", "torch", False),
+    ("~orcX", "torch", False), ("~", "t", False)])
+def test_pips_names_for_a_folder_it_moves_aside(stash, name, taken):
+    from envvault.guard.run import is_pip_stash
+
+    assert is_pip_stash(stash, name) is taken
 
 
 @pytest.fixture

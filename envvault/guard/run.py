@@ -318,7 +318,6 @@ def guard(
 
     project_files = _read_project_files(cmd, cwd)
     sites = _sites(before.snapshot, target)
-    stashes = _stashes(sites)
     timings.setdefault("pre_command", time.monotonic() - t0)
     rc, started = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
     timings["command"] = time.time() - started
@@ -371,7 +370,7 @@ def guard(
 
             record_undone(vault, after.id)  # a state the rollback undid, as a restore's backup is
             _write_project_files(project_files)
-            left = _remove_new_stashes(sites, stashes)
+            left = _remove_pip_stashes(vault, before.snapshot, diff, target, started)
             if left:
                 warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
             if not restored.verified:
@@ -397,35 +396,60 @@ def guard(
                        warnings=tuple(warnings), timings=timings, **base)
 
 
-def _stashes(sites: list[Path]) -> set[Path]:
-    """The entries of ``sites`` whose name starts with ``~``: where pip moves a package aside while it
-    uninstalls it (its ``AdjacentTempDirectory``: ``torch`` -> ``~orch``), removed once the install is done,
-    left behind when pip is killed."""
-    out: set[Path] = set()
-    for site in sites:
-        try:
-            with os.scandir(site) as it:
-                out.update(Path(e.path) for e in it if e.name.startswith("~"))
-        except OSError:
-            continue
-    return out
+_PIP_LEADING = "-~.=%0123456789"  # pip's AdjacentTempDirectory.LEADING_CHARS
 
 
-def _remove_new_stashes(sites: list[Path], before: set[Path]) -> list[str]:
-    """After a rollback: the ``~`` entries the command's pip left in ``sites`` (none there before it ran)
-    removed, never followed through a symlink; their names."""
+def is_pip_stash(stash: str, name: str) -> bool:
+    """Whether ``stash`` is a name pip gives a folder ``name`` it moves aside while it uninstalls it (its
+    ``AdjacentTempDirectory``, in the same folder): ``~``, then characters of ``_PIP_LEADING``, then the end
+    of ``name``, as long as ``name`` (``torch`` -> ``~orch``, ``~-rch``) or, once those are taken, ``~`` and
+    such characters before the whole name."""
+    if not stash.startswith("~") or len(stash) < len(name):
+        return False
+    lead = lambda part: all(c in _PIP_LEADING for c in part)  # noqa: E731
+    if len(stash) == len(name):
+        return any(stash[i:] == name[i:] and lead(stash[1:i]) for i in range(1, len(name)))
+    return stash.endswith(name) and lead(stash[1:len(stash) - len(name)])
+
+
+def _remove_pip_stashes(vault: Vault, before: Snapshot, diff: DiffResult, target: Path, started: float) -> list[str]:
+    """After a rollback: the folders a pip killed mid-uninstall left beside the folders it was removing
+    (``torch`` -> ``~orch``, ``nvidia/cublas`` -> ``nvidia/~ublas``) removed, never followed through a
+    symlink: only those with pip's name for a folder of a package the command removed or changed (by the
+    snapshot before it), made since it started (their ctime). Their paths under ``target``."""
     import shutil
 
-    removed = []
-    for path in sorted(_stashes(sites) - before):
+    names = {p.name for p in diff.removed} | {c.name for c in diff.changed}
+    owned: dict[str, set[str]] = {}  # a folder (relative to target) -> names of the folders in it they own
+    for pkg in before.packages:
+        if pkg.name not in names:
+            continue
         try:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-            removed.append(path.name)
+            files = vault.load_manifest(pkg.manifest).files
+        except EnvvaultError:
+            continue
+        for f in files:
+            parts = f.path.split("/")[:-1]
+            for depth in range(1, len(parts)):
+                owned.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
+    removed = []
+    for folder, dirs in sorted(owned.items()):
+        try:
+            with os.scandir(target / folder) as it:
+                found = [e for e in it if e.name.startswith("~")]
         except OSError:
             continue
+        for e in found:
+            try:
+                if e.stat(follow_symlinks=False).st_ctime < started or not any(is_pip_stash(e.name, d) for d in dirs):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path)
+                else:
+                    os.unlink(e.path)
+                removed.append(f"{folder}/{e.name}")
+            except OSError:
+                continue
     return removed
 
 
