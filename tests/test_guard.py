@@ -404,6 +404,10 @@ def test_uv_add_in_a_workspace_member(make_venv, wheelhouse, tmp_path):
         proc, doc = _run_in(member, env, "--", "uv", "add", "torchlike==2.11.0+cu130")
         assert proc.returncode == 3 and doc["outcome"] == "refused" and doc["venv"] == str(venv), proc.stderr
         assert {p: p.read_bytes() for p in before} == before
+        # from the root, the member named by --package (helper-17)
+        proc, doc = _run_in(ws, env, "--", "uv", "add", "--package", "mema", "torchlike==2.11.0+cu130")
+        assert proc.returncode == 3 and doc["outcome"] == "refused" and doc["venv"] == str(venv), proc.stderr
+        assert {p: p.read_bytes() for p in before} == before
         assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
         proc, doc = _run_in(member, env, "--yes", "--", "uv", "add", "smallpkg")
         assert proc.returncode == 0 and doc["outcome"] == "ran", proc.stderr

@@ -101,13 +101,11 @@ def venv_doc(venv: Path) -> dict:
         return {}
     except (UnicodeDecodeError, OSError, CorruptError) as err:
         raise UsageError(f"{path} cannot be read ({err}); fix or remove it") from None
+    from envvault.model.encoding import toml_loads
+
     try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
+        return toml_loads(text)
+    except ValueError as err:  # tomllib.TOMLDecodeError
         raise UsageError(f"{path} is not valid TOML ({err}); fix or remove it") from None
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from envvault.model.paths import absolute_path
 from typing import Mapping
 
-__all__ = ["Command", "parse_command", "locate_target", "uv_project", "uv_project_root"]
+__all__ = ["Command", "parse_command", "locate_target", "uv_project", "uv_project_root", "uv_workspace_members"]
 
 # Tools: "pip" (pip, pip3, python -m pip), "uv-pip" (uv pip ...), "uv-project" (uv add/remove/sync), None.
 # Actions that change an environment; everything else a tool does is passed through untouched.
@@ -235,6 +235,42 @@ def uv_project_root(cmd: Command, cwd: Path) -> Path | None:
         except OSError:
             continue
     return project
+
+
+_MEMBERS_MAX = 1000  # workspace members whose pyproject.toml guard keeps, at most
+
+
+def uv_workspace_members(root: Path) -> list[Path]:
+    """The folders of the members of the uv workspace at ``root`` that have a ``pyproject.toml``: its
+    ``[tool.uv.workspace]`` ``members`` globs less its ``exclude`` ones, as uv reads them. The file is the
+    user's working folder's: read bounded, globs that leave the root (absolute, ``..``) skipped, at most
+    ``_MEMBERS_MAX`` members; an unreadable or invalid file gives none."""
+    import itertools
+
+    from envvault.errors import EnvvaultError
+    from envvault.model.encoding import toml_loads
+    from envvault.vault.fsutil import read_regular
+
+    try:
+        doc = toml_loads(read_regular(root / "pyproject.toml", 1 << 20, "pyproject.toml").decode("utf-8"))
+        table = doc["tool"]["uv"]["workspace"]
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, EnvvaultError):
+        return []
+
+    def globs(key: str) -> list[str]:
+        got = table.get(key) if isinstance(table, dict) else None
+        return [g for g in got if isinstance(g, str) and g and not g.startswith("/") and ".." not in g.split("/")] \
+            if isinstance(got, list) else []
+
+    excluded = {p for g in globs("exclude") for p in itertools.islice(root.glob(g), _MEMBERS_MAX)}
+    found: list[Path] = []
+    for g in globs("members"):
+        for p in itertools.islice(root.glob(g), _MEMBERS_MAX):
+            if p not in excluded and p not in found and (p / "pyproject.toml").is_file():
+                found.append(p)
+            if len(found) >= _MEMBERS_MAX:
+                return found
+    return found
 
 
 def _uv_project_env(cmd: Command, env: Mapping[str, str], cwd: Path) -> Path | None:

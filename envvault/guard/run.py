@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Mapping, Protocol
 from envvault.env.probe import chosen_python, find_target
 from envvault.model.paths import absolute_path
 from envvault.errors import EnvvaultError, UsageError
-from envvault.guard.command import Command, locate_target, parse_command, uv_project, uv_project_root
+from envvault.guard.command import (Command, locate_target, parse_command, uv_project, uv_project_root,
+                                    uv_workspace_members)
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
 from envvault.model.provenance import ProvenanceEntry
 from envvault.model.snapshot import Snapshot
@@ -460,15 +461,17 @@ def _sites_guess(prefix: Path) -> list[Path]:
 
 def _read_project_files(cmd: Command, cwd: Path) -> dict[Path, bytes | None]:
     """``uv add/remove/sync`` edit pyproject.toml and uv.lock: keep their bytes to put back on rollback (the
-    workspace root's and, in a member, the member's own pyproject.toml, which ``uv add`` edits)."""
+    workspace root's, and every member's pyproject.toml: ``uv add`` edits the member's own)."""
     if cmd.tool != "uv-project":
         return {}
     root, member = uv_project_root(cmd, cwd), uv_project(cmd, cwd)
     if root is None:
         return {}
     paths = [root / name for name in _PROJECT_FILES]
-    if member is not None and member != root:
-        paths.append(member / "pyproject.toml")
+    # uv add/remove edit the member's own (its folder, or the one --package names from anywhere)
+    for folder in dict.fromkeys([*([member] if member is not None else []), *uv_workspace_members(root)]):
+        if folder != root:
+            paths.append(folder / "pyproject.toml")
     return {path: _bytes_or_none(path) for path in paths}
 
 

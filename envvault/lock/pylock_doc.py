@@ -12,16 +12,12 @@ __all__ = ["lockfile_document"]
 def lockfile_document(path: Path) -> dict:
     """A pylock.toml (PEP 751) as a document diff can compare: packages by name and version, plus the
     build and state ids envvault's own exports carry under ``[packages.tool.envvault]``."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-
     from envvault.errors import CorruptError, NotFoundError
+    from envvault.model.encoding import toml_loads
     from envvault.vault.fsutil import read_regular
 
     try:  # a FIFO or a device given as the lockfile is refused at once, never waited on
-        data = tomllib.loads(read_regular(path, 64 << 20, str(path), follow=True).decode("utf-8"))
+        data = toml_loads(read_regular(path, 64 << 20, str(path), follow=True).decode("utf-8"))
     except FileNotFoundError:
         raise NotFoundError(f"no lockfile at {path}") from None
     except (OSError, ValueError) as err:

@@ -13,7 +13,8 @@ import blake3
 
 from envvault.errors import CorruptError
 
-__all__ = ["canonical_json", "object_id", "parse_json", "short", "utc_timestamp", "MAX_DOC_BYTES", "not_utf8", "recordable"]
+__all__ = ["canonical_json", "object_id", "parse_json", "short", "utc_timestamp", "MAX_DOC_BYTES", "not_utf8", "recordable",
+           "toml_loads"]
 
 # A snapshot or manifest larger than this is refused as hostile or damaged.
 MAX_DOC_BYTES = 512 * 1024 * 1024
@@ -54,6 +55,16 @@ def json_loads(data: bytes | str) -> Any:
         return json.loads(data)
     except RecursionError:
         raise ValueError("JSON nested too deep") from None
+
+
+def toml_loads(text: str) -> dict:
+    """``text`` as TOML (``tomllib``, or ``tomli`` on Python 3.10); ``ValueError`` (``TOMLDecodeError``) when
+    it is not TOML."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
 
 
 def parse_json(data: bytes, what: str) -> Any:
