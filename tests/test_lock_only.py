@@ -285,6 +285,11 @@ def test_a_stamp_names_the_state_the_environment_was_restored_to(tmp_path):
     state = environment.environment_state(v, venv, [site_packages(venv)])
     assert ensure_snapshot(v, venv, state, full_snapshot=False) == (clean, False)
     assert patched != clean
+    # The patch put back by hand, not snapped: the clean snapshot is no longer the state (helper-17); the
+    # patched one of that fingerprint is.
+    (site_packages(venv) / "pkg" / "__init__.py").write_bytes(b"X = 2  # patched\n")
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is False
+    assert ensure_snapshot(v, venv, state, full_snapshot=False) == (patched, False)
 
 
 def test_an_unchanged_lock_only_snap_imports_no_reader_or_pack_writer(edited, tmp_path):

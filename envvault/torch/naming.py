@@ -36,16 +36,24 @@ def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str
 
 
 def _current(vault, state: EnvState) -> tuple[str, bool] | None:
-    """The snapshot the environment was last snapped as or restored to (its ``status`` baseline) when it has
-    this lock-level fingerprint and recorded the files: the state the environment is in, among snapshots of
-    one fingerprint that differ in files edited in place (a patched torch snapped, then the clean one restored:
-    the newest full one would be the patch the run never had)."""
-    from envvault.restore.baseline import baseline_snapshot
+    """The snapshot the environment is in, when that can be told: the one its last ``status`` (or snap, or
+    verified restore) found it equal to, with no file changed since (``verdict.unchanged_since``, the quick
+    ``status``'s check: a local vault, a venv), when it has this lock-level fingerprint and recorded the
+    files. Snapshots of one fingerprint differ in files edited in place (a patched torch snapped, then the
+    clean one restored: the newest full one would be the patch the run never had); after a new edit, or
+    where it cannot be told, None (``find_snapshot`` decides, as before)."""
+    from envvault.snap.verdict import unchanged_since
+    from envvault.vault.local import LocalBackend
 
-    try:
-        sid = baseline_snapshot(vault, Path(state.prefix))
-    except EnvvaultError:
+    if type(vault.backend) is not LocalBackend:  # a bucket keeps no verdicts
         return None
+    try:
+        hit = unchanged_since(vault.backend.root, str(state.prefix))
+    except (EnvvaultError, OSError):
+        return None
+    if hit is None:
+        return None
+    sid = hit[1].snapshot
     entry = stamp_index.snapshot_facts(vault).get(sid)
     if entry is None or entry.lock_fingerprint != state.fingerprint or entry.lock_only:
         return None
@@ -54,8 +62,8 @@ def _current(vault, state: EnvState) -> tuple[str, bool] | None:
 
 def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool = True,
                     runtime_path: list[str] | None = None) -> tuple[str, bool]:
-    """``(id, lock_only)`` of a snapshot of ``state``: the environment's baseline when it has that fingerprint
-    (``_current``), else an existing one with its fingerprint (``find_snapshot``), else a
+    """``(id, lock_only)`` of a snapshot of ``state``: the one the environment is known to be in when it has
+    that fingerprint (``_current``), else an existing one with its fingerprint (``find_snapshot``), else a
     lock-only snapshot taken now and, with ``full_snapshot``, a detached ``envvault snap`` that vaults the
     files without making the caller wait.
 
