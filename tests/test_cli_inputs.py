@@ -233,6 +233,28 @@ def test_checkpoint_folder_whose_stamps_disagree(world, tmp_path):
         assert "model.safetensors, optimizer.pt -> " in warning and "training_args.bin -> " in warning, warning
 
 
+def test_a_folder_stamped_before_and_after_its_full_snapshot_is_one_for_inspect_too(world, tmp_path):
+    """One file stamped with the lock-only snapshot a first stamp takes, one with the full snapshot taken
+    since: `restore` resolves both to the full one, and inspect, which reads no vault, does not call the
+    folder mixed (helper-17)."""
+    from fixtures import make_venv
+
+    vault = world["vault"]
+    fresh = make_venv(tmp_path / "fresh", "venv", BASE_PYTHON)
+    ev(vault, "torch", "install-hook", "--venv", fresh, env=_env(vault))
+    ckpt = _hf_checkpoint(tmp_path / "checkpoint-3")
+    _stamp(fresh, vault, ckpt / "optimizer.pt")  # no snapshot of it yet: a lock-only one is taken
+    full = ev_json(vault, "snap", "--venv", fresh, "--no-caches", env=_env(vault))["id"]
+    _stamp(fresh, vault, ckpt / "training_args.bin")
+    named = {json.loads(_run(vault, "inspect", ckpt / n, "--json").stdout)["stamp"]["snapshot"]
+             for n in ("optimizer.pt", "training_args.bin")}
+    assert len(named) == 2 and full in named, named
+    proc = _run(vault, "restore", ckpt, "--dry-run", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["restored"] == full, proc.stderr
+    proc = _run(vault, "inspect", ckpt)
+    assert proc.returncode == 0 and "different snapshots" not in proc.stderr, proc.stderr
+
+
 def test_checkpoint_folder_without_stamps_and_plain_folders(world, tmp_path):
     ckpt = _hf_checkpoint(tmp_path / "checkpoint-1")
     proc = _run(world["vault"], "restore", ckpt, "--dry-run")

@@ -54,17 +54,26 @@ def inspect(path: Path, as_json: bool) -> None:
 
 def _warn_mixed_stamps(d: Path) -> None:
     """A folder whose files name different snapshots: inspect shows one stamp; `restore` and `diff` refuse
-    such a folder (``refs.stamped_parts``, the rule they read it by), so say so here too."""
+    such a folder (``refs.stamped_parts``, the rule they read it by), so say so here too. Without the vault,
+    only stamps that surely resolve apart count: other environments or lock-level fingerprints, or two full
+    snapshots of one (a lock-only stamp may resolve to the full snapshot another file names)."""
     from envvault.refs import stamped_parts
 
+    parts = stamped_parts(d)
+    prints = {(stamp.fingerprint or stamp.snapshot, stamp.venv) for _, _, stamp in parts}
+    full: dict = {}
+    for _, _, stamp in parts:
+        if stamp.snapshot and not stamp.snapshot_lock_only:
+            full.setdefault((stamp.fingerprint, stamp.venv), set()).add(stamp.snapshot)
+    if len(prints) <= 1 and all(len(ids) <= 1 for ids in full.values()):
+        return
     named: dict[str, list[str]] = {}
-    for name, _path, stamp in stamped_parts(d):
+    for name, _path, stamp in parts:
         which = stamp.snapshot[:12] if stamp.snapshot else f"fingerprint {(stamp.fingerprint or '?')[:12]}"
         named.setdefault(which, []).append(name)
-    if len(named) > 1:
-        listed = "; ".join(f"{', '.join(map(_safe, names))} -> {which}" for which, names in named.items())
-        click.echo(f"warning: {_safe(str(d))}: its files are stamped with different snapshots ({listed}); `restore` "
-                   "and `diff` refuse this folder: name one file", err=True)
+    listed = "; ".join(f"{', '.join(map(_safe, names))} -> {which}" for which, names in named.items())
+    click.echo(f"warning: {_safe(str(d))}: its files are stamped with different snapshots ({listed}); `restore` "
+               "and `diff` refuse this folder: name one file", err=True)
 
 
 def _render(info, path: Path) -> None:
