@@ -344,12 +344,8 @@ def test_uv_project_sync_and_add(make_venv, wheelhouse, tmp_path):
     with IndexServer([wheelhouse[C.TORCH_CU128], wheelhouse[C.TORCH_CU130], wheelhouse[C.SMALL_01]]) as srv:
         proj = tmp_path / "proj"
         proj.mkdir()
-        (proj / "pyproject.toml").write_text(
-            '[project]\nname = "proj"\nversion = "0.1"\nrequires-python = ">=3.8"\n'
-            'dependencies = ["torchlike==2.11.0+cu128"]\n')
-        env = guard_env(proj / ".venv", tmp_path / "vault", uv_cache=tmp_path / "uvcache",
-                        extra={"UV_DEFAULT_INDEX": srv.url})
-        env.pop("VIRTUAL_ENV")
+        _torchlike_project(proj, "proj")
+        env = _uv_env(proj, tmp_path, srv)
         sync = subprocess.run(["uv", "sync", "--python", str(plain_python())], cwd=proj, env=env,
                               capture_output=True, text=True)
         assert sync.returncode == 0, sync.stderr
@@ -374,6 +370,20 @@ def test_uv_project_sync_and_add(make_venv, wheelhouse, tmp_path):
         assert _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
 
 
+def _torchlike_project(folder: Path, name: str) -> None:
+    (folder / "pyproject.toml").write_text(
+        f'[project]\nname = "{name}"\nversion = "0.1"\nrequires-python = ">=3.8"\n'
+        'dependencies = ["torchlike==2.11.0+cu128"]\n')
+
+
+def _uv_env(project: Path, tmp_path: Path, srv) -> dict:
+    """guard's environment for the uv project at ``project`` (its .venv), uv's index ``srv``."""
+    env = guard_env(project / ".venv", tmp_path / "vault", uv_cache=tmp_path / "uvcache",
+                    extra={"UV_DEFAULT_INDEX": srv.url})
+    env.pop("VIRTUAL_ENV")
+    return env
+
+
 def plain_python() -> Path:
     import sys
 
@@ -389,12 +399,8 @@ def test_uv_add_in_a_workspace_member(make_venv, wheelhouse, tmp_path):
         member = ws / "pkgs" / "mema"
         member.mkdir(parents=True)
         (ws / "pyproject.toml").write_text('[tool.uv.workspace]\nmembers = ["pkgs/*"]\n')
-        (member / "pyproject.toml").write_text(
-            '[project]\nname = "mema"\nversion = "0.1"\nrequires-python = ">=3.8"\n'
-            'dependencies = ["torchlike==2.11.0+cu128"]\n')
-        env = guard_env(ws / ".venv", tmp_path / "vault", uv_cache=tmp_path / "uvcache",
-                        extra={"UV_DEFAULT_INDEX": srv.url})
-        env.pop("VIRTUAL_ENV")
+        _torchlike_project(member, "mema")
+        env = _uv_env(ws, tmp_path, srv)
         sync = subprocess.run(["uv", "sync", "--all-packages", "--python", str(plain_python())], cwd=ws, env=env,
                               capture_output=True, text=True)
         assert sync.returncode == 0, sync.stderr
