@@ -625,3 +625,53 @@ def test_retention_forgets_old_guard_snapshots_and_gc_keeps_the_rest(cu128_pip_v
     assert _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
     assert run_envvault("restore", manual_id, env=env).returncode == 0
     assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+
+
+def test_workspace_member_globs_from_a_hostile_pyproject(tmp_path):
+    """The workspace root's pyproject.toml is the working folder's: guard reads its member globs without
+    crashing (`.`, `**x`: internal errors before, helper-18), never through a symlink or outside the root
+    (a link to / walked the whole filesystem, three links to . made 3^14 listings), within a bounded walk."""
+    import time
+
+    from envvault.guard.command import uv_workspace_members
+
+    root = tmp_path / "ws"
+    for m in ("pkgs/a", "pkgs/b", "deep/x/y/z", "skip/me"):
+        (root / m).mkdir(parents=True)
+        (root / m / "pyproject.toml").write_text('[project]\nname = "m"\n')
+    for name in ("l", "m", "n"):
+        (root / name).symlink_to(".")
+    (root / "ext").symlink_to("/")
+    (root / "pkgs" / "linked").symlink_to(tmp_path / "outside")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "pyproject.toml").write_text("")
+
+    def members(*globs: str, exclude: tuple = ()) -> set[str]:
+        (root / "pyproject.toml").write_text(
+            f"[tool.uv.workspace]\nmembers = {list(globs)!r}\nexclude = {list(exclude)!r}\n".replace("'", '"'))
+        t0 = time.monotonic()
+        got = uv_workspace_members(root)
+        assert time.monotonic() - t0 < 10
+        return {p.relative_to(root).as_posix() for p in got}
+
+    assert members("pkgs/*") == {"pkgs/a", "pkgs/b"}
+    assert members("pkgs/*", exclude=("pkgs/b",)) == {"pkgs/a"}
+    assert members("**") == {"pkgs/a", "pkgs/b", "deep/x/y/z", "skip/me"}
+    assert members("deep/**/z", "pkgs/**x") == {"deep/x/y/z"}
+    assert members(".", "/etc", "../outside", "pkgs/../skip/me") == set()
+    assert members("/".join(["*"] * 14) + "/nomatch", "ext/**/nomatch", "l/m/n/*") == set()
+    (root / "pyproject.toml").write_text("x = " + "[" * 5000)  # nested too deep for tomllib: no members
+    assert uv_workspace_members(root) == []
+
+
+def test_a_deeply_nested_toml_is_one_line(make_venv, tmp_path):
+    """tomllib raises RecursionError on thousands of nested arrays; every TOML read turns it into the
+    command's one line (`diff` of a pylock.toml exited 70, helper-18)."""
+    venv = make_venv("uv")
+    env = guard_env(venv, tmp_path / "vault")
+    assert run_envvault("snap", "--no-caches", env=env).returncode == 0
+    lock = tmp_path / "pylock.toml"
+    lock.write_text("lock-version = \"1.0\"\nx = " + "[" * 5000 + "\n")
+    proc = run_envvault("diff", str(lock), str(lock), env=env)
+    assert proc.returncode not in (0, 70) and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "not a readable pylock.toml" in proc.stderr, proc.stderr

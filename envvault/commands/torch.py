@@ -65,12 +65,12 @@ def _warn_mixed_stamps(d: Path) -> None:
     for _, _, stamp in parts:
         if stamp.snapshot and not stamp.snapshot_lock_only:
             full.setdefault((stamp.fingerprint, stamp.venv), set()).add(stamp.snapshot)
-    if len(prints) <= 1 and all(len(ids) <= 1 for ids in full.values()):
-        return
     named: dict[str, list[str]] = {}
     for name, _path, stamp in parts:
         which = stamp.snapshot[:12] if stamp.snapshot else f"fingerprint {(stamp.fingerprint or '?')[:12]}"
         named.setdefault(which, []).append(name)
+    if len(named) <= 1 or (len(prints) <= 1 and all(len(ids) <= 1 for ids in full.values())):
+        return
     listed = "; ".join(f"{', '.join(map(_safe, names))} -> {which}" for which, names in named.items())
     click.echo(f"warning: {_safe(str(d))}: its files are stamped with different snapshots ({listed}); `restore` "
                "and `diff` refuse this folder: name one file", err=True)

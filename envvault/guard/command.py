@@ -238,15 +238,15 @@ def uv_project_root(cmd: Command, cwd: Path) -> Path | None:
 
 
 _MEMBERS_MAX = 1000  # workspace members whose pyproject.toml guard keeps, at most
+_GLOB_DIRS_MAX = 20000  # folders one workspace's member globs may list, at most
 
 
 def uv_workspace_members(root: Path) -> list[Path]:
     """The folders of the members of the uv workspace at ``root`` that have a ``pyproject.toml``: its
     ``[tool.uv.workspace]`` ``members`` globs less its ``exclude`` ones, as uv reads them. The file is the
-    user's working folder's: read bounded, globs that leave the root (absolute, ``..``) skipped, at most
-    ``_MEMBERS_MAX`` members; an unreadable or invalid file gives none."""
-    import itertools
-
+    user's working folder's, so it is read bounded, and its globs are matched by ``_glob_dirs`` (never
+    through a symlink, never outside the root, a bounded walk); at most ``_MEMBERS_MAX`` members. An
+    unreadable or invalid file, or a glob that cannot be matched, gives none: guard goes on without them."""
     from envvault.errors import EnvvaultError
     from envvault.model.encoding import toml_loads
     from envvault.vault.fsutil import read_regular
@@ -256,21 +256,62 @@ def uv_workspace_members(root: Path) -> list[Path]:
         table = doc["tool"]["uv"]["workspace"]
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, EnvvaultError):
         return []
+    budget = [_GLOB_DIRS_MAX]
 
-    def globs(key: str) -> list[str]:
+    def matched(key: str) -> list[Path]:
         got = table.get(key) if isinstance(table, dict) else None
-        return [g for g in got if isinstance(g, str) and g and not g.startswith("/") and ".." not in g.split("/")] \
-            if isinstance(got, list) else []
+        out: list[Path] = []
+        for g in got if isinstance(got, list) else ():
+            if isinstance(g, str):
+                out += _glob_dirs(root, g, budget)
+        return out
 
-    excluded = {p for g in globs("exclude") for p in itertools.islice(root.glob(g), _MEMBERS_MAX)}
+    excluded = set(matched("exclude"))
     found: list[Path] = []
-    for g in globs("members"):
-        for p in itertools.islice(root.glob(g), _MEMBERS_MAX):
-            if p not in excluded and p not in found and (p / "pyproject.toml").is_file():
-                found.append(p)
+    for p in matched("members"):
+        if p != root and p not in excluded and p not in found and (p / "pyproject.toml").is_file():
+            found.append(p)
             if len(found) >= _MEMBERS_MAX:
-                return found
+                break
     return found
+
+
+def _glob_dirs(root: Path, pattern: str, budget: list[int]) -> list[Path]:
+    """The folders under ``root`` that the glob ``pattern`` names (``*``, ``?``, ``[...]`` within a name,
+    ``**`` for any depth), found with ``os.scandir`` without following a symlink; a pattern that is
+    absolute or has ``..`` names none; listing stops once ``budget[0]`` folders were listed."""
+    import fnmatch
+
+    parts = [c for c in pattern.split("/") if c not in ("", ".")]
+    if pattern.startswith("/") or ".." in parts:
+        return []
+    out: list[Path] = []
+    todo = [(str(root), 0)]
+    seen: set[tuple[str, int]] = set()
+    while todo:
+        folder, k = todo.pop()
+        if (folder, k) in seen:
+            continue
+        seen.add((folder, k))
+        if k == len(parts):
+            out.append(Path(folder))
+            continue
+        if parts[k] == "**":
+            todo.append((folder, k + 1))  # no folder at all
+        if budget[0] <= 0:
+            break
+        budget[0] -= 1
+        try:
+            with os.scandir(folder) as it:
+                subs = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for name in sorted(subs, reverse=True):
+            if parts[k] == "**":
+                todo.append((os.path.join(folder, name), k))  # one more level of any depth
+            elif fnmatch.fnmatchcase(name, parts[k]):
+                todo.append((os.path.join(folder, name), k + 1))
+    return out
 
 
 def _uv_project_env(cmd: Command, env: Mapping[str, str], cwd: Path) -> Path | None:

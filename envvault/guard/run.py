@@ -370,7 +370,9 @@ def guard(
             from envvault.snap.verdict import record_undone
 
             record_undone(vault, after.id)  # a state the rollback undid, as a restore's backup is
-            _write_project_files(project_files)
+            unwritten = _write_project_files(project_files)
+            if unwritten:
+                warnings.append(f"could not put back {', '.join(unwritten)} as they were before the command")
             left = _remove_pip_stashes(vault, before.snapshot, diff, target, started)
             if left:
                 warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
@@ -387,7 +389,7 @@ def guard(
                         f"`{vault.command('restore', before.id[:12])}` brings back the state before")
 
     if not undo and not diff.environment_empty:
-        edited = [str(path) for path, data in project_files.items() if _bytes_or_none(path) != data]
+        edited = [str(path) for path, data in project_files.items() if _project_file(path) != data]
         if edited:  # the undo hint (`restore BEFORE`) puts back the venv only
             warnings.append(f"`{vault.command('restore', before.id[:12])}` puts back the environment only: "
                             f"{', '.join(edited)} keep what `{cmd.display}` changed (the next `uv sync` or `uv run` "
@@ -472,30 +474,47 @@ def _read_project_files(cmd: Command, cwd: Path) -> dict[Path, bytes | None]:
     for folder in dict.fromkeys([*([member] if member is not None else []), *uv_workspace_members(root)]):
         if folder != root:
             paths.append(folder / "pyproject.toml")
-    return {path: _bytes_or_none(path) for path in paths}
+    out: dict[Path, bytes | None] = {}
+    for path in paths:
+        data = _project_file(path)
+        if data is not _UNREADABLE:  # one that cannot be read is left as it is, on rollback too
+            out[path] = data
+    return out
 
 
-def _bytes_or_none(path: Path) -> bytes | None:
+_UNREADABLE = object()
+_PROJECT_FILE_MAX = 64 << 20  # a pyproject.toml or uv.lock guard keeps, at most
+
+
+def _project_file(path: Path):
+    """The bytes of a project file (a regular file, bounded), None when there is none, ``_UNREADABLE``
+    when it cannot be read (a symlink, a FIFO, no permission, too large)."""
+    from envvault.vault.fsutil import read_regular
+
     try:
-        return path.read_bytes()
+        return read_regular(path, _PROJECT_FILE_MAX, str(path))
     except FileNotFoundError:
         return None
+    except (OSError, EnvvaultError):
+        return _UNREADABLE
 
 
-def _write_project_files(files: dict[Path, bytes | None]) -> None:
+def _write_project_files(files: dict[Path, bytes | None]) -> list[str]:
+    """The project files put back as they were (one the command made removed); those that could not be."""
     from envvault.vault.fsutil import atomic_write
 
+    failed = []
     for path, data in files.items():
-        try:
-            now = path.read_bytes()
-        except FileNotFoundError:
-            now = None
-        if now == data:
+        if _project_file(path) == data:
             continue
-        if data is None:
-            path.unlink()
-        else:
-            atomic_write(path, data, mode=0o644)
+        try:
+            if data is None:
+                path.unlink()
+            else:
+                atomic_write(path, data, mode=0o644)
+        except (OSError, EnvvaultError):
+            failed.append(str(path))
+    return failed
 
 
 def _retain(vault: Vault, target: Path, protection: Protection) -> list[str]:

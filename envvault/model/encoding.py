@@ -59,12 +59,15 @@ def json_loads(data: bytes | str) -> Any:
 
 def toml_loads(text: str) -> dict:
     """``text`` as TOML (``tomllib``, or ``tomli`` on Python 3.10); ``ValueError`` (``TOMLDecodeError``) when
-    it is not TOML."""
+    it is not TOML or nests too deeply to read."""
     try:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
-    return tomllib.loads(text)
+    try:
+        return tomllib.loads(text)
+    except RecursionError:  # nested arrays or tables thousands deep: not a document to read
+        raise ValueError("nested too deeply") from None
 
 
 def parse_json(data: bytes, what: str) -> Any:
