@@ -675,3 +675,23 @@ def test_a_deeply_nested_toml_is_one_line(make_venv, tmp_path):
     proc = run_envvault("diff", str(lock), str(lock), env=env)
     assert proc.returncode not in (0, 70) and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "not a readable pylock.toml" in proc.stderr, proc.stderr
+
+
+def test_project_files_that_cannot_be_read_are_left_alone(tmp_path):
+    """A uv.lock that is a FIFO (or a symlink, or unreadable) is neither waited on nor kept: a rollback
+    leaves it as it is instead of deleting it as a file the command made (helper-18)."""
+    import os
+
+    from envvault.guard.command import parse_command
+    from envvault.guard.run import _read_project_files, _write_project_files
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "pyproject.toml").write_text('[project]\nname = "proj"\n')
+    os.mkfifo(root / "uv.lock")
+    kept = _read_project_files(parse_command(["uv", "add", "six"]), root)
+    assert list(kept) == [root / "pyproject.toml"], kept
+    (root / "pyproject.toml").write_text("edited")
+    assert _write_project_files(kept) == []
+    assert (root / "pyproject.toml").read_text() == '[project]\nname = "proj"\n'
+    assert (root / "uv.lock").is_fifo()
