@@ -35,35 +35,52 @@ def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str
     return sid, facts[sid].lock_only
 
 
-def _current(vault, state: EnvState) -> tuple[str, bool] | None:
-    """The snapshot the environment is in, when that can be told: the one its last ``status`` (or snap, or
-    verified restore) found it equal to, with no file changed since (``verdict.unchanged_since``, the quick
-    ``status``'s check: a local vault, a venv), when it has this lock-level fingerprint and recorded the
-    files. Snapshots of one fingerprint differ in files edited in place (a patched torch snapped, then the
-    clean one restored: the newest full one would be the patch the run never had); after a new edit, or
-    where it cannot be told, None (``find_snapshot`` decides, as before)."""
+def _choose(vault, state: EnvState) -> tuple[str, bool] | None:
+    """``find_snapshot``'s answer, unless the environment's ``status`` baseline (what it was last snapped as
+    or restored to) is another full snapshot of this fingerprint with other contents and the environment is
+    known to be in it: snapshots of one fingerprint differ in files edited in place (a patched torch
+    snapped, then the clean one restored: the newest full one is the patch the run never had). Known: its
+    last ``status``, snap or verified restore found it equal to the baseline, with no file changed since
+    (``verdict.unchanged_since``, the quick ``status``'s check: a local vault, a venv). That check reads a
+    stat of every file, so it runs only when the two differ (never in the common case of one content)."""
+    from envvault.restore.baseline import baseline_snapshot
+
+    found = find_snapshot(vault, state.fingerprint, state.prefix)
+    if found is None or found[1]:
+        return found
+    try:
+        base = baseline_snapshot(vault, Path(state.prefix))
+    except EnvvaultError:
+        return found
+    entry = stamp_index.snapshot_facts(vault).get(base)
+    if base == found[0] or entry is None or entry.lock_fingerprint != state.fingerprint or entry.lock_only:
+        return found
+    if _contents(vault, base) == _contents(vault, found[0]):
+        return found
     from envvault.snap.verdict import unchanged_since
     from envvault.vault.local import LocalBackend
 
     if type(vault.backend) is not LocalBackend:  # a bucket keeps no verdicts
-        return None
+        return found
     try:
         hit = unchanged_since(vault.backend.root, str(state.prefix))
     except (EnvvaultError, OSError):
+        return found
+    return (base, False) if hit is not None and hit[1].snapshot == base else found
+
+
+def _contents(vault, sid: str) -> frozenset | None:
+    """What the files of snapshot ``sid`` are: each package's state id (None when it cannot be read)."""
+    try:
+        return frozenset((p.name, p.state_id) for p in vault.load_snapshot(sid).snapshot.packages)
+    except EnvvaultError:
         return None
-    if hit is None:
-        return None
-    sid = hit[1].snapshot
-    entry = stamp_index.snapshot_facts(vault).get(sid)
-    if entry is None or entry.lock_fingerprint != state.fingerprint or entry.lock_only:
-        return None
-    return sid, False
 
 
 def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool = True,
                     runtime_path: list[str] | None = None) -> tuple[str, bool]:
-    """``(id, lock_only)`` of a snapshot of ``state``: the one the environment is known to be in when it has
-    that fingerprint (``_current``), else an existing one with its fingerprint (``find_snapshot``), else a
+    """``(id, lock_only)`` of a snapshot of ``state``: an existing one with its fingerprint (``_choose``: the
+    one the environment is known to be in, else ``find_snapshot``'s), else a
     lock-only snapshot taken now and, with ``full_snapshot``, a detached ``envvault snap`` that vaults the
     files without making the caller wait.
 
@@ -71,7 +88,7 @@ def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool
     once they hold it, so they produce one snapshot between them. Raises :class:`EnvvaultError` when the
     vault cannot be written or the environment changed before it could be vaulted.
     """
-    found = _current(vault, state) or find_snapshot(vault, state.fingerprint, state.prefix)
+    found = _choose(vault, state)
     if found:
         return found
     from envvault.snap import take_snapshot  # at the first stamp only (stamping starts with the interpreter)
