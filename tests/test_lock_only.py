@@ -292,6 +292,30 @@ def test_a_stamp_names_the_state_the_environment_was_restored_to(tmp_path):
     assert ensure_snapshot(v, venv, state, full_snapshot=False) == (patched, False)
 
 
+def test_a_stamp_walks_no_file_when_the_snapshots_of_its_fingerprint_agree(tmp_path, monkeypatch):
+    """Snapshots of one fingerprint with one content (a venv snapped every day) leave nothing to choose:
+    the first stamp in a training process then stats no file (the check costs about 0.3 s on the GPU
+    host's venv, the first stamp's whole budget)."""
+    from envvault.snap import verdict
+    from envvault.torch import environment
+    from envvault.torch.naming import ensure_snapshot
+
+    venv = make_venv(tmp_path / "venv", "uv")
+    uv_install(venv, build_wheel(tmp_path / "w", "pkg", "1.0", {"pkg/__init__.py": b"X = 1\n"}))
+    vault = tmp_path / "vault"
+    first = _snap(vault, venv)
+    second = _snap(vault, venv)
+    ev(vault, "restore", first, "--venv", venv, "--no-backup")  # its baseline is now the older one
+
+    def walk(*_a, **_k):
+        raise AssertionError("a stat of every file")
+
+    monkeypatch.setattr(verdict, "unchanged_since", walk)
+    v = Vault.open(vault)
+    state = environment.environment_state(v, venv, [site_packages(venv)])
+    assert ensure_snapshot(v, venv, state, full_snapshot=False) == (second, False)
+
+
 def test_an_unchanged_lock_only_snap_imports_no_reader_or_pack_writer(edited, tmp_path):
     """A lock-only snap of an environment the stat cache knows reads no file: the ingester (``vault/ingest.py``,
     its readers and chunker) is neither made nor imported (snap/scan.py ``_ingester``); the first one, which
