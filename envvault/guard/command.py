@@ -209,7 +209,7 @@ def _env_of_python_option(value: str, cwd: Path) -> Path | None:
     if path.is_dir():
         return path if _is_env(path) else None
     if path.exists():
-        prefix = Path(os.path.abspath(path)).parent.parent
+        prefix = path.parent.parent
         return prefix if _is_env(prefix) else None
     return None  # a version request such as "3.11": uv decides; the caller falls back
 
