@@ -400,6 +400,9 @@ def guard(
 
 
 _PIP_LEADING = "-~.=%0123456789"  # pip's AdjacentTempDirectory.LEADING_CHARS
+# The kernel stamps ctime from a clock that lags time.time() by up to a tick (ext4: a folder renamed 0.02 ms
+# after the command started had a ctime before it): one second earlier still counts as made by the command.
+_CTIME_SLACK = 1.0
 
 
 def is_pip_stash(stash: str, name: str) -> bool:
@@ -419,7 +422,7 @@ def _remove_pip_stashes(vault: Vault, before: Snapshot, diff: DiffResult, target
     """After a rollback: the folders a pip killed mid-uninstall left beside the folders it was removing
     (``torch`` -> ``~orch``, ``nvidia/cublas`` -> ``nvidia/~ublas``) removed, never followed through a
     symlink: only those with pip's name for a folder of a package the command removed or changed (by the
-    snapshot before it), made since it started (their ctime). Their paths under ``target``."""
+    snapshot before it), made since it started (their ctime, ``_CTIME_SLACK``). Their paths under ``target``."""
     import shutil
 
     names = {p.name for p in diff.removed} | {c.name for c in diff.changed}
@@ -444,7 +447,8 @@ def _remove_pip_stashes(vault: Vault, before: Snapshot, diff: DiffResult, target
             continue
         for e in found:
             try:
-                if e.stat(follow_symlinks=False).st_ctime < started or not any(is_pip_stash(e.name, d) for d in dirs):
+                made = e.stat(follow_symlinks=False).st_ctime
+                if made < started - _CTIME_SLACK or not any(is_pip_stash(e.name, d) for d in dirs):
                     continue
                 if e.is_dir(follow_symlinks=False):
                     shutil.rmtree(e.path)
