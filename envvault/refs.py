@@ -54,10 +54,9 @@ def resolve_named(vault, arg: str, venv: str | None = None) -> Ref:
     """``arg`` as an id, prefix, tag or ``latest`` (``resolve_name``), with the environment it names: for
     ``latest``, the environment it was taken for (``scoped``), else the snapshot's own."""
     sid, scope = _resolve(vault, arg, venv)
-    snap = environment_snapshot(vault, sid, arg)
-    if scope is not None:  # `latest` of that environment, whichever environment's snapshot it is
-        return Ref(sid, sid[:12], str(scope), scoped=True)
-    return Ref(sid, sid[:12], snap.venv)
+    snap = environment_snapshot(vault, sid, arg)  # a cache-only one refused
+    # `latest` of the environment in scope, whichever environment's snapshot it is
+    return Ref(sid, sid[:12], str(scope), scoped=True) if scope is not None else Ref(sid, sid[:12], snap.venv)
 
 
 def resolve_name(vault, ref: str, venv: str | None = None) -> str:

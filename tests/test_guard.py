@@ -695,3 +695,26 @@ def test_project_files_that_cannot_be_read_are_left_alone(tmp_path):
     assert _write_project_files(kept) == []
     assert (root / "pyproject.toml").read_text() == '[project]\nname = "proj"\n'
     assert (root / "uv.lock").is_fifo()
+
+
+def test_member_globs_stop_at_their_listing_budget(tmp_path):
+    """The walk of a member glob lists at most its budget of folders (the bound that keeps a `**` over a huge
+    or looping tree from holding guard up before the command runs)."""
+    from envvault.guard.command import _glob_dirs
+
+    for i in range(30):
+        (tmp_path / f"d{i}" / "sub").mkdir(parents=True)
+    budget = [10]
+    assert len(_glob_dirs(tmp_path, "**", budget)) <= 10 and budget[0] == 0
+    assert len(_glob_dirs(tmp_path, "**", [1000])) == 61  # the root, 30 folders and their 30 sub-folders
+
+
+def test_a_project_file_that_cannot_be_put_back_is_named(tmp_path):
+    """The command replaced pyproject.toml with a folder: the rollback cannot write the file back over it, and
+    says which file instead of failing the whole rollback."""
+    from envvault.guard.run import _write_project_files
+
+    path = tmp_path / "pyproject.toml"
+    path.mkdir()
+    assert _write_project_files({path: b'[project]\nname = "p"\n'}) == [str(path)]
+    assert path.is_dir()
