@@ -69,3 +69,28 @@ def test_site_packages_of_a_folder_without_one_is_a_usage_error(tmp_path):
     assert reader.python_version() == "3.12.4"
     with pytest.raises(UsageError, match="no site-packages"):
         reader.site_packages()
+
+
+@pytest.mark.parametrize("relinked", ["python3", "python"])
+def test_the_memo_is_asked_again_when_either_interpreter_name_is_relinked(make_venv, monkeypatch, relinked):
+    """A uv venv's ``bin/python3`` links to ``python``; the probe runs ``python3``. Relinking either name to
+    another interpreter must not leave the old answer in the memo (it did for ``python3``: the key held
+    ``bin/python`` alone, so status and a second snap kept the old version)."""
+    import envvault.env.venv as venv_mod
+    from envvault.env.reader import reader_for
+    from fixtures.machine import cpython
+
+    venv = make_venv("uv", cpython("3.12"))
+    memo = _Memo()
+    reader_for(venv, memo).interpreter()
+    probed = []
+    real_probe = venv_mod.probe
+    monkeypatch.setattr(venv_mod, "probe", lambda prefix: probed.append(prefix) or real_probe(prefix))
+    assert reader_for(venv, memo).memoised_interpreter() is not None  # unchanged: the memo answers
+    link = venv / "bin" / relinked
+    link.unlink()
+    link.symlink_to(cpython("3.13"))
+    assert reader_for(venv, memo).memoised_interpreter() is None
+    got = reader_for(venv, memo).interpreter()
+    assert probed == [venv]
+    assert got.version.startswith("3.13")  # (uv's python3 links to python: relinking python moves both)

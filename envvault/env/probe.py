@@ -186,7 +186,7 @@ def find_target(venv: str | os.PathLike | None, python: str | os.PathLike | None
         raise UsageError(f"{path} is not a directory; pass --venv with the path of a virtual environment")
     if system_of(path) is not None:  # a root found by --python earlier in this process
         return path
-    python_exe = _python_of(path)
+    python_exe = python_of(path)
     if python_exe is None:
         raise UsageError(f"{path} is not a Python environment (no bin/python and no pyvenv.cfg)")
     if not (path / "pyvenv.cfg").is_file():
@@ -228,8 +228,13 @@ def _not_a_venv(path: Path, python: Path) -> str:
             f"virtualenv, uv venv) or put back its pyvenv.cfg")
 
 
-def _python_of(prefix: Path) -> Path | None:
-    for name in ("python3", "python"):
+VENV_PYTHONS = ("python3", "python")  # the names an environment's interpreter is run by, the first that runs it
+
+
+def python_of(prefix: Path) -> Path | None:
+    """The interpreter that ``probe`` runs for the environment at ``prefix``: its ``bin/python3``, else its
+    ``bin/python`` (one that exists, a link followed); None when it has neither."""
+    for name in VENV_PYTHONS:
         cand = prefix / "bin" / name
         if cand.exists():
             return cand
@@ -258,7 +263,7 @@ def probe(prefix: Path) -> Interpreter:
     """Ask the environment's own interpreter; clear error when it does not run."""
     import subprocess
 
-    exe = _python_of(prefix)
+    exe = python_of(prefix)
     if exe is None:
         raise UsageError(f"{prefix} is not a Python environment (no bin/python)")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}

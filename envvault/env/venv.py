@@ -54,18 +54,23 @@ class VenvReader:
         return self._interp
 
     def _probe_key(self) -> list | None:
-        """What a memoised probe answer holds for: the prefix as given, the interpreter's real path and
-        stat key, and ``pyvenv.cfg``'s; None when they cannot be read."""
+        """What a memoised probe answer holds for: the prefix as given, the real path and stat key of each of
+        the names the interpreter is run by (``probe.VENV_PYTHONS``: the one ``probe`` runs, and the other,
+        which a user's ``python`` may run; either one relinked is a new key), and ``pyvenv.cfg``'s; None when
+        they cannot be read or the environment has neither name."""
+        from envvault.env.probe import VENV_PYTHONS
         from envvault.vault.statcache import stat_key
 
         prefix = self.prefix
+        # The prefix as given is part of the key: the memo is shared by every path of one environment
+        # (its <key> is the real path), and the probe answers with paths under the prefix it was given.
+        key: list = [str(prefix)]
         try:
-            exe = prefix / "bin" / "python"
-            if not exe.exists():
-                exe = prefix / "bin" / "python3"
-            # The prefix as given is part of the key: the memo is shared by every path of one environment
-            # (its <key> is the real path), and the probe answers with paths under the prefix it was given.
-            key = [str(prefix), str(exe.resolve())] + stat_key(exe.stat())
+            for name in VENV_PYTHONS:
+                exe = prefix / "bin" / name
+                key += [str(exe.resolve()), *stat_key(exe.stat())] if exe.exists() else [None]
+            if key.count(None) == len(VENV_PYTHONS):
+                return None
             cfg = prefix / "pyvenv.cfg"
             return key + (stat_key(cfg.stat()) if cfg.exists() else [])
         except OSError:
