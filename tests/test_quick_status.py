@@ -97,9 +97,25 @@ def _delete_file(venv: Path, wheelhouse) -> None:
     (site_packages(venv) / "smallpkg" / "__init__.py").unlink()
 
 
+def _file_to_link(venv: Path, wheelhouse) -> None:
+    """A stored file replaced by a symlink to other bytes (helper 19, F1: every check said unchanged)."""
+    path = site_packages(venv) / "smallpkg" / "__init__.py"
+    (path.parent / "evil.py").write_text("raise SystemExit('not smallpkg')\n")
+    path.unlink()
+    path.symlink_to("evil.py")
+
+
+def _file_to_folder(venv: Path, wheelhouse) -> None:
+    """A stored file replaced by a folder of that name (helper 19, F3: read as one of virtualenv's folder rows)."""
+    path = site_packages(venv) / "smallpkg" / "__init__.py"
+    path.unlink()
+    path.mkdir()
+
+
 @pytest.mark.parametrize("change", [
-    lambda venv, wh: _edit_in_place(venv), _install_other, _uninstall, _upgrade, _delete_file,
-], ids=["edit-in-place", "install", "uninstall", "upgrade", "delete-a-file"])
+    lambda venv, wh: _edit_in_place(venv), _install_other, _uninstall, _upgrade, _delete_file, _file_to_link,
+    _file_to_folder,
+], ids=["edit-in-place", "install", "uninstall", "upgrade", "delete-a-file", "file-to-link", "file-to-folder"])
 def test_every_change_after_a_verdict_is_seen(tmp_path, make_venv, wheelhouse, change):
     venv = _venv_with_two(make_venv, wheelhouse)
     vault = tmp_path / "vault"
@@ -110,6 +126,44 @@ def test_every_change_after_a_verdict_is_seen(tmp_path, make_venv, wheelhouse, c
     code, out, quick = _agrees(vault, venv)
     assert (code, quick) == (1, False)
     assert "changed since snapshot" in out
+
+
+@pytest.mark.parametrize("change", [_file_to_link, _file_to_folder], ids=["file-to-link", "file-to-folder"])
+def test_a_restore_puts_back_the_file_a_link_or_a_folder_replaced(tmp_path, make_venv, wheelhouse, change):
+    """The snapshot's regular file comes back (it said "already matches" and left the link or the folder)."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    path = site_packages(venv) / "smallpkg" / "__init__.py"
+    data = path.read_bytes()
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    change(venv, wheelhouse)
+    ev(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert not path.is_symlink() and path.is_file() and path.read_bytes() == data
+    assert _agrees(vault, venv)[0] == 0
+
+
+def test_a_link_is_checked_through_on_every_scan(tmp_path, make_venv, wheelhouse):
+    """A link to the bytes RECORD promises is as good as the file (uv's symlink link mode); what it leads to
+    changing later, or the link retargeted, is seen on the next status: a distribution with a link keeps no
+    stat cache group, whose stats would not cover what the link leads to."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    path = site_packages(venv) / "smallpkg" / "__init__.py"
+    copy = path.parent / "copy.py"
+    copy.write_bytes(path.read_bytes())
+    path.unlink()
+    path.symlink_to("copy.py")
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    assert _agrees(vault, venv)[0] == 0  # the same bytes: unchanged
+    copy.write_bytes(copy.read_bytes() + b"# edited\n")
+    code, out, _quick = _agrees(vault, venv)
+    assert code == 1 and "smallpkg/__init__.py" in out
+    copy.write_bytes(copy.read_bytes()[:-len(b"# edited\n")])
+    assert _agrees(vault, venv)[0] == 0
+    path.unlink()
+    path.symlink_to("nowhere.py")  # dangling
+    code, out, _quick = _agrees(vault, venv)
+    assert code == 1 and "smallpkg/__init__.py" in out
 
 
 def test_a_new_snapshot_or_a_restore_moves_the_baseline(tmp_path, make_venv, wheelhouse):

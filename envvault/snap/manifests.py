@@ -128,11 +128,14 @@ class ManifestBuilder:
         except OSError as err:
             raise EnvironmentProblem(f"cannot stat {absolute}: {err.strerror}") from None
         if statmod.S_ISDIR(st.st_mode):
-            return None, None  # virtualenv's seeder lists folders; manifest() reports them
+            if rec.digest is None and rec.size is None:
+                return None, None  # virtualenv's seeder lists folders (``pip/__pycache__,,``); finish() reports them
+            entry["state"] = "missing"  # a file RECORD hashes, a folder now: the file is gone
+            return entry, None
         entry["mode"] = st.st_mode & 0o7777
         if statmod.S_ISLNK(st.st_mode):
             entry["link"] = os.readlink(absolute)
-            entry["state"] = "ok"
+            _link_state(entry, absolute, rec)
             return entry, None
         hit = self.cache.lookup(rel, st)
         if hit is not None and (self.mode == "check" or hit[2] is not None):
@@ -265,6 +268,36 @@ class ManifestBuilder:
             if rows:
                 shown = ", ".join(sorted(rows)[:3]) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
                 self.warnings.append(f"{dist.display}: RECORD {what}: {shown}")
+
+
+def _link_state(entry: dict, absolute: str, rec) -> None:
+    """The state of a RECORD row that is a symlink on disk (docs/format.md, "Distribution manifest"): RECORD
+    promises a file's bytes, so a row with a sha256 is ``ok`` only while the link leads to a regular file
+    holding them; else ``modified``, its ``sha256`` that file's bytes' or, when the link leads to no regular
+    file (dangling, a folder, a FIFO: never waited on), its own text's. A row without a sha256 is ``ok``."""
+    if rec.algo != "sha256" or rec.digest is None:
+        entry["state"] = "ok"
+        return
+    import hashlib
+
+    from envvault.model.record import record_sha256
+
+    h = hashlib.sha256()
+    try:
+        fd = open_regular_fd(absolute)  # the link followed; a FIFO or a device is not read
+    except OSError:
+        fd = None
+    if fd is None:
+        h.update(entry["link"].encode("utf-8", "surrogateescape"))
+    else:
+        with os.fdopen(fd, "rb") as fh:
+            for piece in iter(lambda: fh.read(1 << 20), b""):
+                h.update(piece)
+    sha = record_sha256(h.digest())
+    if fd is not None and sha == rec.digest:
+        entry["state"] = "ok"
+        return
+    entry.update(state="modified", sha256=sha, record_sha256=rec.digest)
 
 
 def summary_of(man: DistManifest, oid: str) -> dict:

@@ -447,7 +447,13 @@ def remember_group(cache: StatCache, dist_info: Path, prefix: Path, man: DistMan
         group["lock"] = {"record_stat": record_stat, "meta_stat": meta_stat, "summary": summary}
         cache.set_group(key, group)
         return
-    stored = [f.path for f in man.files if f.path in cache.files and f.mode is not None and f.link is None]
+    if any(f.link is not None for f in man.files):
+        # No group: a link vouches for its text, not for what it leads to, and no stat of the link tells
+        # that the file it leads to changed; the next scan builds this distribution's manifest again.
+        if cache.groups.pop(key, None) is not None:
+            cache.mark_dirty()
+        return
+    stored = [f.path for f in man.files if f.path in cache.files and f.mode is not None]
     stats = [cache.files[rel][0] for rel in stored]
     missing = [f.path for f in man.files if f.state == "missing"]
     files_field, stats_field = encode_stats(stored, stats)
