@@ -863,3 +863,42 @@ def test_a_forked_check_scan_of_odd_distributions_says_what_one_process_says(tmp
     for needle in ("outside the environment", "old-style editable", "gone.py"):
         assert needle in said, (needle, got["warnings"])
     assert got["modified"] == ["beta"]
+
+
+def test_a_childs_distribution_with_a_link_leaves_no_group(tmp_path, make_venv, wheelhouse):
+    """A distribution a child builds whose files include a symlink keeps no stat cache group here either
+    (``remember_group``): the group the last snap left for it is dropped, not kept beside a manifest that no
+    longer matches it."""
+    from envvault.snap import take_snapshot
+    from envvault.vault.store import Vault
+
+    venv = make_venv("uv")
+    uv_install(venv, *(str(wheelhouse[k]) for k in (C.SMALL_01, C.NS_ALPHA, C.WITH_HEADERS)))
+    vault = Vault.open(tmp_path / "v", create=True)
+    take_snapshot(vault, venv, argv=["test"])
+    got = _fresh(f"""
+        from pathlib import Path
+        from envvault.snap.scan import scan_current, statcache_for
+        from envvault.vault.store import Vault
+        from envvault.vault.statcache import group_paths
+
+        vault, venv = Vault.open({str(tmp_path / "v")!r}), Path({str(venv)!r})
+        cache = statcache_for(vault, venv)
+        keys = sorted(cache.groups)
+        linked, edited = keys[0], keys[1]
+        target = venv / sorted(p for p in group_paths(cache.groups[linked]) if p.endswith(".py"))[0]
+        copy = target.with_name("copy_of_" + target.name)
+        copy.write_bytes(target.read_bytes())
+        target.unlink()
+        target.symlink_to(copy.name)  # the same bytes through a link: ok, but no group
+        other = venv / sorted(p for p in group_paths(cache.groups[edited]) if p.endswith(".py"))[0]
+        other.write_bytes(other.read_bytes() + b"#")
+        forked.FORK_MIN_WEIGHT = forked._WEIGHT_A_CHILD = 1
+        got = scan_current(vault, venv, facts=False)
+        after = statcache_for(vault, venv)
+        print(json.dumps({{"forks": len(forks), "groups": sorted(after.groups), "linked": linked, "edited": edited,
+                          "modified": sorted(p["name"] for p in got["packages"] if p["modified"])}}))
+    """)
+    assert got["forks"] >= 1
+    assert got["linked"] not in got["groups"] and got["edited"] in got["groups"]
+    assert len(got["modified"]) == 1

@@ -288,8 +288,9 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
         key = dist.dist_info.relative_to(prefix).as_posix()
         return json.dumps({
             "summary": summary,
-            "group": [key, portable_group(cache.groups[key])] if dist.record is not None and key in cache.groups
-            else None,
+            # [key, None]: no group (remember_group keeps none for a distribution with a link)
+            "group": [key, portable_group(cache.groups[key]) if key in cache.groups else None]
+            if dist.record is not None else None,
             "files": {need.rel: cache.files[need.rel] for need in plan.reads},
             "warnings": built,
             "unstored": _unstored_warning(dist),
@@ -304,8 +305,13 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
             continue
         packages.append(got["summary"])
         if got["group"] is not None:
-            cache.set_group(got["group"][0], group_from_portable(got["group"][1]))
-            cache.touch_group(cache.groups[got["group"][0]])  # its files' entries were used, as a child's lookups say
+            key, group = got["group"]
+            if group is None:
+                if cache.groups.pop(key, None) is not None:
+                    cache.mark_dirty()
+            else:
+                cache.set_group(key, group_from_portable(group))
+                cache.touch_group(cache.groups[key])  # its files' entries were used, as a child's lookups say
         cache.learn(got["files"])
         builder.warnings.extend(got["warnings"])
         if got["unstored"]:
