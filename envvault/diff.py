@@ -11,7 +11,7 @@ from envvault.model.records import replace
 from envvault.model.records import dataclass, field
 
 from envvault.model.identity import same_build
-from envvault.model.snapshot import PackageSummary, Snapshot, loose_snapshot
+from envvault.model.snapshot import VENV_SETTINGS, PackageSummary, Snapshot, loose_snapshot
 
 __all__ = [
     "DiffResult",
@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 _PY_KEYS = ("implementation", "version", "abi", "soabi", "platform")
+_PY_VIEW = _PY_KEYS + VENV_SETTINGS  # a venv's pyvenv.cfg settings too (``PythonInfo.venv_settings``)
 _HOST_KEYS = ("os", "arch", "glibc", "hostname", "cpus", "driver", "driver_cuda", "gpus")
 
 
@@ -137,7 +138,7 @@ def diff_snapshots(old: Snapshot | dict, new: Snapshot | dict, *, vault=None, ol
         # snapshot of the same build recorded (``content_states``); the others compare by version and build.
         old_pk, new_pk = _comparable(old_pk, old, new_pk, new, vault)
     added, removed, changed = _diff_packages(old_pk, new_pk, vault)
-    python = _diff_keys(_python_view(old), _python_view(new), _PY_KEYS)
+    python = _diff_keys(_python_view(old), _python_view(new), _PY_VIEW)
     host: dict = {}
     env: dict = {}
     if scope == "all":
@@ -354,7 +355,15 @@ def _present(record, keys) -> dict:
 
 
 def _python_view(doc: Snapshot) -> dict | None:
-    return None if "python" in doc.absent else _present(doc.python, _PY_KEYS)
+    """The interpreter's facts a diff compares, and the venv settings of its pyvenv.cfg where one was
+    recorded (a key it lacks: "absent"; a document without pyvenv.cfg compares none of them)."""
+    if "python" in doc.absent:
+        return None
+    view = _present(doc.python, _PY_KEYS)
+    settings = doc.python.venv_settings()
+    if settings is not None:
+        view.update({k: "absent" if v is None else v for k, v in settings.items()})
+    return view
 
 
 def _host_view(doc: Snapshot) -> dict | None:

@@ -144,16 +144,16 @@ def test_into_keeps_system_site_packages_and_editable(shaped, restored):
 
 
 def test_into_verification_compares_provenance_and_pyvenv(shaped, restored):
-    from envvault.restore import into
+    from envvault.restore import into, pyvenv
 
     from envvault.vault.store import Vault
 
     vault = Vault.open(shaped["vault"])
     snap = vault.load_snapshot(shaped["sid"]).snapshot
     provenance = into._provenance_of(vault, snap.packages)
-    wanted = into._pyvenv_wanted(snap.python)
+    wanted = pyvenv.pyvenv_wanted(snap.python)
     assert into._provenance_differences(restored, snap.python, provenance) == []
-    assert into._pyvenv_differences(restored, wanted) == []
+    assert pyvenv.settings_differences(restored, wanted) == []
     requested = _dist_info(restored, "depleaf") / "REQUESTED"
     requested.write_bytes(b"")
     cfg = (restored / "pyvenv.cfg").read_text()
@@ -162,7 +162,7 @@ def test_into_verification_compares_provenance_and_pyvenv(shaped, restored):
     try:
         assert [d for d in into._provenance_differences(restored, snap.python, provenance)] == [
             f"{_dist_info(restored, 'depleaf').name}/REQUESTED differs from the snapshot's"]
-        assert into._pyvenv_differences(restored, wanted) == [
+        assert pyvenv.settings_differences(restored, wanted) == [
             "pyvenv.cfg include-system-site-packages is 'false', the snapshot had 'true'"]
     finally:
         requested.unlink()

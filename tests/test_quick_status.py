@@ -142,6 +142,27 @@ def test_a_restore_puts_back_the_file_a_link_or_a_folder_replaced(tmp_path, make
     assert _agrees(vault, venv)[0] == 0
 
 
+def test_a_venv_setting_changed_in_pyvenv_cfg_is_a_change_and_restored(tmp_path, make_venv, wheelhouse):
+    """include-system-site-packages flipped (helper 19, F4: recorded by the next snap, never reported): status
+    and diff name it, a restore in place puts the snapshot's value back and then verifies."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    cfg = venv / "pyvenv.cfg"
+    text = cfg.read_text()
+    assert "include-system-site-packages = false" in text
+    cfg.write_text(text.replace("include-system-site-packages = false", "include-system-site-packages = true"))
+    code, out, _quick = _agrees(vault, venv)
+    assert code == 1 and "include-system-site-packages false -> true" in out
+    dry = ev(vault, "restore", sid, "--venv", venv, "--dry-run").stdout
+    assert "include-system-site-packages true -> false" in dry and cfg.read_text() != text
+    done = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert done["verified"] and done["settings_set"] == ["include-system-site-packages = false"]
+    assert "include-system-site-packages = false" in cfg.read_text()
+    assert _agrees(vault, venv)[0] == 0
+    assert ev(vault, "diff", sid, "current", "--venv", venv).stdout.startswith("no differences")
+
+
 def test_a_link_is_checked_through_on_every_scan(tmp_path, make_venv, wheelhouse):
     """A link to the bytes RECORD promises is as good as the file (uv's symlink link mode); what it leads to
     changing later, or the link retargeted, is seen on the next status: a distribution with a link keeps no

@@ -331,13 +331,15 @@ def _render_restore(result, doc: dict, vault: Vault) -> None:
             click.echo(f"write {plan.get('write_files', 0)} files ({human_bytes(plan.get('write_bytes', 0))}), "
                        + (f"set the mode of {plan['mode_files']}, " if plan.get("mode_files") else "")
                        + f"remove {plan.get('remove_files', 0)} files, leave everything else untouched")
-        elif result.changed == 0 and result.verified:
+        elif result.changed == 0 and result.verified and not result.settings_set:
             click.echo(f"{result.target} already matches snapshot {style(short, 'yellow')}; nothing to do")
         else:
             click.echo(f"restored {style(short, 'yellow')} onto {result.target}: {result.changed} package(s) changed, "
                        f"{result.written_files} files written ({human_bytes(result.written_bytes)}), "
                        + (f"{result.modes_set} modes set, " if result.modes_set else "")
                        + f"{result.removed_files} removed in {result.seconds:.2f}s")
+            for setting in result.settings_set:
+                click.echo(f"pyvenv.cfg: {setting}, as the snapshot has it")
             if result.backup:
                 click.echo(f"backup {style(result.backup[:12], 'yellow')} "
                            f"(undo with: {vault.command('restore', result.backup[:12])})")

@@ -77,6 +77,9 @@ def _nested_list(parse):
 
 # -- python -------------------------------------------------------------------------------------------------
 
+# pyvenv.cfg keys that change how a venv behaves (``PythonInfo.venv_settings``); the others describe the
+# interpreter found. ``seed``: uv's ``uv venv --seed`` (uv keeps pip, setuptools and wheel through a sync).
+VENV_SETTINGS = ("include-system-site-packages", "prompt", "seed")
 _SYSTEM_KEYS = ("environment", "prefix", "sites", "user_site", "build", "interpreter")
 _PY_PATHS = ("implementation", "version", "abi", "soabi", "platform", "executable", "platlib", "purelib",
              "scripts", "base_prefix")
@@ -126,6 +129,20 @@ class PythonInfo:
     def minor(self) -> str | None:
         """``3.11`` of ``3.11.7``."""
         return ".".join(self.version.split(".")[:2]) if self.version else None
+
+    def venv_settings(self) -> dict[str, Any] | None:
+        """The ``pyvenv.cfg`` settings that change how the environment behaves (``VENV_SETTINGS``), as
+        recorded: None for a key absent (``include-system-site-packages``: "false", lowercased, as ``site``
+        reads it); None when no pyvenv.cfg was recorded. The one rule of what ``diff`` and ``status`` compare
+        and ``restore`` puts back of that file. Values are as the document holds them (checked by the caller
+        that writes them)."""
+        cfg = self.pyvenv_cfg
+        if not cfg:
+            return None
+        got = {k: cfg.get(k) for k in VENV_SETTINGS}
+        flag = got["include-system-site-packages"]
+        got["include-system-site-packages"] = "false" if not flag else flag.lower() if isinstance(flag, str) else flag
+        return got
 
     def exact_version(self) -> str:
         """``version`` when it is one as the probe records it (``X.Y.Z``), else a CorruptError: what finds an

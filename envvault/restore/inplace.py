@@ -31,6 +31,7 @@ from envvault.env.probe import system_of
 from envvault.restore.current import Layout, protected_dirs, read_current
 from envvault.restore.managed import hold_managed
 from envvault.restore.plan import check_python, make_plan
+from envvault.restore.pyvenv import apply_settings, settings_to_set
 from envvault.output import ProgressSink
 from envvault.restore.result import RestoreResult
 from envvault.snap import scan_current, statcache_for
@@ -90,6 +91,8 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 plan = make_plan(sid, snapshot, now, current, manifest_of,
                                  pending_removals=list(earlier.removals) + list(earlier.writes))
                 plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
+                # The venv's pyvenv.cfg settings the snapshot recorded otherwise (include-system-site-packages...)
+                settings = {} if now.python.system else settings_to_set(target, snapshot.python)
                 paths = Paths(target)
                 # Every entry decided against the tree as the restore leaves it (its own symlinks included).
                 refuse_escapes(target, f"refusing to restore {sid[:12]}",
@@ -104,7 +107,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 return RestoreResult(sid, str(target), "in-place", None, plan.changed, False, True,
                                      len(plan.writes), plan.bytes, len(plan.removals), plan=plan.to_json(),
                                      warnings=plan.warnings)
-            if plan.empty and not resumed:
+            if plan.empty and not resumed and not settings:
                 discard_backup(vault, backup_id if take_backup else None)
                 return RestoreResult(sid, str(target), "in-place", None, 0, plan.diff.packages_empty, False,
                                      plan=plan.to_json(), remaining=None if plan.diff.packages_empty else plan.diff.to_json(),
@@ -134,6 +137,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             crash_point("staged")
             clock.lap("stage")
             removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp))
+            apply_settings(target, settings)  # one file replaced whole; a restore run again sets what is left
             populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
             if not now.python.system:  # a system environment's groups name their site (scan._build_one)
                 remember_written(cache, target, installed, snapshot.packages)  # what it need not build again
@@ -160,6 +164,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         len(staged), plan.bytes, removed, plan=plan.to_json(),
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
         timings=clock.laps, modes_set=modes_set,
+        settings_set=tuple(f"{k} = {'(absent)' if v is None else v}" for k, v in settings.items()),
     )
 
 

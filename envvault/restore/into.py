@@ -22,7 +22,6 @@ import hashlib
 import json
 import marshal
 import os
-import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -31,7 +30,7 @@ from typing import Iterator
 from envvault import materialize
 from envvault.diff import diff_snapshots
 from envvault.snap import scan_current, statcache_for
-from envvault.errors import CorruptError, EnvironmentProblem, RefusedError
+from envvault.errors import EnvironmentProblem, RefusedError
 from envvault.materialize import FileSpec, Staged
 from envvault.lock.wheels import dist_layout
 from envvault.model.identity import LAUNCHER_HEAD, is_bytecode, is_script
@@ -39,6 +38,7 @@ from envvault.model.manifest import DistManifest
 from envvault.model.record import RecordEntry, format_record, record_sha256
 from envvault.model.snapshot import PackageSummary, PythonInfo, Snapshot
 from envvault.restore.managed import refuse_uncopyable, venv_manifest, venv_view
+from envvault.restore.pyvenv import apply_settings, pyvenv_wanted, settings_differences
 from envvault.restore.installed import (find_dist_info, installed_script, read_record, replace_file,
                                         stored_record)
 from envvault.restore.result import RestoreResult
@@ -117,8 +117,8 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
             else:
                 for di, wanted in provenance:
                     _apply_provenance(dest, python, di, wanted)
-            pyvenv = _pyvenv_wanted(python)
-            _apply_pyvenv(dest, pyvenv)
+            pyvenv = pyvenv_wanted(python)
+            apply_settings(dest, pyvenv)
             # The new venv's stat cache starts empty (an earlier venv's at this path says nothing of its files)
             # and holds what was written; the verification scan takes it from memory and saves it.
             cache = statcache_for(vault, dest, fresh=True)
@@ -134,7 +134,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         after = scan_current(vault, dest, facts=False, cache=cache)
         remaining = diff_snapshots(after, snapshot, vault=vault, old_label=str(dest), new_label=sid[:12],
                                    scope="environment")
-        differs = _provenance_differences(dest, python, provenance) + _pyvenv_differences(dest, pyvenv)
+        differs = _provenance_differences(dest, python, provenance) + settings_differences(dest, pyvenv)
     if timing.ON:
         timing.add("into: verification (scan, compare)", t0)
     python_ok = not any(k in remaining.python for k in ("implementation", "abi", "soabi", "platform"))
@@ -299,8 +299,6 @@ def _check_links(p: PackageSummary, man: DistManifest) -> None:
 
 # The dist-info files an installer writes about the install itself (docs/format.md, "generated row").
 PROVENANCE_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json")
-# pyvenv.cfg keys that change how the environment behaves; the others describe the interpreter found.
-PYVENV_KEYS = ("include-system-site-packages", "prompt")
 
 
 def _wanted_provenance(vault, man: DistManifest) -> dict[str, tuple[bytes | None, bool]]:
@@ -391,40 +389,3 @@ def _provenance_differences(dest: Path, python: PythonInfo, provenance: list[tup
             if found != data:
                 out.append(f"{di}/{name} differs from the snapshot's")
     return out
-
-
-def _pyvenv_wanted(python: PythonInfo) -> dict[str, str | None]:
-    """The settings to reproduce: each of ``PYVENV_KEYS`` as recorded (None: absent); nothing when the
-    snapshot recorded no pyvenv.cfg. A missing include-system-site-packages means false."""
-    cfg = python.pyvenv_cfg
-    if not cfg:
-        return {}
-    wanted = {k: cfg.get(k) for k in PYVENV_KEYS}
-    for k, v in wanted.items():  # written as lines of pyvenv.cfg: a line break would add a key (a second home)
-        if v is not None and (not isinstance(v, str) or _CONTROL.search(v)):
-            raise CorruptError(f"the snapshot's pyvenv.cfg {k} is not a one-line text ({v!r:.60}); refused")
-    wanted["include-system-site-packages"] = (wanted["include-system-site-packages"] or "false").lower()
-    return wanted
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _read_pyvenv(dest: Path) -> tuple[list[str], dict[str, str]]:
-    lines = (dest / "pyvenv.cfg").read_text(encoding="utf-8").splitlines()
-    return lines, {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in lines) if _}
-
-
-def _apply_pyvenv(dest: Path, wanted: dict) -> None:
-    if not wanted:
-        return
-    lines, _ = _read_pyvenv(dest)
-    kept = [ln for ln in lines if ln.partition("=")[0].strip() not in wanted]
-    kept += [f"{k} = {v}" for k, v in wanted.items() if v is not None]
-    replace_file(dest / "pyvenv.cfg", ("\n".join(kept) + "\n").encode("utf-8"))
-
-
-def _pyvenv_differences(dest: Path, wanted: dict) -> list[str]:
-    _, found = _read_pyvenv(dest)
-    return [f"pyvenv.cfg {k} is {found.get(k)!r}, the snapshot had {v!r}" for k, v in wanted.items()
-            if found.get(k) != v]

@@ -47,6 +47,7 @@ class RestoreResult:
     caches: object = None
     timings: dict | None = None  # seconds per phase (scan, plan, stage, commit, verify)
     modes_set: int = 0  # kept files whose permission bits were put back
+    settings_set: tuple[str, ...] = ()  # pyvenv.cfg settings put back (``restore/pyvenv.py``), "key = value"
 
     def to_json(self) -> dict:
         return {
@@ -61,6 +62,7 @@ class RestoreResult:
             "written_bytes": self.written_bytes,
             "removed_files": self.removed_files,
             "modes_set": self.modes_set,
+            "settings_set": list(self.settings_set),
             "seconds": self.seconds,
             "plan": self.plan,
             "remaining": self.remaining,

@@ -316,7 +316,7 @@ def _add_entry(entry):
 _X = b"x = 1\n"
 
 MALFORMED = {
-    # into.py _pyvenv_wanted: (value or "false").lower() on a non-string -> AttributeError
+    # restore/pyvenv.py pyvenv_wanted (was into.py _pyvenv_wanted): (value or "false").lower() on a non-string -> AttributeError
     "into: pyvenv_cfg include-system-site-packages is a number": ("into", _set_pyvenv("include-system-site-packages", 1), None, False),
     # export.py requires_python: version.split(".")[:2] unpacked into two -> ValueError / AttributeError
     "export: python.version '3'": ("export", _set_python("version", "3"), None, False),
@@ -359,7 +359,7 @@ def test_a_malformed_archive_info_is_taken_as_absent(base, tmp_path, archive_inf
 
 
 def test_into_pyvenv_prompt_cannot_add_lines_to_pyvenv_cfg(base, tmp_path):
-    """``pyvenv_cfg.prompt`` holding newlines is written as is (into.py ``_apply_pyvenv``): the vault adds any
+    """``pyvenv_cfg.prompt`` holding newlines is written as is (restore/pyvenv.py ``apply_settings``): the vault adds any
     key it likes to the new venv's pyvenv.cfg (here a second ``home`` and ``include-system-site-packages``)."""
     vault, sid = _forge(base, tmp_path, edit_doc=_set_pyvenv(
         "prompt", "x\nhome = /tmp/elsewhere/bin\ninclude-system-site-packages = true"))
