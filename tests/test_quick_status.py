@@ -163,6 +163,26 @@ def test_a_venv_setting_changed_in_pyvenv_cfg_is_a_change_and_restored(tmp_path,
     assert ev(vault, "diff", sid, "current", "--venv", venv).stdout.startswith("no differences")
 
 
+def test_a_folder_pip_moved_aside_is_left_out_with_a_warning(tmp_path, make_venv, wheelhouse):
+    """A dist-info pip renamed to ``~...`` while it uninstalls (half emptied: no METADATA) made status and
+    snap fail with exit 7 and "reinstall that package" (helper 19, F6); pip leaves it out as an invalid
+    distribution, and so does the scan, with a warning."""
+    import shutil
+
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    di = next(site_packages(venv).glob("smallpkg-*.dist-info"))
+    stash = di.with_name("~" + di.name[1:])
+    shutil.copytree(di, stash)
+    (stash / "METADATA").unlink()
+    code, out, _quick = _agrees(vault, venv)
+    assert code == 0 and "unchanged" in out
+    got = ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    assert [w for w in got["warnings"] if stash.name in w and "left out" in w], got["warnings"]
+    assert got["packages"] == 2
+
+
 def test_a_link_is_checked_through_on_every_scan(tmp_path, make_venv, wheelhouse):
     """A link to the bytes RECORD promises is as good as the file (uv's symlink link mode); what it leads to
     changing later, or the link retargeted, is seen on the next status: a distribution with a link keeps no

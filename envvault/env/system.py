@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envvault.env.probe import Interpreter, probe_system
+from envvault.env.reader import entry_kind
 from envvault.errors import UsageError
 from envvault.model import records
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SystemReader"]
 
-_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
 
 
 def _project(entry_name: str) -> str:
@@ -84,6 +84,7 @@ class SystemReader:
         self._fresh = interp  # the probe the command line just made, if any
         self._interp: Interpreter | None = None
         self._owners = None
+        self.stashed: list[Path] = []
 
     # -- the interpreter's facts ------------------------------------------------------------------
 
@@ -131,6 +132,7 @@ class SystemReader:
         """Every site directory's entries; a project already found in an earlier site directory (the user
         site shadows the system's) is the one Python imports, and the only one listed."""
         out: list[tuple[Path, Path]] = []
+        self.stashed = []
         seen_sites: set[Path] = set()
         earlier: set[str] = set()
         for site in self.site_dirs():
@@ -146,7 +148,10 @@ class SystemReader:
             # ``cryptography-38.0.4.dist-info``); the egg-info then adds nothing.
             entries.sort(key=lambda e: (not e.name.endswith(".dist-info"), e.name))
             for entry in entries:
-                if not entry.name.endswith(_SUFFIXES):
+                kind = entry_kind(entry.name)
+                if kind == "stash":
+                    self.stashed.append(Path(entry.path))
+                if kind != "dist":
                     continue
                 name = _project(entry.name)
                 if name in earlier or (name in here and not entry.name.endswith(".dist-info")):

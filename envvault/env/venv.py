@@ -1,8 +1,8 @@
 """A virtual environment (``python -m venv``, virtualenv, ``uv venv``), read: the one
 ``EnvironmentReader`` (``reader.py``) today.
 
-The interpreter's answers come from ``probe`` (a subprocess), memoised while ``bin/python`` and
-``pyvenv.cfg`` keep their stats; the file facts come from ``pyvenv.cfg`` and the ``lib/pythonX.Y`` layout.
+The interpreter's answers come from ``probe`` (a subprocess), memoised while ``bin/python3``, ``bin/python``
+and ``pyvenv.cfg`` keep their stats; the file facts come from ``pyvenv.cfg`` and the ``lib/pythonX.Y`` layout.
 ``envvault.env.dists`` (email, packaging) is imported only when a distribution is actually read: an
 unchanged environment's snap never needs it.
 """
@@ -15,14 +15,13 @@ from pathlib import Path
 TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 
 from envvault.env.probe import Interpreter, probe, read_pyvenv_cfg
+from envvault.env.reader import entry_kind
 from envvault.errors import UsageError
 
 if TYPE_CHECKING:
     from envvault.env.dists import InstalledDist
 
 __all__ = ["VenvReader"]
-
-_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
 
 
 class VenvReader:
@@ -35,6 +34,7 @@ class VenvReader:
         self.prefix = Path(prefix)
         self._memo = memo
         self._interp: Interpreter | None = None
+        self.stashed: list[Path] = []
 
     # -- the interpreter's facts ------------------------------------------------------------------
 
@@ -106,13 +106,17 @@ class VenvReader:
 
     def dist_entries(self) -> list[tuple[Path, Path]]:
         out, seen = [], set()
+        self.stashed = []
         for site in self.site_dirs():
             if site in seen or not site.is_dir():
                 continue
             seen.add(site)
             for entry in os.scandir(site):
-                if entry.name.endswith(_SUFFIXES):
+                kind = entry_kind(entry.name)
+                if kind == "dist":
                     out.append((Path(entry.path), site))
+                elif kind == "stash":
+                    self.stashed.append(Path(entry.path))
         out.sort(key=lambda t: t[0].name)
         return out
 

@@ -126,6 +126,8 @@ def scan_environment(
         mid = group and (group.get(mkey) or (mode == "check" and group.get("manifest_full")))
         entries.append((dist_info, site, group, mid))
     cache.listed = tuple(listed)
+    warnings.extend(f"{stash}: a folder pip moved aside while it installs or uninstalls (running now, or "
+                    "killed); left out, as pip leaves it out" for stash in getattr(reader, "stashed", ()))
     fresh = fresh_groups(entries, prefix) if mode != "lock" else set()
     pending: list[tuple[Path, Path]] = []  # (dist_info, site) of the distributions to read and build
     for n, (dist_info, site, group, mid) in enumerate(entries):
