@@ -82,7 +82,12 @@ def _resolve(vault, ref: str, venv: str | None) -> tuple[str, Path | None]:
     from envvault.model.paths import absolute_path
 
     if venv is not None or chosen_python():
-        scope = find_target(venv)
+        try:
+            scope = find_target(venv)
+        except UsageError:
+            if venv is None or os.path.lexists(absolute_path(venv)):
+                raise  # --python, or a --venv there that envvault cannot take: what snap would say
+            scope = absolute_path(venv)  # a --venv deleted since (to be rebuilt with --into), as an active one
         return _latest_of(vault, scope), scope
     active = os.environ.get("VIRTUAL_ENV")
     conda = os.environ.get("CONDA_PREFIX")

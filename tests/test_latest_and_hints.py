@@ -167,6 +167,11 @@ def test_latest_of_an_active_venv_deleted_since_is_its_own(tmp_path, make_venv):
     shutil.rmtree(g)
     rebuilt = ev_json(vault, "restore", "latest", "--into", tmp_path / "g2", env=_active(vault, g))
     assert rebuilt["restored"] == sid_g and rebuilt["verified"] is True, rebuilt
+    # the same venv named by --venv (helper 20, F3: "is not a directory; pass --venv", which it had)
+    again = ev_json(vault, "restore", "latest", "--venv", g, "--into", tmp_path / "g3")
+    assert again["restored"] == sid_g and again["verified"] is True, again
+    proc = ev(vault, "restore", "latest", "--venv", g, check=False)
+    assert proc.returncode == 2 and f"--into {g}" in proc.stderr, proc.stderr
 
 
 def test_restore_latest_acts_on_the_environment_latest_was_taken_for(tmp_path, make_venv):

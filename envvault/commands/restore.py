@@ -230,6 +230,9 @@ def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None 
     it exists, else the active venv. ``latest`` of an environment since deleted is rebuilt with --into only."""
     from envvault.env.probe import chosen_python, find_target
 
+    if venv is not None and not os.path.lexists(absolute_path(venv)):
+        gone = str(absolute_path(venv))
+        raise UsageError(f"{gone} does not exist; rebuild it with `{vault.command('restore', sid[:12], '--into', gone)}`")
     if venv is not None or chosen_python():
         return find_target(venv)
     snapshot = vault.load_snapshot(sid).snapshot
