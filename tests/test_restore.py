@@ -413,6 +413,15 @@ def test_into_builds_a_fresh_venv_whose_scripts_run(tmp_path, make_venv, wheelho
     # a second --into onto the same path is refused
     proc = ev(vault, "restore", sid, "--into", new, check=False)
     assert_one_line_error(proc, "already an environment")
+    # nor inside an environment or the vault (helper 20, F2: a venv built in the source's site-packages, which
+    # the source then imported from): refused before anything is made, dry runs included
+    for inside, where in ((site_packages(venv) / "zz", "inside the environment"), (new / "sub", "inside the environment"),
+                          (vault / "inner", "inside the vault")):
+        for dry in ([], ["--dry-run"]):
+            proc = ev(vault, "restore", sid, "--into", inside, *dry, check=False)
+            assert proc.returncode == 3, proc.stderr
+            assert_one_line_error(proc, where)
+            assert not inside.exists()
 
 
 def test_into_names_a_missing_python_version():

@@ -54,7 +54,23 @@ from envvault.restore.uv import (
     sync_from_lock,
 )
 
-__all__ = ["restore_into"]
+__all__ = ["restore_into", "refuse_inside"]
+
+
+def refuse_inside(dest: Path, vault) -> None:
+    """A RefusedError when ``dest`` (links followed) lies inside a venv (a folder above it holds
+    ``pyvenv.cfg``: the new venv's files would be the old one's, importable from its site-packages, and
+    every scan of it would walk them) or inside a vault in a folder (whose folders are the vault's own)."""
+    real = Path(os.path.realpath(dest))
+    for parent in real.parents:
+        if (parent / "pyvenv.cfg").is_file():
+            raise RefusedError(f"{dest} lies inside the environment {parent}; --into builds a new venv: "
+                               "choose a folder outside it")
+    if vault.local:
+        root = Path(os.path.realpath(vault.backend.root))
+        if real == root or root in real.parents:
+            raise RefusedError(f"{dest} lies inside the vault {vault.backend.root}; --into builds a new venv: "
+                               "choose a folder outside it")
 
 
 def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: bool = False, dry_run: bool,
@@ -63,6 +79,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
     to back up: the folder is new or empty)."""
     if (dest / "pyvenv.cfg").exists() or (dest / "bin" / "python").exists():
         raise RefusedError(f"{dest} is already an environment; --into builds a new one (restore in place with --venv)")
+    refuse_inside(dest, vault)
     refuse_nonempty(dest)
     snapshot = venv_view(snapshot, vault.load_manifest)  # a system environment's, as a venv holds it (restore/managed.py)
     refuse_uncopyable(snapshot, vault.has)  # system packages without stored files: --system-site-packages
