@@ -386,3 +386,37 @@ def test_snap_and_export_real_torch(tmp_path, torch_venv):
     assert r.stdout.split() == ["2.13.0+cpu", "2.0"], r.stderr
     new = ev_json(vault, "show", ev_json(vault, "snap", "--venv", fresh)["id"])
     assert _pkg(new, "torch")["state_id"] == t["state_id"]
+
+
+def test_a_snap_behind_a_held_vault_lock_says_it_waits(tmp_path, make_venv, wheelhouse):
+    """A gc holds the vault lock exclusively: a snap waits for it, and says so on stderr at once instead of
+    waiting in silence (helper 19: a status waited 7.7 s printing nothing); then it goes on and succeeds."""
+    venv = make_venv("uv")
+    uv_install(venv, str(wheelhouse[C.SMALL_01]))
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(vault / 'locks' / 'vault.lock')!r}, os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.readline()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        snap = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--venv", str(venv), "--no-caches"],
+                                env=ev_env(vault), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        import select
+
+        ready, _, _ = select.select([snap.stderr], [], [], 60)  # a bound, not a wait for a moment: it says at once
+        assert ready, "nothing on stderr while waiting for the lock"
+        line = snap.stderr.readline()  # printed while the lock is still held
+        assert "waiting for the vault lock" in line and "Ctrl-C" in line, line
+        assert snap.poll() is None  # still waiting
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        out, err = snap.communicate(timeout=120)
+        assert snap.returncode == 0, err
+        assert out.startswith("snapshot ") and "Traceback" not in err
+    finally:
+        holder.kill()
+        holder.wait()

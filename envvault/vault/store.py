@@ -173,15 +173,23 @@ class Vault:
         """The vault lock: shared for writers (snaps, restores), exclusive for gc. Blocks until granted; with
         ``wait=False`` yields False at once when it is busy. A local vault whose settings say ``lock =
         "objects"`` takes it as lock objects (``local_locks.py``), for a shared filesystem."""
+        if wait:  # a lock someone else holds is said on stderr, not waited on in silence (a gc may take minutes)
+            with self._lock(exclusive, False) as held:
+                if held:
+                    yield True
+                    return
+            self.warn("waiting for the vault lock, which another envvault command holds (a gc, or a restore); "
+                      "Ctrl-C stops waiting")
+        with self._lock(exclusive, wait) as held:
+            yield held
+
+    def _lock(self, exclusive: bool, wait: bool):
         if isinstance(self.backend, LocalBackend) and self._lock_setting() == "objects":
             from envvault.vault.local_locks import DirLockKeys
             from envvault.vault.lockobjects import hold
 
-            lock = hold(DirLockKeys(self.backend.root), "vault", exclusive=exclusive, wait=wait)
-        else:
-            lock = self.backend.lock("vault", exclusive=exclusive, wait=wait)
-        with lock as held:
-            yield held
+            return hold(DirLockKeys(self.backend.root), "vault", exclusive=exclusive, wait=wait)
+        return self.backend.lock("vault", exclusive=exclusive, wait=wait)
 
     # -- index ---------------------------------------------------------------------------------
     def index(self, refresh: bool = False) -> dict[str, tuple]:
