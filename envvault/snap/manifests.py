@@ -291,8 +291,13 @@ def _link_state(entry: dict, absolute: str, rec) -> None:
         h.update(entry["link"].encode("utf-8", "surrogateescape"))
     else:
         with os.fdopen(fd, "rb") as fh:
-            for piece in iter(lambda: fh.read(1 << 20), b""):
+            left = os.fstat(fd).st_size  # as large as it was when opened: a file still growing is not followed
+            while left > 0:
+                piece = fh.read(min(left, 1 << 20))
+                if not piece:
+                    break
                 h.update(piece)
+                left -= len(piece)
     sha = record_sha256(h.digest())
     if fd is not None and sha == rec.digest:
         entry["state"] = "ok"
