@@ -183,19 +183,31 @@ def test_a_folder_pip_moved_aside_is_left_out_with_a_warning(tmp_path, make_venv
     assert got["packages"] == 2
 
 
-def test_a_link_is_checked_through_on_every_scan(tmp_path, make_venv, wheelhouse):
-    """A link to the bytes RECORD promises is as good as the file (uv's symlink link mode); what it leads to
-    changing later, or the link retargeted, is seen on the next status: a distribution with a link keeps no
-    stat cache group, whose stats would not cover what the link leads to."""
+@pytest.mark.parametrize("first", ["regular", "link"])
+def test_a_link_is_checked_through_on_every_scan(tmp_path, make_venv, wheelhouse, first):
+    """A link to the bytes RECORD promises is as good as the file (uv's symlink link mode), and the quick
+    status answers for it (a stat cache group follows links); what it leads to changing later, the link
+    retargeted or dangling, is seen on the next status, whether the snap found the file or the link."""
     venv = _venv_with_two(make_venv, wheelhouse)
     vault = tmp_path / "vault"
     path = site_packages(venv) / "smallpkg" / "__init__.py"
     copy = path.parent / "copy.py"
     copy.write_bytes(path.read_bytes())
-    path.unlink()
-    path.symlink_to("copy.py")
+
+    def make_link():
+        path.unlink()
+        path.symlink_to("copy.py")
+
+    if first == "link":
+        make_link()
     ev_json(vault, "snap", "--venv", venv, "--no-caches")
+    if first == "regular":
+        _status(vault, venv)  # a verdict and groups made while it was a file
+        make_link()
+        code, out, _quick = _agrees(vault, venv)
+        assert code == 0 and "unchanged" in out  # the same bytes through a link
     assert _agrees(vault, venv)[0] == 0  # the same bytes: unchanged
+    assert _status(vault, venv)[3], "answered quickly: the group follows the link"
     copy.write_bytes(copy.read_bytes() + b"# edited\n")
     code, out, _quick = _agrees(vault, venv)
     assert code == 1 and "smallpkg/__init__.py" in out

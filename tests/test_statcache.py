@@ -80,7 +80,7 @@ def test_groups_are_stored_packed_and_read_back(tmp_path):
     assert raw.startswith(GROUPS_MAGIC)
     size = int.from_bytes(raw[len(GROUPS_MAGIC):len(GROUPS_MAGIC) + 4], "big")
     header = json.loads(raw[len(GROUPS_MAGIC) + 4:len(GROUPS_MAGIC) + 4 + size])
-    assert header["version"] == 7
+    assert header["version"] == 8  # 8: links' stats are what they lead to (7's groups are not read: stale)
     plain, odd = header["groups"]["plain"], header["groups"]["odd"]
     # the packed group: its paths and stats after the header, no JSON string of them
     assert "files" not in plain and plain["packed"] == [len("a.py\nsub dir/b.so\nc,d.txt"), 3]
@@ -112,12 +112,12 @@ def test_a_stat_cache_whose_extra_is_not_an_object_is_ignored(tmp_path):
     groups = tmp_path / "v" / "state" / "stat-caches.groups.bin"
     groups.parent.mkdir(parents=True, exist_ok=True)
     for extra in ([], "x", 7, None):
-        groups.write_bytes(encode_groups_file({"version": StatCache.VERSION, "tool": __version__, "extra": extra}, {}))
+        groups.write_bytes(encode_groups_file({"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": extra}, {}))
         assert vault.stat_cache("stat-caches").extra == {}
     cache = tmp_path / "inductor"
     cache.mkdir()
     (cache / "entry").write_bytes(b"compiled" * 10)
-    groups.write_bytes(encode_groups_file({"version": StatCache.VERSION, "tool": __version__, "extra": []}, {}))
+    groups.write_bytes(encode_groups_file({"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": []}, {}))
     result = take_cache_snapshot(vault, extra_dirs=[cache], discover=False, argv=["t"])
     assert result.snapshot.stats.files == 1
 
@@ -139,7 +139,7 @@ def test_a_garbled_groups_file_is_an_empty_cache_never_an_error(tmp_path):
     (tmp_path / "a").write_bytes(b"x")
     st = (tmp_path / "a").lstat()
     files, stats = encode_stats(["a", "b"], [[st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]] * 2)
-    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
+    head = {"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": {}}
     good = encode_groups_file(head, {"g": {"files": files, "stats": stats, "summary": {}}})
     lazy = decode_groups_file(good)["groups"]["g"]
     assert group_file_count(lazy) == 2 and "files" not in lazy  # read when first needed
@@ -182,7 +182,7 @@ def test_a_group_that_is_not_what_a_group_holds_makes_the_whole_file_nothing():
     from envvault.vault.statcache import (GROUPS_MAGIC, StatCache, decode_groups_file, encode_groups_file,
                                           group_problem)
 
-    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
+    head = {"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": {}}
     key = [1, 2, 3, 4]
     good = {"record_stat": key, "meta_stat": key, "files": "a\nb", "stats": b"\0" * 64, "missing": ["c"],
             "summary": {"name": "a"}, "manifest_full": "a" * 64, "manifest_check": "b" * 64,
@@ -276,7 +276,7 @@ def test_the_writer_never_writes_a_header_the_reader_refuses(monkeypatch):
     from envvault.vault import statcache
     from envvault.vault.statcache import StatCache, decode_groups_file, encode_groups_file
 
-    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {"probe": {}}}
+    head = {"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": {"probe": {}}}
     env_group = {"record_stat": [1, 2, 3, 4], "files": "a", "stats": b"\0" * 32, "summary": {"name": "a"}}
     cache_group = {"dirs": [[f"d{i}", i, i] for i in range(2000)], "files": "f", "stats": b"\0" * 32,
                    "tree_fp": {}, "env_key": "k", "entry": {}}
@@ -301,7 +301,7 @@ def test_packed_files_are_read_from_the_groups_file_that_was_loaded(tmp_path):
 
     for d in ("state", "locks", "tmp"):
         (tmp_path / d).mkdir()
-    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
+    head = {"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": {}}
     key = [1, 2, 3, 4]
     files, stats = encode_stats(["a", "b"], [key, key])
     path = tmp_path / "state" / "stat-x"
@@ -339,7 +339,7 @@ def test_a_copied_group_shares_its_groups_file_and_none_is_pickled(tmp_path):
     for d in ("state", "locks", "tmp"):
         (tmp_path / d).mkdir()
     files, stats = encode_stats(["a", "b"], [[1, 2, 3, 4]] * 2)
-    head = {"version": StatCache.VERSION, "tool": __version__, "extra": {}}
+    head = {"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": {}}
     (tmp_path / "state" / "stat-x.groups.bin").write_bytes(
         encode_groups_file(head, {"g": {"files": files, "stats": stats, "summary": {}}}))
     cache = StatCache(tmp_path / "state" / "stat-x")
@@ -371,7 +371,7 @@ def test_a_groups_file_that_is_a_link_or_a_fifo_is_an_empty_cache_never_a_wait(t
         (tmp_path / d).mkdir()
     files, stats = encode_stats(["a"], [[1, 2, 3, 4]])
     good = tmp_path / "good.groups.bin"
-    good.write_bytes(encode_groups_file({"version": StatCache.VERSION, "tool": __version__, "extra": {}},
+    good.write_bytes(encode_groups_file({"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": {}},
                                         {"g": {"files": files, "stats": stats, "summary": {}}}))
     path = tmp_path / "state" / "stat-x"
     groups_file = tmp_path / "state" / "stat-x.groups.bin"

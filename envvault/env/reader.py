@@ -28,19 +28,7 @@ if TYPE_CHECKING:
 else:
     from envvault.runtime_types import Protocol
 
-__all__ = ["EnvironmentReader", "Memo", "reader_for", "entry_kind"]
-
-_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
-
-
-def entry_kind(name: str) -> str | None:
-    """What a site folder's entry ``name`` is to every reader: "dist" (a ``.dist-info``, ``.egg-info`` or
-    ``.egg-link``), "stash" (one of those pip moved aside while it installs or uninstalls, its name begun with
-    ``~``, which no project name is: pip leaves it out as an invalid distribution, and so does a scan, with a
-    warning), None for anything else."""
-    if not name.endswith(_SUFFIXES):
-        return None
-    return "stash" if name.startswith("~") else "dist"
+__all__ = ["EnvironmentReader", "Memo", "reader_for"]
 
 
 class Memo(Protocol):
@@ -56,7 +44,7 @@ class EnvironmentReader(Protocol):
 
     kind: str  # "venv" or "system"
     prefix: Path  # as given (paths in a snapshot are relative to it)
-    stashed: list[Path]  # the pip stashes the last ``dist_entries`` passed over (``entry_kind``)
+    stashed: list[Path]  # the pip stashes the last ``dist_entries`` passed over (``env/entries.entry_kind``)
 
     def interpreter(self) -> Interpreter:
         """Identity and install paths, from the environment's own interpreter (memoised)."""
@@ -67,7 +55,7 @@ class EnvironmentReader(Protocol):
         ...
 
     def dist_entries(self) -> list[tuple[Path, Path]]:
-        """``(entry, site)`` for every distribution entry of ``site_dirs`` (``entry_kind`` "dist"), sorted by
+        """``(entry, site)`` for every distribution entry of ``site_dirs`` (``env/entries.entry_kind`` "dist"), sorted by
         entry name; the pip stashes passed over are kept in ``stashed``."""
         ...
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envvault.env.probe import Interpreter, probe_system
-from envvault.env.reader import entry_kind
+from envvault.env.entries import entry_kind
 from envvault.errors import UsageError
 from envvault.model import records
 

@@ -15,7 +15,7 @@ from pathlib import Path
 TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 
 from envvault.env.probe import Interpreter, probe, read_pyvenv_cfg
-from envvault.env.reader import entry_kind
+from envvault.env.entries import entry_kind
 from envvault.errors import UsageError
 
 if TYPE_CHECKING:

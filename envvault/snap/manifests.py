@@ -135,7 +135,11 @@ class ManifestBuilder:
         entry["mode"] = st.st_mode & 0o7777
         if statmod.S_ISLNK(st.st_mode):
             entry["link"] = os.readlink(absolute)
-            _link_state(entry, absolute, rec)
+            followed = _link_state(entry, absolute, rec)
+            if followed is not None:  # the stats of the file it leads to: what the stat cache group checks
+                self.cache.put_key(rel, followed[0], followed[1], None)
+            else:
+                self.cache.forget(rel)  # no group then (``scan.remember_group``)
             return entry, None
         hit = self.cache.lookup(rel, st)
         if hit is not None and (self.mode == "check" or hit[2] is not None):
@@ -270,14 +274,16 @@ class ManifestBuilder:
                 self.warnings.append(f"{dist.display}: RECORD {what}: {shown}")
 
 
-def _link_state(entry: dict, absolute: str, rec) -> None:
+def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
     """The state of a RECORD row that is a symlink on disk (docs/format.md, "Distribution manifest"): RECORD
     promises a file's bytes, so a row with a sha256 is ``ok`` only while the link leads to a regular file
     holding them; else ``modified``, its ``sha256`` that file's bytes' or, when the link leads to no regular
-    file (dangling, a folder, a FIFO: never waited on), its own text's. A row without a sha256 is ``ok``."""
+    file (dangling, a folder, a FIFO: never waited on), its own text's. A row without a sha256 is ``ok``.
+    Returns the stat key of the file read through the link (as opened) and its bytes' sha256, or None when
+    none was read."""
     if rec.algo != "sha256" or rec.digest is None:
         entry["state"] = "ok"
-        return
+        return None
     import hashlib
 
     from envvault.model.record import record_sha256
@@ -291,7 +297,8 @@ def _link_state(entry: dict, absolute: str, rec) -> None:
         h.update(entry["link"].encode("utf-8", "surrogateescape"))
     else:
         with os.fdopen(fd, "rb") as fh:
-            left = os.fstat(fd).st_size  # as large as it was when opened: a file still growing is not followed
+            opened = os.fstat(fd)
+            left = opened.st_size  # as large as it was when opened: a file still growing is not followed
             while left > 0:
                 piece = fh.read(min(left, 1 << 20))
                 if not piece:
@@ -301,8 +308,9 @@ def _link_state(entry: dict, absolute: str, rec) -> None:
     sha = record_sha256(h.digest())
     if fd is not None and sha == rec.digest:
         entry["state"] = "ok"
-        return
-    entry.update(state="modified", sha256=sha, record_sha256=rec.digest)
+    else:
+        entry.update(state="modified", sha256=sha, record_sha256=rec.digest)
+    return (stat_key(opened), sha) if fd is not None else None
 
 
 def summary_of(man: DistManifest, oid: str) -> dict:

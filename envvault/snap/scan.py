@@ -455,12 +455,15 @@ def remember_group(cache: StatCache, dist_info: Path, prefix: Path, man: DistMan
         group["lock"] = {"record_stat": record_stat, "meta_stat": meta_stat, "summary": summary}
         cache.set_group(key, group)
         return
-    if any(f.link is not None for f in man.files):
-        # No group: a link vouches for its text, not for what it leads to, and no stat of the link tells
-        # that the file it leads to changed; the next scan builds this distribution's manifest again.
+    if any(f.link is not None and f.path not in cache.files for f in man.files):
+        # No group: a link this scan did not read through (one leading to no regular file, a RECORD row
+        # without a hash, one a restore wrote) has no stats of what it leads to that the group could check;
+        # the next scan builds this distribution's manifest again.
         if cache.groups.pop(key, None) is not None:
             cache.mark_dirty()
         return
+    # A link's stats are those of the file it leads to, as read (``manifests._link_state``): the group's
+    # check follows links (``group_stats_fresh``), so a link retargeted or what it leads to edited is stale.
     stored = [f.path for f in man.files if f.path in cache.files and f.mode is not None]
     stats = [cache.files[rel][0] for rel in stored]
     missing = [f.path for f in man.files if f.state == "missing"]

@@ -40,6 +40,10 @@ class StatCache:
     # 5: identity version 2 (summaries carry "identity", "scripts"); 6: packed files/stats; 7: the groups file
     # binary (a JSON header, then the files and stats: no base64, no JSON string of every path to parse)
     VERSION = 7
+    # The groups file alone: 8, a link's stats are those of the file it leads to, and a group is kept for a
+    # distribution with links only when each was read through (a version 7 group may have left its links
+    # out: stale). The files document keeps VERSION: its entries mean what they meant.
+    GROUPS_VERSION = 8
 
     def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None, fresh: bool = False):
         # ``lock()``: the shared vault lock saves hold; ``tmp_dir``: where saves stage (``Vault.stat_cache``
@@ -91,7 +95,8 @@ class StatCache:
                 doc, st = read_groups_file(path)
         except (OSError, ValueError, CorruptError):
             return None
-        if not isinstance(doc, dict) or doc.get("version") != self.VERSION or doc.get("tool") != __version__:
+        version = self.VERSION if compressed else self.GROUPS_VERSION
+        if not isinstance(doc, dict) or doc.get("version") != version or doc.get("tool") != __version__:
             return None
         if not compressed:
             self._groups_key = file_key(st)
@@ -135,6 +140,11 @@ class StatCache:
         self.files[rel] = [key, sha256, chunks]
         self.touched.add(rel)
         self._dirty_files = True
+
+    def forget(self, rel: str) -> None:
+        """Drop the entry of ``rel`` (a link this scan could not read through: nothing known of it now)."""
+        if self.files.pop(rel, None) is not None:
+            self._dirty_files = True
 
     def learn(self, entries: dict[str, list]) -> None:
         """Take file entries another process made with ``put`` (a forked check scan's answers)."""
@@ -189,7 +199,7 @@ class StatCache:
                     data = zstandard.ZstdCompressor(level=1).compress(json.dumps(doc, separators=(",", ":")).encode())
                     atomic_write(self.files_path, data, tmp_dir=self._tmp_dir, durable=False, vault=True)
                 if self._dirty_groups:
-                    data = encode_groups_file({"version": self.VERSION, "tool": __version__, "extra": self.extra},
+                    data = encode_groups_file({"version": self.GROUPS_VERSION, "tool": __version__, "extra": self.extra},
                                               self.groups)
                     self._groups_key = file_key(atomic_write(self.groups_path, data, tmp_dir=self._tmp_dir,
                                                              durable=False, vault=True))
@@ -506,10 +516,12 @@ def unpack_stats(group: dict) -> tuple[list[str], bytes] | None:
 def group_stats_fresh(base: str, group: dict, start: int = 0, stop: int | None = None,
                       unpacked: tuple[list[str], bytes] | None = None) -> bool:
     """True when every stored file of ``group`` (paths relative to ``base``, which ends with a slash), or
-    those from ``start`` to ``stop``, still has the stat key recorded: one ``lstat`` a file, compared packed.
+    those from ``start`` to ``stop``, still has the stat key recorded: one ``stat`` a file, compared packed.
+    A symlink is followed: a link's recorded key is the file's it leads to (``snap/manifests._link_state``),
+    a regular file's is the same either way, and a file a link replaced has another inode or ctime.
     ``unpacked``: the group's ``unpack_stats``, when the caller split it already. False on any error."""
     files, stats = unpacked_group(group).get("files"), group.get("stats")
-    lstat = os.lstat
+    lstat = os.stat  # (named for what it is to a regular file, which is every file but links)
     try:
         if unpacked is None and isinstance(files, str) and isinstance(stats, bytes):
             unpacked = unpack_stats(group)
