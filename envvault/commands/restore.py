@@ -232,7 +232,8 @@ def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None 
 
     if venv is not None and not os.path.lexists(absolute_path(venv)):
         gone = str(absolute_path(venv))
-        raise UsageError(f"{gone} does not exist; rebuild it with `{vault.command('restore', sid[:12], '--into', gone)}`")
+        raise UsageError(f"{gone} does not exist; pass --venv with an environment's path, or to build it there "
+                         f"as the snapshot has it: `{vault.command('restore', sid[:12], '--into', gone)}`")
     if venv is not None or chosen_python():
         return find_target(venv)
     snapshot = vault.load_snapshot(sid).snapshot

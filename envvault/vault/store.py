@@ -178,10 +178,21 @@ class Vault:
                 if held:
                     yield True
                     return
-            self.warn("waiting for the vault lock, which another envvault command holds (a gc, or a restore); "
-                      "Ctrl-C stops waiting")
+            self.note_waiting()
         with self._lock(exclusive, wait) as held:
             yield held
+
+    def note_waiting(self) -> None:
+        """Said on stderr by every command (the CLI's, guard's, the cache commands', a training process's
+        stamp), not only those that print warnings: a wait in silence looks like a hang."""
+        import sys
+
+        try:
+            sys.stderr.write("envvault: waiting for the vault lock, which another envvault command holds; "
+                             "Ctrl-C stops waiting\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass  # no stderr to tell
 
     def _lock(self, exclusive: bool, wait: bool):
         if isinstance(self.backend, LocalBackend) and self._lock_setting() == "objects":
