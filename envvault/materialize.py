@@ -54,7 +54,7 @@ from envvault.vault.threads import busy_threads, default_restorers
 from envvault.model.record import record_sha256
 from envvault.vault.store import ObjectReader
 
-__all__ = ["FileSpec", "Staged", "refuse_escapes", "stage", "stored_bytes", "discard", "place",
+__all__ = ["FileSpec", "Staged", "refuse_escapes", "refuse_folders_in_the_way", "stage", "stored_bytes", "discard", "place",
            "place_link", "pack_position", "FINAL_NAME", "WORKERS"]
 
 
@@ -496,8 +496,26 @@ def _rmdir_tree_if_empty(path: str) -> None:
         os.rmdir(root)
 
 
-def _in_the_way(path: str) -> EnvironmentProblem:
-    return EnvironmentProblem(f"{path} is a non-empty directory where the snapshot has a file; move it and run again")
+def _in_the_way(path: str, error=EnvironmentProblem):
+    return error(f"{path} is a non-empty directory where the snapshot has a file; move it and run again")
+
+
+def refuse_folders_in_the_way(root: str | os.PathLike, paths) -> None:
+    """A RefusedError, before anything is written, when a file to write (``paths``, relative to ``root``) has in
+    its place a folder holding a file: the commit would stop there, part done (``place`` removes only a tree
+    of empty folders, never what a user keeps in one). One ``lstat`` a path."""
+    import stat as statmod
+
+    for rel in paths:
+        full = os.path.join(root, rel)
+        try:
+            if not statmod.S_ISDIR(os.lstat(full).st_mode):
+                continue
+        except OSError:
+            continue
+        for _dir, _subdirs, files in os.walk(full):
+            if files:
+                raise _in_the_way(full, RefusedError)
 
 
 def _unlink(path: str) -> None:

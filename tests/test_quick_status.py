@@ -142,6 +142,28 @@ def test_a_restore_puts_back_the_file_a_link_or_a_folder_replaced(tmp_path, make
     assert _agrees(vault, venv)[0] == 0
 
 
+def test_a_folder_holding_files_where_a_file_goes_is_refused_before_anything_is_written(tmp_path, make_venv, wheelhouse):
+    """A stored file replaced by a folder the user put files in: the restore refuses at once (exit 3), dry
+    run included, with nothing written, never part way through its commit (helper 21, F4: exit 7 after other
+    files were already put back); the folder and its files are kept."""
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    _edit_in_place(venv)  # another change the restore would make first
+    edited = (site_packages(venv) / "smallpkg" / "__init__.py").read_bytes()
+    other = next(p for p in (site_packages(venv) / "smallpkg").iterdir() if p.suffix == ".py" and p.name != "__init__.py")
+    other.unlink()
+    other.mkdir()
+    (other / "mine.txt").write_text("keep\n")
+    for dry in (["--dry-run"], []):
+        proc = ev(vault, "restore", sid, "--venv", venv, *dry, check=False)
+        assert proc.returncode == 3, proc.stderr
+        assert "non-empty directory where the snapshot has a file" in proc.stderr
+    assert (other / "mine.txt").read_text() == "keep\n"
+    assert (site_packages(venv) / "smallpkg" / "__init__.py").read_bytes() == edited  # nothing written
+    assert not (venv / ".envvault-restore.json").exists()
+
+
 def test_a_venv_setting_changed_in_pyvenv_cfg_is_a_change_and_restored(tmp_path, make_venv, wheelhouse):
     """include-system-site-packages flipped (helper 19, F4: recorded by the next snap, never reported): status
     and diff name it, a restore in place puts the snapshot's value back and then verifies."""

@@ -21,7 +21,7 @@ from envvault.diff import diff_snapshots
 from envvault.errors import RefusedError, UsageError
 from envvault.journal import (Paths, clean_temps, journal_file, read_journal, recover, remove_journal, target_lock,
                               write_journal)
-from envvault.materialize import refuse_escapes
+from envvault.materialize import refuse_escapes, refuse_folders_in_the_way
 from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
 from envvault.vault import timing
@@ -99,6 +99,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                                links={w.path: w.link for w in plan.writes if w.link is not None},
                                entries=[w.path for w in plan.writes if w.link is None],
                                scripts={"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")})
+                refuse_folders_in_the_way(target, [w.path for w in plan.writes])
             except BaseException:
                 if take_backup:
                     discard_backup(vault, backup_id)
