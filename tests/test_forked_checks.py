@@ -472,13 +472,7 @@ def test_status_sees_an_edit_in_a_childs_task(tmp_path, make_venv, wheelhouse):
     """Status, in a fresh interpreter with forking forced on and every distribution checked in parts of 2
     files: the last stored file of each distribution, edited in place (same size), makes that one distribution
     changed, whichever process checked its part; unchanged, nothing is."""
-    from envvault.snap import take_snapshot
-    from envvault.vault.store import Vault
-
-    venv = make_venv("uv")
-    uv_install(venv, *(str(wheelhouse[k]) for k in (C.SMALL_01, C.NS_ALPHA, C.WITH_HEADERS)))
-    vault = Vault.open(tmp_path / "v", create=True)
-    take_snapshot(vault, venv, argv=["test"])
+    venv = _three_snapped(tmp_path, make_venv, wheelhouse)
     got = _fresh(f"""
         from pathlib import Path
         from envvault.snap import fresh
@@ -564,18 +558,23 @@ def test_map_all_answers_are_the_serial_ones_whatever_a_child_does(how):
         assert got["here"]  # what the children cut short was answered here
 
 
-def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make_venv, wheelhouse):
-    """A check scan with file entries but no distribution groups (a venv ``restore --into`` just wrote) reads
-    and builds every distribution in forked children: its packages, warnings and the stat cache it saves (the
-    groups, the entry of a file edited in place that a child read, the entries the scan used) are those of the
-    same scan in one process, and so is the error when a child's distribution has lost its RECORD."""
+def _three_snapped(tmp_path, make_venv, wheelhouse):
+    """A uv venv of three fixture distributions, snapped into the vault ``tmp_path/v``."""
     from envvault.snap import take_snapshot
     from envvault.vault.store import Vault
 
     venv = make_venv("uv")
     uv_install(venv, *(str(wheelhouse[k]) for k in (C.SMALL_01, C.NS_ALPHA, C.WITH_HEADERS)))
-    vault = Vault.open(tmp_path / "v", create=True)
-    take_snapshot(vault, venv, argv=["test"])
+    take_snapshot(Vault.open(tmp_path / "v", create=True), venv, argv=["test"])
+    return venv
+
+
+def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make_venv, wheelhouse):
+    """A check scan with file entries but no distribution groups (a venv ``restore --into`` just wrote) reads
+    and builds every distribution in forked children: its packages, warnings and the stat cache it saves (the
+    groups, the entry of a file edited in place that a child read, the entries the scan used) are those of the
+    same scan in one process, and so is the error when a child's distribution has lost its RECORD."""
+    venv = _three_snapped(tmp_path, make_venv, wheelhouse)
     got = _fresh(f"""
         from pathlib import Path
         from envvault.snap.scan import scan_current, statcache_for
@@ -869,13 +868,7 @@ def test_a_childs_distribution_with_a_link_leaves_no_group(tmp_path, make_venv, 
     """A distribution a child builds whose files include a symlink that leads to no file keeps no stat cache
     group here either (``remember_group``): the group the last snap left for it is dropped, not kept beside a
     manifest that no longer matches it."""
-    from envvault.snap import take_snapshot
-    from envvault.vault.store import Vault
-
-    venv = make_venv("uv")
-    uv_install(venv, *(str(wheelhouse[k]) for k in (C.SMALL_01, C.NS_ALPHA, C.WITH_HEADERS)))
-    vault = Vault.open(tmp_path / "v", create=True)
-    take_snapshot(vault, venv, argv=["test"])
+    venv = _three_snapped(tmp_path, make_venv, wheelhouse)
     got = _fresh(f"""
         from pathlib import Path
         from envvault.snap.scan import scan_current, statcache_for
