@@ -103,8 +103,7 @@ def archive_cache(
         "warnings": warnings,
     }
     if warnings:
-        statcache.groups.pop(gkey, None)  # not a clean picture: read it again next time
-        statcache.mark_dirty()
+        statcache.drop_group(gkey)  # not a clean picture: read it again next time
     else:
         statcache.set_group(gkey, {
             "dirs": dirs, "files": [rel for rel, _ in stats], "stats": [key for _, key in stats],

@@ -309,8 +309,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
         if got["group"] is not None:
             key, group = got["group"]
             if group is None:
-                if cache.groups.pop(key, None) is not None:
-                    cache.mark_dirty()
+                cache.drop_group(key)
             else:
                 cache.set_group(key, group_from_portable(group))
                 cache.touch_group(cache.groups[key])  # its files' entries were used, as a child's lookups say
@@ -459,8 +458,7 @@ def remember_group(cache: StatCache, dist_info: Path, prefix: Path, man: DistMan
         # No group: a link this scan did not read through (one leading to no regular file, a RECORD row
         # without a hash, one a restore wrote) has no stats of what it leads to that the group could check;
         # the next scan builds this distribution's manifest again.
-        if cache.groups.pop(key, None) is not None:
-            cache.mark_dirty()
+        cache.drop_group(key)
         return
     # A link's stats are those of the file it leads to, as read (``manifests._link_state``): the group's
     # check follows links (``group_stats_fresh``), so a link retargeted or what it leads to edited is stale.

@@ -162,6 +162,11 @@ class StatCache:
         self.groups[key] = value
         self._dirty_groups = True
 
+    def drop_group(self, key: str) -> None:
+        """Keep no group for ``key`` (the next scan builds that distribution's manifest again)."""
+        if self.groups.pop(key, None) is not None:
+            self._dirty_groups = True
+
     def mark_dirty(self) -> None:
         self._dirty_groups = True
 
