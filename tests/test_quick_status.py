@@ -185,6 +185,30 @@ def test_a_venv_setting_changed_in_pyvenv_cfg_is_a_change_and_restored(tmp_path,
     assert ev(vault, "diff", sid, "current", "--venv", venv).stdout.startswith("no differences")
 
 
+def test_a_restore_killed_before_it_sets_pyvenv_cfg_leaves_the_setting_to_the_next_run(tmp_path, make_venv, wheelhouse):
+    """pyvenv.cfg is rewritten after the commit and the journal does not name it (inplace.py): a restore killed
+    in its commit leaves the old setting, which status still reports and the next restore sets."""
+    import signal
+
+    venv = _venv_with_two(make_venv, wheelhouse)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--venv", venv, "--no-caches")["id"]
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace("include-system-site-packages = false", "include-system-site-packages = true"))
+    init = site_packages(venv) / "smallpkg" / "__init__.py"
+    init.write_bytes(init.read_bytes() + b"# edited\n")
+    killed = ev(vault, "restore", sid, "--venv", venv, "--no-backup", check=False,
+                env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="commit:1"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "include-system-site-packages = true" in cfg.read_text()  # killed before the file was rewritten
+    status = ev(vault, "status", "--venv", venv, check=False)
+    assert "include-system-site-packages false -> true" in status.stdout, status.stdout
+    done = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert done["verified"] and done["settings_set"] == ["include-system-site-packages = false"]
+    assert "include-system-site-packages = false" in cfg.read_text()
+    assert _agrees(vault, venv)[0] == 0
+
+
 def test_a_folder_pip_moved_aside_is_left_out_with_a_warning(tmp_path, make_venv, wheelhouse):
     """A dist-info pip renamed to ``~...`` while it uninstalls (half emptied: no METADATA) made status and
     snap fail with exit 7 and "reinstall that package" (helper 19, F6); pip leaves it out as an invalid

@@ -26,7 +26,7 @@ from envvault.model._fields import (
 from envvault.model.encoding import canonical_json, recordable
 from envvault.model.provenance import ProvenanceEntry, load_provenance
 
-__all__ = ["FORMAT", "Snapshot", "PackageSummary", "PythonInfo", "Host", "Gpu", "Stats", "CacheEntry", "GuardInfo",
+__all__ = ["FORMAT", "Snapshot", "PackageSummary", "PythonInfo", "settings_of", "Host", "Gpu", "Stats", "CacheEntry", "GuardInfo",
            "parse_snapshot", "parse_package_summary", "snapshot_problems", "build_snapshot", "is_id", "as_snapshot",
            "as_python", "as_package", "loose_snapshot",
            "tag_name_problem"]
@@ -136,13 +136,7 @@ class PythonInfo:
         reads it); None when no pyvenv.cfg was recorded. The one rule of what ``diff`` and ``status`` compare
         and ``restore`` puts back of that file. Values are as the document holds them (checked by the caller
         that writes them)."""
-        cfg = self.pyvenv_cfg
-        if not cfg:
-            return None
-        got = {k: cfg.get(k) for k in VENV_SETTINGS}
-        flag = got["include-system-site-packages"]
-        got["include-system-site-packages"] = "false" if not flag else flag.lower() if isinstance(flag, str) else flag
-        return got
+        return settings_of(self.pyvenv_cfg) if self.pyvenv_cfg else None
 
     def exact_version(self) -> str:
         """``version`` when it is one as the probe records it (``X.Y.Z``), else a CorruptError: what finds an
@@ -156,6 +150,15 @@ class PythonInfo:
 
 
 _VERSION = re.compile(r"\d{1,3}\.\d{1,3}\.\d{1,4}")
+
+
+def settings_of(cfg: dict) -> dict[str, Any]:
+    """``VENV_SETTINGS`` as the pyvenv.cfg ``cfg`` (its keys and values) sets them (``venv_settings``'s rule, for
+    a file read from disk too: an empty one sets every key to its default)."""
+    got = {k: cfg.get(k) for k in VENV_SETTINGS}
+    flag = got["include-system-site-packages"]
+    got["include-system-site-packages"] = "false" if not flag else flag.lower() if isinstance(flag, str) else flag
+    return got
 _parse_python = record_loader(PythonInfo)
 
 

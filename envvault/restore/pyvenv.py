@@ -9,7 +9,7 @@ from pathlib import Path
 
 from envvault.env.probe import read_pyvenv_cfg
 from envvault.errors import CorruptError
-from envvault.model.snapshot import PythonInfo
+from envvault.model.snapshot import PythonInfo, settings_of
 from envvault.restore.installed import replace_file
 
 __all__ = ["pyvenv_wanted", "settings_to_set", "apply_settings", "settings_differences"]
@@ -30,7 +30,7 @@ def pyvenv_wanted(python: PythonInfo) -> dict[str, str | None]:
 
 def _found(dest: Path) -> dict:
     """The settings ``dest``'s pyvenv.cfg holds now, read as the snapshot's were (``venv_settings``)."""
-    return PythonInfo(pyvenv_cfg=read_pyvenv_cfg(dest) or {"": ""}).venv_settings() or {}
+    return settings_of(read_pyvenv_cfg(dest) or {})
 
 
 def settings_to_set(dest: Path, python: PythonInfo) -> dict[str, str | None]:
