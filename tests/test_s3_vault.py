@@ -287,3 +287,41 @@ def test_verify_checks_structure_and_reads_data_on_request(s3_server, bucket, tm
         report = json.loads(proc.stdout)
         assert proc.returncode == 5 and not report["ok"] and report["problems"]
         assert all(p["snapshots"] == [sid] for p in report["problems"])
+
+
+def test_a_snap_behind_a_gc_on_another_node_says_it_waits(s3_server, bucket, tmp_path, make_venv, wheelhouse):
+    """The vault lock of a bucket is lock objects: a real process on node A holds it exclusively (as a gc does)
+    and a snap on node B says on stderr that it waits (a non-blocking try, then the note, then the blocking
+    wait), goes on once the holder lets go, and leaves no lock object behind."""
+    import select
+
+    url = f"s3://{bucket}/team/vault"
+    a, b = node(s3_server, tmp_path, "a", url), node(s3_server, tmp_path, "b", url)
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    jrun(a, "snap", "--no-caches", "--venv", venv)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys\n"
+        "from envvault.vault.store import Vault\n"
+        "with Vault.open(sys.argv[1]).lock(exclusive=True):\n"
+        "    print('held', flush=True)\n"
+        "    sys.stdin.readline()\n"), url], env=a, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        snap = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--no-caches", "--venv", str(venv)],
+                                env=b, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([snap.stderr], [], [], 60)  # a bound, not a wait for a moment
+        assert ready, "nothing on stderr while waiting for the lock"
+        line = snap.stderr.readline()
+        assert "waiting for the vault lock" in line and "Ctrl-C" in line, line
+        assert snap.poll() is None  # still waiting
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(60) == 0
+        out, err = snap.communicate(timeout=120)
+        assert snap.returncode == 0, err
+        assert "Traceback" not in err and out.startswith("snapshot ")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not any("/locks/" in k for k in s3_server.keys(bucket))
