@@ -503,19 +503,27 @@ def _in_the_way(path: str, error=EnvironmentProblem):
 def refuse_folders_in_the_way(root: str | os.PathLike, paths) -> None:
     """A RefusedError, before anything is written, when a file to write (``paths``, relative to ``root``) has in
     its place a folder holding a file: the commit would stop there, part done (``place`` removes only a tree
-    of empty folders, never what a user keeps in one). One ``lstat`` a path."""
-    import stat as statmod
-
+    of empty folders, never what a user keeps in one). One ``scandir`` a folder the paths lie in (a removed
+    package's folders are not there: nothing is read under them), not one ``lstat`` a path (4 us each here:
+    47 ms of a torch restore's 11,680 files)."""
+    by_folder: dict[str, list[str]] = {}
     for rel in paths:
-        full = os.path.join(root, rel)
+        folder, _, name = rel.rpartition("/")
+        by_folder.setdefault(folder, []).append(name)
+    for folder, names in by_folder.items():
+        where = os.path.join(root, folder) if folder else os.fspath(root)
         try:
-            if not statmod.S_ISDIR(os.lstat(full).st_mode):
-                continue
+            with os.scandir(where) as entries:
+                folders = {e.name for e in entries if e.is_dir(follow_symlinks=False)}
         except OSError:
-            continue
-        for _dir, _subdirs, files in os.walk(full):
-            if files:
-                raise _in_the_way(full, RefusedError)
+            continue  # no folder there (or a file): nothing in the way under it
+        for name in names:
+            if name not in folders:
+                continue
+            full = os.path.join(where, name)
+            for _dir, _subdirs, files in os.walk(full):
+                if files:
+                    raise _in_the_way(full, RefusedError)
 
 
 def _unlink(path: str) -> None:

@@ -534,3 +534,22 @@ def test_with_a_crash_point_armed_a_new_tree_is_written_in_this_process(tmp_path
     (tmp_path / "b").mkdir()
     materialize.stage(_final_reader(blobs), tmp_path / "b", specs, materialize.FINAL_NAME, workers=4)
     assert len(pids) == 2 and len(_files(tmp_path / "b")) == 30
+
+
+def test_folders_in_the_way_found_by_their_folder_listing(tmp_path):
+    """``refuse_folders_in_the_way`` reads each folder the paths lie in once (``scandir``), not each path: a
+    folder holding a file where a file is to go is refused, at the top and deeper; a tree of empty folders, a
+    link to a folder of files, a missing folder and a file where a folder is are not in the way."""
+    from envvault.errors import RefusedError
+    from envvault.materialize import refuse_folders_in_the_way
+
+    root = tmp_path / "root"
+    (root / "pkg" / "empty" / "deeper").mkdir(parents=True)
+    (root / "full" / "inner").mkdir(parents=True)
+    (root / "full" / "inner" / "kept.txt").write_text("mine\n")
+    (root / "pkg" / "link").symlink_to(root / "full")
+    (root / "plain").write_text("a file\n")
+    refuse_folders_in_the_way(root, ["pkg/empty", "pkg/link", "gone/a.py", "gone/b/c.py", "plain/x.py", "pkg/new.py"])
+    for rel in ("full", "pkg/link/inner"):
+        with pytest.raises(RefusedError, match="non-empty directory where the snapshot has a file"):
+            refuse_folders_in_the_way(root, ["pkg/new.py", rel])
