@@ -293,3 +293,61 @@ def test_temp_cleaning_removes_links_themselves_and_never_a_folder(tmp_path):
     state.clean_dead_tmp([333])
     assert not os.path.lexists(dead) and outside.read_bytes() == b"keep me"
     assert (tmp / ".idx.333.ffffffff.tmp").is_dir() and mine.exists() and fresh.exists()
+
+
+def _gc_holding_the_lock(vault: Path, keep_last: int, env: dict | None = None) -> subprocess.Popen:
+    """A real process that takes the vault lock exclusively (as ``envvault gc`` does), says "held", and on a
+    line from its stdin runs gc's own code (``collect_garbage``) under that lock, then says "gc done": a gc
+    that a command started meanwhile must wait for, mid-way at a point the test chooses."""
+    return subprocess.Popen([sys.executable, "-c", (
+        "import contextlib, sys\n"
+        "from envvault.vault.store import Vault\n"
+        "from envvault.vault.gc import collect_garbage\n"
+        "v = Vault.open(sys.argv[1])\n"
+        "with v.lock(exclusive=True):\n"
+        "    print('held', flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "    v.lock = lambda *a, **k: contextlib.nullcontext(True)  # held already, by this process\n"
+        f"    collect_garbage(v, keep_last={keep_last})\n"
+        "print('gc done', flush=True)\n"), str(vault)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env or ev_env(vault))
+
+
+def _started_waiting(proc: subprocess.Popen) -> None:
+    import select
+
+    ready, _, _ = select.select([proc.stderr], [], [], 120)  # a bound: the note comes at once
+    assert ready, "nothing on stderr while waiting for the lock"
+    line = proc.stderr.readline()
+    assert "waiting for the vault lock" in line, line
+
+
+def test_a_snap_that_waited_for_a_gc_stores_what_that_gc_deleted(tmp_path, make_venv, wheelhouse):
+    """A snap loads the environment's stat cache, then waits for the vault lock while a gc drops the snapshot
+    that cache names (``--keep-last 0``) and every object of it. The snap used to trust the cache's manifest ids
+    and commit a snapshot whose objects were gone (exit 0; verify: DAMAGED). Once it holds the lock it now sees
+    that a gc ran (``gc-epoch``), forgets the cache, reads and stores the files again."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    first = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    holder = _gc_holding_the_lock(vault, 0)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        snap = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--no-caches", "--venv", str(venv), "--json"],
+                                env=ev_env(vault), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _started_waiting(snap)  # its stat cache loaded, the lock not yet held
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "gc done\n"
+        out, err = snap.communicate(timeout=300)
+        assert snap.returncode == 0, err
+    finally:
+        holder.kill()
+        holder.wait()
+    second = json.loads(out)
+    assert first not in _vault(vault).snapshot_ids()  # the gc dropped it and its objects
+    assert second["new_bytes"] > 0  # the files were stored again, not trusted from the cache
+    assert ev_json(vault, "verify")["ok"]
+    assert all(_vault(vault).has(o) for o in _objects_of(vault, second["id"]))
+    assert ev_json(vault, "status", "--venv", venv)["empty"]

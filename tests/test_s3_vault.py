@@ -325,3 +325,49 @@ def test_a_snap_behind_a_gc_on_another_node_says_it_waits(s3_server, bucket, tmp
         holder.kill()
         holder.wait()
     assert not any("/locks/" in k for k in s3_server.keys(bucket))
+
+
+def test_a_snap_that_waited_for_a_gc_on_another_node_stores_what_it_deleted(s3_server, bucket, tmp_path, make_venv,
+                                                                              wheelhouse):
+    """Node B's snap loads its stat cache, then waits while node A's gc (a real process holding the bucket's
+    lock objects exclusively, running gc's own code) drops every snapshot and object. Once B holds the lock it
+    follows the bucket's gc epoch (its node's stat caches forgotten, in memory too) and stores the files again:
+    the snapshot it commits verifies. (A bucket vault stored them again before the in-memory forgetting too:
+    this is the local vault's test in tests/test_gc.py, kept for the bucket's own path.)"""
+    import select
+
+    url = f"s3://{bucket}/team/vault"
+    a, b = node(s3_server, tmp_path, "a", url), node(s3_server, tmp_path, "b", url)
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    first = jrun(b, "snap", "--no-caches", "--venv", venv)["id"]
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import contextlib, sys\n"
+        "from envvault.vault.store import Vault\n"
+        "from envvault.vault.gc import collect_garbage\n"
+        "v = Vault.open(sys.argv[1])\n"
+        "with v.lock(exclusive=True):\n"
+        "    print('held', flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "    v.lock = lambda *a, **k: contextlib.nullcontext(True)  # held already, by this process\n"
+        "    collect_garbage(v, keep_last=0)\n"
+        "print('gc done', flush=True)\n"), url], env=a, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        snap = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--no-caches", "--venv", str(venv), "--json"],
+                                env=b, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([snap.stderr], [], [], 60)
+        assert ready and "waiting for the vault lock" in snap.stderr.readline()
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "gc done\n"
+        out, err = snap.communicate(timeout=300)
+        assert snap.returncode == 0, err
+    finally:
+        holder.kill()
+        holder.wait()
+    second = json.loads(out)
+    assert [s["id"] for s in jrun(a, "list", "--all")["snapshots"]] == [second["id"]]  # the gc dropped the first
+    assert second["new_bytes"] > 0 and second["id"] != first
+    assert jrun(a, "verify")["ok"]
+    assert jrun(b, "status", "--venv", venv)["empty"]

@@ -181,6 +181,9 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
                     backend.remove("packs", pack_id)
         if not dry_run:
             vault.clean_tmp(older_than=_TMP_AGE)
+            # Once more, now that every deletion is done: a process that read the vault while this gc ran (after
+            # the first move) forgets what it read before it writes (Vault.lock).
+            vault.state.move_gc_epoch()
     return GcResult(dry_run, tuple(s.id for s in keep), tuple(s.id for s in drop), removed_packs, rewritten,
                     partial, removed_objects, freed, tuple(warnings))
 

@@ -108,6 +108,21 @@ class StatCache:
         verdict names it (``snap/verdict.py``): a verdict holds only while that file is the one on disk."""
         return None if self._dirty_groups else self._groups_key
 
+    def forget_if_gc_ran(self) -> bool:
+        """Called with the vault lock held (``Vault.lock``), before what this cache holds is used to write: when
+        a gc ran since it was loaded (``gc-epoch`` moved on), its ids may name objects that gc deleted, which a
+        scan trusts without the index. Everything it holds is dropped (the scan reads and hashes again) and its
+        next save writes only what was added since (nothing: nothing, as gc left it); True when so."""
+        now = self._read_epoch()
+        if now == self._epoch:
+            return False
+        self._epoch = now
+        self.groups, self._files = {}, {}
+        self.touched, self._touched_groups = set(), []
+        self._dirty_groups = self._dirty_files = False
+        self._groups_key = None
+        return True
+
     def _read_epoch(self) -> str:
         try:
             return read_regular(self._epoch_path, 4096, "gc-epoch").decode("ascii", "replace")

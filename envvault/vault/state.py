@@ -62,18 +62,25 @@ class LocalState:
         write_nofollow(self.path(name), data)
 
     def forget_stat_caches(self) -> None:
-        """Delete every stat cache (they name objects without asking the index: gc makes them wrong) after
-        moving ``gc-epoch`` on, so a scan that loaded one earlier cannot save it back."""
-        try:
-            self.write_in_place("gc-epoch", f"{time.time_ns()}\n".encode())
-        except FileNotFoundError:
-            return  # no state folder: no stat caches either
+        """Delete every stat cache (they name objects without asking the index: gc makes them wrong), then move
+        ``gc-epoch`` on (``move_gc_epoch``): a process that loaded one before (its epoch is read before its
+        file) sees, once it holds the vault lock, that it is stale (``Vault.lock``), and cannot save it back."""
         for name in self.names():
             if name.startswith("stat-"):
                 try:
                     self.remove(name)
                 except OSError:
                     pass
+        self.move_gc_epoch()
+
+    def move_gc_epoch(self) -> None:
+        """A new ``gc-epoch`` (gc, at its start and once it deleted its last object): what another process read
+        of the vault before it (a stat cache, the index) may name objects that gc deleted; ``Vault.lock`` makes
+        that process forget it before it writes."""
+        try:
+            self.write_in_place("gc-epoch", f"{time.time_ns()}-{os.urandom(6).hex()}\n".encode())
+        except FileNotFoundError:
+            pass  # no state folder: no stat caches either
 
     def names(self) -> list[str]:
         try:

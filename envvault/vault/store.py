@@ -9,6 +9,7 @@ import json
 import os
 import re
 import threading
+import weakref
 from contextlib import contextmanager
 from envvault.model.records import dataclass
 from functools import cached_property
@@ -140,6 +141,10 @@ class Vault:
         self.bad_tags: dict[str, str] = {}  # entry in tags/ -> why it was not read
         # Where warnings about skipped documents go (the CLI prints them on stderr); default: nowhere.
         self.warn: Callable[[str], None] = lambda message: None
+        # What a gc may make wrong (``_after_gc``): the epoch when this object first read the vault, the stat
+        # caches it made.
+        self._gc_epoch = state.read("gc-epoch", 4096)
+        self._stat_caches: weakref.WeakSet = weakref.WeakSet()
 
     # -- opening -------------------------------------------------------------------------------
     @classmethod
@@ -176,11 +181,29 @@ class Vault:
         if wait:  # a lock someone else holds is said on stderr, not waited on in silence (a gc may take minutes)
             with self._lock(exclusive, False) as held:
                 if held:
+                    self._after_gc()
                     yield True
                     return
             self.note_waiting()
         with self._lock(exclusive, wait) as held:
+            if held:
+                self._after_gc()
             yield held
+
+    def _after_gc(self) -> None:
+        """Run as the vault lock is granted. When a gc ran since this object read the vault (``gc-epoch`` moved
+        on: ``LocalState.move_gc_epoch``), what it read before may name objects that gc deleted: its index is
+        listed again, the snapshots it committed are read again, and each stat cache it made forgets what it
+        held (``StatCache.forget_if_gc_ran``). Without this a snap that waited for a gc committed a snapshot
+        whose manifests that gc had deleted (its stat cache, loaded before the wait, trusted them)."""
+        epoch = self.state.read("gc-epoch", 4096)
+        if epoch != self._gc_epoch:
+            self._gc_epoch = epoch
+            with self._index_lock:
+                self._index, self._index_seen, self._index_whole, self._index_unread = None, set(), False, None
+            self._committed = {}
+        for cache in list(self._stat_caches):
+            cache.forget_if_gc_ran()
 
     def note_waiting(self) -> None:
         """Said on stderr by every command (the CLI's, guard's, the cache commands', a training process's
@@ -514,7 +537,9 @@ class Vault:
         ``fresh``: an empty one that replaces what is saved (``StatCache``)."""
         from envvault.vault.statcache import StatCache
 
-        return StatCache(self.state.path(name), lock=lambda: self.lock(), tmp_dir=self.state.tmp_dir, fresh=fresh)
+        cache = StatCache(self.state.path(name), lock=lambda: self.lock(), tmp_dir=self.state.tmp_dir, fresh=fresh)
+        self._stat_caches.add(cache)  # made to forget what it holds when a gc ran before the lock (``_after_gc``)
+        return cache
 
     def clean_tmp(self, older_than: float = 3600) -> None:
         """Remove temp files left by killed writers (only old ones: a live writer may own new ones)."""
