@@ -12,8 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from fixtures import catalogue as C
-from fixtures import uv_install, uv_pip
+from fixtures import site_packages, uv_install, uv_pip
 from tests.evtools import ev, ev_env, ev_json
 
 
@@ -351,3 +353,41 @@ def test_a_snap_that_waited_for_a_gc_stores_what_that_gc_deleted(tmp_path, make_
     assert ev_json(vault, "verify")["ok"]
     assert all(_vault(vault).has(o) for o in _objects_of(vault, second["id"]))
     assert ev_json(vault, "status", "--venv", venv)["empty"]
+
+
+@pytest.mark.parametrize("command", ["tag", "restore", "restore-into"])
+def test_a_command_that_waited_for_a_gc_that_deleted_its_snapshot_says_so(tmp_path, make_venv, wheelhouse, command):
+    """A tag, a restore in place and a restore --into chose their snapshot before they waited for a gc that
+    deleted it (helper 22): the tag named a deleted snapshot (exit 0; a tag made while gc was choosing what to
+    drop was ignored: it took no lock), --into made a bare venv (exit 1), the restore in place said an object
+    was missing (exit 5) while verify said ok. Each now takes the lock, finds the snapshot gone, says so (exit
+    4) and changes nothing."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, wheelhouse[C.SMALL_02])
+    before = sorted(p.name for p in site_packages(venv).iterdir())
+    new = tmp_path / "copy"
+    args = {"tag": ["tag", sid, "keep"], "restore": ["restore", sid, "--venv", str(venv)],
+            "restore-into": ["restore", sid, "--into", str(new)]}[command]
+    holder = _gc_holding_the_lock(vault, 0)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        proc = subprocess.Popen([sys.executable, "-m", "envvault", *args], env=ev_env(vault),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _started_waiting(proc)  # its snapshot resolved, the lock not yet held
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "gc done\n"
+        out, err = proc.communicate(timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 4, (out, err)
+    assert f"snapshot {sid[:12]} is gone: a gc deleted it while this command waited" in err, err
+    assert "Traceback" not in err
+    assert not (vault / "tags" / "keep").exists()
+    assert not new.exists()
+    assert sorted(p.name for p in site_packages(venv).iterdir()) == before
+    assert ev_json(vault, "verify")["ok"]

@@ -414,8 +414,10 @@ def tag(ctx, snapshot_id, name):
     """
     vault = open_vault(ctx)
     sid = resolve_ref(vault, snapshot_id)
-    was = vault.tags().get(name)
-    vault.set_tag(name, sid)
+    with vault.lock():  # not while a gc runs: it reads the tags once, at its start, and may be dropping sid
+        vault.snapshot_still_there(sid)
+        was = vault.tags().get(name)
+        vault.set_tag(name, sid)
     moved = f" (moved from {was[:12]})" if was not in (None, sid) else ""
     click.echo(f"tagged {style(sid[:12], 'yellow')} as {name}{moved}")
 

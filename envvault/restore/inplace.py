@@ -55,6 +55,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
     if not (target / "pyvenv.cfg").exists() and not (target / "bin" / "python").exists() and system_of(target) is None:
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     with vault.lock(), (nullcontext() if dry_run else exclusive_target(vault, target)):
+        vault.snapshot_still_there(sid)  # a gc it waited for may have deleted it
         jfile = journal_file(vault, target)  # a system environment's lies in the vault's state, not in its root
         journal = read_journal(jfile)
         resumed = journal is not None

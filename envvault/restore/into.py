@@ -95,6 +95,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
     created = not dest.exists()
     staged: list[Staged] = []
     with vault.lock(), scratch_dir(vault) as work:
+        vault.snapshot_still_there(sid)  # a gc it waited for may have deleted it (its manifests with it)
         lock_entries = None
         planned: list[tuple[list[FileSpec], tuple[str, dict] | None]] = []  # a full snapshot's (_plan_all)
         if snapshot.lock_only:

@@ -393,6 +393,14 @@ class Vault:
         except EnvvaultError:
             return False
 
+    def snapshot_still_there(self, sid: str) -> None:
+        """Called with the vault lock held by a command that chose snapshot ``sid`` before it took the lock (a
+        restore, a tag): a gc it waited for may have deleted it. A NotFoundError saying so when it is gone,
+        before anything is written (a restore made a bare venv of it, a tag named a deleted snapshot)."""
+        if not self.has_snapshot(sid):
+            raise NotFoundError(f"snapshot {sid[:12]} is gone: a gc deleted it while this command waited for the "
+                                "vault lock; nothing was changed; see `envvault list`")
+
     def delete_snapshot(self, sid: str) -> bool:
         """Remove one snapshot file (its objects become garbage for gc); False when it was not there. The
         caller holds the exclusive vault lock, or removes only a snapshot it made itself."""
