@@ -391,3 +391,35 @@ def test_a_command_that_waited_for_a_gc_that_deleted_its_snapshot_says_so(tmp_pa
     assert not new.exists()
     assert sorted(p.name for p in site_packages(venv).iterdir()) == before
     assert ev_json(vault, "verify")["ok"]
+
+
+def test_a_cache_restore_that_waited_for_a_gc_that_deleted_its_snapshot_says_so(tmp_path, make_venv, wheelhouse):
+    """``cache restore`` chose its snapshot, then waited for a gc that deleted it: it said an object was missing
+    (exit 5) while verify said ok (helper 22). It now says the snapshot is gone (exit 4), the cache untouched."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    cache = tmp_path / "inductor"
+    for i in range(3):
+        (cache / f"c{i}").mkdir(parents=True)
+        (cache / f"c{i}" / f"k{i}.py").write_bytes(os.urandom(2000))
+    env = ev_env(vault, TORCHINDUCTOR_CACHE_DIR=str(cache))
+    sid = ev_json(vault, "cache", "snap", "--venv", venv, "--cache-dir", cache, "--no-discover", env=env)["id"]
+    shutil.rmtree(cache / "c1")
+    left = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*"))
+    holder = _gc_holding_the_lock(vault, 0)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        proc = subprocess.Popen([sys.executable, "-m", "envvault", "cache", "restore", "latest", "--venv", str(venv),
+                                 "--to", str(cache)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _started_waiting(proc)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "gc done\n"
+        out, err = proc.communicate(timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 4, (out, err)
+    assert f"snapshot {sid[:12]} is gone: a gc deleted it" in err and "Traceback" not in err
+    assert sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*")) == left

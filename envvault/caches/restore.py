@@ -102,8 +102,10 @@ def restore_snapshot_caches(
     archived_roots: bool = False,
     dry_run: bool = False,
     env: Mapping[str, str] = os.environ,
+    sid: str | None = None,
 ) -> CacheRestoreResult:
-    """Restore the caches archived in ``snapshot`` (all, or those ``select`` names by kind or root).
+    """Restore the caches archived in ``snapshot`` (all, or those ``select`` names by kind or root); ``sid``:
+    its id, checked to be still there once the vault lock is held (a gc waited for may have deleted it).
 
     Each goes back to the root it was archived from, or to ``to`` (only when one cache is selected). The
     archived root is the vault's word, so it is used only when it lies in a cache directory of this
@@ -126,6 +128,8 @@ def restore_snapshot_caches(
     trusted = None if to is not None or archived_roots else cache_roots(env, venv, vault.settings())
     skipped: list[dict] = []
     with vault.lock():
+        if sid is not None:
+            vault.snapshot_still_there(sid)
         reader = ObjectReader(vault)
         manifests = []
         for entry in chosen:  # every manifest is checked before any cache is written

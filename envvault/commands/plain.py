@@ -114,7 +114,7 @@ def cache_restore(vault_path: str | None, snapshot_id: str, venv: str | None, ki
     snapshot = vault.load_snapshot(sid).snapshot
     result = restore_snapshot_caches(vault, snapshot, venv=target, mode="merge" if merge else "replace",
                                      select=list(kinds) + [os.path.abspath(os.path.expanduser(r)) for r in roots],
-                                     to=Path(to) if to else None, archived_roots=archived_roots, dry_run=dry_run)
+                                     to=Path(to) if to else None, archived_roots=archived_roots, dry_run=dry_run, sid=sid)
     if as_json:
         emit_json({"snapshot": sid, **result.to_json()})
         return
