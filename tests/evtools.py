@@ -91,3 +91,44 @@ def mounted(path: Path, *, tmpfs_size: str | None = None):
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+def behind_a_gc(vault: str | Path, args, *, keep_last: int | None = 0, env: dict | None = None,
+                holder_env: dict | None = None) -> tuple[int, str, str]:
+    """``python -m envvault *args`` started while a real process holds the vault lock exclusively (as ``envvault
+    gc`` does), checked to say on stderr that it waits; then that process runs gc's own code
+    (``collect_garbage(keep_last=...)``; none with ``keep_last=None``) under the lock it holds and lets go.
+    ``vault``: a folder or an ``s3://`` address. Returns the command's (exit code, stdout, stderr)."""
+    import select
+
+    env = env or ev_env(Path(vault))
+    run_gc = "" if keep_last is None else (
+        "    v.lock = lambda *a, **k: contextlib.nullcontext(True)  # held already, by this process\n"
+        f"    collect_garbage(v, keep_last={keep_last})\n")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import contextlib, sys\n"
+        "from envvault.vault.store import Vault\n"
+        "from envvault.vault.gc import collect_garbage\n"
+        "v = Vault.open(sys.argv[1])\n"
+        "with v.lock(exclusive=True):\n"
+        "    print('held', flush=True)\n"
+        "    sys.stdin.readline()\n" + run_gc +
+        "print('done', flush=True)\n"), str(vault)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=holder_env or env)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        proc = subprocess.Popen([sys.executable, "-m", "envvault", *map(str, args)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([proc.stderr], [], [], 120)  # a bound: the note comes at once
+        assert ready, "nothing on stderr while waiting for the lock"
+        line = proc.stderr.readline()  # said while the lock is still held
+        assert "waiting for the vault lock" in line and "Ctrl-C" in line, line
+        assert proc.poll() is None  # still waiting
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline() == "done\n"
+        out, err = proc.communicate(timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    return proc.returncode, out, err

@@ -16,7 +16,7 @@ import pytest
 
 from fixtures import catalogue as C
 from fixtures import site_packages, uv_install, uv_pip
-from tests.evtools import ev, ev_env, ev_json
+from tests.evtools import behind_a_gc, ev, ev_env, ev_json
 
 
 def _vault(path: Path):
@@ -297,32 +297,6 @@ def test_temp_cleaning_removes_links_themselves_and_never_a_folder(tmp_path):
     assert (tmp / ".idx.333.ffffffff.tmp").is_dir() and mine.exists() and fresh.exists()
 
 
-def _gc_holding_the_lock(vault: Path, keep_last: int, env: dict | None = None) -> subprocess.Popen:
-    """A real process that takes the vault lock exclusively (as ``envvault gc`` does), says "held", and on a
-    line from its stdin runs gc's own code (``collect_garbage``) under that lock, then says "gc done": a gc
-    that a command started meanwhile must wait for, mid-way at a point the test chooses."""
-    return subprocess.Popen([sys.executable, "-c", (
-        "import contextlib, sys\n"
-        "from envvault.vault.store import Vault\n"
-        "from envvault.vault.gc import collect_garbage\n"
-        "v = Vault.open(sys.argv[1])\n"
-        "with v.lock(exclusive=True):\n"
-        "    print('held', flush=True)\n"
-        "    sys.stdin.readline()\n"
-        "    v.lock = lambda *a, **k: contextlib.nullcontext(True)  # held already, by this process\n"
-        f"    collect_garbage(v, keep_last={keep_last})\n"
-        "print('gc done', flush=True)\n"), str(vault)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env or ev_env(vault))
-
-
-def _started_waiting(proc: subprocess.Popen) -> None:
-    import select
-
-    ready, _, _ = select.select([proc.stderr], [], [], 120)  # a bound: the note comes at once
-    assert ready, "nothing on stderr while waiting for the lock"
-    line = proc.stderr.readline()
-    assert "waiting for the vault lock" in line, line
-
 
 def test_a_snap_that_waited_for_a_gc_stores_what_that_gc_deleted(tmp_path, make_venv, wheelhouse):
     """A snap loads the environment's stat cache, then waits for the vault lock while a gc drops the snapshot
@@ -333,20 +307,8 @@ def test_a_snap_that_waited_for_a_gc_stores_what_that_gc_deleted(tmp_path, make_
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
     first = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
-    holder = _gc_holding_the_lock(vault, 0)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        snap = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--no-caches", "--venv", str(venv), "--json"],
-                                env=ev_env(vault), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _started_waiting(snap)  # its stat cache loaded, the lock not yet held
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.stdout.readline() == "gc done\n"
-        out, err = snap.communicate(timeout=300)
-        assert snap.returncode == 0, err
-    finally:
-        holder.kill()
-        holder.wait()
+    code, out, err = behind_a_gc(vault, ["snap", "--no-caches", "--venv", venv, "--json"])
+    assert code == 0, err
     second = json.loads(out)
     assert first not in _vault(vault).snapshot_ids()  # the gc dropped it and its objects
     assert second["new_bytes"] > 0  # the files were stored again, not trusted from the cache
@@ -355,47 +317,13 @@ def test_a_snap_that_waited_for_a_gc_stores_what_that_gc_deleted(tmp_path, make_
     assert ev_json(vault, "status", "--venv", venv)["empty"]
 
 
-@pytest.mark.parametrize("command", ["tag", "restore", "restore-into"])
+@pytest.mark.parametrize("command", ["tag", "restore", "restore-into", "cache-restore"])
 def test_a_command_that_waited_for_a_gc_that_deleted_its_snapshot_says_so(tmp_path, make_venv, wheelhouse, command):
-    """A tag, a restore in place and a restore --into chose their snapshot before they waited for a gc that
-    deleted it (helper 22): the tag named a deleted snapshot (exit 0; a tag made while gc was choosing what to
-    drop was ignored: it took no lock), --into made a bare venv (exit 1), the restore in place said an object
-    was missing (exit 5) while verify said ok. Each now takes the lock, finds the snapshot gone, says so (exit
-    4) and changes nothing."""
-    vault = tmp_path / "vault"
-    venv = make_venv("uv")
-    uv_install(venv, wheelhouse[C.SMALL_01])
-    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
-    uv_install(venv, wheelhouse[C.SMALL_02])
-    before = sorted(p.name for p in site_packages(venv).iterdir())
-    new = tmp_path / "copy"
-    args = {"tag": ["tag", sid, "keep"], "restore": ["restore", sid, "--venv", str(venv)],
-            "restore-into": ["restore", sid, "--into", str(new)]}[command]
-    holder = _gc_holding_the_lock(vault, 0)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        proc = subprocess.Popen([sys.executable, "-m", "envvault", *args], env=ev_env(vault),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _started_waiting(proc)  # its snapshot resolved, the lock not yet held
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.stdout.readline() == "gc done\n"
-        out, err = proc.communicate(timeout=300)
-    finally:
-        holder.kill()
-        holder.wait()
-    assert proc.returncode == 4, (out, err)
-    assert f"snapshot {sid[:12]} is gone: a gc deleted it while this command waited" in err, err
-    assert "Traceback" not in err
-    assert not (vault / "tags" / "keep").exists()
-    assert not new.exists()
-    assert sorted(p.name for p in site_packages(venv).iterdir()) == before
-    assert ev_json(vault, "verify")["ok"]
-
-
-def test_a_cache_restore_that_waited_for_a_gc_that_deleted_its_snapshot_says_so(tmp_path, make_venv, wheelhouse):
-    """``cache restore`` chose its snapshot, then waited for a gc that deleted it: it said an object was missing
-    (exit 5) while verify said ok (helper 22). It now says the snapshot is gone (exit 4), the cache untouched."""
+    """A tag, a restore in place, a restore --into and a cache restore chose their snapshot before they waited
+    for a gc that deleted it (helper 22): the tag named a deleted snapshot (exit 0; a tag made while gc was
+    choosing what to drop was ignored: it took no lock), --into made a bare venv (exit 1), the restores said an
+    object was missing (exit 5) while verify said ok. Each now takes the lock, finds the snapshot gone, says so
+    (exit 4) and changes nothing."""
     vault = tmp_path / "vault"
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
@@ -404,22 +332,24 @@ def test_a_cache_restore_that_waited_for_a_gc_that_deleted_its_snapshot_says_so(
         (cache / f"c{i}").mkdir(parents=True)
         (cache / f"c{i}" / f"k{i}.py").write_bytes(os.urandom(2000))
     env = ev_env(vault, TORCHINDUCTOR_CACHE_DIR=str(cache))
-    sid = ev_json(vault, "cache", "snap", "--venv", venv, "--cache-dir", cache, "--no-discover", env=env)["id"]
+    if command == "cache-restore":
+        sid = ev_json(vault, "cache", "snap", "--venv", venv, "--cache-dir", cache, "--no-discover", env=env)["id"]
+    else:
+        sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, wheelhouse[C.SMALL_02])
     shutil.rmtree(cache / "c1")
+    before = sorted(p.name for p in site_packages(venv).iterdir())
     left = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*"))
-    holder = _gc_holding_the_lock(vault, 0)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        proc = subprocess.Popen([sys.executable, "-m", "envvault", "cache", "restore", "latest", "--venv", str(venv),
-                                 "--to", str(cache)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _started_waiting(proc)
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.stdout.readline() == "gc done\n"
-        out, err = proc.communicate(timeout=300)
-    finally:
-        holder.kill()
-        holder.wait()
-    assert proc.returncode == 4, (out, err)
-    assert f"snapshot {sid[:12]} is gone: a gc deleted it" in err and "Traceback" not in err
+    new = tmp_path / "copy"
+    args = {"tag": ["tag", sid, "keep"], "restore": ["restore", sid, "--venv", venv],
+            "restore-into": ["restore", sid, "--into", new],
+            "cache-restore": ["cache", "restore", "latest", "--venv", venv, "--to", cache]}[command]
+    code, out, err = behind_a_gc(vault, args, env=env)
+    assert code == 4, (out, err)
+    assert f"snapshot {sid[:12]} is gone: a gc deleted it while this command waited" in err, err
+    assert "Traceback" not in err
+    assert not (vault / "tags" / "keep").exists()
+    assert not new.exists()
+    assert sorted(p.name for p in site_packages(venv).iterdir()) == before
     assert sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*")) == left
+    assert ev_json(vault, "verify")["ok"]

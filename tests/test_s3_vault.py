@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evtools import ev, ev_env, ev_json
+from evtools import behind_a_gc, ev, ev_env, ev_json
 from fixtures import catalogue as C
 from fixtures import uv_install, uv_pip
 from s3server import FaultProxy
@@ -289,41 +289,19 @@ def test_verify_checks_structure_and_reads_data_on_request(s3_server, bucket, tm
         assert all(p["snapshots"] == [sid] for p in report["problems"])
 
 
+
 def test_a_snap_behind_a_gc_on_another_node_says_it_waits(s3_server, bucket, tmp_path, make_venv, wheelhouse):
     """The vault lock of a bucket is lock objects: a real process on node A holds it exclusively (as a gc does)
     and a snap on node B says on stderr that it waits (a non-blocking try, then the note, then the blocking
     wait), goes on once the holder lets go, and leaves no lock object behind."""
-    import select
-
     url = f"s3://{bucket}/team/vault"
     a, b = node(s3_server, tmp_path, "a", url), node(s3_server, tmp_path, "b", url)
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
     jrun(a, "snap", "--no-caches", "--venv", venv)
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys\n"
-        "from envvault.vault.store import Vault\n"
-        "with Vault.open(sys.argv[1]).lock(exclusive=True):\n"
-        "    print('held', flush=True)\n"
-        "    sys.stdin.readline()\n"), url], env=a, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        snap = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--no-caches", "--venv", str(venv)],
-                                env=b, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        ready, _, _ = select.select([snap.stderr], [], [], 60)  # a bound, not a wait for a moment
-        assert ready, "nothing on stderr while waiting for the lock"
-        line = snap.stderr.readline()
-        assert "waiting for the vault lock" in line and "Ctrl-C" in line, line
-        assert snap.poll() is None  # still waiting
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.wait(60) == 0
-        out, err = snap.communicate(timeout=120)
-        assert snap.returncode == 0, err
-        assert "Traceback" not in err and out.startswith("snapshot ")
-    finally:
-        holder.kill()
-        holder.wait()
+    code, out, err = behind_a_gc(url, ["snap", "--no-caches", "--venv", venv], keep_last=None, env=b, holder_env=a)
+    assert code == 0, err
+    assert "Traceback" not in err and out.startswith("snapshot ")
     assert not any("/locks/" in k for k in s3_server.keys(bucket))
 
 
@@ -334,40 +312,15 @@ def test_a_snap_that_waited_for_a_gc_on_another_node_stores_what_it_deleted(s3_s
     follows the bucket's gc epoch (its node's stat caches forgotten, in memory too) and stores the files again:
     the snapshot it commits verifies. (A bucket vault stored them again before the in-memory forgetting too:
     this is the local vault's test in tests/test_gc.py, kept for the bucket's own path.)"""
-    import select
-
     url = f"s3://{bucket}/team/vault"
     a, b = node(s3_server, tmp_path, "a", url), node(s3_server, tmp_path, "b", url)
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
     first = jrun(b, "snap", "--no-caches", "--venv", venv)["id"]
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import contextlib, sys\n"
-        "from envvault.vault.store import Vault\n"
-        "from envvault.vault.gc import collect_garbage\n"
-        "v = Vault.open(sys.argv[1])\n"
-        "with v.lock(exclusive=True):\n"
-        "    print('held', flush=True)\n"
-        "    sys.stdin.readline()\n"
-        "    v.lock = lambda *a, **k: contextlib.nullcontext(True)  # held already, by this process\n"
-        "    collect_garbage(v, keep_last=0)\n"
-        "print('gc done', flush=True)\n"), url], env=a, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        snap = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--no-caches", "--venv", str(venv), "--json"],
-                                env=b, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        ready, _, _ = select.select([snap.stderr], [], [], 60)
-        assert ready and "waiting for the vault lock" in snap.stderr.readline()
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.stdout.readline() == "gc done\n"
-        out, err = snap.communicate(timeout=300)
-        assert snap.returncode == 0, err
-    finally:
-        holder.kill()
-        holder.wait()
+    code, out, err = behind_a_gc(url, ["snap", "--no-caches", "--venv", venv, "--json"], env=b, holder_env=a)
+    assert code == 0, err
     second = json.loads(out)
-    assert [s["id"] for s in jrun(a, "list", "--all")["snapshots"]] == [second["id"]]  # the gc dropped the first
     assert second["new_bytes"] > 0 and second["id"] != first
+    assert [s["id"] for s in jrun(a, "list", "--all")["snapshots"]] == [second["id"]]  # the gc dropped the first
     assert jrun(a, "verify")["ok"]
     assert jrun(b, "status", "--venv", venv)["empty"]
