@@ -627,6 +627,35 @@ def test_retention_forgets_old_guard_snapshots_and_gc_keeps_the_rest(cu128_pip_v
     assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
 
 
+
+def test_retention_keeps_a_snapshot_tagged_after_it_planned(tmp_path, make_venv, wheelhouse, monkeypatch):
+    """Retention plans what to forget from the tags it read, then takes the exclusive lock: a snapshot tagged in
+    between (a real ``envvault tag``, which takes the shared lock) was deleted anyway, its tag left naming
+    nothing (helper 22, by reading). The tags are read again under the exclusive lock."""
+    from envvault.guard import retention
+    from envvault.snap import take_snapshot
+
+    from tests.evtools import ev
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    vault = Vault.open(tmp_path / "vault", create=True)
+    ids = [take_snapshot(vault, venv, trigger="guard").id for _ in range(4)]
+    planned = retention.plan_retention
+
+    def plan_then_tag(*args, **kwargs):
+        drop = planned(*args, **kwargs)
+        ev(tmp_path / "vault", "tag", drop[0], "keep")  # between the plan and the forgetting
+        return drop
+
+    monkeypatch.setattr(retention, "plan_retention", plan_then_tag)
+    result = retention.apply_retention(vault, venv, keep=1, slack=0, gc=False)
+    assert len(result.forgotten) == 2 and ids[-1] not in result.forgotten
+    tagged = vault.tags()["keep"]
+    assert tagged not in result.forgotten and vault.has_snapshot(tagged)
+    assert {s.id for s in vault.snapshots()} == set(ids) - set(result.forgotten)
+
+
 def test_workspace_member_globs_from_a_hostile_pyproject(tmp_path):
     """The workspace root's pyproject.toml is the working folder's: guard reads its member globs without
     crashing (`.`, `**x`: internal errors before, helper-18), never through a symlink or outside the root

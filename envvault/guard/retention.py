@@ -45,15 +45,18 @@ def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str]
     return [s.id for s in auto[keep:] if s.id not in tagged]
 
 
-def _forget(vault: Vault, ids: list[str]) -> bool:
-    """Delete the snapshot files of ``ids`` under the exclusive vault lock, taken without waiting: while
-    another snap or restore runs, retention waits for the next guarded command instead."""
+def _forget(vault: Vault, ids: list[str]) -> list[str] | None:
+    """Delete the snapshot files of ``ids`` under the exclusive vault lock, taken without waiting (None when it
+    is busy: while another snap or restore runs, retention waits for the next guarded command instead); the
+    ids deleted. A snapshot tagged since the plan was made (``tag`` holds the shared lock) stays."""
     with vault.lock(exclusive=True, wait=False) as held:
         if not held:
-            return False
-        for sid in ids:
+            return None
+        tagged = set(vault.tags().values())
+        dropped = [sid for sid in ids if sid not in tagged]
+        for sid in dropped:
             vault.delete_snapshot(sid)  # a StorageError (read-only, permission) says what to do
-        return True
+        return dropped
 
 
 def apply_retention(vault: Vault, venv: Path, *, keep: int, slack: int | None = None,
@@ -65,7 +68,8 @@ def apply_retention(vault: Vault, venv: Path, *, keep: int, slack: int | None = 
     slack = keep // 2 if slack is None else slack
     drop = plan_retention(snapshots, str(venv), set(vault.tags().values()), keep, slack)
     mine = sum(1 for s in snapshots if s.snapshot.venv == str(venv))
-    if not drop or not _forget(vault, drop):
+    drop = _forget(vault, drop) if drop else None
+    if not drop:
         return RetentionResult(venv=str(venv), kept=mine, forgotten=())
     report = None
     if gc:
