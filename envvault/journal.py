@@ -16,7 +16,7 @@ from typing import Iterator
 
 import blake3
 
-from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError
+from envvault.errors import CorruptError, EnvironmentProblem, EnvvaultError, RefusedError
 from envvault.model.encoding import json_loads, parse_json
 from envvault.model.journal import Journal, parse_journal
 from envvault.safepaths import FinalTree, env_key
@@ -26,6 +26,7 @@ from envvault.vault.store import Vault
 __all__ = [
     "JOURNAL_NAME",
     "JOURNAL_LIMIT",
+    "exclusive_target",
     "interrupted_restore",
     "is_dist_info_name",
     "journal_file",
@@ -201,6 +202,16 @@ def target_lock(vault: Vault, target: Path) -> Iterator[bool]:
     (a restore running now) holds it."""
     with vault.state.lock(f"restore-{env_key(target)}", exclusive=True, wait=False) as held:
         yield held
+
+
+@contextmanager
+def exclusive_target(vault: Vault, target: Path) -> Iterator[None]:
+    """Hold the restore lock of ``target`` (``target_lock``) for a restore in place or ``--into``; a
+    RefusedError when another restore of it runs."""
+    with target_lock(vault, target) as held:
+        if not held:
+            raise RefusedError(f"another envvault restore of {target} is running; wait for it to finish")
+        yield
 
 
 def settle_interrupted(vault: Vault, target: Path) -> str | None:

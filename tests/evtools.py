@@ -94,11 +94,12 @@ def mounted(path: Path, *, tmpfs_size: str | None = None):
 
 
 def behind_a_gc(vault: str | Path, args, *, keep_last: int | None = 0, env: dict | None = None,
-                holder_env: dict | None = None) -> tuple[int, str, str]:
+                holder_env: dict | None = None, meanwhile=None) -> tuple[int, str, str]:
     """``python -m envvault *args`` started while a real process holds the vault lock exclusively (as ``envvault
-    gc`` does), checked to say on stderr that it waits; then that process runs gc's own code
-    (``collect_garbage(keep_last=...)``; none with ``keep_last=None``) under the lock it holds and lets go.
-    ``vault``: a folder or an ``s3://`` address. Returns the command's (exit code, stdout, stderr)."""
+    gc`` does), checked to say on stderr that it waits; ``meanwhile()`` is called then, while it waits; then
+    that process runs gc's own code (``collect_garbage(keep_last=...)``; none with ``keep_last=None``) under the
+    lock it holds and lets go. ``vault``: a folder or an ``s3://`` address. Returns the command's (exit code,
+    stdout, stderr)."""
     import select
 
     env = env or ev_env(Path(vault))
@@ -124,6 +125,8 @@ def behind_a_gc(vault: str | Path, args, *, keep_last: int | None = 0, env: dict
         line = proc.stderr.readline()  # said while the lock is still held
         assert "waiting for the vault lock" in line and "Ctrl-C" in line, line
         assert proc.poll() is None  # still waiting
+        if meanwhile is not None:
+            meanwhile()
         holder.stdin.write("\n")
         holder.stdin.flush()
         assert holder.stdout.readline() == "done\n"

@@ -21,7 +21,7 @@ from fixtures import catalogue as C
 from fixtures import build_wheel, pip, pip_install, python_of, serve_index, site_packages, uv_install, uv_pip
 from fixtures.machine import cpython
 from fixtures.trees import forge_snapshot, temp_files, tree_state
-from tests.evtools import assert_one_line_error, ev, ev_env, ev_json
+from tests.evtools import assert_one_line_error, behind_a_gc, ev, ev_env, ev_json
 
 SP = "lib/python3.{}/site-packages"
 
@@ -559,3 +559,56 @@ def test_manifest_path_checks():
     assert check_rel_path("lib/python3.11/site-packages/x.py") is None
     for bad in ("/etc/passwd", "../x", "lib/../../x", "a/./b", "a//b", "a\x00b", "", None):
         assert check_rel_path(bad) is not None, bad
+
+
+def test_into_a_folder_made_by_someone_else_while_it_waited_is_left_alone(tmp_path, make_venv, wheelhouse):
+    """``restore --into NEW`` waits for the vault lock while the user makes a venv at NEW (``python -m venv``)
+    and puts a file in it: the restore removed that venv with the file when uv then failed on it, as if it had
+    made it (helper 23, F1). It now claims NEW once it holds the lock, finds it taken, refuses (exit 3) and
+    removes nothing."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    new = tmp_path / "new"
+
+    def users_venv():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(new)], check=True, timeout=120)
+        (new / "my_notes.txt").write_text("mine\n")
+
+    code, out, err = behind_a_gc(vault, ["restore", sid, "--into", new], keep_last=None, meanwhile=users_venv)
+    assert code == 3, (out, err)
+    assert "became an environment while this restore waited" in err and "Traceback" not in err
+    assert (new / "my_notes.txt").read_text() == "mine\n" and (new / "pyvenv.cfg").is_file()
+
+
+def test_two_restores_into_one_new_folder_at_once(tmp_path, make_venv, wheelhouse):
+    """Two ``restore --into NEW`` of one path, both waiting for the vault lock, then both let go: both failed
+    and NEW was left missing, with misleading lines (exit 6 "cannot write pyvenv.cfg", exit 2, exit 7: helper
+    23, F1). One builds NEW and verifies; the other is refused (exit 3) and removes nothing of it."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    new = tmp_path / "new"
+    other: list[subprocess.Popen] = []
+
+    def second_restore():
+        import select
+
+        other.append(subprocess.Popen([sys.executable, "-m", "envvault", "restore", sid, "--into", str(new), "--json"],
+                                      env=ev_env(vault), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        ready, _, _ = select.select([other[0].stderr], [], [], 120)  # both now wait for the vault lock
+        assert ready and "waiting for the vault lock" in other[0].stderr.readline()
+
+    code, out, err = behind_a_gc(vault, ["restore", sid, "--into", new, "--json"], keep_last=None,
+                                 meanwhile=second_restore)
+    out2, err2 = other[0].communicate(timeout=300)
+    results = sorted([(code, out, err), (other[0].returncode, out2, err2)], key=lambda r: r[0])
+    (ok_code, ok_out, ok_err), (refused_code, _o, refused_err) = results
+    assert ok_code == 0 and json.loads(ok_out)["verified"] is True, ok_err
+    assert refused_code == 3, refused_err
+    assert ("another envvault restore of" in refused_err or "became an environment" in refused_err
+            or "is already an environment" in refused_err), refused_err
+    assert "Traceback" not in refused_err
+    assert ev_json(vault, "status", "--venv", new)["empty"]

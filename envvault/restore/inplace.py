@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Iterator
 
 from envvault.crashpoints import crash_point
 from envvault.diff import diff_snapshots
-from envvault.errors import RefusedError, UsageError
-from envvault.journal import (Paths, clean_temps, journal_file, read_journal, recover, remove_journal, target_lock,
+from envvault.errors import UsageError
+from envvault.journal import (Paths, clean_temps, exclusive_target, journal_file, read_journal, recover, remove_journal,
                               write_journal)
 from envvault.materialize import refuse_escapes, refuse_folders_in_the_way
 from envvault.model.journal import Journal
@@ -37,16 +36,7 @@ from envvault.restore.result import RestoreResult
 from envvault.snap import scan_current, statcache_for
 from envvault.vault.store import Vault
 
-__all__ = ["restore_in_place", "exclusive_target"]
-
-
-@contextmanager
-def exclusive_target(vault: Vault, target: Path) -> Iterator[None]:
-    """Hold the restore lock of ``target``; ``RefusedError`` when another restore of it runs."""
-    with target_lock(vault, target) as held:
-        if not held:
-            raise RefusedError(f"another envvault restore of {target} is running; wait for it to finish")
-        yield
+__all__ = ["restore_in_place"]
 
 
 def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *, backup: bool, dry_run: bool,

@@ -31,6 +31,7 @@ from envvault import materialize
 from envvault.diff import diff_snapshots
 from envvault.snap import scan_current, statcache_for
 from envvault.errors import EnvironmentProblem, RefusedError
+from envvault.journal import exclusive_target
 from envvault.materialize import FileSpec, Staged
 from envvault.lock.wheels import dist_layout
 from envvault.model.identity import LAUNCHER_HEAD, is_bytecode, is_script
@@ -92,9 +93,8 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         return RestoreResult(sid, str(dest), "into", None, len(packages), False, True,
                              plan={"python": python.version, "install": names})
     warnings: list[str] = []
-    created = not dest.exists()
     staged: list[Staged] = []
-    with vault.lock(), scratch_dir(vault) as work:
+    with vault.lock(), exclusive_target(vault, dest), scratch_dir(vault) as work:
         vault.snapshot_still_there(sid)  # a gc it waited for may have deleted it (its manifests with it)
         lock_entries = None
         planned: list[tuple[list[FileSpec], tuple[str, dict] | None]] = []  # a full snapshot's (_plan_all)
@@ -114,6 +114,7 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
             planned = _plan_all(vault, stored, python, str(dest / (python.scripts or "bin") / "python"))
             if timing.ON:
                 timing.add("into: every distribution planned (manifests read and checked, files decided)", t0)
+        created = _claim(dest)  # what a failure may remove: decided now, under the lock, not before the wait
         with _removed_on_failure(dest, created):  # from the venv's making on: a stop leaves no bare venv
             t0 = timing.clock()
             venv_warning = make_venv(dest, python)
@@ -169,6 +170,24 @@ def restore_into(vault, sid: str, snapshot: Snapshot, dest: Path, *, backup: boo
         plan={"python": python.version, "install": names},
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
     )
+
+
+def _claim(dest: Path) -> bool:
+    """Make ``dest`` this restore's, under its restore lock, before anything is written: made here (True), or
+    an empty folder as it was found (False; one that was already there). A RefusedError when another program
+    made an environment or files there while this restore waited for the vault lock (helper 23: a venv a user
+    made meanwhile was removed when uv then failed on it, as if this restore had made it)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(dest)
+        return True
+    except FileExistsError:
+        pass
+    if (dest / "pyvenv.cfg").exists() or (dest / "bin" / "python").exists():
+        raise RefusedError(f"{dest} became an environment while this restore waited for the vault lock; "
+                           "nothing was changed; choose another folder")
+    refuse_nonempty(dest)
+    return False
 
 
 @contextmanager

@@ -218,7 +218,7 @@ def test_cache_link_chain_inside_the_root_is_restored(tmp_path):
 
 def test_restore_lock_is_keyed_on_the_real_path(box, tmp_path):
     """A restore through a symlink to the venv waits for (is refused by) one running on the venv itself."""
-    from envvault.restore.inplace import exclusive_target
+    from envvault.journal import exclusive_target
     from envvault.vault.store import Vault
 
     vault, venv, decoy, sid = box
