@@ -747,3 +747,42 @@ def test_a_project_file_that_cannot_be_put_back_is_named(tmp_path):
     path.mkdir()
     assert _write_project_files({path: b'[project]\nname = "p"\n'}) == [str(path)]
     assert path.is_dir()
+
+
+def test_a_second_guard_of_one_environment_is_refused_while_the_first_runs(tmp_path, make_venv, wheelhouse):
+    """Two guards of one venv at once: the first's rollback (its command failed) undid the second's successful
+    install and reported it as its own change (helper 23, F2). A guard now holds the environment's guard lock
+    from its first snapshot to its rollback; a second one is refused at once (exit 3), nothing run."""
+    import sys
+    import time as _time
+
+    from tests.evtools import ev, ev_env
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    vault = tmp_path / "vault"
+    started = tmp_path / "started"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "envvault", "guard", "--venv", str(venv), "--yes", "--", sys.executable, "-c",
+         f"import pathlib, sys; pathlib.Path({str(started)!r}).touch(); sys.stdin.readline(); sys.exit(1)"],
+        env=ev_env(vault), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = _time.monotonic() + 120
+        while not started.exists():  # the first guard's command runs (its before-snapshot taken)
+            assert first.poll() is None and _time.monotonic() < deadline, first.stderr.read()
+            _time.sleep(0.05)
+        marker = tmp_path / "second-ran"
+        second = ev(vault, "guard", "--venv", venv, "--yes", "--", sys.executable, "-c",
+                    f"import pathlib; pathlib.Path({str(marker)!r}).touch()", check=False)
+        assert second.returncode == 3, second.stderr
+        assert f"another envvault guard of {venv} is running" in second.stderr and "Traceback" not in second.stderr
+        assert not marker.exists()
+        first.stdin.write("\n")
+        first.stdin.flush()
+        out, err = first.communicate(timeout=300)
+        assert first.returncode == 1, err  # the command's own exit code; its (empty) change rolled back
+    finally:
+        first.kill()
+        first.wait()
+    again = ev(vault, "guard", "--venv", venv, "--yes", "--", "true", check=False)
+    assert again.returncode == 0, again.stderr  # the lock went with the first guard

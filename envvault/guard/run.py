@@ -13,14 +13,15 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from envvault.model.records import replace
 from envvault.model.records import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Protocol
+from typing import TYPE_CHECKING, Iterator, Mapping, Protocol
 
 from envvault.env.probe import chosen_python, find_target
 from envvault.model.paths import absolute_path
-from envvault.errors import EnvvaultError, UsageError
+from envvault.errors import EnvvaultError, RefusedError, UsageError
 from envvault.guard.command import (Command, locate_target, parse_command, uv_project, uv_project_root,
                                     uv_workspace_members)
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
@@ -255,6 +256,30 @@ def guard(
             return GuardResult(command=cmd.argv, outcome="passthrough", exit_code=rc, command_exit=rc)
         raise UsageError("no environment to guard: pass --venv PATH or activate a virtual environment")
 
+    from envvault.vault.store import Vault
+
+    vault = Vault.open(vault_path, create=True)
+    with one_guard_at_a_time(vault, target):
+        return _guard_target(vault, target, cmd, options, ui, env, cwd, child_env, t0)
+
+
+@contextmanager
+def one_guard_at_a_time(vault: Vault, target: Path) -> Iterator[None]:
+    """Hold guard's lock of ``target`` (``locks/guard-<key>.lock``) from its first snapshot to its rollback; a
+    RefusedError when another guard of it runs: its rollback would undo this one's command, which it would
+    report as its own (helper 23: a second guard's successful ``pip install`` was undone by the first's)."""
+    from envvault.safepaths import env_key
+
+    with vault.state.lock(f"guard-{env_key(target)}", exclusive=True, wait=False) as held:
+        if not held:
+            raise RefusedError(f"another envvault guard of {target} is running; run this command once it has "
+                               "finished")
+        yield
+
+
+def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOptions, ui: GuardUI,
+                  env: dict, cwd: Path, child_env: dict, t0: float) -> GuardResult:
+    """``guard``'s work on ``target``, under ``one_guard_at_a_time``."""
     # The dry run works in the background while the snapshot is taken.
     dry = start_dry_run(cmd, env, cwd) if cmd.known else None
     timings: dict[str, float] = {"dry_run_started": time.monotonic() - t0}
@@ -264,9 +289,7 @@ def guard(
         from envvault.guard.protect import load_protection
         from envvault.guard.provenance import carry, current_builds, pip_indexes, report_provenance
         from envvault.snap import take_snapshot
-        from envvault.vault.store import Vault
 
-        vault = Vault.open(vault_path, create=True)
         protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
         t = time.monotonic()
         if not _pointer(vault, target).exists():
