@@ -2,7 +2,9 @@
 
 ``ENVVAULT_TEST_CRASH_AT=<name>[:<n>][:TERM]`` makes the process SIGKILL itself at the n-th (default 1st)
 passage of ``crash_point(<name>)`` (counted per process, across threads); with ``:TERM`` it sends itself
-SIGTERM instead (a job scheduler's cancel: the command cleans up as after Ctrl-C, ``errors.Terminated``). The variable is read once, when this module
+SIGTERM instead (a job scheduler's cancel: the command cleans up as after Ctrl-C, ``errors.Terminated``); with
+``:STOP`` it stops itself (SIGSTOP) there once, for a test to act while it is part way (``os.waitpid`` with
+``WUNTRACED`` tells when), then SIGCONT it. The variable is read once, when this module
 is imported (the tests set it in a process's environment before it starts); unset, a point costs one test of
 a module global (an ``os.environ`` lookup each staged file was 0.3 s of a 69,000-file ``--into`` under
 cProfile). The tests drive every kill through these points, never through a sleep, so each kill lands
@@ -70,8 +72,8 @@ def crash_point(name: str) -> None:
     nth, _, how = nth.partition(":")
     with _lock:
         _counts[name] = _counts.get(name, 0) + 1
-        hit = _counts[name] == int(nth or 1) or (how != "TERM" and _counts[name] > int(nth or 1))
+        hit = _counts[name] == int(nth or 1) or (how not in ("TERM", "STOP") and _counts[name] > int(nth or 1))
     if hit:
         import signal
 
-        os.kill(os.getpid(), signal.SIGTERM if how == "TERM" else signal.SIGKILL)
+        os.kill(os.getpid(), {"TERM": signal.SIGTERM, "STOP": signal.SIGSTOP}.get(how, signal.SIGKILL))

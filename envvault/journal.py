@@ -28,6 +28,7 @@ __all__ = [
     "JOURNAL_LIMIT",
     "exclusive_target",
     "interrupted_restore",
+    "wait_for_restore",
     "is_dist_info_name",
     "journal_file",
     "Paths",
@@ -212,6 +213,30 @@ def exclusive_target(vault: Vault, target: Path) -> Iterator[None]:
         if not held:
             raise RefusedError(f"another envvault restore of {target} is running; wait for it to finish")
         yield
+
+
+def wait_for_restore(vault: Vault, target: Path) -> None:
+    """When a restore of ``target`` runs now (its journal there, its restore lock held by another process),
+    wait until it has ended, saying so once on stderr (Ctrl-C stops waiting): a ``status`` or ``snap`` of the
+    environment part way through a restore answered about a tree no one wants (a dist-info folder between its
+    old and new files: "reinstall that package"; a snapshot of the half-restored tree; helper 23, F3). Called
+    by a process that holds neither lock."""
+    if not os.path.lexists(journal_file(vault, target)):
+        return
+    key = f"restore-{env_key(target)}"
+    with vault.state.lock(key, exclusive=True, wait=False) as held:
+        if held:
+            return  # none running: an interrupted one, which the scan settles and status reports
+    import sys
+
+    try:
+        sys.stderr.write(f"envvault: waiting for the restore of {target} that is running to finish; Ctrl-C stops "
+                         "waiting\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    with vault.state.lock(key, exclusive=True, wait=True):
+        pass
 
 
 def settle_interrupted(vault: Vault, target: Path) -> str | None:

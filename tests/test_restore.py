@@ -282,6 +282,49 @@ def test_sigkill_at_named_points_then_rerun_completes(tmp_path, make_venv, wheel
     assert len(backups) <= 1
 
 
+def test_status_and_snap_while_a_restore_runs_wait_for_its_end(tmp_path, make_venv, wheelhouse):
+    """A restore stopped part way through its commit (``commit:1:STOP``: SIGSTOP at the named point): status
+    said it was interrupted, named a restore that would be refused, or failed with "METADATA is missing;
+    reinstall that package" (a dist-info folder between its old and new files); a snap recorded the
+    half-restored tree (helper 23, F3). Both now wait for that restore to end, saying so, and answer about
+    the tree it leaves."""
+    import select
+
+    vault, venv, sid, _after = _swap_setup(tmp_path, make_venv, wheelhouse)
+    proc = subprocess.Popen([sys.executable, "-m", "envvault", "restore", sid, "--venv", str(venv), "--json"],
+                            env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="commit:1:STOP"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = []
+    try:
+        _pid, how = os.waitpid(proc.pid, os.WUNTRACED)  # returns once it stopped itself at the point
+        assert os.WIFSTOPPED(how), how
+        for args in (["status", "--venv", venv, "--json"], ["snap", "--no-caches", "--venv", venv, "--json"]):
+            waiting.append(subprocess.Popen([sys.executable, "-m", "envvault", *map(str, args)], env=ev_env(vault),
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            ready, _, _ = select.select([waiting[-1].stderr], [], [], 120)  # a bound: the note comes at once
+            assert ready, "nothing said while waiting for the restore"
+            line = waiting[-1].stderr.readline()
+            assert f"waiting for the restore of {venv} that is running to finish" in line, line
+            assert waiting[-1].poll() is None
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and json.loads(out)["verified"], err
+        (status_out, status_err), (snap_out, snap_err) = (w.communicate(timeout=300) for w in waiting)
+    finally:
+        for p in (proc, *waiting):
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait()
+    assert waiting[0].returncode == 0, status_err
+    doc = json.loads(status_out)
+    assert doc["empty"] and doc["interrupted_restore"] is None
+    assert waiting[1].returncode == 0, snap_err
+    snap = json.loads(snap_out)
+    assert not snap["warnings"], snap
+    assert ev_json(vault, "diff", sid, snap["id"])["empty"]
+
+
 def _big_wheel(out: Path, version: str, seed: str) -> Path:
     rnd = random.Random(seed)
     files = {}

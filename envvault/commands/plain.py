@@ -38,8 +38,14 @@ def snap(vault_path: str | None, venv: str | None, message: str, lock_only: bool
     from envvault.output import Progress
     from envvault.snap import statcache_for, take_snapshot
 
+    from envvault.snap.fresh import journal_left
+
     target = find_target(venv)
     vault = open_vault(vault_path, create=True)
+    if journal_left(target, vault.state.dir):  # a restore's journal: one running now is waited for
+        from envvault.journal import wait_for_restore
+
+        wait_for_restore(vault, target)
     progress = Progress("snap", 1, enabled=not as_json)
     hook = None
     if not no_caches and not lock_only:

@@ -176,7 +176,7 @@ def status(ctx, venv, against, as_json, exit_code):
     from envvault.snap.verdict import record_verdict, unchanged_text, verdict_stamp
     from envvault.env.probe import find_target
     from envvault.restore.baseline import baseline_snapshot
-    from envvault.journal import interrupted_restore, journal_file
+    from envvault.journal import interrupted_restore, journal_file, wait_for_restore
 
     vault = open_vault(ctx)
     stamp = None  # the vault's side of a verdict (snap/verdict.py), taken before the baseline is chosen
@@ -186,8 +186,10 @@ def status(ctx, venv, against, as_json, exit_code):
         ref = resolve_named(vault, against, venv)
         sid = ref.sid
         target = current_target(venv, ref.venv, vault.load_snapshot(sid).snapshot)
+        wait_for_restore(vault, target)  # one running now: its end, not the tree part way through it
     else:
         target = find_target(venv)
+        wait_for_restore(vault, target)  # (before the baseline: the one it restores becomes it)
         stamp = verdict_stamp(vault, target)
         sid = baseline_snapshot(vault, target)
     snap = vault.load_snapshot(sid).snapshot
