@@ -570,7 +570,8 @@ def read_frame(backend: Backend, pack_id: str, offset: int, length: int) -> byte
     try:
         comp = backend.load("packs", pack_id, offset, length)
     except Missing:
-        raise CorruptError(f"pack {name} is missing; run `envvault verify`") from None
+        raise CorruptError(f"pack {name} is missing; run `envvault verify` (or, when a gc ran meanwhile, this "
+                           "command again: readers take no lock)") from None
     except ReadFailed as err:
         raise CorruptError(f"pack {name} cannot be read ({err.why}); run `envvault verify`") from None
     if len(comp) != length:

@@ -575,7 +575,8 @@ class ObjectReader:
     def get(self, oid: str) -> memoryview:
         loc = self.vault.locate(oid)
         if loc is None:
-            raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify`")
+            raise CorruptError(f"object {oid[:12]} is missing from the vault; run `envvault verify` (or, when a gc "
+                               "ran meanwhile, this command again: readers take no lock)")
         pack, fo, fl, off, length, _kind = loc
         cached = getattr(self._local, "frame", None)
         if cached is not None and cached[0] == (pack, fo):
