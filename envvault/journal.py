@@ -223,20 +223,23 @@ def wait_for_restore(vault: Vault, target: Path) -> None:
     by a process that holds neither lock."""
     if not os.path.lexists(journal_file(vault, target)):
         return
-    key = f"restore-{env_key(target)}"
-    with vault.state.lock(key, exclusive=True, wait=False) as held:
-        if held:
-            return  # none running: an interrupted one, which the scan settles and status reports
-    import sys
-
+    key = f"restore-{env_key(target)}"  # taken shared here: a restore's exclusive hold is what is waited for
     try:
-        sys.stderr.write(f"envvault: waiting for the restore of {target} that is running to finish; Ctrl-C stops "
-                         "waiting\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-    with vault.state.lock(key, exclusive=True, wait=True):
-        pass
+        with vault.state.lock(key, exclusive=False, wait=False) as held:
+            if held:
+                return  # none running: an interrupted one, which the scan settles and status reports
+        import sys
+
+        try:
+            sys.stderr.write(f"envvault: waiting for the restore of {target} that is running to finish; Ctrl-C "
+                             "stops waiting\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        with vault.state.lock(key, exclusive=False, wait=True):
+            pass
+    except (EnvvaultError, OSError):
+        return  # no lock to ask (an unwritable locks/): the scan goes on as before
 
 
 def settle_interrupted(vault: Vault, target: Path) -> str | None:

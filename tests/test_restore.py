@@ -298,7 +298,8 @@ def test_status_and_snap_while_a_restore_runs_wait_for_its_end(tmp_path, make_ve
     try:
         _pid, how = os.waitpid(proc.pid, os.WUNTRACED)  # returns once it stopped itself at the point
         assert os.WIFSTOPPED(how), how
-        for args in (["status", "--venv", venv, "--json"], ["snap", "--no-caches", "--venv", venv, "--json"]):
+        for args in (["status", "--venv", venv, "--json"], ["snap", "--no-caches", "--venv", venv, "--json"],
+                     ["guard", "--venv", venv, "--yes", "--json", "--", "true"]):
             waiting.append(subprocess.Popen([sys.executable, "-m", "envvault", *map(str, args)], env=ev_env(vault),
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             ready, _, _ = select.select([waiting[-1].stderr], [], [], 120)  # a bound: the note comes at once
@@ -309,7 +310,8 @@ def test_status_and_snap_while_a_restore_runs_wait_for_its_end(tmp_path, make_ve
         os.kill(proc.pid, signal.SIGCONT)
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0 and json.loads(out)["verified"], err
-        (status_out, status_err), (snap_out, snap_err) = (w.communicate(timeout=300) for w in waiting)
+        (status_out, status_err), (snap_out, snap_err), (guard_out, guard_err) = (w.communicate(timeout=300)
+                                                                                 for w in waiting)
     finally:
         for p in (proc, *waiting):
             if p.poll() is None:
@@ -323,6 +325,24 @@ def test_status_and_snap_while_a_restore_runs_wait_for_its_end(tmp_path, make_ve
     snap = json.loads(snap_out)
     assert not snap["warnings"], snap
     assert ev_json(vault, "diff", sid, snap["id"])["empty"]
+    assert waiting[2].returncode == 0, guard_err  # guard's snapshots too: of the tree the restore left
+    assert ev_json(vault, "diff", sid, json.loads(guard_out)["before"])["empty"]
+
+
+def test_into_under_a_file_or_a_dangling_link_says_so(tmp_path, make_venv, wheelhouse):
+    """``--into`` under a parent that is a file or a symlink to nothing: one line naming it (exit 3), not "cannot
+    write ...: File exists" (exit 6; helper 24)."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    (tmp_path / "afile").write_text("x\n")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    for parent, what in ((tmp_path / "afile", "is not a folder"), (tmp_path / "dangling", "a symlink to a missing one")):
+        proc = ev(vault, "restore", sid, "--into", parent / "x", check=False)
+        assert proc.returncode == 3, proc.stderr
+        assert_one_line_error(proc, str(parent), what)
+    assert not (tmp_path / "nothing").exists()
 
 
 def _big_wheel(out: Path, version: str, seed: str) -> Path:

@@ -280,6 +280,9 @@ def one_guard_at_a_time(vault: Vault, target: Path) -> Iterator[None]:
 def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOptions, ui: GuardUI,
                   env: dict, cwd: Path, child_env: dict, t0: float) -> GuardResult:
     """``guard``'s work on ``target``, under ``one_guard_at_a_time``."""
+    from envvault.journal import wait_for_restore
+
+    wait_for_restore(vault, target)  # its snapshots are of the tree a running restore leaves, not part way
     # The dry run works in the background while the snapshot is taken.
     dry = start_dry_run(cmd, env, cwd) if cmd.known else None
     timings: dict[str, float] = {"dry_run_started": time.monotonic() - t0}

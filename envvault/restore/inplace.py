@@ -143,8 +143,10 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         finally:
             if cache is not None:
                 _save_cache(cache, pruned=take_backup)
-    if remember is not None and remaining.packages_empty:  # the cache saved: the verdict can name its file
-        remember(cache if remaining.empty else None)
+        # The cache saved: the verdict can name its file. Under the restore lock still: a status or snap that
+        # waited for this restore (journal.wait_for_restore) finds the snapshot restored as the baseline.
+        if remember is not None and remaining.packages_empty:
+            remember(cache if remaining.empty else None)
     warnings = list(plan.warnings)
     if snapshot.venv and snapshot.venv != str(target) and any(w.path.startswith(_scripts_rel(snapshot)) for w in plan.writes):
         warnings.append(f"the snapshot was taken of {snapshot.venv}: scripts restored into bin/ keep that "

@@ -177,6 +177,12 @@ def _claim(dest: Path) -> bool:
     an empty folder as it was found (False; one that was already there). A RefusedError when another program
     made an environment or files there while this restore waited for the vault lock (helper 23: a venv a user
     made meanwhile was removed when uv then failed on it, as if this restore had made it)."""
+    for parent in (dest.parent, *dest.parent.parents):
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise RefusedError(f"{parent} is not a folder{' (a symlink to a missing one)' if parent.is_symlink() else ''}; "
+                                   f"--into cannot make {dest} under it")
+            break
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(dest)

@@ -211,6 +211,7 @@ def restore_lock_only(vault, sid: str, snapshot: Snapshot, target: Path, *, back
         raise UsageError(f"{target} is not a Python environment; pass --venv PATH or use --into NEW_PATH")
     sources = check_lock_sources(vault, sid, snapshot)
     with vault.lock():
+        vault.snapshot_still_there(sid)  # a gc it waited for may have deleted it
         now = loose_snapshot(scan_current(vault, target, facts=False))
         check_python(snapshot.python, now.python)
         plan = diff_snapshots(now, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")

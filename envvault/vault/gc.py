@@ -12,6 +12,9 @@ less garbage are kept whole; their dead objects stay until more of the pack dies
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from envvault.model.records import dataclass, field
 
 from envvault.crashpoints import crash_point
@@ -77,6 +80,18 @@ def _choose(vault: Vault, keep_last: int | None, latests) -> tuple[list, list]:
     return keep, [s for s in snaps if s.id not in keep_ids]
 
 
+@contextmanager
+def _epoch_moved_at_the_end(vault: Vault, dry_run: bool) -> Iterator[None]:
+    """Move ``gc-epoch`` on once more when the gc's work ends, however it ends (a failure after some deletions
+    included): a process that read the vault while this gc ran (after its first move, ``forget_stat_caches``)
+    forgets what it read before it writes (``Vault.lock``)."""
+    try:
+        yield
+    finally:
+        if not dry_run:
+            vault.state.move_gc_epoch()
+
+
 def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool = False,
                     latests=None) -> GcResult:
     """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None; an
@@ -86,7 +101,7 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
     is), counted as its newest."""
     if keep_last is not None and keep_last < 0:
         raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
-    with vault.lock(exclusive=True):
+    with vault.lock(exclusive=True), _epoch_moved_at_the_end(vault, dry_run):
         keep, drop = _choose(vault, keep_last, latests)
         unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
         if unreadable:
@@ -181,9 +196,6 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
                     backend.remove("packs", pack_id)
         if not dry_run:
             vault.clean_tmp(older_than=_TMP_AGE)
-            # Once more, now that every deletion is done: a process that read the vault while this gc ran (after
-            # the first move) forgets what it read before it writes (Vault.lock).
-            vault.state.move_gc_epoch()
     return GcResult(dry_run, tuple(s.id for s in keep), tuple(s.id for s in drop), removed_packs, rewritten,
                     partial, removed_objects, freed, tuple(warnings))
 

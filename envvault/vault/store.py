@@ -200,7 +200,7 @@ class Vault:
         if epoch != self._gc_epoch:
             self._gc_epoch = epoch
             with self._index_lock:
-                self._index, self._index_seen, self._index_whole, self._index_unread = None, set(), False, None
+                self._index_whole, self._index, self._index_seen, self._index_unread = False, {}, set(), None
             self._committed = {}
         for cache in list(self._stat_caches):
             cache.forget_if_gc_ran()
@@ -397,9 +397,11 @@ class Vault:
         """Called with the vault lock held by a command that chose snapshot ``sid`` before it took the lock (a
         restore, a tag): a gc it waited for may have deleted it. A NotFoundError saying so when it is gone,
         before anything is written (a restore made a bare venv of it, a tag named a deleted snapshot)."""
-        if not self.has_snapshot(sid):
+        try:
+            self.backend.stat("snapshots", sid)
+        except Missing:  # (a read that fails otherwise says so itself)
             raise NotFoundError(f"snapshot {sid[:12]} is gone: a gc deleted it while this command waited for the "
-                                "vault lock; nothing was changed; see `envvault list`")
+                                "vault lock; nothing was changed; see `envvault list`") from None
 
     def delete_snapshot(self, sid: str) -> bool:
         """Remove one snapshot file (its objects become garbage for gc); False when it was not there. The
