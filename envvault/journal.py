@@ -201,8 +201,13 @@ def recover(target: Path, journal: Journal) -> None:
 def target_lock(vault: Vault, target: Path) -> Iterator[bool]:
     """Hold ``locks/restore-<key>.lock`` of ``target`` without waiting: yields False when another process
     (a restore running now) holds it."""
-    with vault.state.lock(f"restore-{env_key(target)}", exclusive=True, wait=False) as held:
+    with vault.state.lock(_restore_lock(target), exclusive=True, wait=False) as held:
         yield held
+
+
+def _restore_lock(target: Path) -> str:
+    """The name of ``target``'s restore lock (``locks/restore-<key>.lock``)."""
+    return f"restore-{env_key(target)}"
 
 
 @contextmanager
@@ -223,7 +228,7 @@ def wait_for_restore(vault: Vault, target: Path) -> None:
     by a process that holds neither lock."""
     if not os.path.lexists(journal_file(vault, target)):
         return
-    key = f"restore-{env_key(target)}"  # taken shared here: a restore's exclusive hold is what is waited for
+    key = _restore_lock(target)  # taken shared here: a restore's exclusive hold is what is waited for
     try:
         with vault.state.lock(key, exclusive=False, wait=False) as held:
             if held:

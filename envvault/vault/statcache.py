@@ -111,8 +111,8 @@ class StatCache:
     def forget_if_gc_ran(self) -> bool:
         """Called with the vault lock held (``Vault.lock``), before what this cache holds is used to write: when
         a gc ran since it was loaded (``gc-epoch`` moved on), its ids may name objects that gc deleted, which a
-        scan trusts without the index. Everything it holds is dropped (the scan reads and hashes again) and its
-        next save writes only what was added since (nothing: nothing, as gc left it); True when so."""
+        scan trusts without the index. Everything it holds is dropped (the scan reads and hashes again); its next
+        save writes only what was added since (when nothing was, no file: gc deleted it); True when so."""
         now = self._read_epoch()
         if now == self._epoch:
             return False
