@@ -353,3 +353,35 @@ def test_a_command_that_waited_for_a_gc_that_deleted_its_snapshot_says_so(tmp_pa
     assert sorted(p.name for p in site_packages(venv).iterdir()) == before
     assert sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*")) == left
     assert ev_json(vault, "verify")["ok"]
+
+
+def test_a_gc_that_fails_after_its_deletions_still_moves_the_epoch_at_its_end(tmp_path, make_venv, wheelhouse,
+                                                                              monkeypatch):
+    """gc moves ``gc-epoch`` when it starts and once more when its work ends, however it ends: a process that
+    read the vault during the gc (after the first move) must see, once it holds the lock, that objects may be
+    gone. Here the gc fails after it deleted the snapshot and its pack (its temp cleaning raises)."""
+    import pytest as _pytest
+
+    from envvault.vault.gc import collect_garbage
+
+    vault_dir = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault_dir, "snap", "--no-caches", "--venv", venv)["id"]
+    vault = _vault(vault_dir)
+    epochs = []
+    forget = vault.state.forget_stat_caches
+
+    def first_move():
+        forget()
+        epochs.append((vault_dir / "state" / "gc-epoch").read_bytes())  # as a reader during the gc sees it
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("stopped after the deletions")
+
+    monkeypatch.setattr(vault.state, "forget_stat_caches", first_move)
+    monkeypatch.setattr(vault, "clean_tmp", fail)
+    with _pytest.raises(RuntimeError):
+        collect_garbage(vault, keep_last=0)
+    assert sid not in _vault(vault_dir).snapshot_ids()  # the deletions were done
+    assert epochs and (vault_dir / "state" / "gc-epoch").read_bytes() != epochs[0]

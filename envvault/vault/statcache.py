@@ -108,12 +108,13 @@ class StatCache:
         verdict names it (``snap/verdict.py``): a verdict holds only while that file is the one on disk."""
         return None if self._dirty_groups else self._groups_key
 
-    def forget_if_gc_ran(self) -> bool:
+    def forget_if_gc_ran(self, now: str | None = None) -> bool:
         """Called with the vault lock held (``Vault.lock``), before what this cache holds is used to write: when
         a gc ran since it was loaded (``gc-epoch`` moved on), its ids may name objects that gc deleted, which a
         scan trusts without the index. Everything it holds is dropped (the scan reads and hashes again); its next
-        save writes only what was added since (when nothing was, no file: gc deleted it); True when so."""
-        now = self._read_epoch()
+        save writes only what was added since (when nothing was, no file: gc deleted it); True when so. ``now``:
+        ``gc-epoch`` as the caller just read it (``Vault._after_gc``: one read for all its caches)."""
+        now = self._read_epoch() if now is None else now
         if now == self._epoch:
             return False
         self._epoch = now

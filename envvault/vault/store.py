@@ -202,8 +202,9 @@ class Vault:
             with self._index_lock:
                 self._index_whole, self._index, self._index_seen, self._index_unread = False, {}, set(), None
             self._committed = {}
+        now = epoch.decode("ascii", "replace") if epoch is not None else ""  # as StatCache reads it
         for cache in list(self._stat_caches):
-            cache.forget_if_gc_ran()
+            cache.forget_if_gc_ran(now)
 
     def note_waiting(self) -> None:
         """Said on stderr by every command (the CLI's, guard's, the cache commands', a training process's
