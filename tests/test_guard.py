@@ -786,3 +786,36 @@ def test_a_second_guard_of_one_environment_is_refused_while_the_first_runs(tmp_p
         first.wait()
     again = ev(vault, "guard", "--venv", venv, "--yes", "--", "true", check=False)
     assert again.returncode == 0, again.stderr  # the lock went with the first guard
+
+
+def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(tmp_path, make_venv, wheelhouse):
+    """A guarded command that ran ``envvault gc --keep-last 0`` deleted guard's "before" snapshot, and the
+    rollback of its failure then found nothing to go back to (exit 4, the environment left broken; helper 22,
+    F4). gc now keeps the "before" snapshot of every guard running (its guard lock held), as it keeps tagged
+    ones; once that guard has ended, the next gc may drop it."""
+    import sys
+
+    from tests.evtools import ev, ev_env, ev_json
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    site = site_packages(venv)
+    victim = sorted(p for p in site.rglob("*.py") if ".dist-info" not in str(p))[0]
+    before_bytes = victim.read_bytes()
+    vault = tmp_path / "vault"
+    ev(vault, "snap", "--venv", venv, "--no-caches")  # an older snapshot of the venv, which gc drops
+    script = (f"import os, pathlib, subprocess, sys; "
+              f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], "
+              f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout); "
+              f"assert gc.returncode == 0, gc.stderr; pathlib.Path({str(victim)!r}).unlink(); sys.exit(1)")
+    proc = ev(vault, "guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c", script, check=False,
+              env=ev_env(vault))
+    gc = json.loads((tmp_path / "gc.json").read_text())
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["outcome"] == "restored", proc.stderr
+    assert doc["before"] not in gc["removed_snapshots"] and len(gc["removed_snapshots"]) == 1, gc
+    assert victim.read_bytes() == before_bytes
+    assert ev_json(vault, "verify")["ok"] is True
+    # The guard has ended: its snapshots are ordinary ones now.
+    after = ev_json(vault, "gc", "--keep-last", "0")
+    assert doc["before"] in after["removed_snapshots"], after

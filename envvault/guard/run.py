@@ -268,13 +268,31 @@ def one_guard_at_a_time(vault: Vault, target: Path) -> Iterator[None]:
     """Hold guard's lock of ``target`` (``locks/guard-<key>.lock``) from its first snapshot to its rollback; a
     RefusedError when another guard of it runs: its rollback would undo this one's command, which it would
     report as its own (helper 23: a second guard's successful ``pip install`` was undone by the first's)."""
-    from envvault.safepaths import env_key
-
-    with vault.state.lock(f"guard-{env_key(target)}", exclusive=True, wait=False) as held:
+    with vault.state.lock(_guard_lock(target), exclusive=True, wait=False) as held:
         if not held:
             raise RefusedError(f"another envvault guard of {target} is running; run this command once it has "
                                "finished")
         yield
+
+
+def _guard_lock(target: Path | str) -> str:
+    """The name of ``target``'s guard lock (``locks/guard-<key>.lock``)."""
+    from envvault.safepaths import env_key
+
+    return f"guard-{env_key(target)}"
+
+
+def snapshots_guards_hold(vault: Vault, snapshots) -> set[str]:
+    """Ids of the "before" snapshots of the guards running now, each the newest one of its environment whose
+    guard lock another process holds: gc keeps them as it keeps tagged ones, since a guarded command that runs
+    ``envvault gc --keep-last 0`` otherwise deleted the snapshot its rollback then failed to find (helper 22,
+    F4). ``snapshots``: the vault's, newest first (``Vault.snapshots``)."""
+    held: dict[str, str] = {}
+    for ref in snapshots:
+        venv, info = ref.snapshot.venv, ref.snapshot.guard
+        if venv and venv not in held and ref.snapshot.trigger == TRIGGER and info and info.phase == "before":
+            held[venv] = ref.id
+    return {sid for venv, sid in held.items() if vault.state.held_elsewhere(_guard_lock(venv))}
 
 
 def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOptions, ui: GuardUI,

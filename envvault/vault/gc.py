@@ -58,11 +58,11 @@ class GcResult:
         }
 
 
-def _choose(vault: Vault, keep_last: int | None, latests) -> tuple[list, list]:
+def _choose(vault: Vault, keep_last: int | None, latests, pinned) -> tuple[list, list]:
     snaps = vault.snapshots()  # newest first
     if keep_last is None:
         return snaps, []
-    tagged = set(vault.tags().values())
+    tagged = set(vault.tags().values()) | (pinned(snaps) if pinned is not None else set())
     groups: dict[tuple, list[str]] = {}  # (environment, kind, a system interpreter): its snapshots, newest first
     for s in snaps:
         py = getattr(s.snapshot, "python", None)
@@ -93,16 +93,17 @@ def _epoch_moved_at_the_end(vault: Vault, dry_run: bool) -> Iterator[None]:
 
 
 def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool = False,
-                    latests=None) -> GcResult:
+                    latests=None, pinned=None) -> GcResult:
     """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None; an
     environment's compile-cache snapshots and each system interpreter's apart); delete the rest and every
     object only they referenced. ``latests()``: ``{(environment, system interpreter or None): the snapshot
     latest names for it}`` (what it was last snapped as or restored to, whichever environment's snapshot that
-    is), counted as its newest."""
+    is), counted as its newest. ``pinned(snapshots)``: ids kept like tagged ones (the "before" snapshots of
+    guards running now, whose rollback needs them: ``guard.run.snapshots_guards_hold``)."""
     if keep_last is not None and keep_last < 0:
         raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
     with vault.lock(exclusive=True), _epoch_moved_at_the_end(vault, dry_run):
-        keep, drop = _choose(vault, keep_last, latests)
+        keep, drop = _choose(vault, keep_last, latests, pinned)
         unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
         if unreadable:
             # Their references are unknown; deleting anything could break them.

@@ -20,7 +20,7 @@ TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_ty
 if TYPE_CHECKING:
     from typing import Iterator
 
-from envvault.errors import CorruptError
+from envvault.errors import CorruptError, EnvvaultError
 from envvault.vault.backend import check_name
 from envvault.vault.fsutil import atomic_write, flocked, read_regular, storage_error, tmp_owner, write_nofollow
 
@@ -99,6 +99,19 @@ class LocalState:
         """The machine-local lock ``name`` (``locks/<name>.lock`` of a local vault); yields False at once
         when ``wait=False`` and another process holds it."""
         return flocked(self.locks_dir / f"{name}.lock", exclusive=exclusive, wait=wait)
+
+    def held_elsewhere(self, name: str) -> bool:
+        """Whether another process holds the machine-local lock ``name`` now (probed shared, without waiting).
+        A lock file never made: False; one that cannot be probed (a link, unreadable): True, the answer that
+        keeps what it guards."""
+        path = self.locks_dir / f"{name}.lock"
+        if not os.path.lexists(path):
+            return False
+        try:
+            with flocked(path, exclusive=False, wait=False) as held:
+                return not held
+        except (EnvvaultError, OSError):
+            return True
 
     def ensure_locks_dir(self) -> None:
         try:
