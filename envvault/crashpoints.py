@@ -4,7 +4,8 @@
 passage of ``crash_point(<name>)`` (counted per process, across threads); with ``:TERM`` it sends itself
 SIGTERM instead (a job scheduler's cancel: the command cleans up as after Ctrl-C, ``errors.Terminated``); with
 ``:STOP`` it stops itself (SIGSTOP) there once, for a test to act while it is part way (``os.waitpid`` with
-``WUNTRACED`` tells when), then SIGCONT it. The variable is read once, when this module
+``WUNTRACED`` tells when), then SIGCONT it. Several points, separated by commas, are each armed (a stop at
+one, then a kill at a later one). The variable is read once, when this module
 is imported (the tests set it in a process's environment before it starts); unset, a point costs one test of
 a module global (an ``os.environ`` lookup each staged file was 0.3 s of a 69,000-file ``--into`` under
 cProfile). The tests drive every kill through these points, never through a sleep, so each kill lands
@@ -66,10 +67,10 @@ def crash_point(name: str) -> None:
     """SIGKILL this process here when ``ENVVAULT_TEST_CRASH_AT`` names this point (see the module doc)."""
     if not _SPEC:
         return
-    want, _, nth = _SPEC.partition(":")
-    if want != name:
+    spec = next((one for one in _SPEC.split(",") if one.partition(":")[0] == name), None)
+    if spec is None:
         return
-    nth, _, how = nth.partition(":")
+    nth, _, how = spec.partition(":")[2].partition(":")
     with _lock:
         _counts[name] = _counts.get(name, 0) + 1
         hit = _counts[name] == int(nth or 1) or (how not in ("TERM", "STOP") and _counts[name] > int(nth or 1))

@@ -385,3 +385,37 @@ def test_a_gc_that_fails_after_its_deletions_still_moves_the_epoch_at_its_end(tm
         collect_garbage(vault, keep_last=0)
     assert sid not in _vault(vault_dir).snapshot_ids()  # the deletions were done
     assert epochs and (vault_dir / "state" / "gc-epoch").read_bytes() != epochs[0]
+
+
+def test_a_gc_killed_part_way_leaves_no_index_read_during_it_to_be_trusted(tmp_path, make_venv, wheelhouse):
+    """gc moves ``gc-epoch`` at its start and again when it ends; a gc killed by SIGKILL never makes the second
+    move. A process that listed the index while that gc deleted (readers take no lock) then saw, once it held
+    the lock, the epoch it had read, kept its list, and committed a snapshot whose objects sat in a pack the gc
+    had taken the index from: the next gc deleted that pack, and the snapshot was damaged. The first move now
+    writes a running value: seen under the lock, it makes a process list the index again."""
+    from envvault.snap import take_snapshot
+
+    vault_dir = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault_dir, "snap", "--no-caches", "--venv", venv)["id"]
+    objects = _objects_of(vault_dir, sid)
+    gc = subprocess.Popen([sys.executable, "-m", "envvault", "gc", "--keep-last", "0"],
+                          env=ev_env(vault_dir, ENVVAULT_TEST_CRASH_AT="gc_snapshot_removed:1:STOP,gc_index_removed"),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _pid, how = os.waitpid(gc.pid, os.WUNTRACED)  # stopped with the snapshot deleted, its pack still indexed
+        assert os.WIFSTOPPED(how), how
+        reader = _vault(vault_dir)
+        assert all(reader.has(o) for o in objects)  # listed during the gc
+        os.kill(gc.pid, signal.SIGCONT)
+        gc.wait(timeout=120)
+        assert gc.returncode == -signal.SIGKILL, gc.stderr  # killed with the index gone, the pack still there
+    finally:
+        gc.kill()
+        gc.wait()
+    assert not list((vault_dir / "index").glob("*.idx")) and list((vault_dir / "packs").rglob("*.pack"))
+    again = take_snapshot(reader, venv, message="after a killed gc")
+    ev(vault_dir, "gc")  # deletes the pack without an index
+    assert ev_json(vault_dir, "verify", "--read-data")["ok"] is True
+    assert again.id in _vault(vault_dir).snapshot_ids()

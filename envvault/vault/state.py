@@ -24,7 +24,9 @@ from envvault.errors import CorruptError, EnvvaultError
 from envvault.vault.backend import check_name
 from envvault.vault.fsutil import atomic_write, flocked, read_regular, storage_error, tmp_owner, write_nofollow
 
-__all__ = ["LocalState"]
+__all__ = ["GC_RUNNING", "LocalState"]
+
+GC_RUNNING = b"-running"  # how ``gc-epoch`` ends while a gc deletes (and after one killed part way)
 
 
 class LocalState:
@@ -71,14 +73,16 @@ class LocalState:
                     self.remove(name)
                 except OSError:
                     pass
-        self.move_gc_epoch()
+        self.move_gc_epoch(running=True)
 
-    def move_gc_epoch(self) -> None:
-        """A new ``gc-epoch`` (gc, at its start and once it deleted its last object): what another process read
-        of the vault before it (a stat cache, the index) may name objects that gc deleted; ``Vault.lock`` makes
-        that process forget it before it writes."""
+    def move_gc_epoch(self, *, running: bool = False) -> None:
+        """A new ``gc-epoch`` (gc, at its start, ``running``, and once it deleted its last object): what another
+        process read of the vault before it (a stat cache, the index) may name objects that gc deleted;
+        ``Vault.lock`` makes that process forget it before it writes. A ``running`` value (``GC_RUNNING``) still
+        there when a lock is granted is a gc killed part way (docs/format.md, "stat caches")."""
         try:
-            self.write_in_place("gc-epoch", f"{time.time_ns()}-{os.urandom(6).hex()}\n".encode())
+            self.write_in_place("gc-epoch", f"{time.time_ns()}-{os.urandom(6).hex()}"
+                                            f"{GC_RUNNING.decode() if running else ''}\n".encode())
         except FileNotFoundError:
             pass  # no state folder: no stat caches either
 

@@ -23,7 +23,7 @@ from envvault.vault.heads import newest_head
 from envvault.vault.config import FORMAT, MAX_SMALL_DOC, check_config, open_local, read_config, write_config
 from envvault.vault.local import VAULT_ENTRIES, LocalBackend
 from envvault.vault.packs import PackWriter, read_frame
-from envvault.vault.state import LocalState
+from envvault.vault.state import GC_RUNNING, LocalState
 from envvault.vault.location import default_vault_path, vault_url
 from envvault.model.snapshot import Snapshot, is_id, parse_snapshot, tag_name_problem
 
@@ -197,7 +197,8 @@ class Vault:
         held (``StatCache.forget_if_gc_ran``). Without this a snap that waited for a gc committed a snapshot
         whose manifests that gc had deleted (its stat cache, loaded before the wait, trusted them)."""
         epoch = self.state.read("gc-epoch", 4096)
-        if epoch != self._gc_epoch:
+        if epoch != self._gc_epoch or (epoch or b"").rstrip().endswith(GC_RUNNING):
+            # A running value under the lock: a gc killed part way, maybe while this object listed the index.
             self._gc_epoch = epoch
             with self._index_lock:
                 self._index_whole, self._index, self._index_seen, self._index_unread = False, {}, set(), None
