@@ -819,3 +819,34 @@ def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(t
     # The guard has ended: its snapshots are ordinary ones now.
     after = ev_json(vault, "gc", "--keep-last", "0")
     assert doc["before"] in after["removed_snapshots"], after
+
+
+def test_a_guard_run_by_a_guarded_command_on_its_environment_runs_as_part_of_it(tmp_path, make_venv, wheelhouse):
+    """``envvault guard -- make install`` whose Makefile runs ``envvault guard -- pip install ...`` on the same
+    venv: the inner guard was refused (exit 3, another guard runs), which failed the outer command. It now runs
+    its command as part of the outer guard (whose snapshots and rollback cover it); a guard of the same
+    environment with the variable inherited but no guard running is a guard as ever."""
+    import sys
+
+    from tests.evtools import ev, ev_env
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    vault = tmp_path / "vault"
+    marker = tmp_path / "inner-ran"
+    inner = [sys.executable, "-m", "envvault", "guard", "--venv", str(venv), "--yes", "--", sys.executable, "-c",
+             f"import pathlib; pathlib.Path({str(marker)!r}).touch()"]
+    outer = ev(vault, "guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c",
+               f"import subprocess, sys; sys.exit(subprocess.run({inner!r}).returncode)", check=False)
+    assert outer.returncode == 0, outer.stderr
+    assert json.loads(outer.stdout)["outcome"] != "restored" and marker.exists()
+    assert "is guarded by the envvault guard that runs this command" in outer.stderr
+    marker.unlink()
+    proc = ev(vault, "guard", "--venv", venv, "--yes", "--json", *inner[inner.index("--"):], check=False)
+    first = json.loads(proc.stdout)
+    from envvault.guard.run import GUARD_ACTIVE, _guard_lock
+
+    again = ev(vault, "guard", "--venv", venv, "--yes", "--json", *inner[inner.index("--"):], check=False,
+               env=ev_env(vault, **{GUARD_ACTIVE: _guard_lock(venv)}))
+    assert again.returncode == 0 and marker.exists(), again.stderr
+    assert json.loads(again.stdout)["outcome"] == first["outcome"] != "passthrough" and json.loads(again.stdout)["after"]

@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["GuardOptions", "GuardUI", "GuardResult", "guard", "run_command", "GUARD_ACTIVE"]
 
 TRIGGER = "guard"
-GUARD_ACTIVE = "ENVVAULT_GUARD_ACTIVE"  # set for the guarded command, so a nested shell hook stays out
+# Set for the guarded command, so a nested shell hook stays out; its value is the guard lock's name of the
+# environment guarded, so a nested `envvault guard` of that environment runs its command as part of the outer one.
+GUARD_ACTIVE = "ENVVAULT_GUARD_ACTIVE"
 _PROJECT_FILES = ("pyproject.toml", "uv.lock")
 
 
@@ -259,6 +261,15 @@ def guard(
     from envvault.vault.store import Vault
 
     vault = Vault.open(vault_path, create=True)
+    lock = _guard_lock(target)
+    if env.get(GUARD_ACTIVE) == lock and vault.state.held_elsewhere(lock):
+        # Run by a command that a guard of this environment runs (a Makefile's `envvault guard -- pip ...` under
+        # an outer guard): that guard's snapshots and rollback cover it; a second guard would be refused.
+        ui.note(f"{target} is guarded by the envvault guard that runs this command; running `{cmd.display}` as "
+                "part of it")
+        rc, _ = run_command(cmd.argv, env, stdout_to_stderr=options.quiet_command)
+        return GuardResult(command=cmd.argv, outcome="passthrough", exit_code=rc, command_exit=rc)
+    child_env[GUARD_ACTIVE] = lock  # (the shell hook only asks whether it is set)
     with one_guard_at_a_time(vault, target):
         return _guard_target(vault, target, cmd, options, ui, env, cwd, child_env, t0)
 
