@@ -324,3 +324,7 @@ def test_a_snap_that_waited_for_a_gc_on_another_node_stores_what_it_deleted(s3_s
     assert [s["id"] for s in jrun(a, "list", "--all")["snapshots"]] == [second["id"]]  # the gc dropped the first
     assert jrun(a, "verify")["ok"]
     assert jrun(b, "status", "--venv", venv)["empty"]
+    # B followed a gc that ended: its local epoch is a plain one (a running value there would make every
+    # command of B list the index again, as after a gc killed part way).
+    epochs = list((tmp_path / "cache-b").rglob("state/gc-epoch"))
+    assert len(epochs) == 1 and not epochs[0].read_bytes().rstrip().endswith(b"-running"), epochs

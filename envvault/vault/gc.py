@@ -130,7 +130,7 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
         if not dry_run:
             # Stat caches trust the chunk ids they hold without asking the index (envvault/snap.py): they
             # go before anything else does.
-            vault.state.forget_stat_caches()
+            vault.state.forget_stat_caches(running=True)  # a plain value again at the end
             crash_point("gc_caches_dropped")
             for s in drop:
                 vault.delete_snapshot(s.id)

@@ -63,7 +63,7 @@ class LocalState:
         state folder is gone)."""
         write_nofollow(self.path(name), data)
 
-    def forget_stat_caches(self) -> None:
+    def forget_stat_caches(self, *, running: bool = False) -> None:
         """Delete every stat cache (they name objects without asking the index: gc makes them wrong), then move
         ``gc-epoch`` on (``move_gc_epoch``): a process that loaded one before (its epoch is read before its
         file) sees, once it holds the vault lock, that it is stale (``Vault.lock``), and cannot save it back."""
@@ -73,7 +73,7 @@ class LocalState:
                     self.remove(name)
                 except OSError:
                     pass
-        self.move_gc_epoch(running=True)
+        self.move_gc_epoch(running=running)
 
     def move_gc_epoch(self, *, running: bool = False) -> None:
         """A new ``gc-epoch`` (gc, at its start, ``running``, and once it deleted its last object): what another

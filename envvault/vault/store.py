@@ -144,6 +144,7 @@ class Vault:
         # What a gc may make wrong (``_after_gc``): the epoch when this object first read the vault, the stat
         # caches it made.
         self._gc_epoch = state.read("gc-epoch", 4096)
+        self._relisted_for: bytes | None = None  # the running ``gc-epoch`` the index was last listed again for
         self._stat_caches: weakref.WeakSet = weakref.WeakSet()
 
     # -- opening -------------------------------------------------------------------------------
@@ -197,8 +198,11 @@ class Vault:
         held (``StatCache.forget_if_gc_ran``). Without this a snap that waited for a gc committed a snapshot
         whose manifests that gc had deleted (its stat cache, loaded before the wait, trusted them)."""
         epoch = self.state.read("gc-epoch", 4096)
-        if epoch != self._gc_epoch or (epoch or b"").rstrip().endswith(GC_RUNNING):
-            # A running value under the lock: a gc killed part way, maybe while this object listed the index.
+        # A running value under the lock: a gc killed part way, maybe while this object listed the index; the
+        # index is listed again once for that value (what is listed under the lock, after that gc, is sound).
+        killed = epoch is not None and epoch.rstrip().endswith(GC_RUNNING) and epoch != self._relisted_for
+        if epoch != self._gc_epoch or killed:
+            self._relisted_for = epoch
             self._gc_epoch = epoch
             with self._index_lock:
                 self._index_whole, self._index, self._index_seen, self._index_unread = False, {}, set(), None
