@@ -850,3 +850,32 @@ def test_a_guard_run_by_a_guarded_command_on_its_environment_runs_as_part_of_it(
                env=ev_env(vault, **{GUARD_ACTIVE: _guard_lock(venv)}))
     assert again.returncode == 0 and marker.exists(), again.stderr
     assert json.loads(again.stdout)["outcome"] == first["outcome"] != "passthrough" and json.loads(again.stdout)["after"]
+
+
+def test_a_guarded_command_that_swaps_a_linked_venv_and_runs_gc_keeps_the_rollback_target(tmp_path, make_venv,
+                                                                                           wheelhouse):
+    """gc found a running guard's "before" snapshot through the environment's path, recomputing the guard
+    lock's name from it; a command that replaced the symlink guard was given (``rm -rf .venv && python -m venv
+    .venv``) changed that name, and gc dropped the snapshot (helper 25, F2). The guard now writes the id into its
+    lock file; gc reads it from there."""
+    import sys
+
+    from tests.evtools import ev, ev_env
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    link = tmp_path / "linked-venv"
+    link.symlink_to(venv)
+    vault = tmp_path / "vault"
+    ev(vault, "snap", "--venv", link, "--no-caches")
+    script = (f"import os, pathlib, subprocess, sys; os.unlink({str(link)!r}); "
+              f"subprocess.run([sys.executable, '-m', 'venv', '--without-pip', {str(link)!r}], check=True); "
+              f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], "
+              f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout); "
+              f"sys.exit(1)")
+    proc = ev(vault, "guard", "--venv", link, "--yes", "--json", "--", sys.executable, "-c", script, check=False,
+              env=ev_env(vault))
+    doc = json.loads(proc.stdout)
+    gc = json.loads((tmp_path / "gc.json").read_text())
+    assert doc["before"] not in gc["removed_snapshots"] and len(gc["removed_snapshots"]) == 1, gc
+    assert proc.returncode == 1 and doc["outcome"] == "restored", proc.stderr

@@ -328,3 +328,35 @@ def test_a_snap_that_waited_for_a_gc_on_another_node_stores_what_it_deleted(s3_s
     # command of B list the index again, as after a gc killed part way).
     epochs = list((tmp_path / "cache-b").rglob("state/gc-epoch"))
     assert len(epochs) == 1 and not epochs[0].read_bytes().rstrip().endswith(b"-running"), epochs
+
+
+def test_a_gc_keeps_this_machines_running_guard_target_when_another_machine_guards_the_same_path(
+        s3_server, bucket, tmp_path, make_venv, wheelhouse):
+    """Two machines, one bucket, a venv at the same path on both. Machine A's guarded command: machine B guards
+    that path (its own guard, started later), then A runs ``gc --keep-last 0`` and the command fails. gc kept
+    the newest guard "before" snapshot of the path, B's, and dropped A's: A's rollback found nothing (exit 4;
+    helper 25, F1). gc now keeps the snapshot A's guard named in its lock file."""
+    from fixtures import site_packages
+
+    url = f"s3://{bucket}/team/vault"
+    a, b = node(s3_server, tmp_path, "a", url), node(s3_server, tmp_path, "b", url)
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    victim = sorted(p for p in site_packages(venv).rglob("*.py") if ".dist-info" not in str(p))[0]
+    kept = victim.read_bytes()
+    jrun(a, "snap", "--no-caches", "--venv", venv)
+    ev_cmd = [sys.executable, "-m", "envvault"]
+    script = (f"import json, os, pathlib, subprocess, sys\n"
+              f"b = subprocess.run({ev_cmd!r} + ['guard', '--venv', {str(venv)!r}, '--yes', '--', 'true'], "
+              f"env={b!r}, capture_output=True, text=True)\n"
+              f"assert b.returncode == 0, b.stderr\n"
+              f"gc = subprocess.run({ev_cmd!r} + ['gc', '--keep-last', '0', '--json'], env={a!r}, "
+              f"capture_output=True, text=True)\n"
+              f"pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout)\n"
+              f"os.unlink({str(victim)!r}); sys.exit(1)\n")
+    proc = run(a, "guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c", script, check=False)
+    doc = json.loads(proc.stdout)
+    gc = json.loads((tmp_path / "gc.json").read_text())
+    assert doc["before"] not in gc["removed_snapshots"], gc
+    assert proc.returncode == 1 and doc["outcome"] == "restored", proc.stderr
+    assert victim.read_bytes() == kept

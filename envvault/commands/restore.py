@@ -449,21 +449,19 @@ def gc(ctx, keep_last, dry_run, as_json):
     """Delete snapshots beyond --keep-last and every object no kept snapshot needs.
 
     Safe while snaps run: it waits for them (they hold the vault lock shared, gc takes it exclusive). The
-    snapshot a running guard would roll back to stays, as tagged ones do.
+    snapshot a guard running on this machine would roll back to stays, as tagged ones do.
 
     \b
     Examples:
       envvault gc --keep-last 10 --dry-run
       envvault gc
     """
-    from envvault.guard.run import snapshots_guards_hold
     from envvault.restore.baseline import environment_latests
     from envvault.vault.gc import collect_garbage
 
     vault = open_vault(ctx)
     result = collect_garbage(vault, keep_last=keep_last, dry_run=dry_run,
-                             latests=lambda: environment_latests(vault),
-                             pinned=lambda snaps: snapshots_guards_hold(vault, snaps))
+                             latests=lambda: environment_latests(vault))
     if as_json:
         emit_json(result.to_json())
         return

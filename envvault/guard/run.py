@@ -279,11 +279,16 @@ def one_guard_at_a_time(vault: Vault, target: Path) -> Iterator[None]:
     """Hold guard's lock of ``target`` (``locks/guard-<key>.lock``) from its first snapshot to its rollback; a
     RefusedError when another guard of it runs: its rollback would undo this one's command, which it would
     report as its own (helper 23: a second guard's successful ``pip install`` was undone by the first's)."""
-    with vault.state.lock(_guard_lock(target), exclusive=True, wait=False) as held:
-        if not held:
+    deadline = time.monotonic() + 0.25  # a gc's probe of the lock (``vault.gc.guarded_snapshots``) is brief
+    while True:
+        with vault.state.lock(_guard_lock(target), exclusive=True, wait=False) as held:
+            if held:
+                yield
+                return
+        if time.monotonic() > deadline:
             raise RefusedError(f"another envvault guard of {target} is running; run this command once it has "
                                "finished")
-        yield
+        time.sleep(0.02)
 
 
 def _guard_lock(target: Path | str) -> str:
@@ -291,19 +296,6 @@ def _guard_lock(target: Path | str) -> str:
     from envvault.safepaths import env_key
 
     return f"guard-{env_key(target)}"
-
-
-def snapshots_guards_hold(vault: Vault, snapshots) -> set[str]:
-    """Ids of the "before" snapshots of the guards running now, each the newest one of its environment whose
-    guard lock another process holds: gc keeps them as it keeps tagged ones, since a guarded command that runs
-    ``envvault gc --keep-last 0`` otherwise deleted the snapshot its rollback then failed to find (helper 22,
-    F4). ``snapshots``: the vault's, newest first (``Vault.snapshots``)."""
-    held: dict[str, str] = {}
-    for ref in snapshots:
-        venv, info = ref.snapshot.venv, ref.snapshot.guard
-        if venv and venv not in held and ref.snapshot.trigger == TRIGGER and info and info.phase == "before":
-            held[venv] = ref.id
-    return {sid for venv, sid in held.items() if vault.state.held_elsewhere(_guard_lock(venv))}
 
 
 def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOptions, ui: GuardUI,
@@ -332,7 +324,10 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         prev = _previous_provenance(vault, target)
         prov_before = carry(prev, current_builds(target, _sites_guess(target), prev)) if prev else {}
         record_argv = ["envvault", "guard", "--", *cmd.argv]
+        lock = _guard_lock(target)  # its id goes into the guard lock under the vault lock that commits it: gc keeps
+        # it while this guard runs (``vault.gc.guarded_snapshots``), also when the guarded command runs that gc
         before = take_snapshot(vault, target, message=f"before: {cmd.display}", trigger=TRIGGER, argv=record_argv,
+                               on_commit=lambda sid: vault.state.note_in_lock(lock, sid + "\n"),
                                extra={"guard": {"phase": "before", "command": list(cmd.argv)},
                                       **({"provenance": prov_before} if prov_before else {})})
         timings["snapshot_before"] = time.monotonic() - t

@@ -22,6 +22,8 @@ from envvault.vault.transaction import Committed, snapshot_transaction
 from .scan import scan_environment
 
 if TYPE_CHECKING:
+    from typing import Callable
+
     from envvault.caches.snap import CacheHook
     from envvault.vault.statcache import StatCache
 
@@ -50,12 +52,13 @@ def take_snapshot(
     cache_hook: CacheHook | None = None,
     extra: dict | None = None,
     cache: StatCache | None = None,
+    on_commit: Callable[[str], None] | None = None,
 ) -> SnapResult:
     """Snapshot ``prefix`` into ``vault`` in one snapshot transaction: objects first, then the snapshot
     document (the commit point). The target's stat cache is loaded before the scan and saved after the
     commit, unless the caller passes its own ``cache`` (a restore's backup): then saving it is the caller's,
     and only once this returned (the cache trusts the manifest ids it holds, and those exist only once
-    committed)."""
+    committed). ``on_commit(id)`` runs right after the commit, under the same vault lock."""
     started = time.monotonic()
     t0 = timing.clock()
     callers_cache = cache is not None
@@ -96,6 +99,8 @@ def take_snapshot(
             extra=extra,
         )
         sid = txn.commit(snapshot)
+        if on_commit is not None:
+            on_commit(sid)  # still under the vault lock: no gc runs between the commit and it
         t0 = _stage("snap: snapshot document and commit", t0)
     if not callers_cache:
         cache.save()

@@ -12,6 +12,7 @@ less garbage are kept whole; their dead objects stay until more of the pack dies
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -26,9 +27,10 @@ from envvault.vault.store import Vault, read_index
 from envvault.vault.transaction import pack_writing
 from envvault.vault.verify import referenced_objects
 
-__all__ = ["GcResult", "collect_garbage", "REWRITE_DEAD_FRACTION"]
+__all__ = ["GcResult", "collect_garbage", "guarded_snapshots", "REWRITE_DEAD_FRACTION"]
 
 REWRITE_DEAD_FRACTION = 0.25
+_SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
 _TMP_AGE = 60.0  # seconds; younger temp files may belong to a status or export running without the lock
 
 
@@ -58,11 +60,19 @@ class GcResult:
         }
 
 
-def _choose(vault: Vault, keep_last: int | None, latests, pinned) -> tuple[list, list]:
+def guarded_snapshots(vault: Vault) -> set[str]:
+    """Ids of the "before" snapshots of the guards running on this machine now: each guard writes its id
+    into its lock file, ``locks/guard-<key>.lock``, under the vault lock that commits it, and holds that lock
+    until its rollback is done. gc keeps them as it keeps tagged ones: a guarded command that ran ``envvault gc
+    --keep-last 0`` deleted the snapshot its rollback then could not find (helper 22, F4)."""
+    return {text for text in vault.state.notes_of_held_locks("guard-") if _SNAPSHOT_ID.fullmatch(text)}
+
+
+def _choose(vault: Vault, keep_last: int | None, latests) -> tuple[list, list]:
     snaps = vault.snapshots()  # newest first
     if keep_last is None:
         return snaps, []
-    tagged = set(vault.tags().values()) | (pinned(snaps) if pinned is not None else set())
+    tagged = set(vault.tags().values()) | guarded_snapshots(vault)
     groups: dict[tuple, list[str]] = {}  # (environment, kind, a system interpreter): its snapshots, newest first
     for s in snaps:
         py = getattr(s.snapshot, "python", None)
@@ -93,17 +103,17 @@ def _epoch_moved_at_the_end(vault: Vault, dry_run: bool) -> Iterator[None]:
 
 
 def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool = False,
-                    latests=None, pinned=None) -> GcResult:
+                    latests=None) -> GcResult:
     """Keep tagged snapshots and, with ``keep_last``, the newest N of each environment (all when None; an
     environment's compile-cache snapshots and each system interpreter's apart); delete the rest and every
     object only they referenced. ``latests()``: ``{(environment, system interpreter or None): the snapshot
     latest names for it}`` (what it was last snapped as or restored to, whichever environment's snapshot that
-    is), counted as its newest. ``pinned(snapshots)``: ids kept like tagged ones (the "before" snapshots of
-    guards running now, whose rollback needs them: ``guard.run.snapshots_guards_hold``)."""
+    is), counted as its newest. The "before" snapshots of running guards stay as tagged ones do
+    (``guarded_snapshots``)."""
     if keep_last is not None and keep_last < 0:
         raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
     with vault.lock(exclusive=True), _epoch_moved_at_the_end(vault, dry_run):
-        keep, drop = _choose(vault, keep_last, latests, pinned)
+        keep, drop = _choose(vault, keep_last, latests)
         unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
         if unreadable:
             # Their references are unknown; deleting anything could break them.

@@ -117,6 +117,27 @@ class LocalState:
         except (EnvvaultError, OSError):
             return True
 
+    def note_in_lock(self, name: str, text: str) -> None:
+        """Write ``text`` into the machine-local lock file ``name``, which this process holds: what it holds
+        the lock for (a guard: the id of its "before" snapshot; docs/format.md, "Locks")."""
+        write_nofollow(self.locks_dir / f"{name}.lock", text.encode())
+
+    def notes_of_held_locks(self, prefix: str) -> list[str]:
+        """The texts (``note_in_lock``, stripped) of the lock files ``<prefix>*.lock`` that another process holds
+        now; one that cannot be read (a link, over 4 KiB) counts as empty."""
+        try:
+            names = os.listdir(self.locks_dir)
+        except OSError:
+            return []
+        out = []
+        for file in sorted(names):
+            if file.startswith(prefix) and file.endswith(".lock") and self.held_elsewhere(file[:-5]):
+                try:
+                    out.append(read_regular(self.locks_dir / file, 4096, file).decode("ascii", "replace").strip())
+                except (OSError, CorruptError):
+                    out.append("")
+        return out
+
     def ensure_locks_dir(self) -> None:
         try:
             self.locks_dir.mkdir(parents=True, exist_ok=True)
