@@ -5,6 +5,8 @@ when one fails.
 
 1. A guarded command that runs ``envvault gc --keep-last 0`` and then fails: gc keeps the snapshot the
    running guard would roll back to, and the rollback puts the deleted file back (before: exit 4, no rollback).
+   Then a guarded command that runs ``envvault guard`` of the same environment: the inner one runs its command
+   as part of the outer guard (before: refused, exit 3).
 2. A gc killed by SIGKILL part way (stopped after its first snapshot deletion, while another process lists the
    index, then killed with an index file gone and its pack still there): a snap by that process afterwards
    stores the objects again, so the next gc leaves no damaged snapshot (``verify --read-data``).
@@ -69,6 +71,20 @@ def main() -> int:
         "the deleted file is back, byte for byte")
     status, _ = run("status", "--venv", venv, "--exit-code", check=False)
     say(status.returncode == 0, f"status after the rollback: {status.stdout.strip()[:120]}")
+
+    # 1b. A guard run by the guarded command, on the same environment: part of the outer guard.
+    marker = work / "inner-ran"
+    inner = ev + ["guard", "--venv", str(venv), "--yes", "--", sys.executable, "-c",
+                  f"import pathlib; pathlib.Path({str(marker)!r}).touch()"]
+    script = (f"import os, subprocess, sys; assert subprocess.run({inner!r}).returncode == 0; "
+              f"os.unlink({str(victim)!r}); sys.exit(1)")
+    proc, t = run("guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c", script, check=False)
+    doc = json.loads(proc.stdout or "{}")
+    say(proc.returncode == 1 and doc.get("outcome") == "restored" and marker.exists()
+        and "is guarded by the envvault guard that runs this command" in proc.stderr,
+        f"a guard run by the guarded command ran its command as part of the outer guard, whose rollback "
+        f"followed ({t:.1f} s)")
+    say(hashlib.sha256(victim.read_bytes()).hexdigest() == digest, "the deleted file is back again")
 
     # 2. A gc killed part way, a reader that listed the index meanwhile.
     from envvault.snap import take_snapshot
