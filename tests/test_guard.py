@@ -814,6 +814,7 @@ def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(t
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and doc["outcome"] == "restored", proc.stderr
     assert doc["before"] not in gc["removed_snapshots"] and len(gc["removed_snapshots"]) == 1, gc
+    assert gc["kept_for_guards"] == [doc["before"]], gc
     assert victim.read_bytes() == before_bytes
     assert ev_json(vault, "verify")["ok"] is True
     # The guard has ended: its snapshots are ordinary ones now.

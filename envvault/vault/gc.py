@@ -45,6 +45,7 @@ class GcResult:
     removed_objects: int = 0
     freed_bytes: int = 0  # pack bytes deleted minus bytes written by rewrites (estimated in a dry run)
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    kept_for_guards: tuple[str, ...] = ()  # kept only or also because a running guard needs them
 
     def to_json(self) -> dict:
         return {
@@ -57,6 +58,7 @@ class GcResult:
             "removed_objects": self.removed_objects,
             "freed_bytes": self.freed_bytes,
             "warnings": list(self.warnings),
+            "kept_for_guards": list(self.kept_for_guards),
         }
 
 
@@ -68,11 +70,11 @@ def guarded_snapshots(vault: Vault) -> set[str]:
     return {text for text in vault.state.notes_of_held_locks("guard-") if _SNAPSHOT_ID.fullmatch(text)}
 
 
-def _choose(vault: Vault, keep_last: int | None, latests) -> tuple[list, list]:
+def _choose(vault: Vault, keep_last: int | None, latests, guarded: set[str]) -> tuple[list, list]:
     snaps = vault.snapshots()  # newest first
     if keep_last is None:
         return snaps, []
-    tagged = set(vault.tags().values()) | guarded_snapshots(vault)
+    tagged = set(vault.tags().values()) | guarded
     groups: dict[tuple, list[str]] = {}  # (environment, kind, a system interpreter): its snapshots, newest first
     for s in snaps:
         py = getattr(s.snapshot, "python", None)
@@ -113,7 +115,8 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
     if keep_last is not None and keep_last < 0:
         raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
     with vault.lock(exclusive=True), _epoch_moved_at_the_end(vault, dry_run):
-        keep, drop = _choose(vault, keep_last, latests)
+        guarded = guarded_snapshots(vault) if keep_last is not None else set()
+        keep, drop = _choose(vault, keep_last, latests, guarded)
         unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
         if unreadable:
             # Their references are unknown; deleting anything could break them.
@@ -208,7 +211,8 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
         if not dry_run:
             vault.clean_tmp(older_than=_TMP_AGE)
     return GcResult(dry_run, tuple(s.id for s in keep), tuple(s.id for s in drop), removed_packs, rewritten,
-                    partial, removed_objects, freed, tuple(warnings))
+                    partial, removed_objects, freed, tuple(warnings),
+                    tuple(sorted(guarded & {s.id for s in keep})))
 
 
 def _rewrite(vault: Vault, pack_id: str, locs: dict, live: set[str]) -> int:
