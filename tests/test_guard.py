@@ -10,6 +10,7 @@ package.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -848,9 +849,50 @@ def test_a_guard_run_by_a_guarded_command_on_its_environment_runs_as_part_of_it(
     from envvault.guard.run import GUARD_ACTIVE, _guard_lock
 
     again = ev(vault, "guard", "--venv", venv, "--yes", "--json", *inner[inner.index("--"):], check=False,
-               env=ev_env(vault, **{GUARD_ACTIVE: _guard_lock(venv)}))
+               env=ev_env(vault, **{GUARD_ACTIVE: f"{_guard_lock(venv)}:{os.getpid()}"}))
     assert again.returncode == 0 and marker.exists(), again.stderr
     assert json.loads(again.stdout)["outcome"] == first["outcome"] != "passthrough" and json.loads(again.stdout)["after"]
+
+
+def test_an_inherited_guard_variable_does_not_pass_a_guard_through_another_guard(tmp_path, make_venv, wheelhouse):
+    """A shell or server started inside a guarded command keeps ``ENVVAULT_GUARD_ACTIVE`` after that guard
+    ended; a guard it starts while another guard of the environment runs (not its ancestor) ran its command
+    "as part of" that one, whose rollback then undid it (helper 26, F2). It is refused as any second guard is."""
+    import sys
+    import time as _time
+
+    from envvault.guard.run import GUARD_ACTIVE, _guard_lock
+    from tests.evtools import ev, ev_env
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    vault = tmp_path / "vault"
+    started = tmp_path / "started"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "envvault", "guard", "--venv", str(venv), "--yes", "--", sys.executable, "-c",
+         f"import pathlib, sys; pathlib.Path({str(started)!r}).touch(); sys.stdin.readline()"],
+        env=ev_env(vault), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = _time.monotonic() + 120
+        while not started.exists():  # the first guard's command runs: its lock held
+            assert first.poll() is None and _time.monotonic() < deadline, first.stderr.read()
+            _time.sleep(0.05)
+        marker = tmp_path / "second-ran"
+        lock = _guard_lock(venv)
+        # The lock alone (as this variable was before), the other guard's own pid (not an ancestor), init's
+        # (an ancestor of every process, not the guard holding the lock).
+        for value in (lock, f"{lock}:{first.pid}", f"{lock}:1"):
+            second = ev(vault, "guard", "--venv", venv, "--yes", "--", sys.executable, "-c",
+                        f"import pathlib; pathlib.Path({str(marker)!r}).touch()", check=False,
+                        env=ev_env(vault, **{GUARD_ACTIVE: value}))
+            assert second.returncode == 3 and "another envvault guard" in second.stderr, second.stderr
+            assert not marker.exists()
+        first.stdin.write("\n")
+        first.stdin.flush()
+        first.communicate(timeout=300)
+    finally:
+        first.kill()
+        first.wait()
 
 
 def test_a_guarded_command_that_swaps_a_linked_venv_and_runs_gc_keeps_the_rollback_target(tmp_path, make_venv,
@@ -880,3 +922,23 @@ def test_a_guarded_command_that_swaps_a_linked_venv_and_runs_gc_keeps_the_rollba
     gc = json.loads((tmp_path / "gc.json").read_text())
     assert doc["before"] not in gc["removed_snapshots"] and len(gc["removed_snapshots"]) == 1, gc
     assert proc.returncode == 1 and doc["outcome"] == "restored", proc.stderr
+
+
+def test_a_gc_while_a_guard_waits_for_its_first_snapshot_keeps_no_earlier_guards_snapshot(tmp_path, make_venv,
+                                                                                          wheelhouse):
+    """The guard lock file kept the last guard's "before" id until the next guard committed its own: a gc that
+    ran while a new guard waited for the vault lock kept that old snapshot and reported it as one a running
+    guard would roll back to (helper 26, F3). A guard now writes its own pid there as it takes the lock."""
+    from tests.evtools import behind_a_gc, ev
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    vault = tmp_path / "vault"
+    earlier = json.loads(ev(vault, "guard", "--venv", venv, "--yes", "--json", "--", "true").stdout)["before"]
+    code, out, err = behind_a_gc(vault, ["guard", "--venv", venv, "--yes", "--json", "--", "true"], keep_last=0)
+    assert code == 0, err
+    assert earlier not in _vault_ids(vault) and json.loads(out)["outcome"] == "ran"
+
+
+def _vault_ids(vault: Path) -> list[str]:
+    return Vault.open(vault).snapshot_ids()

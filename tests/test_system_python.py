@@ -609,3 +609,38 @@ def test_two_interpreters_of_one_root_keep_what_each_was_restored_to(tmp_path):
     proc = run("restore", lock[:12], "--python", pythons[0], check=False)
     assert_one_line_error(proc, "is lock-only", f"restore {lock[:12]} --into NEW_PATH")
     assert proc.returncode == 2
+
+
+def test_a_guard_of_one_interpreter_inside_a_guard_of_another_of_the_same_root_guards_its_own(tmp_path):
+    """Copies of pyenv's 3.12 and 3.10 share their root. A guard of 3.12 whose command runs a guard of 3.10: both
+    had one guard lock (the root's), so the inner guard ran its command "as part of" the outer one, which
+    snapshots 3.12 only, and a failed install into 3.10 stayed (helper 26, F1). Each interpreter of a root now
+    has its own guard lock: the inner guard snapshots 3.10 and rolls its failure back."""
+    import sys
+
+    wheels = _wheels(tmp_path / "wheels")
+    (tmp_path / "home").mkdir()
+    pip_env = {"PYTHONUSERBASE": str(tmp_path / "user"), "HOME": str(tmp_path / "home"), "PIP_NO_INDEX": "1",
+               "PIP_FIND_LINKS": str(wheels), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = isolated_env(pip_env)
+    vault = tmp_path / "vault"
+    run_env = ev_env(vault, UV_CACHE_DIR=str(tmp_path / "uv-cache"), **pip_env)
+    pythons = {}
+    for minor in ("3.12", "3.10"):
+        prefix = tmp_path / f"py{minor}"
+        subprocess.run(["cp", "-a", str(cpython(minor).parent.parent), str(prefix)], check=True)
+        pythons[minor] = prefix / "bin" / f"python{minor}"
+        _pip(pythons[minor], env, "install", "alpha==1.0")
+    inner = [sys.executable, "-m", "envvault", "guard", "--python", str(pythons["3.10"]), "--yes", "--json", "--",
+             "sh", "-c", f"{pythons['3.10']} -m pip install -q beta==1.0; exit 1"]
+    script = (f"import pathlib, subprocess, sys; p = subprocess.run({inner!r}, capture_output=True, text=True); "
+              f"pathlib.Path({str(tmp_path / 'inner.json')!r}).write_text(p.stdout); sys.stderr.write(p.stderr); "
+              f"sys.exit(p.returncode)")
+    outer = ev(vault, "guard", "--python", pythons["3.12"], "--yes", "--json", "--", sys.executable, "-c", script,
+               env=run_env, check=False)
+    inner_doc = json.loads((tmp_path / "inner.json").read_text())
+    assert inner_doc["outcome"] == "restored", outer.stderr
+    assert outer.returncode == 1 and "is guarded by the envvault guard that runs this command" not in outer.stderr
+    listed = subprocess.run([str(pythons["3.10"]), "-m", "pip", "list", "--format=freeze"], capture_output=True,
+                            text=True, env=env, cwd="/").stdout
+    assert "beta==" not in listed and "alpha==1.0" in listed, listed

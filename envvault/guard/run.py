@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["GuardOptions", "GuardUI", "GuardResult", "guard", "run_command", "GUARD_ACTIVE"]
 
 TRIGGER = "guard"
-# Set for the guarded command, so a nested shell hook stays out; its value is the guard lock's name of the
-# environment guarded, so a nested `envvault guard` of that environment runs its command as part of the outer one.
+# Set for the guarded command, so a nested shell hook stays out; its value, ``<guard lock>:<guard's pid>``, lets a
+# nested `envvault guard` of that environment run its command as part of the outer one (``_inside_guard_of``).
 GUARD_ACTIVE = "ENVVAULT_GUARD_ACTIVE"
 _PROJECT_FILES = ("pyproject.toml", "uv.lock")
 
@@ -261,28 +261,58 @@ def guard(
     from envvault.vault.store import Vault
 
     vault = Vault.open(vault_path, create=True)
-    lock = _guard_lock(target)
-    if env.get(GUARD_ACTIVE) == lock and vault.state.held_elsewhere(lock):
+    lock = _guard_lock(target, chosen_python() if options.venv is None else None)
+    if _inside_guard_of(env.get(GUARD_ACTIVE), lock, vault):
         # Run by a command that a guard of this environment runs (a Makefile's `envvault guard -- pip ...` under
         # an outer guard): that guard's snapshots and rollback cover it; a second guard would be refused.
         ui.note(f"{target} is guarded by the envvault guard that runs this command; running `{cmd.display}` as "
                 "part of it")
         rc, _ = run_command(cmd.argv, env, stdout_to_stderr=options.quiet_command)
         return GuardResult(command=cmd.argv, outcome="passthrough", exit_code=rc, command_exit=rc)
-    child_env[GUARD_ACTIVE] = lock  # (the shell hook only asks whether it is set)
-    with one_guard_at_a_time(vault, target):
-        return _guard_target(vault, target, cmd, options, ui, env, cwd, child_env, t0)
+    child_env[GUARD_ACTIVE] = f"{lock}:{os.getpid()}"  # (the shell hook only asks whether it is set)
+    with one_guard_at_a_time(vault, target, lock):
+        return _guard_target(vault, target, cmd, options, ui, env, cwd, child_env, t0, lock)
+
+
+def _inside_guard_of(active: str | None, lock: str, vault: Vault) -> bool:
+    """Whether this process was started, through any number of processes, by the guard named in
+    ``$ENVVAULT_GUARD_ACTIVE`` (``<guard lock>:<its pid>``), and that guard guards this environment now (the
+    lock is ``lock``, held, and names that pid). An inherited variable alone proves nothing: a shell or server started inside a
+    guarded command keeps it after that guard ended, while another guard of the environment may run."""
+    name, _, pid = (active or "").rpartition(":")
+    if name != lock or not pid.isdigit() or not _is_ancestor(int(pid)) or not vault.state.held_elsewhere(lock):
+        return False
+    return vault.state.note_of_lock(lock).split()[:1] == [pid]  # the guard holding it wrote its pid first
+
+
+def _is_ancestor(pid: int) -> bool:
+    """Whether process ``pid`` is this process's parent, its parent's parent, and so on (Linux ``/proc``;
+    where it cannot be read, False)."""
+    here = os.getppid()
+    for _ in range(256):
+        if here == pid:
+            return True
+        if here <= 1:
+            return False
+        try:
+            with open(f"/proc/{here}/stat", "rb") as f:
+                stat = f.read(4096)
+            here = int(stat[stat.rindex(b")") + 2:].split()[1])  # "pid (comm) state ppid ..."
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 @contextmanager
-def one_guard_at_a_time(vault: Vault, target: Path) -> Iterator[None]:
+def one_guard_at_a_time(vault: Vault, target: Path, lock: str) -> Iterator[None]:
     """Hold guard's lock of ``target`` (``locks/guard-<key>.lock``) from its first snapshot to its rollback; a
     RefusedError when another guard of it runs: its rollback would undo this one's command, which it would
     report as its own (helper 23: a second guard's successful ``pip install`` was undone by the first's)."""
     deadline = time.monotonic() + 0.25  # a gc's probe of the lock (``vault.gc.guarded_snapshots``) is brief
     while True:
-        with vault.state.lock(_guard_lock(target), exclusive=True, wait=False) as held:
+        with vault.state.lock(lock, exclusive=True, wait=False) as held:
             if held:
+                vault.state.note_in_lock(lock, f"{os.getpid()}\n")  # (the last guard's wrote its own pid and id)
                 yield
                 return
         if time.monotonic() > deadline:
@@ -291,15 +321,17 @@ def one_guard_at_a_time(vault: Vault, target: Path) -> Iterator[None]:
         time.sleep(0.02)
 
 
-def _guard_lock(target: Path | str) -> str:
-    """The name of ``target``'s guard lock (``locks/guard-<key>.lock``)."""
+def _guard_lock(target: Path | str, system_python: str | None = None) -> str:
+    """The name of ``target``'s guard lock: ``guard-<key>``, and of a system environment guarded through
+    ``--python``, ``guard-<key>-<ikey>`` (``<ikey>``: the interpreter's; several interpreters share a root)."""
     from envvault.safepaths import env_key
 
-    return f"guard-{env_key(target)}"
+    own = f"-{env_key(system_python)}" if system_python else ""
+    return f"guard-{env_key(target)}{own}"
 
 
 def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOptions, ui: GuardUI,
-                  env: dict, cwd: Path, child_env: dict, t0: float) -> GuardResult:
+                  env: dict, cwd: Path, child_env: dict, t0: float, lock: str) -> GuardResult:
     """``guard``'s work on ``target``, under ``one_guard_at_a_time``."""
     from envvault.journal import wait_for_restore
 
@@ -324,10 +356,10 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         prev = _previous_provenance(vault, target)
         prov_before = carry(prev, current_builds(target, _sites_guess(target), prev)) if prev else {}
         record_argv = ["envvault", "guard", "--", *cmd.argv]
-        lock = _guard_lock(target)  # its id goes into the guard lock under the vault lock that commits it: gc keeps
-        # it while this guard runs (``vault.gc.guarded_snapshots``), also when the guarded command runs that gc
+        # Its id goes into the guard lock under the vault lock that commits it: gc keeps it while this guard runs
+        # (``vault.gc.guarded_snapshots``), also when the guarded command runs that gc.
         before = take_snapshot(vault, target, message=f"before: {cmd.display}", trigger=TRIGGER, argv=record_argv,
-                               on_commit=lambda sid: vault.state.note_in_lock(lock, sid + "\n"),
+                               on_commit=lambda sid: vault.state.note_in_lock(lock, f"{os.getpid()}\n{sid}\n"),
                                extra={"guard": {"phase": "before", "command": list(cmd.argv)},
                                       **({"provenance": prov_before} if prov_before else {})})
         timings["snapshot_before"] = time.monotonic() - t

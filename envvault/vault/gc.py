@@ -64,10 +64,11 @@ class GcResult:
 
 def guarded_snapshots(vault: Vault) -> set[str]:
     """Ids of the "before" snapshots of the guards running on this machine now: each guard writes its id
-    into its lock file, ``locks/guard-<key>.lock``, under the vault lock that commits it, and holds that lock
-    until its rollback is done. gc keeps them as it keeps tagged ones: a guarded command that ran ``envvault gc
+    into its lock file, ``locks/guard-<key>.lock`` (after its process id), under the vault lock that commits
+    it, and holds that lock until its rollback is done. gc keeps them as it keeps tagged ones: a guarded command that ran ``envvault gc
     --keep-last 0`` deleted the snapshot its rollback then could not find (helper 22, F4)."""
-    return {text for text in vault.state.notes_of_held_locks("guard-") if _SNAPSHOT_ID.fullmatch(text)}
+    return {word for text in vault.state.notes_of_held_locks("guard-") for word in text.split()
+            if _SNAPSHOT_ID.fullmatch(word)}
 
 
 def _choose(vault: Vault, keep_last: int | None, latests, guarded: set[str]) -> tuple[list, list]:

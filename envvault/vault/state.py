@@ -106,8 +106,8 @@ class LocalState:
 
     def held_elsewhere(self, name: str) -> bool:
         """Whether another process holds the machine-local lock ``name`` now (probed shared, without waiting).
-        A lock file never made: False; one that cannot be probed (a link, unreadable): True, the answer that
-        keeps what it guards."""
+        A lock file never made, or one that cannot be probed (a link, unreadable, a read-only folder): False,
+        as no guard could hold it either."""
         path = self.locks_dir / f"{name}.lock"
         if not os.path.lexists(path):
             return False
@@ -115,28 +115,29 @@ class LocalState:
             with flocked(path, exclusive=False, wait=False) as held:
                 return not held
         except (EnvvaultError, OSError):
-            return True
+            return False
 
     def note_in_lock(self, name: str, text: str) -> None:
         """Write ``text`` into the machine-local lock file ``name``, which this process holds: what it holds
         the lock for (a guard: the id of its "before" snapshot; docs/format.md, "Locks")."""
         write_nofollow(self.locks_dir / f"{name}.lock", text.encode())
 
+    def note_of_lock(self, name: str) -> str:
+        """The text ``note_in_lock`` wrote into the lock file ``name``; "" when there is none or it cannot be
+        read (a link, a FIFO, over 4 KiB)."""
+        try:
+            return read_regular(self.locks_dir / f"{name}.lock", 4096, f"{name}.lock").decode("ascii", "replace")
+        except (OSError, CorruptError):
+            return ""
+
     def notes_of_held_locks(self, prefix: str) -> list[str]:
-        """The texts (``note_in_lock``, stripped) of the lock files ``<prefix>*.lock`` that another process holds
-        now; one that cannot be read (a link, over 4 KiB) counts as empty."""
+        """The texts (``note_of_lock``) of the lock files ``<prefix>*.lock`` that another process holds now."""
         try:
             names = os.listdir(self.locks_dir)
         except OSError:
             return []
-        out = []
-        for file in sorted(names):
-            if file.startswith(prefix) and file.endswith(".lock") and self.held_elsewhere(file[:-5]):
-                try:
-                    out.append(read_regular(self.locks_dir / file, 4096, file).decode("ascii", "replace").strip())
-                except (OSError, CorruptError):
-                    out.append("")
-        return out
+        return [self.note_of_lock(file[:-5]) for file in sorted(names)
+                if file.startswith(prefix) and file.endswith(".lock") and self.held_elsewhere(file[:-5])]
 
     def ensure_locks_dir(self) -> None:
         try:
