@@ -600,6 +600,22 @@ def test_plan_retention():
     assert len(plan_retention(snaps, "/v", tagged=set(), keep=5, slack=2)) == 3
 
 
+def test_plan_retention_counts_each_interpreter_of_a_system_root_apart():
+    """Two interpreters guarded on one root: one's newer guard snapshots made retention drop every guard
+    snapshot of the other (helper 26: it counted the root's snapshots together)."""
+    from envvault.model.snapshot import PythonInfo
+
+    def ref(sid, day, exe):
+        return SnapshotRef(sid, Snapshot(created=f"2026-01-{day:02d}", trigger="guard", venv="/",
+                                         python=PythonInfo(environment="system", interpreter=exe)))
+
+    snaps = [ref(f"{i:02d}" * 32, i, "/usr/bin/python3.12") for i in range(1, 4)]
+    snaps += [ref(f"{i:02d}" * 32, i, "/usr/bin/python3.10") for i in range(10, 20)]
+    assert plan_retention(snaps, "/", tagged=set(), keep=3, interpreter="/usr/bin/python3.12") == []
+    assert len(plan_retention(snaps, "/", tagged=set(), keep=3, interpreter="/usr/bin/python3.10")) == 7
+    assert len(plan_retention(snaps, "/", tagged=set(), keep=3)) == 10  # the root's alone, as a venv's count
+
+
 def test_retention_forgets_old_guard_snapshots_and_gc_keeps_the_rest(cu128_pip_venv, disaster_index, tmp_path):
     venv, vault_dir = cu128_pip_venv, tmp_path / "vault"
     env = guard_env(venv, vault_dir, index_url=disaster_index.url)

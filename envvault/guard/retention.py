@@ -33,16 +33,23 @@ class RetentionResult:
 
 
 def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str], keep: int,
-                   slack: int = 0) -> list[str]:
+                   slack: int = 0, interpreter: str | None = None) -> list[str]:
     """Ids of the automatic snapshots of ``venv`` beyond the newest ``keep`` (tagged ones never), or none
-    while there are at most ``keep + slack`` of them (so gc runs once per ``slack`` snapshots, not each time)."""
+    while there are at most ``keep + slack`` of them (so gc runs once per ``slack`` snapshots, not each time).
+    ``interpreter``: of a system environment, only that interpreter's count (several may share a root)."""
     if keep < 1:
         raise ValueError("keep must be at least 1")
-    auto = [s for s in snapshots if s.snapshot.venv == venv and s.snapshot.trigger in AUTOMATIC_TRIGGERS]
+    auto = [s for s in snapshots if s.snapshot.venv == venv and s.snapshot.trigger in AUTOMATIC_TRIGGERS
+            and (interpreter is None or _interpreter(s) == interpreter)]
     if len(auto) <= keep + slack:
         return []
     auto.sort(key=lambda s: (s.created, s.id), reverse=True)
     return [s.id for s in auto[keep:] if s.id not in tagged]
+
+
+def _interpreter(ref: SnapshotRef) -> str | None:
+    py = ref.snapshot.python
+    return py.interpreter if py is not None and py.system else None
 
 
 def _forget(vault: Vault, ids: list[str]) -> list[str] | None:
@@ -60,14 +67,15 @@ def _forget(vault: Vault, ids: list[str]) -> list[str] | None:
 
 
 def apply_retention(vault: Vault, venv: Path, *, keep: int, slack: int | None = None,
-                    gc: bool = True) -> RetentionResult:
+                    gc: bool = True, interpreter: str | None = None) -> RetentionResult:
     """Forget the automatic snapshots of ``venv`` that the policy drops, then let gc delete the objects
     no remaining snapshot references (gc keeps every remaining snapshot whole). ``slack`` (default
     ``keep // 2``): how many extra automatic snapshots may gather before a round of forgetting and gc."""
     snapshots = vault.snapshots()
     slack = keep // 2 if slack is None else slack
-    drop = plan_retention(snapshots, str(venv), set(vault.tags().values()), keep, slack)
-    mine = sum(1 for s in snapshots if s.snapshot.venv == str(venv))
+    drop = plan_retention(snapshots, str(venv), set(vault.tags().values()), keep, slack, interpreter)
+    mine = sum(1 for s in snapshots if s.snapshot.venv == str(venv)
+               and (interpreter is None or _interpreter(s) == interpreter))
     drop = _forget(vault, drop) if drop else None
     if not drop:
         return RetentionResult(venv=str(venv), kept=mine, forgotten=())

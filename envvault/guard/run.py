@@ -166,17 +166,17 @@ def _sites(doc: Snapshot, prefix: Path) -> list[Path]:
     return list(dict.fromkeys(prefix / d for d in (py.purelib, py.platlib) if d))
 
 
-def _pointer(vault: Vault, target: Path) -> Path:
-    from envvault.safepaths import env_key
+def _pointer(vault: Vault, lock: str) -> Path:
+    """``state/<guard lock's name>.json``: the last guard snapshot of that environment (of a system one, of
+    that interpreter)."""
+    return vault.state_path(f"{lock}.json")
 
-    return vault.state_path(f"guard-{env_key(target)}.json")
 
-
-def _previous_provenance(vault: Vault, target: Path) -> dict[str, ProvenanceEntry]:
+def _previous_provenance(vault: Vault, target: Path, lock: str) -> dict[str, ProvenanceEntry]:
     """The provenance of the last guard snapshot of ``target`` (named by a pointer under ``state/``, so no
     other snapshot is read); without the pointer, of the newest snapshot of ``target`` that has one."""
     try:
-        sid = json_loads(read_regular(_pointer(vault, target), 1 << 20, "guard pointer"))["last"]
+        sid = json_loads(read_regular(_pointer(vault, lock), 1 << 20, "guard pointer"))["last"]
         prov = vault.load_snapshot(sid).snapshot.provenance
         return dict(prov) if prov is not None else {}
     except (OSError, ValueError, KeyError, TypeError, EnvvaultError):
@@ -187,11 +187,11 @@ def _previous_provenance(vault: Vault, target: Path) -> dict[str, ProvenanceEntr
     return {}
 
 
-def _remember(vault: Vault, target: Path, sid: str) -> None:
+def _remember(vault: Vault, lock: str, sid: str) -> None:
     from envvault.vault.fsutil import atomic_write
 
     try:
-        atomic_write(_pointer(vault, target), json.dumps({"last": sid}).encode(), tmp_dir=vault.state.tmp_dir,
+        atomic_write(_pointer(vault, lock), json.dumps({"last": sid}).encode(), tmp_dir=vault.state.tmp_dir,
                      durable=False)
     except EnvvaultError:
         pass  # only a cache: the next guard falls back to reading the snapshots
@@ -348,12 +348,12 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
 
         protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
         t = time.monotonic()
-        if not _pointer(vault, target).exists():
+        if not _pointer(vault, lock).exists():
             from envvault.vault.heads import newest_head
 
             if newest_head(vault, lambda h: h.venv == str(target) and h.kind == "snapshot") is None:
                 ui.note(f"snapshotting {target} first (an environment's first snapshot stores every file once)")
-        prev = _previous_provenance(vault, target)
+        prev = _previous_provenance(vault, target, lock)
         prov_before = carry(prev, current_builds(target, _sites_guess(target), prev)) if prev else {}
         record_argv = ["envvault", "guard", "--", *cmd.argv]
         # Its id goes into the guard lock under the vault lock that commits it: gc keeps it while this guard runs
@@ -390,12 +390,12 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
             timings["pre_command"] = time.monotonic() - t0
             if not ui.confirm(f"{names} would change. Go ahead?", False):
                 return GuardResult(outcome="declined", exit_code=3, reason=f"you declined the change to {names}",
-                                   timings=timings, warnings=tuple(_retain(vault, target, protection)), **base)
+                                   timings=timings, warnings=tuple(_retain(vault, target, protection, before.snapshot)), **base)
             consented = {c.name for c, _ in protected}
         else:
             timings["pre_command"] = time.monotonic() - t0
             return GuardResult(outcome="refused", exit_code=3, timings=timings, **base,
-                               warnings=tuple(_retain(vault, target, protection)),
+                               warnings=tuple(_retain(vault, target, protection, before.snapshot)),
                                reason=f"{names} would change and there is no terminal to ask; "
                                       "rerun with --yes to allow it")
 
@@ -416,7 +416,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
                                            "before": before.id},
                                  **({"provenance": prov_after} if prov_after else {})})
     timings["snapshot_after"] = time.monotonic() - t
-    _remember(vault, target, after.id)
+    _remember(vault, lock, after.id)
     diff = diff_snapshots(before.snapshot, after.snapshot, vault=vault, old_label=before.id[:12], new_label=after.id[:12],
                           scope="environment")
     ui.show_diff(diff, before.id, after.id)
@@ -476,7 +476,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
             warnings.append(f"`{vault.command('restore', before.id[:12])}` puts back the environment only: "
                             f"{', '.join(edited)} keep what `{cmd.display}` changed (the next `uv sync` or `uv run` "
                             "would install it again); revert them too to undo it")
-    warnings += _retain(vault, target, protection)
+    warnings += _retain(vault, target, protection, before.snapshot)
     return GuardResult(outcome=outcome, exit_code=exit_code, reason=reason, restore_error=restore_error,
                        warnings=tuple(warnings), timings=timings, **base)
 
@@ -603,11 +603,13 @@ def _write_project_files(files: dict[Path, bytes | None]) -> list[str]:
     return failed
 
 
-def _retain(vault: Vault, target: Path, protection: Protection) -> list[str]:
+def _retain(vault: Vault, target: Path, protection: Protection, before: Snapshot) -> list[str]:
     from envvault.guard.retention import apply_retention
 
+    py = before.python  # a system environment's snapshots are counted per interpreter
     try:
-        apply_retention(vault, target, keep=protection.keep)
+        apply_retention(vault, target, keep=protection.keep,
+                        interpreter=py.interpreter if py is not None and py.system else None)
     except EnvvaultError as err:
         return [f"retention skipped: {err}"]
     return []
