@@ -9,6 +9,7 @@ package.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -771,36 +772,20 @@ def test_a_second_guard_of_one_environment_is_refused_while_the_first_runs(tmp_p
     install and reported it as its own change (helper 23, F2). A guard now holds the environment's guard lock
     from its first snapshot to its rollback; a second one is refused at once (exit 3), nothing run."""
     import sys
-    import time as _time
 
-    from tests.evtools import ev, ev_env
+    from tests.evtools import ev
 
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
     vault = tmp_path / "vault"
-    started = tmp_path / "started"
-    first = subprocess.Popen(
-        [sys.executable, "-m", "envvault", "guard", "--venv", str(venv), "--yes", "--", sys.executable, "-c",
-         f"import pathlib, sys; pathlib.Path({str(started)!r}).touch(); sys.stdin.readline(); sys.exit(1)"],
-        env=ev_env(vault), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = _time.monotonic() + 120
-        while not started.exists():  # the first guard's command runs (its before-snapshot taken)
-            assert first.poll() is None and _time.monotonic() < deadline, first.stderr.read()
-            _time.sleep(0.05)
+    with _a_guard_running(vault, venv, tmp_path, exit_code=1) as first:
         marker = tmp_path / "second-ran"
         second = ev(vault, "guard", "--venv", venv, "--yes", "--", sys.executable, "-c",
                     f"import pathlib; pathlib.Path({str(marker)!r}).touch()", check=False)
         assert second.returncode == 3, second.stderr
         assert f"another envvault guard of {venv} is running" in second.stderr and "Traceback" not in second.stderr
         assert not marker.exists()
-        first.stdin.write("\n")
-        first.stdin.flush()
-        out, err = first.communicate(timeout=300)
-        assert first.returncode == 1, err  # the command's own exit code; its (empty) change rolled back
-    finally:
-        first.kill()
-        first.wait()
+    assert first.returncode == 1, first.stderr_text  # the command's own exit code; its (empty) change rolled back
     again = ev(vault, "guard", "--venv", venv, "--yes", "--", "true", check=False)
     assert again.returncode == 0, again.stderr  # the lock went with the first guard
 
@@ -875,7 +860,6 @@ def test_an_inherited_guard_variable_does_not_pass_a_guard_through_another_guard
     ended; a guard it starts while another guard of the environment runs (not its ancestor) ran its command
     "as part of" that one, whose rollback then undid it (helper 26, F2). It is refused as any second guard is."""
     import sys
-    import time as _time
 
     from envvault.guard.run import GUARD_ACTIVE, _guard_lock
     from tests.evtools import ev, ev_env
@@ -883,16 +867,7 @@ def test_an_inherited_guard_variable_does_not_pass_a_guard_through_another_guard
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
     vault = tmp_path / "vault"
-    started = tmp_path / "started"
-    first = subprocess.Popen(
-        [sys.executable, "-m", "envvault", "guard", "--venv", str(venv), "--yes", "--", sys.executable, "-c",
-         f"import pathlib, sys; pathlib.Path({str(started)!r}).touch(); sys.stdin.readline()"],
-        env=ev_env(vault), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = _time.monotonic() + 120
-        while not started.exists():  # the first guard's command runs: its lock held
-            assert first.poll() is None and _time.monotonic() < deadline, first.stderr.read()
-            _time.sleep(0.05)
+    with _a_guard_running(vault, venv, tmp_path, exit_code=0) as first:
         marker = tmp_path / "second-ran"
         lock = _guard_lock(venv)
         # The lock alone (as this variable was before), the other guard's own pid (not an ancestor), init's
@@ -903,9 +878,31 @@ def test_an_inherited_guard_variable_does_not_pass_a_guard_through_another_guard
                         env=ev_env(vault, **{GUARD_ACTIVE: value}))
             assert second.returncode == 3 and "another envvault guard" in second.stderr, second.stderr
             assert not marker.exists()
+
+
+@contextlib.contextmanager
+def _a_guard_running(vault: Path, venv: Path, tmp_path: Path, exit_code: int):
+    """A real ``envvault guard`` of ``venv`` whose command has started (so its guard lock is held) and waits;
+    on leaving the block its command exits ``exit_code`` and the guard ends (``.stderr_text``: what it said)."""
+    import sys
+    import time as _time
+
+    from tests.evtools import ev_env
+
+    started = tmp_path / "started"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "envvault", "guard", "--venv", str(venv), "--yes", "--", sys.executable, "-c",
+         f"import pathlib, sys; pathlib.Path({str(started)!r}).touch(); sys.stdin.readline(); sys.exit({exit_code})"],
+        env=ev_env(vault), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = _time.monotonic() + 120
+        while not started.exists():  # its command runs: the before snapshot taken, the guard lock held
+            assert first.poll() is None and _time.monotonic() < deadline, first.stderr.read()
+            _time.sleep(0.05)
+        yield first
         first.stdin.write("\n")
         first.stdin.flush()
-        first.communicate(timeout=300)
+        _out, first.stderr_text = first.communicate(timeout=300)
     finally:
         first.kill()
         first.wait()
