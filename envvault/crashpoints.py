@@ -5,7 +5,7 @@ passage of ``crash_point(<name>)`` (counted per process, across threads); with `
 SIGTERM instead (a job scheduler's cancel: the command cleans up as after Ctrl-C, ``errors.Terminated``); with
 ``:STOP`` it stops itself (SIGSTOP) there once, for a test to act while it is part way (``os.waitpid`` with
 ``WUNTRACED`` tells when), then SIGCONT it. Several points, separated by commas, are each armed (a stop at
-one, then a kill at a later one). The variable is read once, when this module
+one, then a kill at a later one); each must name a different point (the first spec of a name is used). The variable is read once, when this module
 is imported (the tests set it in a process's environment before it starts); unset, a point costs one test of
 a module global (an ``os.environ`` lookup each staged file was 0.3 s of a 69,000-file ``--into`` under
 cProfile). The tests drive every kill through these points, never through a sleep, so each kill lands

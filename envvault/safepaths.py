@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 from envvault.model.paths import link_target_problem, path_problem  # the text rule lives in model/
 
-__all__ = ["path_problem", "link_target_problem", "FinalTree", "env_key"]
+__all__ = ["path_problem", "link_target_problem", "FinalTree", "env_key", "environment_key"]
 
 _MAX_HOPS = 40  # like the kernel's limit on symlinks followed in one lookup
 
@@ -36,6 +36,12 @@ def env_key(path: str | os.PathLike) -> str:
 
     real = os.path.realpath(os.path.abspath(os.fspath(path)))
     return blake3.blake3(real.encode()).hexdigest()[:20]
+
+
+def environment_key(path: str | os.PathLike, interpreter: str | os.PathLike | None = None) -> str:
+    """``<key>[-<ikey>]``, naming an environment's machine-local files (docs/format.md): its ``env_key`` and,
+    for a system environment, its interpreter's (several interpreters may share a root)."""
+    return env_key(path) + (f"-{env_key(interpreter)}" if interpreter else "")
 
 
 class _Out(Exception):

@@ -849,6 +849,7 @@ def test_a_guard_run_by_a_guarded_command_on_its_environment_runs_as_part_of_it(
     first = json.loads(proc.stdout)
     from envvault.guard.run import GUARD_ACTIVE, _guard_lock
 
+    marker.unlink()
     again = ev(vault, "guard", "--venv", venv, "--yes", "--json", *inner[inner.index("--"):], check=False,
                env=ev_env(vault, **{GUARD_ACTIVE: f"{_guard_lock(venv)}:{os.getpid()}"}))
     assert again.returncode == 0 and marker.exists(), again.stderr

@@ -644,3 +644,35 @@ def test_a_guard_of_one_interpreter_inside_a_guard_of_another_of_the_same_root_g
     listed = subprocess.run([str(pythons["3.10"]), "-m", "pip", "list", "--format=freeze"], capture_output=True,
                             text=True, env=env, cwd="/").stdout
     assert "beta==" not in listed and "alpha==1.0" in listed, listed
+
+
+def test_one_interpreter_has_one_guard_lock_however_it_is_named(tmp_path):
+    """A system environment guarded as ``--python EXE`` and as ``--venv PREFIX`` (its own prefix) had two guard
+    locks once the lock was made per interpreter from ``--python`` alone (helper 27): two guards of one
+    interpreter no longer excluded each other. Both names now take the interpreter in use."""
+    import sys
+    import time as _time
+
+    prefix = tmp_path / "py3.10"
+    subprocess.run(["cp", "-a", str(cpython("3.10").parent.parent), str(prefix)], check=True)
+    python = prefix / "bin" / "python3.10"
+    (tmp_path / "home").mkdir()
+    run_env = ev_env(tmp_path / "vault", PYTHONUSERBASE=str(tmp_path / "user"), HOME=str(tmp_path / "home"))
+    started = tmp_path / "started"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "envvault", "guard", "--python", str(python), "--yes", "--", sys.executable, "-c",
+         f"import pathlib, sys; pathlib.Path({str(started)!r}).touch(); sys.stdin.readline()"],
+        env=run_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = _time.monotonic() + 300
+        while not started.exists():  # the first guard's command runs: its lock held
+            assert first.poll() is None and _time.monotonic() < deadline, first.stderr.read()
+            _time.sleep(0.05)
+        second = ev(tmp_path / "vault", "guard", "--venv", prefix, "--yes", "--", "true", env=run_env, check=False)
+        assert second.returncode == 3 and "another envvault guard" in second.stderr, second.stderr
+        first.stdin.write("\n")
+        first.stdin.flush()
+        first.communicate(timeout=300)
+    finally:
+        first.kill()
+        first.wait()

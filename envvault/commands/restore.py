@@ -470,7 +470,8 @@ def gc(ctx, keep_last, dry_run, as_json):
                f"{result.rewritten_packs}; {'would free' if dry_run else 'freed'} {human_bytes(result.freed_bytes)}; "
                f"{'would keep' if dry_run else 'kept'} {len(result.kept_snapshots)} snapshot(s)")
     if result.kept_for_guards:
-        click.echo(f"kept {len(result.kept_for_guards)} snapshot(s) that a guard running now will roll back to "
-                   f"if its command fails ({', '.join(s[:12] for s in result.kept_for_guards)})", err=True)
+        click.echo(f"{'would keep' if dry_run else 'kept'} {len(result.kept_for_guards)} snapshot(s) that a guard "
+                   "running now may roll back to "
+                   f"({', '.join(s[:12] for s in result.kept_for_guards)})", err=True)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)

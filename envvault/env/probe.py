@@ -33,6 +33,13 @@ def system_of(root: Path | str) -> tuple[Path, Any] | None:
     return _SYSTEMS.get(str(root))
 
 
+def system_interpreter(root: Path | str) -> str | None:
+    """The real path of the system interpreter registered for ``root`` in this process (as snapshots record
+    it), None for a venv."""
+    hit = _SYSTEMS.get(str(root))
+    return os.path.realpath(hit[0]) if hit is not None else None
+
+
 # ``--python PATH`` of the running command (``choose_python``): ``find_target`` takes it before $VIRTUAL_ENV.
 _CHOSEN: list[str] = []
 

@@ -40,16 +40,11 @@ def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str]
     if keep < 1:
         raise ValueError("keep must be at least 1")
     auto = [s for s in snapshots if s.snapshot.venv == venv and s.snapshot.trigger in AUTOMATIC_TRIGGERS
-            and (interpreter is None or _interpreter(s) == interpreter)]
+            and (interpreter is None or s.snapshot.system_interpreter == interpreter)]
     if len(auto) <= keep + slack:
         return []
     auto.sort(key=lambda s: (s.created, s.id), reverse=True)
     return [s.id for s in auto[keep:] if s.id not in tagged]
-
-
-def _interpreter(ref: SnapshotRef) -> str | None:
-    py = ref.snapshot.python
-    return py.interpreter if py is not None and py.system else None
 
 
 def _forget(vault: Vault, ids: list[str]) -> list[str] | None:
@@ -75,7 +70,7 @@ def apply_retention(vault: Vault, venv: Path, *, keep: int, slack: int | None = 
     slack = keep // 2 if slack is None else slack
     drop = plan_retention(snapshots, str(venv), set(vault.tags().values()), keep, slack, interpreter)
     mine = sum(1 for s in snapshots if s.snapshot.venv == str(venv)
-               and (interpreter is None or _interpreter(s) == interpreter))
+               and (interpreter is None or s.snapshot.system_interpreter == interpreter))
     drop = _forget(vault, drop) if drop else None
     if not drop:
         return RetentionResult(venv=str(venv), kept=mine, forgotten=())

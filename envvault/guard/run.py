@@ -261,7 +261,7 @@ def guard(
     from envvault.vault.store import Vault
 
     vault = Vault.open(vault_path, create=True)
-    lock = _guard_lock(target, chosen_python() if options.venv is None else None)
+    lock = _guard_lock(target)
     if _inside_guard_of(env.get(GUARD_ACTIVE), lock, vault):
         # Run by a command that a guard of this environment runs (a Makefile's `envvault guard -- pip ...` under
         # an outer guard): that guard's snapshots and rollback cover it; a second guard would be refused.
@@ -282,7 +282,9 @@ def _inside_guard_of(active: str | None, lock: str, vault: Vault) -> bool:
     name, _, pid = (active or "").rpartition(":")
     if name != lock or not pid.isdigit() or not _is_ancestor(int(pid)) or not vault.state.held_elsewhere(lock):
         return False
-    return vault.state.note_of_lock(lock).split()[:1] == [pid]  # the guard holding it wrote its pid first
+    from envvault.vault.gc import read_guard_note
+
+    return read_guard_note(vault.state.note_of_lock(lock))[0] == int(pid)  # the guard holding it wrote its pid
 
 
 def _is_ancestor(pid: int) -> bool:
@@ -305,14 +307,16 @@ def _is_ancestor(pid: int) -> bool:
 
 @contextmanager
 def one_guard_at_a_time(vault: Vault, target: Path, lock: str) -> Iterator[None]:
-    """Hold guard's lock of ``target`` (``locks/guard-<key>.lock``) from its first snapshot to its rollback; a
-    RefusedError when another guard of it runs: its rollback would undo this one's command, which it would
+    """Hold guard's lock of ``target``, ``lock`` (``_guard_lock``), from its first snapshot to its rollback, its
+    pid written into it (``vault.gc.guard_note``); a RefusedError when another guard of it runs: its rollback would undo this one's command, which it would
     report as its own (helper 23: a second guard's successful ``pip install`` was undone by the first's)."""
     deadline = time.monotonic() + 0.25  # a gc's probe of the lock (``vault.gc.guarded_snapshots``) is brief
     while True:
         with vault.state.lock(lock, exclusive=True, wait=False) as held:
             if held:
-                vault.state.note_in_lock(lock, f"{os.getpid()}\n")  # (the last guard's wrote its own pid and id)
+                from envvault.vault.gc import guard_note
+
+                vault.state.note_in_lock(lock, guard_note(os.getpid()))  # (not the last guard's pid and id)
                 yield
                 return
         if time.monotonic() > deadline:
@@ -321,13 +325,14 @@ def one_guard_at_a_time(vault: Vault, target: Path, lock: str) -> Iterator[None]
         time.sleep(0.02)
 
 
-def _guard_lock(target: Path | str, system_python: str | None = None) -> str:
-    """The name of ``target``'s guard lock: ``guard-<key>``, and of a system environment guarded through
-    ``--python``, ``guard-<key>-<ikey>`` (``<ikey>``: the interpreter's; several interpreters share a root)."""
-    from envvault.safepaths import env_key
+def _guard_lock(target: Path | str) -> str:
+    """The name of ``target``'s guard lock, ``guard-<key>[-<ikey>]`` (of a system environment, however it was
+    named, ``--python`` or ``--venv`` its prefix: of the interpreter in use, as its restore marker)."""
+    from envvault.env.probe import system_interpreter
+    from envvault.safepaths import environment_key
+    from envvault.vault.gc import GUARD_LOCK
 
-    own = f"-{env_key(system_python)}" if system_python else ""
-    return f"guard-{env_key(target)}{own}"
+    return GUARD_LOCK + environment_key(target, system_interpreter(target))
 
 
 def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOptions, ui: GuardUI,
@@ -345,6 +350,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         from envvault.guard.protect import load_protection
         from envvault.guard.provenance import carry, current_builds, pip_indexes, report_provenance
         from envvault.snap import take_snapshot
+        from envvault.vault.gc import guard_note
 
         protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
         t = time.monotonic()
@@ -359,7 +365,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         # Its id goes into the guard lock under the vault lock that commits it: gc keeps it while this guard runs
         # (``vault.gc.guarded_snapshots``), also when the guarded command runs that gc.
         before = take_snapshot(vault, target, message=f"before: {cmd.display}", trigger=TRIGGER, argv=record_argv,
-                               on_commit=lambda sid: vault.state.note_in_lock(lock, f"{os.getpid()}\n{sid}\n"),
+                               on_commit=lambda sid: vault.state.note_in_lock(lock, guard_note(os.getpid(), sid)),
                                extra={"guard": {"phase": "before", "command": list(cmd.argv)},
                                       **({"provenance": prov_before} if prov_before else {})})
         timings["snapshot_before"] = time.monotonic() - t
@@ -606,10 +612,8 @@ def _write_project_files(files: dict[Path, bytes | None]) -> list[str]:
 def _retain(vault: Vault, target: Path, protection: Protection, before: Snapshot) -> list[str]:
     from envvault.guard.retention import apply_retention
 
-    py = before.python  # a system environment's snapshots are counted per interpreter
-    try:
-        apply_retention(vault, target, keep=protection.keep,
-                        interpreter=py.interpreter if py is not None and py.system else None)
+    try:  # a system environment's snapshots are counted per interpreter
+        apply_retention(vault, target, keep=protection.keep, interpreter=before.system_interpreter)
     except EnvvaultError as err:
         return [f"retention skipped: {err}"]
     return []

@@ -433,6 +433,12 @@ class Snapshot:
 
     # -- questions readers ask -------------------------------------------------------------------------
     @property
+    def system_interpreter(self) -> str | None:
+        """A system environment's interpreter (several may share a root: each counts apart); None for a venv."""
+        py = self.python
+        return py.interpreter if py is not None and py.system else None
+
+    @property
     def is_cache_only(self) -> bool:
         return self.kind == "cache-snapshot"
 

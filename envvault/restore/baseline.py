@@ -24,14 +24,11 @@ __all__ = ["baseline_snapshot", "record_restored", "leave_verdict", "environment
 
 
 def _interpreter(target: Path) -> str | None:
-    """The system interpreter in use at the root ``target`` (its real path, as snapshots record it), None for a
-    venv. Several may share a root (Debian's /usr/bin/python3 and a /usr/local build both root at /)."""
-    import os
+    """The system interpreter in use at the root ``target``, None for a venv. Several may share a root
+    (Debian's /usr/bin/python3 and a /usr/local build both root at /)."""
+    from envvault.env.probe import system_interpreter
 
-    from envvault.env.probe import system_of
-
-    hit = system_of(target)
-    return os.path.realpath(hit[0]) if hit is not None else None
+    return system_interpreter(target)
 
 
 def _of_interpreter(exe: str | None):

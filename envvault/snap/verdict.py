@@ -118,10 +118,9 @@ def verdict_name(target: str | os.PathLike) -> str:
 def restored_name(target: str | os.PathLike, interpreter: str | None = None) -> str:
     """The state file naming the snapshot last restored onto ``target`` (``restore/baseline.py``); with
     ``interpreter``, a system environment's: the one of that interpreter (several may share a root)."""
-    from envvault.safepaths import env_key
+    from envvault.safepaths import environment_key
 
-    own = f"-{env_key(interpreter)}" if interpreter else ""
-    return f"{_RESTORED}{env_key(target)}{own}.json"
+    return f"{_RESTORED}{environment_key(target, interpreter)}.json"
 
 
 _RESTORED = "restored-"

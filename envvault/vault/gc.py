@@ -12,7 +12,6 @@ less garbage are kept whole; their dead objects stay until more of the pack dies
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -21,16 +20,17 @@ from envvault.model.records import dataclass, field
 from envvault.crashpoints import crash_point
 from envvault.errors import CorruptError, EnvvaultError
 from envvault.model.encoding import object_id
+from envvault.model.snapshot import is_id
 from envvault.vault.backend import Missing
 from envvault.vault.packs import read_frame
 from envvault.vault.store import Vault, read_index
 from envvault.vault.transaction import pack_writing
 from envvault.vault.verify import referenced_objects
 
-__all__ = ["GcResult", "collect_garbage", "guarded_snapshots", "REWRITE_DEAD_FRACTION"]
+__all__ = ["GcResult", "collect_garbage", "guarded_snapshots", "guard_note", "read_guard_note", "GUARD_LOCK",
+           "REWRITE_DEAD_FRACTION"]
 
 REWRITE_DEAD_FRACTION = 0.25
-_SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
 _TMP_AGE = 60.0  # seconds; younger temp files may belong to a status or export running without the lock
 
 
@@ -62,13 +62,30 @@ class GcResult:
         }
 
 
+GUARD_LOCK = "guard-"  # a guard's lock: ``locks/guard-<key>[-<ikey>].lock`` (envvault/guard/run.py)
+
+
+def guard_note(pid: int, sid: str | None = None) -> str:
+    """What a guard writes into its lock file: its process id (as it takes the lock), then the id of its
+    "before" snapshot (once committed); docs/format.md, "Concurrency"."""
+    return f"{pid}\n" + (f"{sid}\n" if sid else "")
+
+
+def read_guard_note(text: str) -> tuple[int | None, str | None]:
+    """``(pid, before id)`` of a ``guard_note``; None for a part missing or malformed."""
+    lines = text.split("\n")
+    pid = int(lines[0]) if lines[0].isdigit() and len(lines[0]) < 12 else None
+    sid = lines[1] if len(lines) > 1 and is_id(lines[1]) else None
+    return pid, sid
+
+
 def guarded_snapshots(vault: Vault) -> set[str]:
-    """Ids of the "before" snapshots of the guards running on this machine now: each guard writes its id
-    into its lock file, ``locks/guard-<key>.lock`` (after its process id), under the vault lock that commits
-    it, and holds that lock until its rollback is done. gc keeps them as it keeps tagged ones: a guarded command that ran ``envvault gc
-    --keep-last 0`` deleted the snapshot its rollback then could not find (helper 22, F4)."""
-    return {word for text in vault.state.notes_of_held_locks("guard-") for word in text.split()
-            if _SNAPSHOT_ID.fullmatch(word)}
+    """Ids of the "before" snapshots of the guards running on this machine now: each guard writes its id into
+    its lock file (``guard_note``) under the vault lock that commits it, and holds that lock until its rollback
+    is done. gc keeps them as it keeps tagged ones: a guarded command that ran ``envvault gc --keep-last 0``
+    deleted the snapshot its rollback then could not find (helper 22, F4)."""
+    ids = (read_guard_note(text)[1] for text in vault.state.notes_of_held_locks(GUARD_LOCK))
+    return {sid for sid in ids if sid is not None}
 
 
 def _choose(vault: Vault, keep_last: int | None, latests, guarded: set[str]) -> tuple[list, list]:
@@ -78,8 +95,7 @@ def _choose(vault: Vault, keep_last: int | None, latests, guarded: set[str]) -> 
     tagged = set(vault.tags().values()) | guarded
     groups: dict[tuple, list[str]] = {}  # (environment, kind, a system interpreter): its snapshots, newest first
     for s in snaps:
-        py = getattr(s.snapshot, "python", None)
-        who = py.interpreter if py is not None and getattr(py, "system", False) else None
+        who = s.snapshot.system_interpreter
         groups.setdefault((s.snapshot.venv, s.snapshot.kind, who), []).append(s.id)
     heads = latests() if latests is not None and keep_last > 0 else {}
     for venv, who in heads.keys() - {(venv, who) for venv, kind, who in groups if kind == "snapshot"}:

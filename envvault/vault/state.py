@@ -79,7 +79,7 @@ class LocalState:
         """A new ``gc-epoch`` (gc, at its start, ``running``, and once it deleted its last object): what another
         process read of the vault before it (a stat cache, the index) may name objects that gc deleted;
         ``Vault.lock`` makes that process forget it before it writes. A ``running`` value (``GC_RUNNING``) still
-        there when a lock is granted is a gc killed part way (docs/format.md, "stat caches")."""
+        there when a lock is granted is a gc killed part way (docs/format.md, "Stat cache")."""
         try:
             self.write_in_place("gc-epoch", f"{time.time_ns()}-{os.urandom(6).hex()}"
                                             f"{GC_RUNNING.decode() if running else ''}\n".encode())
@@ -106,8 +106,8 @@ class LocalState:
 
     def held_elsewhere(self, name: str) -> bool:
         """Whether another process holds the machine-local lock ``name`` now (probed shared, without waiting).
-        A lock file never made, or one that cannot be probed (a link, unreadable, a read-only folder): False,
-        as no guard could hold it either."""
+        A lock file never made, or one that cannot be probed (a link, a read-only folder, another user's file):
+        False; gc then keeps nothing for it (docs/format.md, "Concurrency": these locks are one user's)."""
         path = self.locks_dir / f"{name}.lock"
         if not os.path.lexists(path):
             return False
@@ -119,7 +119,8 @@ class LocalState:
 
     def note_in_lock(self, name: str, text: str) -> None:
         """Write ``text`` into the machine-local lock file ``name``, which this process holds: what it holds
-        the lock for (a guard: the id of its "before" snapshot; docs/format.md, "Locks")."""
+        the lock for (a guard: its pid, then the id of its "before" snapshot, ``vault.gc.guard_note``;
+        docs/format.md, "Concurrency")."""
         write_nofollow(self.locks_dir / f"{name}.lock", text.encode())
 
     def note_of_lock(self, name: str) -> str:
