@@ -277,8 +277,8 @@ def guard(
 def _inside_guard_of(active: str | None, lock: str, vault: Vault) -> bool:
     """Whether this process was started, through any number of processes, by the guard named in
     ``$ENVVAULT_GUARD_ACTIVE`` (``<guard lock>:<its pid>``), and that guard guards this environment now (the
-    lock is ``lock``, held, and names that pid). An inherited variable alone proves nothing: a shell or server started inside a
-    guarded command keeps it after that guard ended, while another guard of the environment may run."""
+    lock is ``lock``, held, and names that pid). An inherited variable alone proves nothing: a shell or server
+    started inside a guarded command keeps it after that guard ended, while another guard may run."""
     name, _, pid = (active or "").rpartition(":")
     if name != lock or not pid.isdigit() or not _is_ancestor(int(pid)) or not vault.state.held_elsewhere(lock):
         return False
@@ -308,14 +308,15 @@ def _is_ancestor(pid: int) -> bool:
 @contextmanager
 def one_guard_at_a_time(vault: Vault, target: Path, lock: str) -> Iterator[None]:
     """Hold guard's lock of ``target``, ``lock`` (``_guard_lock``), from its first snapshot to its rollback, its
-    pid written into it (``vault.gc.guard_note``); a RefusedError when another guard of it runs: its rollback would undo this one's command, which it would
-    report as its own (helper 23: a second guard's successful ``pip install`` was undone by the first's)."""
+    pid written into it (``vault.gc.guard_note``); a RefusedError when another guard of it runs: its rollback
+    would undo this one's command, which it would report as its own (helper 23: a second guard's successful
+    ``pip install`` was undone by the first's)."""
+    from envvault.vault.gc import guard_note
+
     deadline = time.monotonic() + 0.25  # a gc's probe of the lock (``vault.gc.guarded_snapshots``) is brief
     while True:
         with vault.state.lock(lock, exclusive=True, wait=False) as held:
             if held:
-                from envvault.vault.gc import guard_note
-
                 vault.state.note_in_lock(lock, guard_note(os.getpid()))  # (not the last guard's pid and id)
                 yield
                 return
@@ -396,7 +397,8 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
             timings["pre_command"] = time.monotonic() - t0
             if not ui.confirm(f"{names} would change. Go ahead?", False):
                 return GuardResult(outcome="declined", exit_code=3, reason=f"you declined the change to {names}",
-                                   timings=timings, warnings=tuple(_retain(vault, target, protection, before.snapshot)), **base)
+                                   timings=timings, **base,
+                                   warnings=tuple(_retain(vault, target, protection, before.snapshot)))
             consented = {c.name for c, _ in protected}
         else:
             timings["pre_command"] = time.monotonic() - t0

@@ -23,14 +23,6 @@ __all__ = ["baseline_snapshot", "record_restored", "leave_verdict", "environment
 
 
 
-def _interpreter(target: Path) -> str | None:
-    """The system interpreter in use at the root ``target``, None for a venv. Several may share a root
-    (Debian's /usr/bin/python3 and a /usr/local build both root at /)."""
-    from envvault.env.probe import system_interpreter
-
-    return system_interpreter(target)
-
-
 def _of_interpreter(exe: str | None):
     """A test of a snapshot: of the system interpreter ``exe``? Only its own snapshots count. Always true for
     a venv (``exe`` None) and for snapshots that name no interpreter."""
@@ -54,9 +46,11 @@ def _markers(vault: Vault, target: Path, exe: str | None) -> list[Path]:
 def record_restored(vault: Vault, target: Path, sid: str) -> None:
     """Remember that ``target`` (with the system interpreter in use there: each its own) now holds snapshot
     ``sid``. Never fails the caller."""
+    from envvault.env.probe import system_interpreter
+
     try:
         data = json.dumps({"snapshot": sid, "venv": str(target), "at": utc_timestamp()}).encode()
-        marker = _markers(vault, target, _interpreter(target))[0]
+        marker = _markers(vault, target, system_interpreter(target))[0]
         atomic_write(marker, data, tmp_dir=vault.state.tmp_dir, vault=True)
     except EnvvaultError:
         pass
@@ -65,8 +59,10 @@ def record_restored(vault: Vault, target: Path, sid: str) -> None:
 def baseline_snapshot(vault: Vault, target: Path, interpreter: str | None = None) -> str:
     """The id of the snapshot ``target`` should match; ``NotFoundError`` when it has none. ``interpreter``:
     that system interpreter's (of those sharing the root ``target``), else the one in use there."""
+    from envvault.env.probe import system_interpreter
+
     target = Path(target)
-    exe = interpreter or _interpreter(target)
+    exe = interpreter or system_interpreter(target)
     mine = _of_interpreter(exe)
 
     def ours(h) -> bool:  # an environment snapshot of it (a `cache snap --venv` of it is not)
