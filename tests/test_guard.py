@@ -807,6 +807,8 @@ def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(t
     vault = tmp_path / "vault"
     ev(vault, "snap", "--venv", venv, "--no-caches")  # an older snapshot of the venv, which gc drops
     script = (f"import os, pathlib, subprocess, sys; "
+              f"said = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--dry-run'], "
+              f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.txt')!r}).write_text(said.stderr); "
               f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], "
               f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout); "
               f"assert gc.returncode == 0, gc.stderr; pathlib.Path({str(victim)!r}).unlink(); sys.exit(1)")
@@ -817,6 +819,8 @@ def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(t
     assert proc.returncode == 1 and doc["outcome"] == "restored", proc.stderr
     assert doc["before"] not in gc["removed_snapshots"] and len(gc["removed_snapshots"]) == 1, gc
     assert gc["kept_for_guards"] == [doc["before"]], gc
+    said = (tmp_path / "gc.txt").read_text()  # the text form names it too
+    assert f"would keep 1 snapshot(s) that a guard running now may roll back to ({doc['before'][:12]})" in said, said
     assert victim.read_bytes() == before_bytes
     assert ev_json(vault, "verify")["ok"] is True
     # The guard has ended: its snapshots are ordinary ones now.

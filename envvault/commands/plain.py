@@ -37,7 +37,6 @@ def snap(vault_path: str | None, venv: str | None, message: str, lock_only: bool
     from envvault.env.probe import find_target
     from envvault.output import Progress
     from envvault.snap import statcache_for, take_snapshot
-
     from envvault.snap.fresh import journal_left
 
     target = find_target(venv)

@@ -180,8 +180,8 @@ def _claim(dest: Path) -> bool:
     for parent in (dest.parent, *dest.parent.parents):
         if os.path.lexists(parent):
             if not parent.is_dir():
-                raise RefusedError(f"{parent} is not a folder{' (a symlink to a missing one)' if parent.is_symlink() else ''}; "
-                                   f"--into cannot make {dest} under it")
+                why = " (a symlink to a missing one)" if parent.is_symlink() else ""
+                raise RefusedError(f"{parent} is not a folder{why}; --into cannot make {dest} under it")
             break
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
