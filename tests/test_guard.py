@@ -790,6 +790,14 @@ def test_a_second_guard_of_one_environment_is_refused_while_the_first_runs(tmp_p
     assert again.returncode == 0, again.stderr  # the lock went with the first guard
 
 
+def _gc_keeping_none(tmp_path: Path) -> str:
+    """Python statements (``pathlib``, ``subprocess``, ``sys`` imported) for a guarded command: ``envvault gc
+    --keep-last 0 --json``, its report written to ``tmp_path/gc.json``, its success asserted."""
+    return (f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], "
+            f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout); "
+            f"assert gc.returncode == 0, gc.stderr")
+
+
 def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(tmp_path, make_venv, wheelhouse):
     """A guarded command that ran ``envvault gc --keep-last 0`` deleted guard's "before" snapshot, and the
     rollback of its failure then found nothing to go back to (exit 4, the environment left broken; helper 22,
@@ -809,9 +817,7 @@ def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(t
     script = (f"import os, pathlib, subprocess, sys; "
               f"said = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--dry-run'], "
               f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.txt')!r}).write_text(said.stderr); "
-              f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], "
-              f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout); "
-              f"assert gc.returncode == 0, gc.stderr; pathlib.Path({str(victim)!r}).unlink(); sys.exit(1)")
+              f"{_gc_keeping_none(tmp_path)}; pathlib.Path({str(victim)!r}).unlink(); sys.exit(1)")
     proc = ev(vault, "guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c", script, check=False,
               env=ev_env(vault))
     gc = json.loads((tmp_path / "gc.json").read_text())
@@ -931,9 +937,7 @@ def test_a_guarded_command_that_swaps_a_linked_venv_and_runs_gc_keeps_the_rollba
     ev(vault, "snap", "--venv", link, "--no-caches")
     script = (f"import os, pathlib, subprocess, sys; os.unlink({str(link)!r}); "
               f"subprocess.run([sys.executable, '-m', 'venv', '--without-pip', {str(link)!r}], check=True); "
-              f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], "
-              f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout); "
-              f"sys.exit(1)")
+              f"{_gc_keeping_none(tmp_path)}; sys.exit(1)")
     proc = ev(vault, "guard", "--venv", link, "--yes", "--json", "--", sys.executable, "-c", script, check=False,
               env=ev_env(vault))
     doc = json.loads(proc.stdout)
