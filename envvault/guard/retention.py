@@ -50,12 +50,16 @@ def plan_retention(snapshots: Iterable[SnapshotRef], venv: str, tagged: set[str]
 def _forget(vault: Vault, ids: list[str]) -> list[str] | None:
     """Delete the snapshot files of ``ids`` under the exclusive vault lock, taken without waiting (None when it
     is busy: while another snap or restore runs, retention waits for the next guarded command instead); the
-    ids deleted. A snapshot tagged since the plan was made (``tag`` holds the shared lock) stays."""
+    ids deleted. A snapshot tagged since the plan was made (``tag`` holds the shared lock) stays, and so does
+    one a running guard's rollback needs (``vault.gc.guarded_snapshots``: another guard of the path on another
+    node of a bucket vault)."""
+    from envvault.vault.gc import guarded_snapshots
+
     with vault.lock(exclusive=True, wait=False) as held:
         if not held:
             return None
-        tagged = set(vault.tags().values())
-        dropped = [sid for sid in ids if sid not in tagged]
+        kept = set(vault.tags().values()) | guarded_snapshots(vault)
+        dropped = [sid for sid in ids if sid not in kept]
         for sid in dropped:
             vault.delete_snapshot(sid)  # a StorageError (read-only, permission) says what to do
         return dropped

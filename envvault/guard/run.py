@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from envvault.model.records import replace
 from envvault.model.records import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
 
 from envvault.env.probe import chosen_python, find_target
 from envvault.model.paths import absolute_path
@@ -270,8 +270,8 @@ def guard(
         rc, _ = run_command(cmd.argv, env, stdout_to_stderr=options.quiet_command)
         return GuardResult(command=cmd.argv, outcome="passthrough", exit_code=rc, command_exit=rc)
     child_env[GUARD_ACTIVE] = f"{lock}:{os.getpid()}"  # (the shell hook only asks whether it is set)
-    with one_guard_at_a_time(vault, target, lock):
-        return _guard_target(vault, target, cmd, options, ui, env, cwd, child_env, t0, lock)
+    with one_guard_at_a_time(vault, target, lock) as pin:
+        return _guard_target(vault, target, cmd, options, ui, env, cwd, child_env, t0, lock, pin)
 
 
 def _inside_guard_of(active: str | None, lock: str, vault: Vault) -> bool:
@@ -306,19 +306,26 @@ def _is_ancestor(pid: int) -> bool:
 
 
 @contextmanager
-def one_guard_at_a_time(vault: Vault, target: Path, lock: str) -> Iterator[None]:
+def one_guard_at_a_time(vault: Vault, target: Path, lock: str) -> Iterator[Callable[[str], None]]:
     """Hold guard's lock of ``target``, ``lock`` (``_guard_lock``), from its first snapshot to its rollback, its
     pid written into it (``vault.gc.guard_note``); a RefusedError when another guard of it runs: its rollback
     would undo this one's command, which it would report as its own (helper 23: a second guard's successful
-    ``pip install`` was undone by the first's)."""
-    from envvault.vault.gc import guard_note
+    ``pip install`` was undone by the first's). Yields ``pin(sid)``, called as the "before" snapshot commits
+    (under the vault lock): its id goes into the lock file and, in a vault of lock objects, into a lease that
+    every node's gc reads (``vault.gc.guard_lease``), both kept until this guard ends."""
+    from envvault.vault.gc import guard_lease, guard_note
 
     deadline = time.monotonic() + 0.25  # a gc's probe of the lock (``vault.gc.guarded_snapshots``) is brief
     while True:
         with vault.state.lock(lock, exclusive=True, wait=False) as held:
             if held:
                 vault.state.note_in_lock(lock, guard_note(os.getpid()))  # (not the last guard's pid and id)
-                yield
+                with ExitStack() as leases:
+                    def pin(sid: str) -> None:
+                        vault.state.note_in_lock(lock, guard_note(os.getpid(), sid))
+                        leases.enter_context(guard_lease(vault, sid, str(target)))
+
+                    yield pin
                 return
         if time.monotonic() > deadline:
             raise RefusedError(f"another envvault guard of {target} is running; run this command once it has "
@@ -337,7 +344,8 @@ def _guard_lock(target: Path | str) -> str:
 
 
 def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOptions, ui: GuardUI,
-                  env: dict, cwd: Path, child_env: dict, t0: float, lock: str) -> GuardResult:
+                  env: dict, cwd: Path, child_env: dict, t0: float, lock: str,
+                  pin: Callable[[str], None]) -> GuardResult:
     """``guard``'s work on ``target``, under ``one_guard_at_a_time``."""
     from envvault.journal import wait_for_restore
 
@@ -351,7 +359,6 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         from envvault.guard.protect import load_protection
         from envvault.guard.provenance import carry, current_builds, pip_indexes, report_provenance
         from envvault.snap import take_snapshot
-        from envvault.vault.gc import guard_note
 
         protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
         t = time.monotonic()
@@ -363,10 +370,10 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         prev = _previous_provenance(vault, target, lock)
         prov_before = carry(prev, current_builds(target, _sites_guess(target), prev)) if prev else {}
         record_argv = ["envvault", "guard", "--", *cmd.argv]
-        # Its id goes into the guard lock under the vault lock that commits it: gc keeps it while this guard runs
-        # (``vault.gc.guarded_snapshots``), also when the guarded command runs that gc.
+        # Its id is pinned under the vault lock that commits it: gc keeps it while this guard runs
+        # (``vault.gc.guarded_snapshots``), also when the guarded command runs that gc, or another node does.
         before = take_snapshot(vault, target, message=f"before: {cmd.display}", trigger=TRIGGER, argv=record_argv,
-                               on_commit=lambda sid: vault.state.note_in_lock(lock, guard_note(os.getpid(), sid)),
+                               on_commit=pin,
                                extra={"guard": {"phase": "before", "command": list(cmd.argv)},
                                       **({"provenance": prov_before} if prov_before else {})})
         timings["snapshot_before"] = time.monotonic() - t

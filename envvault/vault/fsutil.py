@@ -96,7 +96,8 @@ def read_regular_stat(path: Path | str, limit: int, what: str, *, follow: bool =
 
 
 def write_nofollow(path: Path, data: bytes) -> None:
-    """Replace the content of the small file ``path`` in place, refusing a symlink there (RefusedError)."""
+    """Replace the content of the small file ``path`` in place, refusing a symlink there (RefusedError); every
+    byte is written or an OSError says why (a disk full: a guard then stops before its command runs)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600)
     except OSError as err:
@@ -104,7 +105,9 @@ def write_nofollow(path: Path, data: bytes) -> None:
             raise link_refused(path) from None
         raise
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
     finally:
         os.close(fd)
 

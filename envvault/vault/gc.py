@@ -12,7 +12,7 @@ less garbage are kept whole; their dead objects stay until more of the pack dies
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Iterator
 
 from envvault.model.records import dataclass, field
@@ -27,7 +27,7 @@ from envvault.vault.store import Vault, read_index
 from envvault.vault.transaction import pack_writing
 from envvault.vault.verify import referenced_objects
 
-__all__ = ["GcResult", "collect_garbage", "guarded_snapshots", "guard_note", "read_guard_note", "GUARD_LOCK",
+__all__ = ["GcResult", "collect_garbage", "guarded_snapshots", "guard_lease", "guard_note", "read_guard_note", "GUARD_LOCK",
            "REWRITE_DEAD_FRACTION"]
 
 REWRITE_DEAD_FRACTION = 0.25
@@ -79,13 +79,32 @@ def read_guard_note(text: str) -> tuple[int | None, str | None]:
     return pid, sid
 
 
-def guarded_snapshots(vault: Vault) -> set[str]:
-    """Ids of the "before" snapshots of the guards running on this machine now: each guard writes its id into
-    its lock file (``guard_note``) under the vault lock that commits it, and holds that lock until its rollback
-    is done. gc keeps them as it keeps tagged ones: a guarded command that ran ``envvault gc --keep-last 0``
-    deleted the snapshot its rollback then could not find (helper 22, F4)."""
-    ids = (read_guard_note(text)[1] for text in vault.state.notes_of_held_locks(GUARD_LOCK))
-    return {sid for sid in ids if sid is not None}
+def guarded_snapshots(vault: Vault, *, clean: bool = True) -> set[str]:
+    """Ids of the "before" snapshots of the guards running now: each guard writes its id into its lock file
+    (``guard_note``) under the vault lock that commits it, and holds that lock until its rollback is done; in
+    a vault whose lock is lock objects, a guard on any node also holds a lease naming it (``guard_lease``;
+    stale ones deleted when ``clean``). gc keeps them as it keeps tagged ones: a guarded command that ran
+    ``envvault gc --keep-last 0`` deleted the snapshot its rollback then could not find (helper 22, F4), and a
+    gc on another node of a bucket vault saw no lock file of this one."""
+    ids = {sid for text in vault.state.notes_of_held_locks(GUARD_LOCK) if (sid := read_guard_note(text)[1])}
+    keys = vault.lock_objects()
+    if keys is not None:
+        from envvault.vault.lockobjects import live_leases
+
+        ids.update(lease.snapshot for lease in live_leases(keys, clean=clean))
+    return ids
+
+
+def guard_lease(vault: Vault, sid: str, venv: str) -> AbstractContextManager[None]:
+    """A running guard's lease on its "before" snapshot ``sid`` in a vault whose lock is lock objects
+    (``lockobjects.lease``; docs/format.md, "Guard leases"); nothing to hold in a flock vault, whose lock file
+    note every gc of it reads."""
+    keys = vault.lock_objects()
+    if keys is None:
+        return nullcontext()
+    from envvault.vault.lockobjects import lease
+
+    return lease(keys, sid, venv)
 
 
 def _choose(vault: Vault, keep_last: int | None, latests, guarded: set[str]) -> tuple[list, list]:
@@ -132,7 +151,7 @@ def collect_garbage(vault: Vault, *, keep_last: int | None = None, dry_run: bool
     if keep_last is not None and keep_last < 0:
         raise EnvvaultError("--keep-last must be 0 or more", exit_code=2)
     with vault.lock(exclusive=True), _epoch_moved_at_the_end(vault, dry_run):
-        guarded = guarded_snapshots(vault) if keep_last is not None else set()
+        guarded = guarded_snapshots(vault, clean=not dry_run) if keep_last is not None else set()
         keep, drop = _choose(vault, keep_last, latests, guarded)
         unreadable = set(vault.snapshot_ids()) - {s.id for s in keep} - {s.id for s in drop}
         if unreadable:

@@ -224,12 +224,23 @@ class Vault:
             pass  # no stderr to tell
 
     def _lock(self, exclusive: bool, wait: bool):
-        if isinstance(self.backend, LocalBackend) and self._lock_setting() == "objects":
-            from envvault.vault.local_locks import DirLockKeys
+        keys = self.lock_objects()
+        if keys is not None:
             from envvault.vault.lockobjects import hold
 
-            return hold(DirLockKeys(self.backend.root), "vault", exclusive=exclusive, wait=wait)
+            return hold(keys, "vault", exclusive=exclusive, wait=wait)
         return self.backend.lock("vault", exclusive=exclusive, wait=wait)
+
+    def lock_objects(self):
+        """The ``lockobjects.LockKeys`` of a vault whose lock is lock objects (a bucket; a local vault whose
+        settings say ``lock = "objects"``), else None (flock)."""
+        if isinstance(self.backend, LocalBackend):
+            if self._lock_setting() != "objects":
+                return None
+            from envvault.vault.local_locks import DirLockKeys
+
+            return DirLockKeys(self.backend.root)
+        return self.backend if hasattr(self.backend, "list_meta") else None
 
     # -- index ---------------------------------------------------------------------------------
     def index(self, refresh: bool = False) -> dict[str, tuple]:
