@@ -854,6 +854,13 @@ def test_a_guard_run_by_a_guarded_command_on_its_environment_runs_as_part_of_it(
     assert outer.returncode == 0, outer.stderr
     assert json.loads(outer.stdout)["outcome"] != "restored" and marker.exists()
     assert "is guarded by the envvault guard that runs this command" in outer.stderr
+    assert "not applied" not in outer.stderr
+    # Its own options are not applied (the outer guard judges the whole command); it says so.
+    flagged = inner[:6] + ["--protect", "torch*", "--no-restore"] + inner[6:]
+    outer = ev(vault, "guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c",
+               f"import subprocess, sys; sys.exit(subprocess.run({flagged!r}).returncode)", check=False)
+    assert outer.returncode == 0, outer.stderr
+    assert "(--protect, --no-restore not applied: that guard's settings judge its whole command)" in outer.stderr
     marker.unlink()
     proc = ev(vault, "guard", "--venv", venv, "--yes", "--json", *inner[inner.index("--"):], check=False)
     first = json.loads(proc.stdout)

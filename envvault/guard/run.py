@@ -265,8 +265,11 @@ def guard(
     if _inside_guard_of(env.get(GUARD_ACTIVE), lock, vault):
         # Run by a command that a guard of this environment runs (a Makefile's `envvault guard -- pip ...` under
         # an outer guard): that guard's snapshots and rollback cover it; a second guard would be refused.
+        ignored = [flag for flag, given in (("--protect", options.protect), ("--unprotect", options.unprotect),
+                                            ("--no-restore", not options.restore)) if given]
         ui.note(f"{target} is guarded by the envvault guard that runs this command; running `{cmd.display}` as "
-                "part of it")
+                "part of it" + (f" ({', '.join(ignored)} not applied: that guard's settings judge its whole command)"
+                                if ignored else ""))
         rc, _ = run_command(cmd.argv, env, stdout_to_stderr=options.quiet_command)
         return GuardResult(command=cmd.argv, outcome="passthrough", exit_code=rc, command_exit=rc)
     child_env[GUARD_ACTIVE] = f"{lock}:{os.getpid()}"  # (the shell hook only asks whether it is set)
