@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from envvault.errors import CorruptError
+from envvault.errors import CorruptError, EnvvaultError
 from envvault.vault import lockobjects
 from envvault.vault.gc import collect_garbage, guarded_snapshots
 from envvault.vault.local_locks import DirLockKeys
@@ -89,18 +89,21 @@ def _body(sid: str = SID, **kw) -> dict:
 
 
 def test_lease_rules_live_stale_dead_and_hostile(objects_vault: Vault, tmp_path: Path):
-    """Live: a fresh lease of another host. Stale, and deleted by the lister: one last written more than 30
-    minutes before the lister's own vault lock object, and one of this host whose process is gone. Pinning
+    """Live: a fresh lease of another host, and one of this host's name in another PID namespace. Stale, and
+    deleted by the lister: one last written more than 30 minutes before the lister's own vault lock object,
+    and one of this host, boot and PID namespace whose process is gone. Pinning
     nothing and never followed: garbage, a lease naming no id, a folder, a symlink to a lease elsewhere, a FIFO
     and a file past 64 KiB; a dry run deletes nothing."""
-    import socket
 
-    other = "cd" * 32
+    other, third = "cd" * 32, "ef" * 32
     live = _lease_file(objects_vault, _body())
     old = _lease_file(objects_vault, _body(other), age=lockobjects.LOCK_STALE_SECONDS + 120)
     dead_proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                                text=True, check=True)
-    dead = _lease_file(objects_vault, _body(other, hostname=socket.gethostname(), pid=int(dead_proc.stdout)))
+    here = lockobjects._place()
+    dead = _lease_file(objects_vault, _body(other, **here, pid=int(dead_proc.stdout)))
+    # The same pid in another PID namespace of this host (Docker --network host, hostNetwork pods): not gone.
+    elsewhere = _lease_file(objects_vault, _body(third, **dict(here, pidns="pid:[1]"), pid=int(dead_proc.stdout)))
     outside = tmp_path / "outside.json"
     outside.write_text(json.dumps(_body(other)))
     (objects_vault.backend.root / "locks" / f"lease-{'e' * 32}.json").symlink_to(outside)
@@ -114,16 +117,14 @@ def test_lease_rules_live_stale_dead_and_hostile(objects_vault: Vault, tmp_path:
         assert guarded_snapshots(objects_vault, clean=False) >= {SID}
         assert old.exists() and dead.exists(), "a dry run deletes nothing"
         pinned = guarded_snapshots(objects_vault)
-    assert SID in pinned and other not in pinned, pinned
-    assert live.exists() and not old.exists() and not dead.exists()
+    assert SID in pinned and third in pinned and other not in pinned, pinned
+    assert live.exists() and elsewhere.exists() and not old.exists() and not dead.exists()
     assert outside.exists(), "a link's target is never touched"
 
 
 def test_a_gc_keeps_a_leased_snapshot_and_reports_it(objects_vault: Vault, tmp_path: Path, make_venv, wheelhouse):
     """A leased snapshot stays through ``gc --keep-last 0`` and guard retention, as a tagged one does; the lease
     of a dead process on this host keeps nothing."""
-    import socket
-
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
     home = objects_vault.backend.root
@@ -135,7 +136,7 @@ def test_a_gc_keeps_a_leased_snapshot_and_reports_it(objects_vault: Vault, tmp_p
     assert first in result.kept_for_guards and first not in result.removed_snapshots
     assert second in result.removed_snapshots
     for path in (home / "locks").glob("lease-*.json"):
-        path.write_text(json.dumps(_body(first, hostname=socket.gethostname(), pid=2 ** 22 + 7)))
+        path.write_text(json.dumps(_body(first, **lockobjects._place(), pid=2 ** 22 + 7)))
     result = collect_garbage(Vault.open(home), keep_last=0)
     assert first in result.removed_snapshots and not result.kept_for_guards
 
@@ -160,12 +161,56 @@ def test_guard_retention_keeps_a_leased_snapshot(objects_vault: Vault, make_venv
     assert ids[0] in {s.id for s in Vault.open(home).snapshots()}
 
 
-def test_too_many_live_leases_stop_gc_before_it_deletes(objects_vault: Vault, monkeypatch):
+def test_too_many_fresh_leases_stop_gc_before_it_reads_them(objects_vault: Vault, monkeypatch):
+    """Each lease is a request: fresh lease objects past the cap stop gc before any is read, junk included
+    (3,000 junk objects made a gc hold the exclusive lock for 10 s on moto, helper 28 F3)."""
     monkeypatch.setattr(lockobjects, "MAX_LEASES", 3)
     for n in range(5):
-        _lease_file(objects_vault, _body(f"{n:02d}" * 32))
+        _lease_file(objects_vault, b"x")
+    read = []
+    monkeypatch.setattr(DirLockKeys, "get_key", lambda self, key, limit: read.append(key))
     with pytest.raises(CorruptError, match="guard leases"):
         collect_garbage(objects_vault, keep_last=0)
+    assert not [k for k in read if "lease-" in k]
+
+
+def test_an_unreadable_lease_stops_gc_and_skips_retention_with_one_line(objects_vault: Vault, tmp_path,
+                                                                        make_venv, wheelhouse):
+    """A lease that cannot be read (another user's, mode 000) keeps an unknown snapshot: gc stops with a line
+    naming it (exit 6, "cannot read"), and a guard whose retention meets it reports its own outcome with
+    "retention skipped" (it exited 6 with no JSON, helper 28 F2)."""
+    if os.geteuid() == 0:  # root reads a mode-000 file: a stand-in get_key fails as the read would
+        from envvault.errors import StorageError
+
+        def refuse(self, key, limit):
+            if "lease-" in key:
+                raise StorageError(f"cannot read {key}: Permission denied")
+            return None
+
+        patch = pytest.MonkeyPatch()
+        patch.setattr(DirLockKeys, "get_key", refuse)
+    else:
+        patch = None
+    bad = _lease_file(objects_vault, _body())
+    bad.chmod(0)
+    try:
+        with pytest.raises(Exception, match="cannot read the guard lease locks/lease-") as err:
+            collect_garbage(Vault.open(objects_vault.backend.root), keep_last=0)
+        assert getattr(err.value, "exit_code", None) == 6
+        from envvault.guard.retention import apply_retention
+
+        venv = make_venv("uv")
+        uv_install(venv, wheelhouse[C.SMALL_01])
+        home = objects_vault.backend.root
+        for n in range(3):
+            (site_packages(venv) / "extra.txt").write_text(str(n))
+            ev(home, "guard", "--venv", venv, "--yes", "--", "true")
+        with pytest.raises(EnvvaultError, match="cannot read the guard lease"):  # guard's _retain: "retention skipped"
+            apply_retention(Vault.open(home), venv, keep=1, slack=0, gc=False)
+    finally:
+        if patch is not None:
+            patch.undo()
+        bad.chmod(0o644)
 
 
 def test_a_lease_is_rewritten_while_held_and_written_again_when_a_peer_removed_it(objects_vault: Vault):

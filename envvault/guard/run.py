@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
 
 from envvault.env.probe import chosen_python, find_target
 from envvault.model.paths import absolute_path
-from envvault.errors import EnvvaultError, RefusedError, UsageError
+from envvault.errors import EnvvaultError, RefusedError, StorageError, UsageError
 from envvault.guard.command import (Command, locate_target, parse_command, uv_project, uv_project_root,
                                     uv_workspace_members)
 from envvault.guard.plan import Change, Installed, Plan, start_dry_run
@@ -326,7 +326,11 @@ def one_guard_at_a_time(vault: Vault, target: Path, lock: str) -> Iterator[Calla
                 with ExitStack() as leases:
                     def pin(sid: str) -> None:
                         vault.state.note_in_lock(lock, guard_note(os.getpid(), sid))
-                        leases.enter_context(guard_lease(vault, sid, str(target)))
+                        try:
+                            leases.enter_context(guard_lease(vault, sid, str(target)))
+                        except StorageError as err:
+                            raise StorageError(f"{err}; guard stopped before running the command (its lease on "
+                                               f"snapshot {sid[:12]} could not be written)") from None
 
                     yield pin
                 return

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from envvault.errors import CorruptError
+from envvault.errors import CorruptError, StorageError
 from envvault.vault.fsutil import atomic_write, read_regular
 
 __all__ = ["DirLockKeys"]
@@ -47,11 +47,15 @@ class DirLockKeys:
         return out
 
     def get_key(self, key: str, limit: int) -> bytes | None:
-        """A regular file of at most ``limit`` bytes (no FIFO, device or link is opened), else None."""
+        """A regular file of at most ``limit`` bytes (no FIFO, device or link is opened), else None; a
+        StorageError when it is there but cannot be read (permissions, I/O), as a bucket's failed GET is."""
+        path = self._path(key)
         try:
-            return read_regular(self._path(key), limit, key)
+            return read_regular(path, limit, key)
         except (FileNotFoundError, CorruptError):
             return None
+        except OSError as err:
+            raise StorageError(f"cannot read {path}: {err.strerror or err}") from None
 
     def put_key(self, key: str, data: bytes) -> None:
         path = self._path(key)

@@ -28,7 +28,7 @@ LOCK_REFRESH_SECONDS = 300.0
 LOCK_STALE_SECONDS = 1800.0
 _SMALL = 64 << 10  # a lock object or the gc epoch is a few hundred bytes; a larger one is not read
 LEASE = "lease"  # ``locks/lease-<32 hex>.json``: a running guard's "before" snapshot (docs/format.md, "Guard leases")
-MAX_LEASES = 10_000  # live leases past this stop ``gc --keep-last`` (a lister reads each one)
+MAX_LEASES = 1_000  # fresh lease objects past this stop ``gc --keep-last`` (a lister reads each one)
 
 
 class LockKeys(Protocol):
@@ -54,7 +54,6 @@ def hold(keys: LockKeys, name: str, *, exclusive: bool, wait: bool = True) -> It
     """Hold lock ``name`` (shared, or ``exclusive``); yields False at once when ``wait=False`` and another
     holder excludes it."""
     import random
-    import socket
     import threading
     import uuid
 
@@ -62,7 +61,7 @@ def hold(keys: LockKeys, name: str, *, exclusive: bool, wait: bool = True) -> It
         raise ValueError(f"bad lock name {name!r}")
     me = f"{name}-{uuid.uuid4().hex}"
     key = f"locks/{me}.json"
-    body = {"lock": name, "exclusive": exclusive, "hostname": socket.gethostname(), "pid": os.getpid()}
+    body = {"lock": name, "exclusive": exclusive, **_place(), "pid": os.getpid()}
     delay = 0.1
     while True:
         _put_lock(keys, key, body)
@@ -106,25 +105,52 @@ def _after_lock(keys: LockKeys, exclusive: bool) -> None:
     keys.on_gc_epoch(value.decode("ascii", "replace")[:64])
 
 
+def _place() -> dict:
+    """Where this process runs, as lock objects and leases record it: the host's name, its boot (Linux's
+    ``boot_id``) and the PID namespace (``/proc/self/ns/pid``); None for a part that cannot be read."""
+    import socket
+
+    def read(how) -> str | None:
+        try:
+            return how()[:100]
+        except (OSError, ValueError):
+            return None
+
+    def boot() -> str:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read(100).decode("ascii").strip()
+
+    return {"hostname": socket.gethostname(), "boot": read(boot), "pidns": read(lambda: os.readlink("/proc/self/ns/pid"))}
+
+
+def _gone_here(doc: dict, here: dict) -> bool:
+    """Whether the process that wrote a lock object or lease ``doc`` is known to be gone: it ran on this host,
+    in this boot and this PID namespace (all three recorded and equal to ``here``, ``_place()``), and its
+    pid runs no more. A process of another PID namespace of the same host (a container sharing the host's
+    name: Docker ``--network host``, Kubernetes ``hostNetwork``) is never judged so, nor one of a writer that
+    did not record them: those go stale by age alone (helper 28, F1: such a gc dropped a running guard's lease)."""
+    pid = doc.get("pid")
+    return (all(here[k] is not None and doc.get(k) == here[k] for k in ("hostname", "boot", "pidns"))
+            and isinstance(pid, int) and not isinstance(pid, bool) and not process_alive(pid))
+
+
 def _put_lock(keys: LockKeys, key: str, body: dict) -> None:
     keys.put_key(key, json.dumps(dict(body, time=time.time()), sort_keys=True).encode())
 
 
 def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None:
     """Another live lock object of ``name`` that excludes this one (removing stale ones on the way)."""
-    import socket
-
-    mine_re = re.compile(rf"^locks/({re.escape(name)}-[0-9a-f]{{32}})\.json$")
+    mine_re = re.compile(rf"locks/({re.escape(name)}-[0-9a-f]{{32}})\.json")
     metas: dict[str, Any] = {}
     for m in keys.list_meta("locks/"):
-        hit = mine_re.match(m["path"])
+        hit = mine_re.fullmatch(m["path"])
         if hit:
             metas[hit.group(1)] = m
     mine = metas.get(me)
     if mine is None:
         return None if not metas else next(iter(metas))  # our own write is not listed yet: try again
     now = mine["last_modified"]  # the server's clock, not ours
-    host = socket.gethostname()
+    here = _place()
     for other, meta in metas.items():
         if other == me:
             continue
@@ -135,8 +161,7 @@ def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None
         if not isinstance(doc, dict):  # not a lock object envvault writes: judged by its age alone
             doc = {}
         age = (now - meta["last_modified"]).total_seconds()
-        dead_here = doc.get("hostname") == host and isinstance(doc.get("pid"), int) and not process_alive(doc["pid"])
-        if age > LOCK_STALE_SECONDS or dead_here:
+        if age > LOCK_STALE_SECONDS or _gone_here(doc, here):
             try:
                 keys.delete_key(meta["path"])
             except Exception:  # noqa: BLE001
@@ -162,12 +187,17 @@ def _refresh(keys: LockKeys, key: str, body: dict, me: str, stop: Any) -> None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lease:
-    """A guard lease as read back: the snapshot it keeps, and who wrote it (for the dead-process rule)."""
+    """A guard lease as read back: the snapshot it keeps, and where its writer ran (``_gone_here``)."""
 
     snapshot: str
     venv: str | None
     hostname: str | None
+    boot: str | None
+    pidns: str | None
     pid: int | None
+
+    def writer(self) -> dict:
+        return {"hostname": self.hostname, "boot": self.boot, "pidns": self.pidns, "pid": self.pid}
 
 
 def parse_lease(data: bytes | None) -> Lease | None:
@@ -180,10 +210,14 @@ def parse_lease(data: bytes | None) -> Lease | None:
         return None
     if not isinstance(doc, dict) or doc.get("lock") != LEASE or not is_id(doc.get("snapshot")):
         return None
-    venv, host, pid = doc.get("venv"), doc.get("hostname"), doc.get("pid")
-    return Lease(snapshot=doc["snapshot"], venv=venv if isinstance(venv, str) else None,
-                 hostname=host if isinstance(host, str) else None,
-                 pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
+
+    def text(key: str) -> str | None:
+        value = doc.get(key)
+        return value if isinstance(value, str) else None
+
+    pid = doc.get("pid")
+    return Lease(snapshot=doc["snapshot"], venv=text("venv"), hostname=text("hostname"), boot=text("boot"),
+                 pidns=text("pidns"), pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
 
 
 @contextmanager
@@ -191,13 +225,11 @@ def lease(keys: LockKeys, snapshot: str, venv: str, *, refresh: float = LOCK_REF
     """Hold a lease on ``snapshot`` while the block runs: ``locks/lease-<32 hex>.json``, rewritten every
     ``refresh`` seconds (a guarded command may run for hours), deleted at the end. Unlike ``hold`` it excludes
     nothing and is never taken away: a lease a peer judged stale is simply written again."""
-    import socket
     import threading
     import uuid
 
     key = f"locks/{LEASE}-{uuid.uuid4().hex}.json"
-    body = {"lock": LEASE, "snapshot": snapshot, "venv": venv, "hostname": socket.gethostname(),
-            "pid": os.getpid()}
+    body = {"lock": LEASE, "snapshot": snapshot, "venv": venv, **_place(), "pid": os.getpid()}
     _put_lock(keys, key, body)
     stop = threading.Event()
 
@@ -224,35 +256,52 @@ def lease(keys: LockKeys, snapshot: str, venv: str, *, refresh: float = LOCK_REF
 def live_leases(keys: LockKeys, *, clean: bool = True) -> list[Lease]:
     """The leases under ``locks/`` that are not stale (``hold``'s rule: last written more than
     ``LOCK_STALE_SECONDS`` before the newest vault lock object listed with them, the lister's own, by the
-    server's clock; or of this host and a process that no longer runs); stale ones are deleted when ``clean``.
-    A lease that cannot be read or parsed pins nothing. A CorruptError past ``MAX_LEASES`` live ones."""
-    import socket
-
-    lease_re = re.compile(rf"^locks/{LEASE}-[0-9a-f]{{32}}\.json$")
-    holder_re = re.compile(r"^locks/vault-[0-9a-f]{32}\.json$")
+    server's clock; or ``_gone_here``); stale ones are deleted when ``clean``. A lease that reads but does not
+    parse pins nothing; one that cannot be read is a StorageError naming it (what it keeps is unknown), and
+    more than ``MAX_LEASES`` fresh ones a CorruptError, before any is read (each is a request)."""
+    lease_re = re.compile(rf"locks/{LEASE}-[0-9a-f]{{32}}\.json")
+    holder_re = re.compile(r"locks/vault-[0-9a-f]{32}\.json")
     metas = keys.list_meta("locks/")
-    found = [m for m in metas if lease_re.match(m["path"])]
+    found = [m for m in metas if lease_re.fullmatch(m["path"])]
     if not found:
         return []
-    stamps = [m["last_modified"] for m in metas if holder_re.match(m["path"])]
+    stamps = [m["last_modified"] for m in metas if holder_re.fullmatch(m["path"])]
     now = max(stamps) if stamps else max(m["last_modified"] for m in found)
-    host = socket.gethostname()
+    stale = [m for m in found if (now - m["last_modified"]).total_seconds() > LOCK_STALE_SECONDS]
+    fresh = [m for m in found if m not in stale]
+    if len(fresh) > MAX_LEASES:
+        raise CorruptError(f"{len(fresh)} guard leases under locks/ are fresh, more than {MAX_LEASES}; gc stops "
+                           "before it deletes anything (it would read each one): remove those no guard holds")
+    here = _place()
     live: list[Lease] = []
-    for meta in found:
-        stale = (now - meta["last_modified"]).total_seconds() > LOCK_STALE_SECONDS
-        got = None if stale else parse_lease(keys.get_key(meta["path"], _SMALL))
-        if got is not None and got.hostname == host and got.pid is not None and not process_alive(got.pid):
-            stale = True
-        if stale:
-            if clean:
-                try:
-                    keys.delete_key(meta["path"])
-                except Exception:  # noqa: BLE001 - another lister deleted it, or it goes next time
-                    pass
-            continue
-        if got is not None:
+    for meta, data in zip(fresh, _read_all(keys, [m["path"] for m in fresh])):
+        got = parse_lease(data)
+        if got is not None and _gone_here(got.writer(), here):
+            stale.append(meta)
+        elif got is not None:
             live.append(got)
-            if len(live) > MAX_LEASES:
-                raise CorruptError(f"more than {MAX_LEASES} guard leases under locks/ are live; gc stops so it "
-                                   "cannot drop a snapshot one of them keeps; remove the ones no guard holds")
+    if clean:
+        for meta in stale:
+            try:
+                keys.delete_key(meta["path"])
+            except Exception:  # noqa: BLE001 - another lister deleted it, or it goes next time
+                pass
     return live
+
+
+def _read_all(keys: LockKeys, paths: list[str]) -> list[bytes | None]:
+    """``keys.get_key`` of each path (up to ``_SMALL`` bytes), eight at a time; a failure to read one is a
+    StorageError that names it."""
+    def read(path: str) -> bytes | None:
+        try:
+            return keys.get_key(path, _SMALL)
+        except StorageError as err:
+            raise StorageError(f"cannot read the guard lease {path} ({err}); gc stops so it cannot drop the "
+                               "snapshot it keeps: remove it if no guard holds it") from None
+
+    if len(paths) < 2:
+        return [read(p) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(read, paths))
