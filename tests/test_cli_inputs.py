@@ -330,3 +330,13 @@ def test_an_environment_typed_with_dotdot_is_the_same_environment(tmp_path, make
     assert list(venv.glob("lib/python3*/site-packages/tiny/__init__.py"))
     built = json.loads(run("restore", first["id"], "--into", "../v2", "--json").stdout)
     assert built["verified"] and built["target"] == str(tmp_path / "v2"), built
+
+
+@pytest.mark.parametrize("args", [("snap",), ("status",), ("guard", "--yes", "--", "true")])
+def test_a_venv_path_with_a_name_too_long_is_not_a_directory(world, tmp_path, args):
+    """``--venv`` with a 300-character name was a storage error ("cannot write ...: File name too long", exit
+    6; helper 29): it is no directory, a usage error (exit 2) in one line."""
+    target = tmp_path / ("a" * 300)
+    proc = _run(world["vault"], args[0], "--venv", target, *args[1:])
+    assert proc.returncode == 2, proc
+    assert_one_line_error(proc, "is not a directory; pass --venv")

@@ -189,7 +189,7 @@ def find_target(venv: str | os.PathLike | None, python: str | os.PathLike | None
     if not_utf8(path):
         raise UsageError(f"{os.fsencode(path)!r} is not a UTF-8 path, which a snapshot cannot record; move the "
                          "environment to a path of UTF-8 letters")
-    if not path.is_dir():
+    if not os.path.isdir(path):  # (any OSError, a name too long included: not a directory)
         raise UsageError(f"{path} is not a directory; pass --venv with the path of a virtual environment")
     if system_of(path) is not None:  # a root found by --python earlier in this process
         return path
