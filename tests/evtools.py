@@ -135,3 +135,12 @@ def behind_a_gc(vault: str | Path, args, *, keep_last: int | None = 0, env: dict
         holder.kill()
         holder.wait()
     return proc.returncode, out, err
+
+
+def s3_node(s3_server, tmp_path: Path, name: str, url: str, endpoint: str | None = None) -> dict:
+    """The environment of one node of a bucket vault: its own cache (and so its own machine-local state) for
+    the vault at ``url`` on the test's S3 server (tests/s3server.py)."""
+    env = ev_env(url, ENVVAULT_CACHE_DIR=str(tmp_path / f"cache-{name}"), **s3_server.env(endpoint))
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        env.pop(k, None)
+    return env

@@ -24,18 +24,11 @@ from envvault.vault import lockobjects
 from envvault.vault.gc import collect_garbage, guarded_snapshots
 from envvault.vault.local_locks import DirLockKeys
 from envvault.vault.store import Vault
-from evtools import ev, ev_env
+from evtools import ev, s3_node
 from fixtures import catalogue as C
 from fixtures import site_packages, uv_install
 
 SID = "ab" * 32  # an id no snapshot has: a lease may name anything; gc only keeps what it names
-
-
-def _node(s3_server, tmp_path: Path, name: str, url: str) -> dict:
-    env = ev_env(url, ENVVAULT_CACHE_DIR=str(tmp_path / f"cache-{name}"), **s3_server.env(None))
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-        env.pop(k, None)
-    return env
 
 
 def test_a_gc_on_another_node_keeps_a_running_guards_snapshot(s3_server, tmp_path, make_venv, wheelhouse):
@@ -44,7 +37,7 @@ def test_a_gc_on_another_node_keeps_a_running_guards_snapshot(s3_server, tmp_pat
     file back byte for byte; no lease is left in the bucket once A's guard ends."""
     bucket = s3_server.bucket()
     url = f"s3://{bucket}/team/vault"
-    a, b = _node(s3_server, tmp_path, "a", url), _node(s3_server, tmp_path, "b", url)
+    a, b = s3_node(s3_server, tmp_path, "a", url), s3_node(s3_server, tmp_path, "b", url)
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
     victim = sorted(p for p in site_packages(venv).rglob("*.py") if ".dist-info" not in str(p))[0]

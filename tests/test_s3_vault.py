@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evtools import behind_a_gc, ev, ev_env, ev_json
+from evtools import behind_a_gc, ev, ev_json, s3_node
 from fixtures import catalogue as C
 from fixtures import uv_install, uv_pip
 from s3server import FaultProxy
@@ -23,12 +23,7 @@ def bucket(s3_server):
     return s3_server.bucket()
 
 
-def node(s3_server, tmp_path: Path, name: str, url: str, endpoint: str | None = None) -> dict:
-    """The environment of one node: its own cache (and so its own machine-local state) for the vault at url."""
-    env = ev_env(url, ENVVAULT_CACHE_DIR=str(tmp_path / f"cache-{name}"), **s3_server.env(endpoint))
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-        env.pop(k, None)
-    return env
+node = s3_node  # one node's environment: its own cache, so its own machine-local state
 
 
 def run(env: dict, *args, check: bool = True, **kw) -> subprocess.CompletedProcess:

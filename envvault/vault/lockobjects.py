@@ -54,7 +54,6 @@ def hold(keys: LockKeys, name: str, *, exclusive: bool, wait: bool = True) -> It
     """Hold lock ``name`` (shared, or ``exclusive``); yields False at once when ``wait=False`` and another
     holder excludes it."""
     import random
-    import threading
     import uuid
 
     if not name or "/" in name or name.startswith("."):
@@ -74,18 +73,28 @@ def hold(keys: LockKeys, name: str, *, exclusive: bool, wait: bool = True) -> It
         time.sleep(delay * (0.5 + random.random()))
         delay = min(delay * 2, 2.0)
     _after_lock(keys, exclusive)
-    stop = threading.Event()
-    refresher = threading.Thread(target=_refresh, args=(keys, key, body, me, stop), daemon=True)
-    refresher.start()
-    try:
+    with _kept_until_done(keys, key, lambda stop: _refresh(keys, key, body, me, stop)):
         yield True
+
+
+@contextmanager
+def _kept_until_done(keys: LockKeys, key: str, rewrite: Callable[[Any], None]) -> Iterator[None]:
+    """Run ``rewrite(stop)`` in a thread while the block runs (it rewrites ``key`` until ``stop`` is set),
+    then delete ``key``; one that cannot be deleted goes stale."""
+    import threading
+
+    stop = threading.Event()
+    writer = threading.Thread(target=rewrite, args=(stop,), daemon=True)
+    writer.start()
+    try:
+        yield
     finally:
         stop.set()
-        refresher.join()
+        writer.join()
         try:
             keys.delete_key(key)
         except StorageError:
-            pass  # it goes stale
+            pass
 
 
 def _after_lock(keys: LockKeys, exclusive: bool) -> None:
@@ -225,32 +234,21 @@ def lease(keys: LockKeys, snapshot: str, venv: str, *, refresh: float = LOCK_REF
     """Hold a lease on ``snapshot`` while the block runs: ``locks/lease-<32 hex>.json``, rewritten every
     ``refresh`` seconds (a guarded command may run for hours), deleted at the end. Unlike ``hold`` it excludes
     nothing and is never taken away: a lease a peer judged stale is simply written again."""
-    import threading
     import uuid
 
     key = f"locks/{LEASE}-{uuid.uuid4().hex}.json"
     body = {"lock": LEASE, "snapshot": snapshot, "venv": venv, **_place(), "pid": os.getpid()}
     _put_lock(keys, key, body)
-    stop = threading.Event()
 
-    def rewrite() -> None:
+    def rewrite(stop) -> None:
         while not stop.wait(refresh):
             try:
                 _put_lock(keys, key, body)
             except StorageError:
                 continue
 
-    writer = threading.Thread(target=rewrite, daemon=True)
-    writer.start()
-    try:
+    with _kept_until_done(keys, key, rewrite):
         yield
-    finally:
-        stop.set()
-        writer.join()
-        try:
-            keys.delete_key(key)
-        except StorageError:
-            pass  # it goes stale
 
 
 def live_leases(keys: LockKeys, *, clean: bool = True) -> list[Lease]:
