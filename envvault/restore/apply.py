@@ -1,7 +1,9 @@
 """Applying an in-place plan to the environment (docs/format.md, "Restoring an environment", steps 4 and 5):
 stage every write through the materializer (``envvault/materialize.py``), then commit: rename the staged files into
 place, give kept files back their modes, delete what the snapshot lacks (package files first, then whole
-dist-info folders renamed away), drop stale bytecode, prune emptied folders. The crash points ``stage``,
+dist-info folders renamed away), drop stale bytecode, prune emptied folders. A path whose kind the restore
+changes (``KindChanges``: another version's file where the snapshot has a folder, or its folder where the
+snapshot has a file) is cleared at the commit, just before the renames. The crash points ``stage``,
 ``commit`` and ``remove_dir`` lie on this path; the journal (written before, removed after) is the caller's.
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from envvault.crashpoints import crash_point
 from envvault import materialize
+from envvault.model.records import dataclass
 from envvault.errors import EnvironmentProblem, EnvvaultError
 from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
 from envvault.materialize import FileSpec, Staged
@@ -22,7 +25,51 @@ from envvault.output import ProgressSink
 from envvault.vault.fsutil import makedirs_recording, remove_folders, storage_error
 from envvault.vault.store import ObjectReader, Vault
 
-__all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache", "remember_written"]
+__all__ = ["stage_plan", "commit_plan", "undo_staging", "populate_statcache", "remember_written", "KindChanges",
+           "kind_changes"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KindChanges:
+    """Paths a restore turns from one kind into another, each of them what another version of a package left
+    there and the restore deletes anyway (helper 29: a rollback across such an upgrade was refused).
+    ``files``: a file or link where the snapshot needs a folder (its writes are staged beside it, in the
+    nearest folder that exists: ``staged_beside``); ``folders``: a folder all of whose entries the restore
+    deletes, where the snapshot has a file."""
+
+    files: tuple[str, ...] = ()
+    folders: tuple[str, ...] = ()
+
+    def staging_dirs(self) -> set[str]:
+        """Folders a killed restore may have left temp files in, beyond the writes' own."""
+        return {os.path.dirname(rel) for rel in self.files + self.folders}
+
+    def staged_beside(self, rel: str) -> str | None:
+        """The changed file ``rel`` lies under, if any (its writes cannot be staged in their folder yet)."""
+        for f in self.files:
+            if rel.startswith(f + "/"):
+                return f
+        return None
+
+
+def kind_changes(target: Path, plan: Plan) -> KindChanges:
+    """Find the paths whose kind ``plan`` changes; a RefusedError (``refuse_folders_in_the_way``) for a folder in
+    the way of a file that holds anything the restore would not delete (a user's file is never deleted).
+    Only folders the writes need that the plan also removes are looked at (no I/O for any other)."""
+    removed = set(plan.removals)
+    needed: set[str] = set()
+    for w in plan.writes:
+        d = os.path.dirname(w.path)
+        while d and d not in needed:
+            needed.add(d)
+            d = os.path.dirname(d)
+    files = []
+    for rel in sorted(needed & removed):
+        full = os.path.join(target, rel)
+        if os.path.islink(full) or (os.path.lexists(full) and not os.path.isdir(full)):
+            files.append(rel)
+    folders = materialize.refuse_folders_in_the_way(target, [w.path for w in plan.writes], removed)
+    return KindChanges(files=tuple(files), folders=tuple(folders))
 
 
 def _spec(w: FileWrite) -> FileSpec:
@@ -30,11 +77,24 @@ def _spec(w: FileWrite) -> FileSpec:
 
 
 def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: ProgressSink | None,
-               created: list[str]) -> list[Staged]:
+               created: list[str], changes: KindChanges = KindChanges()) -> list[Staged]:
     """Create the folders the writes need (recorded in ``created``) and stage every write. On failure the
-    staged files are deleted; the caller removes ``created``."""
+    staged files are deleted; the caller removes ``created``. A write under a file ``changes`` clears at the
+    commit is staged in that file's folder, under a temp name of its whole path there."""
     reader = ObjectReader(vault)
+
+    def tmp_name(final: str) -> str:
+        rel = os.path.relpath(final, paths.target).replace(os.sep, "/")
+        blocked = changes.staged_beside(rel)
+        if blocked is None:
+            return tmp_for(final, pid)
+        parent = os.path.dirname(blocked)
+        return tmp_for(paths.abs(os.path.join(parent, rel[len(parent) + 1 if parent else 0:].replace("/", "~"))),
+                       pid)
+
     for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
+        if changes.staged_beside(d + "/") is not None or d in changes.files:
+            continue  # made at the commit, once the file in its way is gone
         full = paths.abs(d) if d else str(paths.target)
         if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):
             if os.path.islink(full) and os.path.isdir(full):
@@ -44,8 +104,18 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
             f"{p} is in the way: the snapshot needs a directory there; move it and run again"))
     if progress is not None:
         progress.set_total(plan.bytes)  # now the real amount is known
-    return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], lambda f: tmp_for(f, pid),
-                             progress=progress)
+    return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], tmp_name, progress=progress)
+
+
+def _unlink_counted(full: str) -> int:
+    """Delete the file or link ``full``; 1 when it was there (0: gone, or a folder on its path is a file now)."""
+    try:
+        os.unlink(full)
+        return 1
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    except OSError as err:
+        raise storage_error(err, full) from None
 
 
 def _drop_bytecode(abs_py: str, seen: dict[str, list[str]]) -> None:
@@ -67,10 +137,25 @@ def _drop_bytecode(abs_py: str, seen: dict[str, list[str]]) -> None:
                 pass
 
 
-def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[str]) -> tuple[int, int]:
-    """Rename staged files into place, set the modes of kept files, delete; returns (removed, modes set)."""
+def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[str],
+                changes: KindChanges = KindChanges()) -> tuple[int, int]:
+    """Rename staged files into place, set the modes of kept files, delete; returns (removed, modes set).
+    What stands where ``changes`` changes a path's kind goes first (it is in ``plan.removals``)."""
     pyc_seen: dict[str, list[str]] = {}
     parents: set[str] = set()
+    removed = 0
+    for rel in changes.folders:  # emptied of the other version's entries; ``place`` then replaces the empty tree
+        inside = [r for r in plan.removals if r.startswith(rel + "/")]
+        for r in inside:
+            if not (os.path.isdir(paths.abs(r)) and not os.path.islink(paths.abs(r))):  # (a folder: ``place``)
+                removed += _unlink_counted(paths.abs(r))
+            crash_point("commit")
+    for rel in changes.files:
+        removed += _unlink_counted(paths.abs(rel))
+        crash_point("commit")
+    for s in staged:
+        if changes.files and changes.staged_beside(os.path.relpath(s.final, paths.target).replace(os.sep, "/")):
+            os.makedirs(os.path.dirname(s.final), exist_ok=True)
     for s in staged:
         materialize.place(s)
         if s.final.endswith(".py"):
@@ -86,7 +171,6 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
                 modes_set += 1
         except OSError:
             pass  # gone or not ours: verification names what still differs
-    removed = 0
     # Files inside a dist-info folder that goes away leave with the folder (renamed away whole, below), so
     # a kill never leaves a dist-info without METADATA or RECORD. Package files go first: until then the
     # dist-info still lists them, and after a kill the journal does.
@@ -96,15 +180,9 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
         if paths.check(rel) is not None or (doomed_dirs and rel.startswith(doomed_dirs)):
             continue
         full = paths.abs(rel)
-        try:
-            if os.path.isdir(full) and not os.path.islink(full):
-                continue
-            os.unlink(full)
-            removed += 1
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            raise storage_error(err, full) from None
+        if os.path.isdir(full) and not os.path.islink(full):
+            continue
+        removed += _unlink_counted(full)
         if full.endswith(".py"):
             _drop_bytecode(full, pyc_seen)
         parents.add(os.path.dirname(full))

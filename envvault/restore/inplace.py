@@ -20,11 +20,12 @@ from envvault.diff import diff_snapshots
 from envvault.errors import UsageError
 from envvault.journal import (Paths, clean_temps, exclusive_target, journal_file, read_journal, recover, remove_journal,
                               write_journal)
-from envvault.materialize import refuse_escapes, refuse_folders_in_the_way
+from envvault.materialize import refuse_escapes
 from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
 from envvault.vault import timing
-from envvault.restore.apply import commit_plan, populate_statcache, remember_written, stage_plan, undo_staging
+from envvault.restore.apply import (commit_plan, kind_changes, populate_statcache, remember_written, stage_plan,
+                                    undo_staging)
 from envvault.restore.backup import discard_backup, scan_now
 from envvault.env.probe import system_of
 from envvault.restore.current import Layout, protected_dirs, read_current
@@ -90,7 +91,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                                links={w.path: w.link for w in plan.writes if w.link is not None},
                                entries=[w.path for w in plan.writes if w.link is None],
                                scripts={"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")})
-                refuse_folders_in_the_way(target, [w.path for w in plan.writes])
+                changes = kind_changes(target, plan)  # a user's file in a folder in the way refuses it
             except BaseException:
                 if take_backup:
                     discard_backup(vault, backup_id)
@@ -109,7 +110,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             write_journal(jfile, Journal(
                 snapshot=sid, backup=backup_id, pid=pid, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 staging_dirs=tuple(sorted(set(plan.staging_dirs()) | set(earlier.staging_dirs)
-                                          | {os.path.dirname(d) for d in plan.remove_dirs})),
+                                          | {os.path.dirname(d) for d in plan.remove_dirs} | changes.staging_dirs())),
                 removals=tuple(plan.removals), writes=tuple(w.path for w in plan.writes),
                 dist_infos=tuple(plan.dist_infos),
                 protected=tuple(sorted(os.path.relpath(d, target) for d in protected_dirs(target, interp))),
@@ -118,7 +119,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             created: list[str] = []
             try:
                 clean_temps(target, list(earlier.staging_dirs) + plan.staging_dirs(), paths, keep_pid=pid)
-                staged = stage_plan(vault, plan, paths, pid, progress, created)
+                staged = stage_plan(vault, plan, paths, pid, progress, created, changes)
             except BaseException:
                 # Nothing was renamed into place: leave the environment as this run found it (a full disk must
                 # not leave empty package folders that import as empty packages).
@@ -128,7 +129,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 raise
             crash_point("staged")
             clock.lap("stage")
-            removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp))
+            removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp), changes)
             apply_settings(target, settings)  # one file replaced whole; a restore run again sets what is left
             populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
             if not now.python.system:  # a system environment's groups name their site (scan._build_one)

@@ -122,7 +122,7 @@ class ManifestBuilder:
             return entry, None
         try:
             st = os.lstat(absolute)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (a folder on its path is a file now: gone too)
             entry["state"] = "missing"
             return entry, None
         except OSError as err:

@@ -6,7 +6,6 @@ object is judged by its age alone; nothing read is unbounded or raises out of th
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 from pathlib import Path
 
@@ -69,12 +68,14 @@ def test_an_oversized_bundle_is_refused_by_its_size(bucket, monkeypatch):
 def test_a_bad_lock_object_does_not_stop_the_vault(bucket, body):
     """A lock object that is not an object, or names a pid no process can have on this host: judged by its
     age (young: it excludes a writer of an exclusive lock, as an unknown holder does), never an error."""
+    from envvault.vault.lockobjects import _place
+
     b, store, pre = bucket
-    host = socket.gethostname()
+    here = _place()  # this host, boot and PID namespace: where a pid can be judged gone
     if body == "host-huge-pid":
-        body = json.dumps({"hostname": host, "pid": 10**30, "exclusive": True}).encode()
+        body = json.dumps({**here, "pid": 10**30, "exclusive": True}).encode()
     elif body == "host-negative-pid":
-        body = json.dumps({"hostname": host, "pid": -1, "exclusive": True}).encode()
+        body = json.dumps({**here, "pid": -1, "exclusive": True}).encode()
     obstore.put(store, f"{pre}locks/vault-{'f' * 32}.json", body)
     with b.lock("vault", exclusive=False, wait=False) as held:
         # A same-host pid that cannot exist is a dead holder: its object is removed and the lock is ours.
