@@ -402,3 +402,23 @@ def test_a_snap_behind_a_held_vault_lock_says_it_waits(tmp_path, make_venv, whee
     code, _out, err = behind_a_gc(vault, [*words, "--venv", venv, *command[len(words):]], keep_last=None)
     assert code == 0, err
     assert "Traceback" not in err
+
+
+def test_files_linked_out_of_the_environment_are_named_at_snap(tmp_path, make_venv, wheelhouse):
+    """``uv pip install --link-mode symlink`` links every file from uv's cache: a snapshot records the links,
+    and a restore refuses to make links that lead out of its target (threat model). The snap said nothing;
+    the user learnt it when a guard's rollback failed (helper 29, defect 2). The snap now names them, once per
+    distribution, with the way out."""
+    from tests.evtools import ev
+
+    venv = make_venv("uv")
+    uv_install(venv, "--link-mode", "symlink", wheelhouse[C.SMALL_01], cache_dir=tmp_path / "uv-cache")
+    linked = [p for p in site_packages(venv).rglob("*") if p.is_symlink()]
+    assert linked and all(os.readlink(p).startswith("/") for p in linked)
+    proc = ev(tmp_path / "vault", "snap", "--no-caches", "--venv", venv)
+    line = [ln for ln in proc.stderr.splitlines() if "symlinks that lead out of the environment" in ln]
+    assert len(line) == 1 and line[0].startswith("warning: smallpkg 0.1.0: ") and "--link-mode copy" in line[0], proc.stderr
+    assert f"{len(linked)} file(s)" in line[0]
+    copied = make_venv("uv")
+    uv_install(copied, wheelhouse[C.SMALL_01])
+    assert "lead out of" not in ev(tmp_path / "vault", "snap", "--no-caches", "--venv", copied).stderr

@@ -220,6 +220,7 @@ class ManifestBuilder:
             if rec.algo is None and not generated and (digest or not script):  # launchers are the installer's
                 unhashed.append(rec.path)
         self._report_rows(dist, folders, unhashed, [f.record for f in files if f.state == "missing"])
+        self._report_outward(dist, files)
         build = dist.build_id(self.interp.scripts)
         from envvault.env.dists import build_info  # email, packaging: the fast path never needs them
 
@@ -272,6 +273,20 @@ class ManifestBuilder:
             if rows:
                 shown = ", ".join(sorted(rows)[:3]) + (f" and {len(rows) - 3} more" if len(rows) > 3 else "")
                 self.warnings.append(f"{dist.display}: RECORD {what}: {shown}")
+
+    def _report_outward(self, dist: InstalledDist, files: list[FileEntry]) -> None:
+        """One warning for the files of ``dist`` that are symlinks leading out of the environment (an installer
+        that links files from its cache: uv's ``--link-mode symlink``, pdm's ``cache_method = "symlink"``): a
+        snapshot records the links, and a restore, which never creates a link out of its target (docs/format.md,
+        "Threat model"), refuses them; helper 29 found it out only when a rollback failed."""
+        from envvault.model.paths import link_target_problem
+
+        out = [f"{f.path} -> {f.link}" for f in files if f.link is not None and link_target_problem(f.path, f.link)]
+        if out:
+            shown = ", ".join(sorted(out)[:2]) + (f" and {len(out) - 2} more" if len(out) > 2 else "")
+            self.warnings.append(f"{dist.display}: {len(out)} file(s) are symlinks that lead out of the environment "
+                                 f"({shown}); a restore will refuse to make them: install with copied files "
+                                 "(uv --link-mode copy; pdm install.cache_method copy)")
 
 
 def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
