@@ -43,7 +43,7 @@ class PackageChange:
 
     ``kind``: ``upgrade`` / ``downgrade`` (public version), ``local`` (only the local label, ``+cu128`` ->
     ``+cu130``), ``build`` (same version string, other RECORD), ``edited`` (same build, files edited in
-    place, deleted or put back), ``mode`` (same bytes, files that gained or lost the execute bit).
+    place, deleted or put back: ``modified_files``, ``missing_files``, ``put_back_files``), ``mode`` (same bytes, files that gained or lost the execute bit).
     """
 
     name: str
@@ -56,8 +56,9 @@ class PackageChange:
     old_build_info: dict | None
     new_build_info: dict | None
     modified_files: tuple[str, ...] = ()
-    missing_files: tuple[str, ...] = ()
+    missing_files: tuple[str, ...] = ()  # files ``new`` lacks that ``old`` had (deleted)
     mode_files: tuple[str, ...] = ()  # files whose execute bit differs (kind "mode" when nothing else does)
+    put_back_files: tuple[str, ...] = ()  # files ``old`` lacked (recorded missing) that ``new`` has
 
     def to_json(self) -> dict:
         return {
@@ -71,6 +72,7 @@ class PackageChange:
             "build_facts": build_facts(self.old_build_info, self.new_build_info),
             "modified_files": list(self.modified_files),
             "missing_files": list(self.missing_files),
+            "put_back_files": list(self.put_back_files),
             "mode_files": list(self.mode_files),
         }
 
@@ -300,18 +302,21 @@ def _change(o: PackageSummary, n: PackageSummary, vault) -> PackageChange:
         modified = sorted(n_mod)
     else:
         modified = _edited_files(o, n, o_mod, n_mod, vault)
-    missing = sorted(set(o.missing) ^ set(n.missing))
+    # Deleted (``new`` lacks them) apart from put back (``old`` recorded them missing): helper 29 saw a file put
+    # back listed as missing, with a "-".
+    missing, put_back = sorted(set(n.missing) - set(o.missing)), sorted(set(o.missing) - set(n.missing))
     # A mode change is one of a file both sides hold: another version or build is a change of its own (the
     # files of one version only are not "gained or lost the execute bit"), a missing file has no mode.
     gone = set(o.missing) | set(n.missing)
     modes = () if build_changed or ov != nv else tuple(f for f in exec_change(o, n) if f not in gone)
-    if kind == "edited" and modes and not modified and not missing:
+    if kind == "edited" and modes and not modified and not missing and not put_back:
         kind = "mode"
     return PackageChange(
         name=n.name, old_version=ov, new_version=nv, kind=kind, build_changed=build_changed,
         old_build_id=ob, new_build_id=nb, old_build_info=_plain_or_none(o.build_info),
         new_build_info=_plain_or_none(n.build_info),
         modified_files=tuple(modified), missing_files=tuple(missing), mode_files=modes,
+        put_back_files=tuple(put_back),
     )
 
 

@@ -170,3 +170,28 @@ def test_diff_of_two_200_package_snapshots(tmp_path):
         assert out.returncode == 0 and "pkg005" in out.stdout
     print(f"diff of two 200-package snapshots: work {min(work) * 1000:.1f} ms, CLI wall best "
           f"{min(wall) * 1000:.0f} ms, median {statistics.median(wall) * 1000:.0f} ms")
+
+
+def test_a_file_put_back_is_not_reported_as_deleted(tmp_path, make_venv, wheelhouse):
+    """A file deleted when the snapshot was taken, then put back: ``status`` said "1 deleted or put back" with
+    a "-" before it, and ``missing_files`` named the file that is there (helper 29, defect 5). It is now
+    ``put_back_files`` ("+", "put back"); a file deleted since is ``missing_files`` ("-", "deleted")."""
+    from fixtures import catalogue as C
+    from fixtures import site_packages, uv_install
+    from tests.evtools import ev, ev_json
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    vault = tmp_path / "vault"
+    files = sorted(p for p in (site_packages(venv) / "smallpkg").rglob("*.py"))
+    gone, later = files[0], files[1]
+    kept = gone.read_bytes()
+    gone.unlink()
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    gone.write_bytes(kept)
+    later.unlink()
+    (change,) = ev_json(vault, "status", "--venv", venv)["packages"]["changed"]
+    rel = lambda p: p.relative_to(venv).as_posix()  # noqa: E731
+    assert change["put_back_files"] == [rel(gone)] and change["missing_files"] == [rel(later)], change
+    text = ev(vault, "status", "--venv", venv, check=False).stdout
+    assert "1 deleted, 1 put back" in text and f"+ {rel(gone)}" in text and f"- {rel(later)}" in text, text

@@ -59,12 +59,14 @@ def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
         if ch.kind == "build":
             lines.append(f"{head('build', 'red')}{ch.name} {ch.new_version}: {_build_words(ch)}")
     for ch in result.changed:
-        if ch.modified_files or ch.missing_files:
+        if ch.modified_files or ch.missing_files or ch.put_back_files:
             counts = [f"{len(ch.modified_files)} file(s) differ"] if ch.modified_files else []
-            counts += [f"{len(ch.missing_files)} deleted or put back"] if ch.missing_files else []
+            counts += [f"{len(ch.missing_files)} deleted"] if ch.missing_files else []
+            counts += [f"{len(ch.put_back_files)} put back"] if ch.put_back_files else []
             lines.append(f"{head('edited', 'red')}{ch.name} {ch.new_version}: " + ", ".join(counts))
             lines += _files_line("~", ch.modified_files, c, "red")
             lines += _files_line("-", ch.missing_files, c, "red")
+            lines += _files_line("+", ch.put_back_files, c, "red")
     for ch in result.changed:
         if ch.mode_files:
             lines.append(f"{head('mode', 'yellow')}{ch.name} {ch.new_version}: "

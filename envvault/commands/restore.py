@@ -390,7 +390,7 @@ def _diff_lines(diff_json: dict) -> list[str]:
             c.get("old_build_id"), c.get("new_build_id"),
             {k: v[0] for k, v in facts.items()}, {k: v[1] for k, v in facts.items()},
             tuple(c.get("modified_files") or ()), tuple(c.get("missing_files") or ()),
-            tuple(c.get("mode_files") or ()),
+            tuple(c.get("mode_files") or ()), tuple(c.get("put_back_files") or ()),
         ))
     result = DiffResult(
         diff_json.get("old", "old"), diff_json.get("new", "new"),
