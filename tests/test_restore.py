@@ -675,3 +675,23 @@ def test_two_restores_into_one_new_folder_at_once(tmp_path, make_venv, wheelhous
             or "is already an environment" in refused_err), refused_err
     assert "Traceback" not in refused_err
     assert ev_json(vault, "status", "--venv", new)["empty"]
+
+
+def test_a_garbled_dist_info_names_the_way_a_restore_repairs_it(tmp_path, make_venv, wheelhouse):
+    """A RECORD garbled after the snapshot (a killed installer): ``restore`` stopped with "reinstall that
+    package ... and snap again", no way for the restore itself (helper 29, defect 4). The line now names the
+    folder to remove; once it is removed, the restore writes the package back whole and verifies."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    dist_info = next(site_packages(venv).glob("smallpkg-*.dist-info"))
+    with open(dist_info / "RECORD", "a") as f:
+        f.write("garbage,\n")
+    proc = ev(vault, "restore", sid, "--venv", venv, check=False)
+    assert proc.returncode == 7
+    assert_one_line_error(proc, "RECORD is garbled", f"remove {dist_info} and run the restore again")
+    shutil.rmtree(dist_info)
+    res = ev_json(vault, "restore", sid, "--venv", venv)
+    assert res["verified"] is True
+    assert_matches_snapshot(vault, sid, venv)

@@ -68,13 +68,19 @@ def _read_text(path: Path) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
+def _broken(dist_info: Path, what: str) -> EnvironmentProblem:
+    """The one line for a dist-info folder envvault cannot read, with both ways out: reinstall then snap, or
+    (helper 29: a restore could not repair it) remove the folder, after which a restore writes that package
+    back whole."""
+    return EnvironmentProblem(f"{what}; reinstall that package (pip install --force-reinstall) and snap again, or, "
+                              f"to restore a snapshot over it, remove {dist_info} and run the restore again")
+
+
 def _parse_record(text: str, where: Path) -> list[RecordEntry]:
     entries, problems = parse_record(text)
     if problems:
         shown = "; ".join(map(str, problems[:5])) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise EnvironmentProblem(
-            f"{where} is garbled ({shown}); reinstall that package (pip install --force-reinstall) and snap again"
-        )
+        raise _broken(where.parent, f"{where} is garbled ({shown})")
     return entries
 
 
@@ -96,21 +102,14 @@ def read_dist(dist_info: Path, site: Path) -> InstalledDist:
     """Parse one ``*.dist-info`` folder. Missing or garbled METADATA/RECORD is an EnvironmentProblem."""
     meta_text = _read_text(dist_info / "METADATA")
     if meta_text is None:
-        raise EnvironmentProblem(
-            f"{dist_info}/METADATA is missing; reinstall that package or remove the folder, then snap again"
-        )
+        raise _broken(dist_info, f"{dist_info}/METADATA is missing")
     headers = HeaderParser().parsestr(meta_text, headersonly=True)
     name, version = headers.get("Name"), headers.get("Version")
     if not name or not version or "\n" in name or "\n" in version:
-        raise EnvironmentProblem(
-            f"{dist_info}/METADATA is garbled (no Name or Version); reinstall that package, then snap again"
-        )
+        raise _broken(dist_info, f"{dist_info}/METADATA is garbled (no Name or Version)")
     record_text = _read_text(dist_info / "RECORD")
     if record_text is None:
-        raise EnvironmentProblem(
-            f"{dist_info}/RECORD is missing, so its files are unknown; reinstall {name} "
-            "(pip install --force-reinstall) or remove the folder, then snap again"
-        )
+        raise _broken(dist_info, f"{dist_info}/RECORD is missing, so the files of {name} are unknown")
     record = _parse_record(record_text, dist_info / "RECORD")
     wheel: dict = {"tags": [], "build": None, "generator": None, "root_is_purelib": None}
     wheel_text = _read_text(dist_info / "WHEEL")
