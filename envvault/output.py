@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 else:
     from envvault.runtime_types import Protocol
 
-__all__ = ["emit_json", "echo", "use_colour", "style", "Progress", "ProgressSink", "human_bytes"]
+__all__ = ["emit_json", "echo", "use_colour", "style", "printable", "Progress", "ProgressSink", "human_bytes"]
 
 
 def emit_json(doc: Any) -> None:
@@ -65,6 +65,14 @@ def use_colour(stream=None) -> bool:
 
 
 _CODES = {"red": 31, "green": 32, "yellow": 33, "blue": 34, "magenta": 35, "cyan": 36, "bold": 1, "dim": 2}
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``): a name from a stranger's file, or a file
+    name with a newline in it, printed as one line that a terminal does not obey."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def style(text: str, colour: str, enabled: bool | None = None) -> str:

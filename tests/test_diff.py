@@ -195,3 +195,17 @@ def test_a_file_put_back_is_not_reported_as_deleted(tmp_path, make_venv, wheelho
     assert change["put_back_files"] == [rel(gone)] and change["missing_files"] == [rel(later)], change
     text = ev(vault, "status", "--venv", venv, check=False).stdout
     assert "1 deleted, 1 put back" in text and f"+ {rel(gone)}" in text and f"- {rel(later)}" in text, text
+
+
+def test_a_file_name_with_control_characters_is_one_escaped_line():
+    """A file name may hold a newline or an escape sequence (a RECORD row is CSV; a snapshot may be anyone's):
+    ``status`` and ``diff`` printed it raw, one name split over two lines, an escape obeyed by the terminal
+    (helper 29). Text names it escaped, on one line; ``--json`` keeps it exact."""
+    a = _doc([_pkg("x", "1.0", missing=["lib/x/a\nb.py"])])
+    b = _doc([_pkg("x", "1.0", missing=["lib/x/\x1b[2Jc.py"])])
+    r = diff_snapshots(a, b)
+    text = render_text(r, colour=False)
+    assert "    - lib/x/\\x1b[2Jc.py" in text.splitlines() and "    + lib/x/a\\nb.py" in text.splitlines(), text
+    assert "\x1b" not in text
+    change = r.to_json()["packages"]["changed"][0]
+    assert change["missing_files"] == ["lib/x/\x1b[2Jc.py"] and change["put_back_files"] == ["lib/x/a\nb.py"]

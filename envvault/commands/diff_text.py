@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from envvault.diff import DiffResult, PackageChange, build_facts
-from envvault.output import style
+from envvault.output import printable, style
 
 __all__ = ["render_text"]
 
@@ -29,7 +29,7 @@ def _build_words(c: PackageChange) -> str:
 def _files_line(label: str, files: tuple[str, ...], colour: bool, tint: str) -> list[str]:
     shown = list(files[:_LIST_LIMIT])
     more = len(files) - len(shown)
-    lines = [f"    {style(label, tint, colour)} {f}" for f in shown]
+    lines = [f"    {style(label, tint, colour)} {printable(f)}" for f in shown]  # (a name may hold a newline)
     if more:
         lines.append(f"    ... and {more} more (--json lists all)")
     return lines

@@ -12,7 +12,7 @@ from envvault.cli import cli, python_option as cli_python_option
 from envvault.commands import plain
 from envvault.env.probe import find_target
 from envvault.model.snapshot import Host
-from envvault.output import emit_json, human_bytes, style
+from envvault.output import emit_json, human_bytes, printable, style
 from envvault.vault.store import Vault
 
 if TYPE_CHECKING:  # list's rows; status and restore, which import this module, never need them
@@ -104,7 +104,7 @@ def list_(ctx, venv, show_all, as_json):
         py = f"py{r['python']}" if r["python"] else "caches"
         click.echo(
             f"{style(r['short_id'], 'yellow')}  {r['created'][:19].replace('T', ' ')}  {py:<9}  "
-            f"{r['packages']:>4} pkgs{torch}{lock}  +{human_bytes(r['new_bytes'] or 0)}  {r['message']}{tags}"
+            f"{r['packages']:>4} pkgs{torch}{lock}  +{human_bytes(r['new_bytes'] or 0)}  {printable(r['message'])}{tags}"
         )
 
 
@@ -136,17 +136,18 @@ def show(ctx, snapshot_id, as_json):
     py = snap.python
     host = snap.host or Host()
     click.echo(f"snapshot {style(ref.id, 'yellow')}")
-    click.echo(f"created  {snap.created}  ({snap.trigger})  {snap.message}")
-    click.echo(f"venv     {snap.venv}")
+    # A snapshot may be anyone's: its texts are printed with control characters escaped (a terminal obeys them).
+    click.echo(printable(f"created  {snap.created}  ({snap.trigger})  {snap.message}"))
+    click.echo(printable(f"venv     {snap.venv}"))
     if py.version:
         click.echo(f"python   {py.implementation} {py.version} {py.abi} {py.platform}")
     else:
         click.echo("python   (a cache-only snapshot)")
     gpus = ", ".join(g.name for g in host.gpus or ()) or "no GPU seen"
-    click.echo(f"host     {host.hostname} {host.os} {host.arch} glibc {host.glibc}; {gpus}"
-               + (f"; driver {host.driver}" if host.driver else ""))
+    click.echo(printable(f"host     {host.hostname} {host.os} {host.arch} glibc {host.glibc}; {gpus}"
+                         + (f"; driver {host.driver}" if host.driver else "")))
     if snap.env:
-        click.echo("env      " + " ".join(f"{k}={v}" for k, v in snap.env.items()))
+        click.echo(printable("env      " + " ".join(f"{k}={v}" for k, v in snap.env.items())))
     click.echo(f"packages {len(snap.packages)}" + (" (lock only)" if snap.lock_only else ""))
     for p in snap.packages:
         extra = ""
@@ -154,10 +155,10 @@ def show(ctx, snapshot_id, as_json):
         if info:
             extra = "  " + " ".join(f"{k}={v}" for k, v in info.items() if v not in (None, False))
         mod = style(f"  {len(p.modified)} file(s) edited in place", "red") if p.modified else ""
-        click.echo(f"  {p.name:<32} {p.version:<22} build {p.build_id[:12]}{extra}{mod}")
+        click.echo(f"  {printable(f'{p.name:<32} {p.version:<22} build {p.build_id[:12]}{extra}')}{mod}")
     for c in snap.caches or ():
-        click.echo(f"cache    {c.kind or None} {c.root or None}: {c.files if 'files' not in c.absent else None} files, "
-                   f"{human_bytes(c.bytes)}")
+        click.echo(printable(f"cache    {c.kind or None} {c.root or None}: "
+                             f"{c.files if 'files' not in c.absent else None} files, {human_bytes(c.bytes)}"))
     for w in snap.warnings:
         click.echo(f"warning  {w}")
 

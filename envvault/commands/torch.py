@@ -14,7 +14,7 @@ import click
 
 from envvault.cli import cli
 from envvault.commands.snapshots import json_option, venv_option
-from envvault.output import emit_json, human_bytes, style
+from envvault.output import emit_json, human_bytes, printable, style
 
 if TYPE_CHECKING:
     from envvault.model.stamp import DriftChange, Stamp
@@ -48,7 +48,7 @@ def inspect(path: Path, as_json: bool) -> None:
         _warn_mixed_stamps(Path(path))
     danger = sum(1 for f in info.findings if f.severity == "danger")
     if danger:
-        click.echo(f"warning: {_safe(str(path))} holds {danger} call(s) that would run code on torch.load(weights_only=False); "
+        click.echo(f"warning: {printable(str(path))} holds {danger} call(s) that would run code on torch.load(weights_only=False); "
                    "none ran here", err=True)
 
 
@@ -71,8 +71,8 @@ def _warn_mixed_stamps(d: Path) -> None:
         named.setdefault(which, []).append(name)
     if len(named) <= 1 or (len(prints) <= 1 and all(len(ids) <= 1 for ids in full.values())):
         return
-    listed = "; ".join(f"{', '.join(map(_safe, names))} -> {which}" for which, names in named.items())
-    click.echo(f"warning: {_safe(str(d))}: its files are stamped with different snapshots ({listed}); `restore` "
+    listed = "; ".join(f"{', '.join(map(printable, names))} -> {which}" for which, names in named.items())
+    click.echo(f"warning: {printable(str(d))}: its files are stamped with different snapshots ({listed}); `restore` "
                "and `diff` refuse this folder: name one file", err=True)
 
 
@@ -80,13 +80,13 @@ def _render(info, path: Path) -> None:
     t = info.tensors
     size = human_bytes(_size(path))
     dtypes = ", ".join(f"{k} x{v}" for k, v in sorted(t.dtypes.items()))
-    click.echo(f"{style(_safe(str(path)), 'bold')}: {info.format}, {size}; {t.count} tensors, "
+    click.echo(f"{style(printable(str(path)), 'bold')}: {info.format}, {size}; {t.count} tensors, "
                f"{human_bytes(t.bytes)}" + (f" ({dtypes})" if dtypes else ""))
     click.echo("")
     if info.stamp is None:
         click.echo("stamp: none (saved without envvault stamping)")
     else:
-        click.echo(f"stamp ({_safe(str(info.stamp_source))}):")
+        click.echo(f"stamp ({printable(str(info.stamp_source))}):")
         for label, value in _stamp_lines(info.stamp):
             click.echo(f"  {label:<12} {value}")
     click.echo("")
@@ -98,18 +98,18 @@ def _render(info, path: Path) -> None:
     # leaves as they are) are shown escaped, so that a file cannot move the cursor or hide a finding.
     click.echo(_indent(json.dumps(_readable(content), indent=2, ensure_ascii=False), "  "))
     for f in info.files:
-        click.echo(f"file {_safe(f.name)}: {_safe(f.format)}, {human_bytes(f.size)}, {f.tensors.count} tensors"
+        click.echo(f"file {printable(f.name)}: {printable(f.format)}, {human_bytes(f.size)}, {f.tensors.count} tensors"
                    + (", stamped" if f.stamp else ""))
     if info.findings:
         click.echo("")
         click.echo(style("findings", "red") + " (blocked: torch.load(weights_only=False) would run these):")
         for f in info.findings:
-            click.echo(f"  {f.severity}: {_safe(str(f))}")
+            click.echo(f"  {f.severity}: {printable(str(f))}")
     if info.notes:
         click.echo("")
         click.echo("notes:")
         for n in info.notes:
-            click.echo(f"  {_safe(n)}")
+            click.echo(f"  {printable(n)}")
 
 
 def _size(path: Path) -> int:
@@ -121,40 +121,33 @@ def _size(path: Path) -> int:
 def _stamp_lines(s: Stamp) -> list[tuple[str, str]]:
     lines = []
     if s.snapshot:
-        lines.append(("snapshot", style(_safe(s.snapshot), "yellow") + (" (lock-only)" if s.snapshot_lock_only else "")))
+        lines.append(("snapshot", style(printable(s.snapshot), "yellow") + (" (lock-only)" if s.snapshot_lock_only else "")))
     else:
-        lines.append(("snapshot", "none" + (f" (vault {_safe(s.vault)})" if s.vault else "")))
-    lines.append(("fingerprint", _safe(s.fingerprint or "unknown")))
-    lines.append(("torch", _safe(f"{s.torch or 'not imported'}, cuda {s.cuda or 'none'}")))
-    lines.append(("python", _safe(f"{s.python}  {s.executable or ''}".rstrip())))
-    lines.append(("venv", _safe(str(s.venv))))
-    lines.append(("host", _safe(str(s.host))))
-    lines.append(("time", _safe(str(s.time))))
-    lines.append(("argv", _safe(" ".join(s.argv)) if s.argv is not None else "None"))
-    lines.append(("cwd", _safe(str(s.cwd))))
+        lines.append(("snapshot", "none" + (f" (vault {printable(s.vault)})" if s.vault else "")))
+    lines.append(("fingerprint", printable(s.fingerprint or "unknown")))
+    lines.append(("torch", printable(f"{s.torch or 'not imported'}, cuda {s.cuda or 'none'}")))
+    lines.append(("python", printable(f"{s.python}  {s.executable or ''}".rstrip())))
+    lines.append(("venv", printable(str(s.venv))))
+    lines.append(("host", printable(str(s.host))))
+    lines.append(("time", printable(str(s.time))))
+    lines.append(("argv", printable(" ".join(s.argv)) if s.argv is not None else "None"))
+    lines.append(("cwd", printable(str(s.cwd))))
     if s.git is not None:
         dirty = {True: ", dirty", False: ", clean", None: ""}[s.git.dirty]
         branch = f" on {s.git.branch}" if s.git.branch else ""
-        lines.append(("git", _safe(f"{s.git.commit or 'no commit'}{branch}{dirty}  ({s.git.root})")))
+        lines.append(("git", printable(f"{s.git.commit or 'no commit'}{branch}{dirty}  ({s.git.root})")))
     if s.env:
-        lines.append(("env", _safe(", ".join(f"{k}={v}" for k, v in s.env.items()))))
+        lines.append(("env", printable(", ".join(f"{k}={v}" for k, v in s.env.items()))))
     if s.drift is not None:
-        changed = _safe(", ".join(_change(c) for c in s.drift.changed)) or "unknown distributions"
+        changed = printable(", ".join(_change(c) for c in s.drift.changed)) or "unknown distributions"
         lines.append(("drift", style(f"the environment on disk changed after the process started: {changed}", "red")))
     else:
         lines.append(("drift", "none"))
     for w in s.warnings:
-        lines.append(("warning", _safe(w)))
+        lines.append(("warning", printable(w)))
     for key in sorted(s.extra):
-        lines.append((_safe(key), _safe(json.dumps(s.extra[key], ensure_ascii=False))))
+        lines.append((printable(key), printable(json.dumps(s.extra[key], ensure_ascii=False))))
     return lines
-
-
-def _safe(text: str) -> str:
-    """``text`` with control characters escaped: a stamp comes from a stranger's file, a terminal obeys them."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def _change(c: DriftChange) -> str:
@@ -193,7 +186,7 @@ def _readable(o: Any) -> Any:
 
 
 def _indent(text: str, pad: str) -> str:
-    return "\n".join(pad + _safe(line) for line in text.split("\n"))  # not splitlines(): U+2028 is escaped
+    return "\n".join(pad + printable(line) for line in text.split("\n"))  # not splitlines(): U+2028 is escaped
 
 
 @cli.group("torch")

@@ -416,3 +416,21 @@ def test_sync_streams_packs_and_refuses_one_that_does_not_match_its_name(box, tm
     one_line(rc, err, 5, "does not match its name")
     assert not (dst / "packs" / pack.parent.name / pack.name).exists()  # (the good pack may be there: harmless)
     assert not [p for p in dst.rglob("*") if p.name.startswith(".sync-")]
+
+
+def test_texts_of_a_snapshot_are_printed_with_control_characters_escaped(tmp_path, make_venv):
+    """A snapshot may be anyone's: its message (or venv, host, env values) printed raw by ``list`` and ``show``
+    split lines and, on a terminal, let escape sequences through (BEL, cursor moves, title sets). Printed now
+    with control characters escaped, one line each; ``--json`` keeps the text exact."""
+    from tests.evtools import ev, ev_json
+
+    venv = make_venv("uv")
+    vault = tmp_path / "vault"
+    message = "fast\nrun\x07\x1b]0;pwned\x07"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv, "-m", message)["id"]
+    listed = ev(vault, "list").stdout
+    assert listed.count("\n") == 1 and "\x07" not in listed and "\x1b" not in listed, listed
+    assert "fast\\nrun\\x07\\x1b]0;pwned\\x07" in listed, listed
+    shown = ev(vault, "show", sid).stdout
+    assert "\x07" not in shown and "\x1b" not in shown and "created" in shown.splitlines()[1], shown
+    assert ev_json(vault, "show", sid)["message"] == message
