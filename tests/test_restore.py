@@ -695,3 +695,21 @@ def test_a_garbled_dist_info_names_the_way_a_restore_repairs_it(tmp_path, make_v
     res = ev_json(vault, "restore", sid, "--venv", venv)
     assert res["verified"] is True
     assert_matches_snapshot(vault, sid, venv)
+
+
+def test_a_fifo_put_where_a_package_file_was_is_reported_and_replaced(tmp_path, make_venv, wheelhouse):
+    """A FIFO in place of a package file stopped status, snap and every restore with "not a regular file (did
+    it change while envvault read the environment?)", exit 7 (helper 29). It is the file gone: status names it
+    deleted, without opening the FIFO (it would block), and a restore puts the file back."""
+    vault = tmp_path / "vault"
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    victim = sorted((site_packages(venv) / "smallpkg").rglob("*.py"))[0]
+    victim.unlink()
+    os.mkfifo(victim)
+    (change,) = ev_json(vault, "status", "--venv", venv, timeout=60)["packages"]["changed"]
+    assert change["missing_files"] == [victim.relative_to(venv).as_posix()], change
+    res = ev_json(vault, "restore", sid, "--venv", venv, timeout=60)
+    assert res["verified"] is True and victim.is_file()
+    assert_matches_snapshot(vault, sid, venv)

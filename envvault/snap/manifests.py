@@ -132,6 +132,11 @@ class ManifestBuilder:
                 return None, None  # virtualenv's seeder lists folders (``pip/__pycache__,,``); finish() reports them
             entry["state"] = "missing"  # a file RECORD hashes, a folder now: the file is gone
             return entry, None
+        if not (statmod.S_ISREG(st.st_mode) or statmod.S_ISLNK(st.st_mode)):
+            # A FIFO, socket or device where RECORD has a file (never opened: it could block): the file is
+            # gone, and a restore puts it back (helper 29: every command stopped, a restore could not repair it).
+            entry["state"] = "missing"
+            return entry, None
         entry["mode"] = st.st_mode & 0o7777
         if statmod.S_ISLNK(st.st_mode):
             entry["link"] = os.readlink(absolute)
