@@ -340,3 +340,16 @@ def test_a_venv_path_with_a_name_too_long_is_not_a_directory(world, tmp_path, ar
     proc = _run(world["vault"], args[0], "--venv", target, *args[1:])
     assert proc.returncode == 2, proc
     assert_one_line_error(proc, "is not a directory; pass --venv")
+
+
+def test_a_venv_whose_python_is_a_link_loop_says_so(world, tmp_path):
+    """``bin/python`` a symlink loop beside a ``pyvenv.cfg``: the line said "no bin/python and no pyvenv.cfg"
+    (helper 29). It says the venv's interpreter does not run, and how to recreate it."""
+    target = tmp_path / "loop"
+    (target / "bin").mkdir(parents=True)
+    (target / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (target / "bin" / "python").symlink_to("python3")
+    (target / "bin" / "python3").symlink_to("python")
+    proc = _run(world["vault"], "snap", "--venv", target)
+    assert proc.returncode == 2, proc
+    assert_one_line_error(proc, "is a venv whose bin/python does not run", "recreate it")

@@ -195,6 +195,9 @@ def find_target(venv: str | os.PathLike | None, python: str | os.PathLike | None
         return path
     python_exe = python_of(path)
     if python_exe is None:
+        if (path / "pyvenv.cfg").is_file():  # a venv whose interpreter is gone or a link that leads nowhere
+            raise UsageError(f"{path} is a venv whose bin/python does not run (missing, or a link to nothing or to "
+                             "itself); recreate it (python -m venv --upgrade, or uv venv) and run again")
         raise UsageError(f"{path} is not a Python environment (no bin/python and no pyvenv.cfg)")
     if not (path / "pyvenv.cfg").is_file():
         if any(path.glob("lib/python3*/os.py")) and not (path / "conda-meta").is_dir():
