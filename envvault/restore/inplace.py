@@ -96,9 +96,10 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 if take_backup:
                     discard_backup(vault, backup_id)
                 raise
-            if dry_run:
+            if dry_run:  # the files the commit would delete: RECORD rows of bytecode never written are not there
+                there = sum(os.path.lexists(os.path.join(target, r)) for r in plan.removals)
                 return RestoreResult(sid, str(target), "in-place", None, plan.changed, False, True,
-                                     len(plan.writes), plan.bytes, len(plan.removals), plan=plan.to_json(),
+                                     len(plan.writes), plan.bytes, there, plan=plan.to_json(),
                                      warnings=plan.warnings)
             if plan.empty and not resumed and not settings:
                 discard_backup(vault, backup_id if take_backup else None)
