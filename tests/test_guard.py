@@ -372,6 +372,28 @@ def test_uv_project_sync_and_add(make_venv, wheelhouse, tmp_path):
         assert _torch_info(venv) == "torchlike 2.11.0+cu130 cuda 13.0"
 
 
+
+def test_a_wrapped_uv_add_on_a_uv_projects_venv_puts_the_project_files_back(make_venv, wheelhouse, tmp_path):
+    """``guard --venv .venv -- sh -c 'uv add X && false'``: guard does not know the command, so it kept no project
+    file, and the rollback left pyproject.toml and uv.lock naming X (helper 29, defect 6). A command guard does not
+    know, run on a uv project's ``.venv``, now has that project's two files put back with the environment."""
+    with IndexServer([wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01]]) as srv:
+        proj = tmp_path / "proj"
+        proj.mkdir()
+        _torchlike_project(proj, "proj")
+        env = _uv_env(proj, tmp_path, srv)
+        sync = subprocess.run(["uv", "sync", "--python", str(plain_python())], cwd=proj, env=env,
+                              capture_output=True, text=True)
+        assert sync.returncode == 0, sync.stderr
+        lock_before = (proj / "uv.lock").read_bytes()
+        pyproject_before = (proj / "pyproject.toml").read_bytes()
+        proc, doc = _run_in(proj, env, "--venv", str(proj / ".venv"), "--yes", "--", "sh", "-c",
+                            "uv add smallpkg && exit 3")
+        assert proc.returncode == 3 and doc["outcome"] == "restored", proc.stderr
+        assert (proj / "pyproject.toml").read_bytes() == pyproject_before
+        assert (proj / "uv.lock").read_bytes() == lock_before
+        assert not list((proj / ".venv").glob("lib/python3*/site-packages/smallpkg*"))
+
 def _torchlike_project(folder: Path, name: str) -> None:
     (folder / "pyproject.toml").write_text(
         f'[project]\nname = "{name}"\nversion = "0.1"\nrequires-python = ">=3.8"\n'

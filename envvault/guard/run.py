@@ -421,7 +421,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
                                reason=f"{names} would change and there is no terminal to ask; "
                                       "rerun with --yes to allow it")
 
-    project_files = _read_project_files(cmd, cwd)
+    project_files = _read_project_files(cmd, cwd, target)
     sites = _sites(before.snapshot, target)
     timings.setdefault("pre_command", time.monotonic() - t0)
     rc, started = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
@@ -569,11 +569,18 @@ def _sites_guess(prefix: Path) -> list[Path]:
     return sorted(prefix.glob("lib*/python3*/site-packages"))
 
 
-def _read_project_files(cmd: Command, cwd: Path) -> dict[Path, bytes | None]:
+def _read_project_files(cmd: Command, cwd: Path, target: Path | None = None) -> dict[Path, bytes | None]:
     """``uv add/remove/sync`` edit pyproject.toml and uv.lock: keep their bytes to put back on rollback (the
-    workspace root's, and every member's pyproject.toml: ``uv add`` edits the member's own)."""
+    workspace root's, and every member's pyproject.toml: ``uv add`` edits the member's own). A command guard
+    does not know (a script, ``sh -c 'uv add ... && ...'``) run on a uv project's ``.venv`` (``target``) may
+    do the same: the project's own two files are kept too (helper 29: a wrapped ``uv add`` left them changed)."""
     if cmd.tool != "uv-project":
-        return {}
+        if cmd.known or target is None or target.name != ".venv":
+            return {}
+        root = target.parent
+        if not ((root / "uv.lock").is_file() and (root / "pyproject.toml").is_file()):
+            return {}
+        return _kept_project_files([root / name for name in _PROJECT_FILES])
     root, member = uv_project_root(cmd, cwd), uv_project(cmd, cwd)
     if root is None:
         return {}
@@ -582,6 +589,10 @@ def _read_project_files(cmd: Command, cwd: Path) -> dict[Path, bytes | None]:
     for folder in dict.fromkeys([*([member] if member is not None else []), *uv_workspace_members(root)]):
         if folder != root:
             paths.append(folder / "pyproject.toml")
+    return _kept_project_files(paths)
+
+
+def _kept_project_files(paths: list[Path]) -> dict[Path, bytes | None]:
     out: dict[Path, bytes | None] = {}
     for path in paths:
         data = _project_file(path)
