@@ -103,3 +103,47 @@ def test_a_users_file_in_a_folder_that_changes_kind_still_refuses(tmp_path, make
     assert proc.returncode == 3, proc
     assert_one_line_error(proc, "fpkg/data is a non-empty directory where the snapshot has a file")
     assert mine.read_text() == "mine" and _is_two(venv)
+
+
+def test_bytecode_an_import_wrote_in_the_folder_in_the_way_goes_with_it(tmp_path, make_venv):
+    """``mix/x`` a file in 1.0 and a package in 2.0, imported (``__pycache__/*.pyc``, which uv lists in no
+    RECORD): the bytecode made the folder look like it held the user's file, and the restore (a guard's
+    rollback too) was refused (helper 30, F1). Bytecode of a source the restore deletes goes with it."""
+    import os
+    import subprocess
+
+    out = tmp_path / "wheels"
+    one = build_wheel(out, "mix", "1.0", {"mix/__init__.py": b"", "mix/x": b"a file\n"})
+    two = build_wheel(out, "mix", "2.0", {"mix/__init__.py": b"", "mix/x/__init__.py": b"",
+                                          "mix/x/s.py": b"S = 2\n"})
+    venv = make_venv("uv")
+    uv_install(venv, one)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, two)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([str(venv / "bin" / "python"), "-c", "import mix.x.s"], env=env, check=True)
+    assert list((site_packages(venv) / "mix" / "x" / "__pycache__").glob("s.*.pyc"))
+    res = ev_json(vault, "restore", sid, "--venv", venv)
+    assert res["verified"] is True, res
+    assert (site_packages(venv) / "mix" / "x").read_bytes() == b"a file\n" and not temp_files(venv)
+
+
+def test_two_writes_under_a_file_in_the_way_never_share_a_temp_name(tmp_path, make_venv):
+    """``cpkg/b`` a file in 1.0; 2.0 has ``cpkg/b/c.txt`` and ``cpkg/b~c.txt``: both were staged as
+    ``cpkg/.b~c.txt.envvault-<pid>.tmp``, one overwrote the other and ``cpkg/b/c.txt`` got the other's bytes
+    (helper 30, F2)."""
+    out = tmp_path / "wheels"
+    one = build_wheel(out, "cpkg", "1.0", {"cpkg/__init__.py": b"", "cpkg/b": b"file\n"})
+    two = build_wheel(out, "cpkg", "2.0", {"cpkg/__init__.py": b"", "cpkg/b/c.txt": b"SLASH\n",
+                                           "cpkg/b~c.txt": b"TILDE\n"})
+    venv = make_venv("uv")
+    uv_install(venv, two)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, one)
+    res = ev_json(vault, "restore", sid, "--venv", venv)
+    assert res["verified"] is True, res
+    sp = site_packages(venv)
+    assert (sp / "cpkg" / "b" / "c.txt").read_bytes() == b"SLASH\n" and (sp / "cpkg" / "b~c.txt").read_bytes() == b"TILDE\n"
+    assert not temp_files(venv)

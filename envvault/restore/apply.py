@@ -34,11 +34,14 @@ class KindChanges:
     """Paths a restore turns from one kind into another, each of them what another version of a package left
     there and the restore deletes anyway (helper 29: a rollback across such an upgrade was refused).
     ``files``: a file or link where the snapshot needs a folder (its writes are staged beside it, in the
-    nearest folder that exists: ``staged_beside``); ``folders``: a folder all of whose entries the restore
-    deletes, where the snapshot has a file."""
+    nearest folder that exists: ``staged_beside``; ``folders_to_make``: the folders made for them at the
+    commit); ``folders``: a folder all of whose entries the restore deletes (``removable``), where the
+    snapshot has a file."""
 
     files: tuple[str, ...] = ()
     folders: tuple[str, ...] = ()
+    folders_to_make: tuple[str, ...] = ()
+    removals: frozenset[str] = frozenset()
 
     def staging_dirs(self) -> set[str]:
         """Folders a killed restore may have left temp files in, beyond the writes' own."""
@@ -51,12 +54,26 @@ class KindChanges:
                 return f
         return None
 
+    def removable(self, rel: str) -> bool:
+        """Whether the restore deletes ``rel``: a file of the plan's removals, or the bytecode of one (an
+        installer such as uv lists no ``__pycache__`` in RECORD; helper 30, F1: an import made the folder in
+        the way hold the user's file, it seemed)."""
+        if rel in self.removals:
+            return True
+        folder, _, name = rel.rpartition("/")
+        parent, _, cache = folder.rpartition("/")
+        if cache != "__pycache__" or not name.endswith(".pyc") or name.count(".") < 2:
+            return False
+        parts = name.split(".")  # <stem>.<tag>.pyc or <stem>.<tag>.opt-N.pyc
+        stem = ".".join(parts[:-3] if len(parts) > 3 and parts[-2].startswith("opt-") else parts[:-2])
+        return (f"{parent}/{stem}.py" if parent else f"{stem}.py") in self.removals
+
 
 def kind_changes(target: Path, plan: Plan) -> KindChanges:
     """Find the paths whose kind ``plan`` changes; a RefusedError (``refuse_folders_in_the_way``) for a folder in
     the way of a file that holds anything the restore would not delete (a user's file is never deleted).
     Only folders the writes need that the plan also removes are looked at (no I/O for any other)."""
-    removed = set(plan.removals)
+    removed = frozenset(plan.removals)
     needed: set[str] = set()
     for w in plan.writes:
         d = os.path.dirname(w.path)
@@ -68,8 +85,11 @@ def kind_changes(target: Path, plan: Plan) -> KindChanges:
         full = os.path.join(target, rel)
         if os.path.islink(full) or (os.path.lexists(full) and not os.path.isdir(full)):
             files.append(rel)
-    folders = materialize.refuse_folders_in_the_way(target, [w.path for w in plan.writes], removed)
-    return KindChanges(files=tuple(files), folders=tuple(folders))
+    under = tuple(f + "/" for f in files)
+    make = sorted({os.path.dirname(w.path) for w in plan.writes if w.path.startswith(under)}) if files else []
+    changes = KindChanges(files=tuple(files), folders_to_make=tuple(make), removals=removed)
+    folders = materialize.refuse_folders_in_the_way(target, [w.path for w in plan.writes], changes.removable)
+    return KindChanges(files=tuple(files), folders=tuple(folders), folders_to_make=tuple(make), removals=removed)
 
 
 def _spec(w: FileWrite) -> FileSpec:
@@ -84,13 +104,18 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
     reader = ObjectReader(vault)
 
     def tmp_name(final: str) -> str:
+        if not changes.files:  # (no relpath a file: 11,680 of them in a torch restore)
+            return tmp_for(final, pid)
         rel = os.path.relpath(final, paths.target).replace(os.sep, "/")
         blocked = changes.staged_beside(rel)
         if blocked is None:
             return tmp_for(final, pid)
-        parent = os.path.dirname(blocked)
-        return tmp_for(paths.abs(os.path.join(parent, rel[len(parent) + 1 if parent else 0:].replace("/", "~"))),
-                       pid)
+        # In the folder that holds the file in the way, named by the file and a digest of the whole path: two
+        # writes never share a temp name (``b/c.txt`` and ``b~c.txt`` did, helper 30 F2).
+        import blake3
+
+        beside = f"{blocked}~{blake3.blake3(rel.encode()).hexdigest()[:16]}"
+        return tmp_for(paths.abs(beside), pid)
 
     for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
         if changes.staged_beside(d + "/") is not None or d in changes.files:
@@ -144,18 +169,20 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
     pyc_seen: dict[str, list[str]] = {}
     parents: set[str] = set()
     removed = 0
-    for rel in changes.folders:  # emptied of the other version's entries; ``place`` then replaces the empty tree
-        inside = [r for r in plan.removals if r.startswith(rel + "/")]
-        for r in inside:
-            if not (os.path.isdir(paths.abs(r)) and not os.path.islink(paths.abs(r))):  # (a folder: ``place``)
-                removed += _unlink_counted(paths.abs(r))
-            crash_point("commit")
+    for rel in changes.folders:  # emptied of what the restore deletes; ``place`` then replaces the empty tree
+        for top, subdirs, names in os.walk(paths.abs(rel)):
+            inside = os.path.relpath(top, paths.target).replace(os.sep, "/")
+            for name in names + [d for d in subdirs if os.path.islink(os.path.join(top, d))]:
+                r = f"{inside}/{name}"
+                if changes.removable(r) and paths.check(r) is None:  # (what appeared since: ``place`` refuses)
+                    removed += _unlink_counted(paths.abs(r))
+                    crash_point("commit")
     for rel in changes.files:
-        removed += _unlink_counted(paths.abs(rel))
-        crash_point("commit")
-    for s in staged:
-        if changes.files and changes.staged_beside(os.path.relpath(s.final, paths.target).replace(os.sep, "/")):
-            os.makedirs(os.path.dirname(s.final), exist_ok=True)
+        if paths.check(rel) is None:
+            removed += _unlink_counted(paths.abs(rel))
+            crash_point("commit")
+    for rel in changes.folders_to_make:
+        os.makedirs(paths.abs(rel), exist_ok=True)
     for s in staged:
         materialize.place(s)
         if s.final.endswith(".py"):

@@ -281,7 +281,10 @@ def make_plan(
             warnings.append(f"{c.summary.name} {c.summary.version} was installed without RECORD: its files are unknown, so they stay")
     for c in leaving + replaced:
         removals.update(c.files)
-    removals.update(absent)
+    # A file the snapshot recorded as deleted is deleted only where a distribution now installed (one the
+    # restore rewrites or removes) lists it: a manifest is the vault's word, and a crafted one naming
+    # ``pyvenv.cfg``, ``bin/python3`` or a user's file "missing" deleted it (helper 30, F3).
+    removals.update(absent & known.keys())
     removals.update(p for p in pending_removals if check_rel_path(p) is None)
     removals -= owned
     doomed = {c.dist_info for c in leaving + replaced if c.dist_info and c.has_record} - owned

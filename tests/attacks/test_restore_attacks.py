@@ -574,3 +574,22 @@ def test_into_refuses_a_hostile_manifest_that_a_forked_child_reads(box, tmp_path
     assert len(proc.stderr.strip().splitlines()) == 1 and "refusing" in proc.stderr and "'..'" in proc.stderr, proc.stderr
     assert int(proc.stdout.split("forks ")[1]) >= 1, proc.stdout
     assert not into.exists() and tree_state(decoy) == before
+
+
+def test_a_missing_row_deletes_only_what_an_installed_distribution_lists(box):
+    """A crafted manifest whose rows say "missing" for the venv's ``pyvenv.cfg``, its ``bin/python3`` and a
+    user's file: the restore deleted all three (the plan took every missing row as a file to delete), and the
+    venv no longer ran (helper 30, F3). A missing row now deletes only a file an installed distribution's
+    RECORD lists; the rest stays."""
+    vault, venv, _decoy, sid = box
+    mine = venv / SP / "notes.txt"
+    mine.write_text("mine")
+    assert (venv / "bin" / "python3").is_symlink()  # (uv's venv: links to the interpreter)
+    cfg, python = (venv / "pyvenv.cfg").read_bytes(), os.readlink(venv / "bin" / "python3")
+    gone = [{"path": p, "record": p, "state": "missing"} for p in ("pyvenv.cfg", "bin/python3", f"{SP}/notes.txt")]
+    forged = _forge_package(vault, sid, gone)
+    proc = ev(vault, "restore", forged, "--venv", venv, "--json", check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert mine.read_text() == "mine"
+    assert (venv / "pyvenv.cfg").read_bytes() == cfg
+    assert os.readlink(venv / "bin" / "python3") == python
