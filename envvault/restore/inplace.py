@@ -23,6 +23,8 @@ from envvault.journal import (Paths, clean_temps, exclusive_target, journal_file
 from envvault.materialize import refuse_escapes
 from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
+from envvault.model.records import replace
+from envvault.safepaths import reserved_problem
 from envvault.vault import timing
 from envvault.restore.apply import (commit_plan, kind_changes, populate_statcache, remember_written, stage_plan,
                                     undo_staging)
@@ -83,6 +85,10 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 plan = make_plan(sid, snapshot, now, current, manifest_of,
                                  pending_removals=list(earlier.removals) + list(earlier.writes))
                 plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
+                # The venv's own interpreter and pyvenv.cfg are never deleted, whatever a RECORD or journal lists.
+                scripts = {"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")}
+                if any(reserved_problem(r, scripts) for r in plan.removals):
+                    plan = replace(plan, removals=tuple(r for r in plan.removals if not reserved_problem(r, scripts)))
                 # The venv's pyvenv.cfg settings the snapshot recorded otherwise (include-system-site-packages...)
                 settings = {} if now.python.system else settings_to_set(target, snapshot.python)
                 paths = Paths(target)
@@ -90,7 +96,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 refuse_escapes(target, f"refusing to restore {sid[:12]}",
                                links={w.path: w.link for w in plan.writes if w.link is not None},
                                entries=[w.path for w in plan.writes if w.link is None],
-                               scripts={"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")})
+                               scripts=scripts)
                 changes = kind_changes(target, plan)  # a user's file in a folder in the way refuses it
             except BaseException:
                 if take_backup:

@@ -593,3 +593,21 @@ def test_a_missing_row_deletes_only_what_an_installed_distribution_lists(box):
     assert mine.read_text() == "mine"
     assert (venv / "pyvenv.cfg").read_bytes() == cfg
     assert os.readlink(venv / "bin" / "python3") == python
+
+
+def test_a_journal_listing_the_venvs_own_files_deletes_none_of_them(box):
+    """A restore journal left in the venv (``.envvault-restore.json``; a venv copied from someone else may
+    carry one) whose ``removals`` name ``pyvenv.cfg`` and ``bin/python3``: the next restore deleted them with
+    the rest of a killed restore's work. The venv's own interpreter and pyvenv.cfg are never deleted."""
+    import json
+
+    vault, venv, _decoy, sid = box
+    cfg, python = (venv / "pyvenv.cfg").read_bytes(), os.readlink(venv / "bin" / "python3")
+    (venv / ".envvault-restore.json").write_text(json.dumps({
+        "format": 1, "snapshot": sid, "backup": None, "pid": 2 ** 22 + 11, "started": "2026-12-07T00:00:00Z",
+        "staging_dirs": [], "removals": ["pyvenv.cfg", "bin/python3"], "writes": [], "dist_infos": [],
+        "protected": []}))
+    proc = ev(vault, "restore", sid, "--venv", venv, "--json", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (venv / "pyvenv.cfg").read_bytes() == cfg and os.readlink(venv / "bin" / "python3") == python
+    assert not (venv / ".envvault-restore.json").exists()
