@@ -147,3 +147,26 @@ def test_two_writes_under_a_file_in_the_way_never_share_a_temp_name(tmp_path, ma
     sp = site_packages(venv)
     assert (sp / "cpkg" / "b" / "c.txt").read_bytes() == b"SLASH\n" and (sp / "cpkg" / "b~c.txt").read_bytes() == b"TILDE\n"
     assert not temp_files(venv)
+
+
+def test_a_users_file_where_a_folder_is_needed_refuses_before_anything_is_written(tmp_path, make_venv):
+    """A file no package lists where the snapshot needs a folder: refused in one line (exit 7) before the
+    journal, any staged file or the backup is made (it was found while staging, after them)."""
+    from fixtures import uv_pip
+
+    vault, venv, _wheels_, one, _two = _setup(tmp_path, make_venv)
+    uv_pip(venv, "uninstall", "tpkg")
+    (site_packages(venv) / "tpkg").mkdir()
+    mine = site_packages(venv) / "tpkg" / "sub"
+    mine.write_text("mine")
+    before = len(ev_json(vault, "list", "--all")["snapshots"])
+    proc = ev(vault, "restore", one, "--venv", venv, check=False)
+    assert proc.returncode == 7, proc
+    assert_one_line_error(proc, "tpkg/sub is in the way: the snapshot needs a directory there")
+    assert mine.read_text() == "mine" and _is_two_fpkg(venv)
+    assert not (venv / ".envvault-restore.json").exists() and not temp_files(venv)
+    assert len(ev_json(vault, "list", "--all")["snapshots"]) == before  # the backup taken was discarded
+
+
+def _is_two_fpkg(venv: Path) -> bool:
+    return (site_packages(venv) / "fpkg" / "data" / "deep" / "b.txt").read_bytes() == b"b2\n"

@@ -69,6 +69,10 @@ class KindChanges:
         return (f"{parent}/{stem}.py" if parent else f"{stem}.py") in self.removals
 
 
+def _dir_in_the_way(full: str) -> EnvironmentProblem:
+    return EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
+
+
 def kind_changes(target: Path, plan: Plan) -> KindChanges:
     """Find the paths whose kind ``plan`` changes; a RefusedError (``refuse_folders_in_the_way``) for a folder in
     the way of a file that holds anything the restore would not delete (a user's file is never deleted).
@@ -81,10 +85,19 @@ def kind_changes(target: Path, plan: Plan) -> KindChanges:
             needed.add(d)
             d = os.path.dirname(d)
     files = []
-    for rel in sorted(needed & removed):
+    for rel in sorted(needed):  # before anything is written (the dry run too): a file in the way
         full = os.path.join(target, rel)
-        if os.path.islink(full) or (os.path.lexists(full) and not os.path.isdir(full)):
-            files.append(rel)
+        if os.path.islink(full):
+            if rel in removed:
+                files.append(rel)  # the link goes: a folder of the snapshot's takes its place
+            elif not os.path.isdir(full):
+                raise _dir_in_the_way(full)
+            continue  # a symlinked folder inside the target (``refuse_escapes`` checked it)
+        if not os.path.lexists(full) or os.path.isdir(full):
+            continue
+        if rel not in removed:
+            raise _dir_in_the_way(full)  # the user's (or another package's): never deleted
+        files.append(rel)
     under = tuple(f + "/" for f in files)
     make = sorted({os.path.dirname(w.path) for w in plan.writes if w.path.startswith(under)}) if files else []
     changes = KindChanges(files=tuple(files), folders_to_make=tuple(make), removals=removed)
@@ -120,13 +133,8 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
     for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
         if changes.staged_beside(d + "/") is not None or d in changes.files:
             continue  # made at the commit, once the file in its way is gone
-        full = paths.abs(d) if d else str(paths.target)
-        if os.path.islink(full) or (os.path.exists(full) and not os.path.isdir(full)):
-            if os.path.islink(full) and os.path.isdir(full):
-                continue  # a symlinked directory inside the target (checked by Paths)
-            raise EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
-        makedirs_recording(full, created, lambda p: EnvironmentProblem(
-            f"{p} is in the way: the snapshot needs a directory there; move it and run again"))
+        # (what was in the way refused the restore in ``kind_changes``; one put there since is refused here)
+        makedirs_recording(paths.abs(d) if d else str(paths.target), created, _dir_in_the_way)
     if progress is not None:
         progress.set_total(plan.bytes)  # now the real amount is known
     return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], tmp_name, progress=progress)
