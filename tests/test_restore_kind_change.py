@@ -170,3 +170,28 @@ def test_a_users_file_where_a_folder_is_needed_refuses_before_anything_is_writte
 
 def _is_two_fpkg(venv: Path) -> bool:
     return (site_packages(venv) / "fpkg" / "data" / "deep" / "b.txt").read_bytes() == b"b2\n"
+
+
+def test_a_package_file_under_a_folder_now_a_file_is_missing(tmp_path, make_venv):
+    """A package's folder replaced by a file: its files scan as missing (lstat says "not a directory"), where
+    ``status`` stopped with "cannot stat ...: Not a directory" (exit 7). The file is no package's, so a restore
+    refuses to delete it (exit 7, naming it); moved away, the restore puts the folder back."""
+    import shutil
+
+    wheels = _wheels(tmp_path / "wheels")
+    venv = make_venv("uv")
+    uv_install(venv, wheels["t1"])
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    sub = site_packages(venv) / "tpkg" / "sub"
+    shutil.rmtree(sub)
+    sub.write_text("a file now")
+    (change,) = ev_json(vault, "status", "--venv", venv)["packages"]["changed"]
+    assert sorted(change["missing_files"]) == sorted(
+        (sub / p).relative_to(venv).as_posix() for p in ("x.txt", "deep/y.txt")), change
+    proc = ev(vault, "restore", sid, "--venv", venv, check=False)
+    assert proc.returncode == 7 and sub.read_text() == "a file now", proc
+    assert_one_line_error(proc, "tpkg/sub is in the way")
+    sub.rename(tmp_path / "moved")
+    assert ev_json(vault, "restore", sid, "--venv", venv)["verified"] is True
+    assert (sub / "deep" / "y.txt").read_bytes() == b"y1\n"
