@@ -36,49 +36,50 @@ def _files_line(label: str, files: tuple[str, ...], colour: bool, tint: str) -> 
 
 
 def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
-    """Lines for people, in the order: interpreter, added/removed, versions, builds, edits, host, env."""
+    """Lines for people, in the order: interpreter, added/removed, versions, builds, edits, host, env. Every
+    text a snapshot carries goes through ``printable``: a snapshot may be anyone's."""
     lines: list[str] = []
     c = colour
 
-    def head(word: str, tint: str) -> str:
-        return style(f"{word:<10}", tint, c)
+    def row(word: str, tint: str, text: str) -> None:
+        lines.append(style(f"{word:<10}", tint, c) + printable(text))
 
     for k, (o, n) in result.python.items():
-        lines.append(f"{head('python', 'magenta')}{k} {o} -> {n}")
+        row("python", "magenta", f"{k} {o} -> {n}")
     for p in result.added:
-        lines.append(f"{head('added', 'green')}{p.name} {p.version}")
+        row("added", "green", f"{p.name} {p.version}")
     for p in result.removed:
-        lines.append(f"{head('removed', 'red')}{p.name} {p.version}")
+        row("removed", "red", f"{p.name} {p.version}")
     for ch in result.changed:
         if ch.kind in ("upgrade", "downgrade", "local"):
             note = " (local label)" if ch.kind == "local" else ""
             facts = _build_words(ch) if ch.kind == "local" else ""
-            lines.append(f"{head(ch.kind if ch.kind != 'local' else 'version', 'yellow')}{ch.name} "
-                         f"{ch.old_version} -> {ch.new_version}{note}" + (f": {facts}" if facts else ""))
+            row(ch.kind if ch.kind != "local" else "version", "yellow",
+                f"{ch.name} {ch.old_version} -> {ch.new_version}{note}" + (f": {facts}" if facts else ""))
     for ch in result.changed:
         if ch.kind == "build":
-            lines.append(f"{head('build', 'red')}{ch.name} {ch.new_version}: {_build_words(ch)}")
+            row("build", "red", f"{ch.name} {ch.new_version}: {_build_words(ch)}")
     for ch in result.changed:
         if ch.modified_files or ch.missing_files or ch.put_back_files:
             counts = [f"{len(ch.modified_files)} file(s) differ"] if ch.modified_files else []
             counts += [f"{len(ch.missing_files)} deleted"] if ch.missing_files else []
             counts += [f"{len(ch.put_back_files)} put back"] if ch.put_back_files else []
-            lines.append(f"{head('edited', 'red')}{ch.name} {ch.new_version}: " + ", ".join(counts))
-            lines += _files_line("~", ch.modified_files, c, "red")
-            lines += _files_line("-", ch.missing_files, c, "red")
-            lines += _files_line("+", ch.put_back_files, c, "red")
+            row("edited", "red", f"{ch.name} {ch.new_version}: " + ", ".join(counts))
+            lines.extend(_files_line("~", ch.modified_files, c, "red"))
+            lines.extend(_files_line("-", ch.missing_files, c, "red"))
+            lines.extend(_files_line("+", ch.put_back_files, c, "red"))
     for ch in result.changed:
         if ch.mode_files:
-            lines.append(f"{head('mode', 'yellow')}{ch.name} {ch.new_version}: "
-                         f"{len(ch.mode_files)} file(s) gained or lost the execute bit")
-            lines += _files_line("x", ch.mode_files, c, "yellow")
+            row("mode", "yellow", f"{ch.name} {ch.new_version}: {len(ch.mode_files)} file(s) gained or lost the "
+                "execute bit")
+            lines.extend(_files_line("x", ch.mode_files, c, "yellow"))
     for k, (o, n) in result.host.items():
-        lines.append(f"{head('host', 'cyan')}{k} {o} -> {n}")
+        row("host", "cyan", f"{k} {o} -> {n}")
     env = result.env
     for k, v in (env.get("added") or {}).items():
-        lines.append(f"{head('env', 'cyan')}+{k}={v}")
+        row("env", "cyan", f"+{k}={v}")
     for k, v in (env.get("removed") or {}).items():
-        lines.append(f"{head('env', 'cyan')}-{k}={v}")
+        row("env", "cyan", f"-{k}={v}")
     for k, (o, n) in (env.get("changed") or {}).items():
-        lines.append(f"{head('env', 'cyan')}{k}: {o} -> {n}")
+        row("env", "cyan", f"{k}: {o} -> {n}")
     return "\n".join(lines)

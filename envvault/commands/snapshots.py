@@ -160,7 +160,7 @@ def show(ctx, snapshot_id, as_json):
         click.echo(printable(f"cache    {c.kind or None} {c.root or None}: "
                              f"{c.files if 'files' not in c.absent else None} files, {human_bytes(c.bytes)}"))
     for w in snap.warnings:
-        click.echo(f"warning  {w}")
+        click.echo(printable(f"warning  {w}"))
 
 
 def resolve_ref(vault: Vault, ref: str, venv: str | None = None) -> str:

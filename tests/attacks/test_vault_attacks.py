@@ -434,3 +434,10 @@ def test_texts_of_a_snapshot_are_printed_with_control_characters_escaped(tmp_pat
     shown = ev(vault, "show", sid).stdout
     assert "\x07" not in shown and "\x1b" not in shown and "created" in shown.splitlines()[1], shown
     assert ev_json(vault, "show", sid)["message"] == message
+    # A variable a snapshot recorded (CUDA_HOME) with the same characters, through ``diff``'s env rows.
+    from tests.evtools import ev_env
+
+    other = ev_json(vault, "snap", "--no-caches", "--venv", venv, env=ev_env(vault, CUDA_HOME="/x\x1b]0;pwned\x07\nFAKE"))
+    text = ev(vault, "diff", sid, other["id"]).stdout
+    assert "\x07" not in text and "\x1b" not in text and "\nFAKE" not in text, text
+    assert "CUDA_HOME=/x\\x1b]0;pwned\\x07\\nFAKE" in text, text
