@@ -14,7 +14,7 @@ from envvault.model.identity import normalise_script
 from envvault.model.manifest import DistManifest
 from envvault.model.record import format_record, parse_record
 from envvault.model.snapshot import PythonInfo
-from envvault.safepaths import FinalTree
+from envvault.safepaths import FinalTree, reserved_problem
 
 __all__ = ["find_dist_info", "installed_script", "read_record", "reapply_state", "replace_file", "shebang",
            "stored_record"]
@@ -78,7 +78,7 @@ def reapply_state(vault, dest: Path, python: PythonInfo, man: DistManifest) -> N
         old = old_rows.get(rec)
         if old is None:
             continue
-        if f.state == "missing":
+        if f.state == "missing" and rec in by_path:  # only a file of the package just installed (helper 32, 2)
             _unlink_inside(dest, site, rec)
         if rec in by_path:
             rows[by_path[rec]] = old
@@ -88,10 +88,12 @@ def reapply_state(vault, dest: Path, python: PythonInfo, man: DistManifest) -> N
 
 
 def _unlink_inside(dest: Path, site: Path, rec: str) -> None:
-    """Remove the file a RECORD path ``rec`` (relative to ``site``) names, only when it lies inside ``dest``
-    and no symlink on its way leads out of it (safepaths.FinalTree); a path outside is left alone."""
+    """Remove the file a RECORD path ``rec`` (relative to ``site``) names, only when it lies inside ``dest``,
+    no symlink on its way leads out of it (safepaths.FinalTree) and it is not the venv's own interpreter or
+    pyvenv.cfg (``safepaths.reserved_problem``); anything else is left alone."""
     rel = os.path.relpath(os.path.normpath(site / rec), os.path.normpath(dest)).replace(os.sep, "/")
-    if rel == "." or rel == ".." or rel.startswith("../") or FinalTree(dest).write_problem(rel) is not None:
+    if (rel == "." or rel == ".." or rel.startswith("../") or FinalTree(dest).write_problem(rel) is not None
+            or reserved_problem(rel, ("bin",)) is not None):  # never the venv's interpreter or pyvenv.cfg
         return
     try:
         os.unlink(dest / rel)

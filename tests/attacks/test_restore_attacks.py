@@ -313,16 +313,19 @@ def _forge(vault_path: Path, base_sid: str, mans: list[dict], blobs: list[bytes]
     return forge_snapshot(vault, vault.load_snapshot(base_sid).doc, mans, {object_id(b): b for b in blobs})
 
 
-def test_lock_only_restore_never_unlinks_a_missing_file_outside_the_environment(box, tmp_path):
+@pytest.mark.parametrize("where", ["outside", "pyvenv.cfg"])
+def test_lock_only_restore_never_unlinks_a_missing_file_outside_the_environment(box, tmp_path, where):
     """A stored "edited" copy whose missing file's RECORD path climbs out of site-packages: re-applying the
-    snapshot's state (installed.reapply_state) must not delete the file it names outside the venv."""
+    snapshot's state (installed.reapply_state) must not delete the file it names outside the venv, nor the
+    venv's own pyvenv.cfg, which the RECORD just installed does not list (helper 32, 2)."""
     import json
 
     from envvault.vault.store import Vault
 
     vault, venv, decoy, sid = box
-    victim = decoy / "keep.txt"
-    rec_row = "../" * 16 + str(victim).lstrip("/")
+    victim = decoy / "keep.txt" if where == "outside" else venv / "pyvenv.cfg"
+    kept = victim.read_bytes()
+    rec_row = "../" * 16 + str(victim).lstrip("/") if where == "outside" else "../../../pyvenv.cfg"
     init, meta = b"X = 1\n", b"Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n"
     wheel = b"Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     record = (f"evil/__init__.py,sha256={_b64(init)},{len(init)}\n"
@@ -352,7 +355,7 @@ def test_lock_only_restore_never_unlinks_a_missing_file_outside_the_environment(
     before_decoy = tree_state(decoy)
     proc = ev(vault, "restore", lock, "--venv", venv, "--no-backup", check=False)
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert victim.exists()
+    assert victim.read_bytes() == kept
     assert tree_state(decoy) == before_decoy
     proc = ev(vault, "restore", lock, "--into", tmp_path / "into", check=False)
     assert "Traceback" not in proc.stderr, proc.stderr
