@@ -19,7 +19,7 @@ import blake3
 from envvault.model.record import RecordEntry, record_sha256
 
 __all__ = [
-    "IDENTITY_VERSION", "GENERATED_NAMES", "DistLayout", "is_bytecode", "is_script", "is_generated",
+    "IDENTITY_VERSION", "GENERATED_NAMES", "DistLayout", "is_bytecode", "bytecode_source", "is_script", "is_generated",
     "is_launcher", "is_seed_marker", "normalise_script", "script_digest", "build_id", "scripts_id", "state_id", "fingerprint",
     "lock_fingerprint", "record_line", "verbatim_rows", "same_build", "egg_link_build_id", "LAUNCHER_HEAD",
 ]
@@ -57,6 +57,23 @@ def is_bytecode(path: str) -> bool:
     """``*.pyc`` / ``*.pyo``, or anything in (or naming) a ``__pycache__`` folder: installers compile these
     (pip does, uv does not), so they are never part of a build."""
     return path.endswith((".pyc", ".pyo")) or ("__pycache__" in path and "__pycache__" in path.split("/"))
+
+
+def bytecode_source(path: str) -> str | None:
+    """The source file whose bytecode ``path`` is (``d/__pycache__/m.cpython-312.pyc`` and ``...opt-1.pyc``:
+    ``d/m.py``), or None for anything else. The one rule for "the bytecode of a source" (a restore drops the
+    bytecode of every source it writes or deletes, and clears that of the sources it deletes)."""
+    folder, _, name = path.rpartition("/")
+    parent, _, cache = folder.rpartition("/")
+    if cache != "__pycache__" or not name.endswith(".pyc"):
+        return None
+    parts = name.split(".")  # <stem>.<tag>.pyc or <stem>.<tag>.opt-N.pyc
+    if len(parts) < 3:
+        return None
+    stem = ".".join(parts[:-3] if len(parts) > 3 and parts[-2].startswith("opt-") else parts[:-2])
+    if not stem:
+        return None
+    return f"{parent}/{stem}.py" if parent else f"{stem}.py"
 
 
 def is_seed_marker(path: str) -> bool:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from envvault.crashpoints import crash_point
 from envvault import materialize
-from envvault.model.records import dataclass
+from envvault.model.identity import bytecode_source
+from envvault.model.records import dataclass, replace
 from envvault.errors import EnvironmentProblem, EnvvaultError
 from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
 from envvault.materialize import FileSpec, Staged
@@ -58,15 +59,7 @@ class KindChanges:
         """Whether the restore deletes ``rel``: a file of the plan's removals, or the bytecode of one (an
         installer such as uv lists no ``__pycache__`` in RECORD; helper 30, F1: an import made the folder in
         the way hold the user's file, it seemed)."""
-        if rel in self.removals:
-            return True
-        folder, _, name = rel.rpartition("/")
-        parent, _, cache = folder.rpartition("/")
-        if cache != "__pycache__" or not name.endswith(".pyc") or name.count(".") < 2:
-            return False
-        parts = name.split(".")  # <stem>.<tag>.pyc or <stem>.<tag>.opt-N.pyc
-        stem = ".".join(parts[:-3] if len(parts) > 3 and parts[-2].startswith("opt-") else parts[:-2])
-        return (f"{parent}/{stem}.py" if parent else f"{stem}.py") in self.removals
+        return rel in self.removals or bytecode_source(rel) in self.removals
 
 
 def _dir_in_the_way(full: str) -> EnvironmentProblem:
@@ -74,9 +67,10 @@ def _dir_in_the_way(full: str) -> EnvironmentProblem:
 
 
 def kind_changes(target: Path, plan: Plan) -> KindChanges:
-    """Find the paths whose kind ``plan`` changes; a RefusedError (``refuse_folders_in_the_way``) for a folder in
-    the way of a file that holds anything the restore would not delete (a user's file is never deleted).
-    Only folders the writes need that the plan also removes are looked at (no I/O for any other)."""
+    """Find the paths whose kind ``plan`` changes, before anything is written (the dry run too): one ``lstat``
+    a folder the writes need (a ``stat`` more for a link). A file in the way of a folder that the restore
+    does not delete is an EnvironmentProblem, and so (``refuse_folders_in_the_way``, a RefusedError) is a folder
+    in the way of a file that holds anything the restore would not delete: a user's file is never deleted."""
     removed = frozenset(plan.removals)
     needed: set[str] = set()
     for w in plan.writes:
@@ -84,25 +78,26 @@ def kind_changes(target: Path, plan: Plan) -> KindChanges:
         while d and d not in needed:
             needed.add(d)
             d = os.path.dirname(d)
-    files = []
-    for rel in sorted(needed):  # before anything is written (the dry run too): a file in the way
-        full = os.path.join(target, rel)
-        if os.path.islink(full):
-            if rel in removed:
-                files.append(rel)  # the link goes: a folder of the snapshot's takes its place
-            elif not os.path.isdir(full):
-                raise _dir_in_the_way(full)
-            continue  # a symlinked folder inside the target (``refuse_escapes`` checked it)
-        if not os.path.lexists(full) or os.path.isdir(full):
+    files: list[str] = []
+    for rel in sorted(needed):  # parents first: what lies under a file the restore clears is not looked at
+        if files and rel.startswith(files[-1] + "/"):
             continue
-        if rel not in removed:
+        full = os.path.join(target, rel)
+        try:
+            mode = os.lstat(full).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISDIR(mode):
+            continue
+        if rel in removed:
+            files.append(rel)  # (a link too: a folder of the snapshot's takes its place)
+        elif not (stat.S_ISLNK(mode) and os.path.isdir(full)):  # a symlinked folder inside (refuse_escapes)
             raise _dir_in_the_way(full)  # the user's (or another package's): never deleted
-        files.append(rel)
     under = tuple(f + "/" for f in files)
     make = sorted({os.path.dirname(w.path) for w in plan.writes if w.path.startswith(under)}) if files else []
     changes = KindChanges(files=tuple(files), folders_to_make=tuple(make), removals=removed)
     folders = materialize.refuse_folders_in_the_way(target, [w.path for w in plan.writes], changes.removable)
-    return KindChanges(files=tuple(files), folders=tuple(folders), folders_to_make=tuple(make), removals=removed)
+    return replace(changes, folders=tuple(folders)) if folders else changes
 
 
 def _spec(w: FileWrite) -> FileSpec:
@@ -116,10 +111,12 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
     commit is staged in that file's folder, under a temp name of its whole path there."""
     reader = ObjectReader(vault)
 
+    root = len(str(paths.target)) + 1
+
     def tmp_name(final: str) -> str:
-        if not changes.files:  # (no relpath a file: 11,680 of them in a torch restore)
+        if not changes.files:
             return tmp_for(final, pid)
-        rel = os.path.relpath(final, paths.target).replace(os.sep, "/")
+        rel = final[root:].replace(os.sep, "/")  # (``final`` is ``paths.abs(rel)``)
         blocked = changes.staged_beside(rel)
         if blocked is None:
             return tmp_for(final, pid)
@@ -131,7 +128,7 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
         return tmp_for(paths.abs(beside), pid)
 
     for d in sorted({os.path.dirname(w.path) for w in plan.writes}):
-        if changes.staged_beside(d + "/") is not None or d in changes.files:
+        if changes.staged_beside(d + "/") is not None:
             continue  # made at the commit, once the file in its way is gone
         # (what was in the way refused the restore in ``kind_changes``; one put there since is refused here)
         makedirs_recording(paths.abs(d) if d else str(paths.target), created, _dir_in_the_way)
@@ -152,10 +149,9 @@ def _unlink_counted(full: str) -> int:
 
 
 def _drop_bytecode(abs_py: str, seen: dict[str, list[str]]) -> None:
-    """Delete ``__pycache__/<stem>.*.pyc`` of a source file we replaced or removed (a stale .pyc with the
-    same source size and mtime second would otherwise win over the restored source)."""
+    """Delete ``__pycache__/<stem>.*.pyc`` (``.opt-N`` ones too) of a source file we replaced or removed (a
+    stale .pyc with the same source size and mtime second would otherwise win over the restored source)."""
     d, name = os.path.split(abs_py)
-    stem = name[:-3]
     cache = os.path.join(d, "__pycache__")
     if cache not in seen:
         try:
@@ -163,7 +159,7 @@ def _drop_bytecode(abs_py: str, seen: dict[str, list[str]]) -> None:
         except OSError:
             seen[cache] = []
     for entry in seen[cache]:
-        if entry.startswith(stem + ".") and entry.endswith(".pyc") and entry.count(".") == stem.count(".") + 2:
+        if bytecode_source(f"__pycache__/{entry}") == name:
             try:
                 os.unlink(os.path.join(cache, entry))
             except OSError:
@@ -183,7 +179,8 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
             for name in names + [d for d in subdirs if os.path.islink(os.path.join(top, d))]:
                 r = f"{inside}/{name}"
                 if changes.removable(r) and paths.check(r) is None:  # (what appeared since: ``place`` refuses)
-                    removed += _unlink_counted(paths.abs(r))
+                    gone = _unlink_counted(paths.abs(r))
+                    removed += gone if r in changes.removals else 0  # (bytecode is not counted, as the dry run)
                     crash_point("commit")
     for rel in changes.files:
         if paths.check(rel) is None:

@@ -87,8 +87,9 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
                 # The venv's own interpreter and pyvenv.cfg are never deleted, whatever a RECORD or journal lists.
                 scripts = {"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")}
-                if any(reserved_problem(r, scripts) for r in plan.removals):
-                    plan = replace(plan, removals=tuple(r for r in plan.removals if not reserved_problem(r, scripts)))
+                kept = tuple(r for r in plan.removals if reserved_problem(r, scripts) is None)
+                if len(kept) != len(plan.removals):
+                    plan = replace(plan, removals=kept)
                 # The venv's pyvenv.cfg settings the snapshot recorded otherwise (include-system-site-packages...)
                 settings = {} if now.python.system else settings_to_set(target, snapshot.python)
                 paths = Paths(target)
