@@ -303,8 +303,12 @@ def _change(o: PackageSummary, n: PackageSummary, vault) -> PackageChange:
     else:
         modified = _edited_files(o, n, o_mod, n_mod, vault)
     # Deleted (``new`` lacks them) apart from put back (``old`` recorded them missing): helper 29 saw a file put
-    # back listed as missing, with a "-".
-    missing, put_back = sorted(set(n.missing) - set(o.missing)), sorted(set(o.missing) - set(n.missing))
+    # back listed as missing, with a "-". Across versions or builds the two sides' RECORDs differ: the files
+    # ``new`` lacks of its own are named, and none is "put back" (``new`` may not ship it at all).
+    if build_changed or ov != nv:
+        missing, put_back = sorted(n.missing), []
+    else:
+        missing, put_back = sorted(set(n.missing) - set(o.missing)), sorted(set(o.missing) - set(n.missing))
     # A mode change is one of a file both sides hold: another version or build is a change of its own (the
     # files of one version only are not "gained or lost the execute bit"), a missing file has no mode.
     gone = set(o.missing) | set(n.missing)

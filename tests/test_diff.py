@@ -209,3 +209,12 @@ def test_a_file_name_with_control_characters_is_one_escaped_line():
     assert "\x1b" not in text
     change = r.to_json()["packages"]["changed"][0]
     assert change["missing_files"] == ["lib/x/\x1b[2Jc.py"] and change["put_back_files"] == ["lib/x/a\nb.py"]
+
+
+def test_across_versions_no_file_is_put_back():
+    """An upgrade whose old side had a file recorded missing: the new version may not ship that file at all,
+    so it is not "put back" (helper 32, 9); the files the new side lacks of its own are named deleted."""
+    a = _doc([_pkg("x", "1.0", missing=["lib/x/old.py"])])
+    b = _doc([_pkg("x", "2.0", build="c", missing=["lib/x/new.py"])])
+    (change,) = diff_snapshots(a, b).to_json()["packages"]["changed"]
+    assert change["put_back_files"] == [] and change["missing_files"] == ["lib/x/new.py"], change

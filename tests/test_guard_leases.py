@@ -24,7 +24,7 @@ from envvault.vault import lockobjects
 from envvault.vault.gc import collect_garbage, guarded_snapshots
 from envvault.vault.local_locks import DirLockKeys
 from envvault.vault.store import Vault
-from evtools import ev, s3_node
+from evtools import ev, ev_env, s3_node
 from fixtures import catalogue as C
 from fixtures import site_packages, uv_install
 
@@ -225,3 +225,34 @@ def test_a_lease_is_rewritten_while_held_and_written_again_when_a_peer_removed_i
             assert time.monotonic() < deadline
             time.sleep(0.02)
     assert not list(folder.glob("lease-*.json"))
+
+
+def test_a_guard_whose_lease_cannot_be_written_stops_before_its_command(objects_vault, tmp_path, make_venv,
+                                                                        wheelhouse):
+    """The lease write fails (here made to, in the guard's own process, through ``sitecustomize``): guard
+    stops with one line (exit 6) saying the command was not run, and it was not; no lease is left."""
+    from tests.evtools import ROOT
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "from envvault.errors import StorageError\n"
+        "from envvault.vault import lockobjects\n"
+        "real = lockobjects._put_lock\n"
+        "def put(keys, key, body):\n"
+        "    if 'lease-' in key:\n"
+        "        raise StorageError('writing ' + key + ' failed after 5 attempts')\n"
+        "    return real(keys, key, body)\n"
+        "lockobjects._put_lock = put\n")
+    ran = tmp_path / "ran"
+    home = objects_vault.backend.root
+    env = ev_env(home, PYTHONPATH=f"{inject}{os.pathsep}{ROOT}")
+    proc = ev(home, "guard", "--venv", venv, "--yes", "--", sys.executable, "-c",
+              f"import pathlib; pathlib.Path({str(ran)!r}).touch()", env=env, check=False)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("envvault: error:")]
+    assert proc.returncode == 6 and "Traceback" not in proc.stderr, proc
+    assert len(errors) == 1 and "guard stopped before running the command" in errors[0], proc.stderr
+    assert not ran.exists()
+    assert not list((home / "locks").glob("lease-*.json"))

@@ -95,6 +95,13 @@ def read_regular_stat(path: Path | str, limit: int, what: str, *, follow: bool =
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Every byte of ``data`` to ``fd`` (``os.write`` may write fewer), or an OSError."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def write_nofollow(path: Path, data: bytes) -> None:
     """Replace the content of the small file ``path`` in place, refusing a symlink there (RefusedError); every
     byte is written or an OSError says why (a disk full: a guard then stops before its command runs)."""
@@ -105,9 +112,7 @@ def write_nofollow(path: Path, data: bytes) -> None:
             raise link_refused(path) from None
         raise
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
     finally:
         os.close(fd)
 
@@ -181,10 +186,7 @@ def atomic_write(path: Path, data: bytes, *, tmp_dir: Path | None = None, mode: 
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
             written = os.fstat(fd)

@@ -114,32 +114,41 @@ def _after_lock(keys: LockKeys, exclusive: bool) -> None:
     keys.on_gc_epoch(value.decode("ascii", "replace")[:64])
 
 
+_HERE: dict | None = None
+
+
 def _place() -> dict:
     """Where this process runs, as lock objects and leases record it: the host's name, its boot (Linux's
-    ``boot_id``) and the PID namespace (``/proc/self/ns/pid``); None for a part that cannot be read."""
-    import socket
+    ``boot_id``) and the PID namespace (``/proc/self/ns/pid``); None for a part that cannot be read. Read once
+    a process."""
+    global _HERE
+    if _HERE is None:
+        import socket
 
-    def read(how) -> str | None:
-        try:
-            return how()[:100]
-        except (OSError, ValueError):
-            return None
+        def read(how) -> str | None:
+            try:
+                return how()[:100]
+            except (OSError, ValueError):
+                return None
 
-    def boot() -> str:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            return f.read(100).decode("ascii").strip()
+        def boot() -> str:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                return f.read(100).decode("ascii").strip()
 
-    return {"hostname": socket.gethostname(), "boot": read(boot), "pidns": read(lambda: os.readlink("/proc/self/ns/pid"))}
+        _HERE = {"hostname": socket.gethostname(), "boot": read(boot),
+                 "pidns": read(lambda: os.readlink("/proc/self/ns/pid"))}
+    return dict(_HERE)
 
 
-def _gone_here(doc: dict, here: dict) -> bool:
-    """Whether the process that wrote a lock object or lease ``doc`` is known to be gone: it ran on this host,
-    in this boot and this PID namespace (all three recorded and equal to ``here``, ``_place()``), and its
-    pid runs no more. A process of another PID namespace of the same host (a container sharing the host's
-    name: Docker ``--network host``, Kubernetes ``hostNetwork``) is never judged so, nor one of a writer that
-    did not record them: those go stale by age alone (helper 28, F1: such a gc dropped a running guard's lease)."""
-    pid = doc.get("pid")
-    return (all(here[k] is not None and doc.get(k) == here[k] for k in ("hostname", "boot", "pidns"))
+def _gone_here(hostname: object, boot: object, pidns: object, pid: object) -> bool:
+    """Whether the process that wrote a lock object or lease is known to be gone: it ran on this host, in this
+    boot and this PID namespace (all three recorded and equal to ``_place()``'s), and its pid runs no more. A
+    process of another PID namespace of the same host (a container sharing the host's name: Docker
+    ``--network host``, Kubernetes ``hostNetwork``) is never judged so, nor one of a writer that did not record
+    them: those go stale by age alone (helper 28, F1: such a gc dropped a running guard's lease)."""
+    here = _place()
+    return (here["hostname"] is not None and here["boot"] is not None and here["pidns"] is not None
+            and (hostname, boot, pidns) == (here["hostname"], here["boot"], here["pidns"])
             and isinstance(pid, int) and not isinstance(pid, bool) and not process_alive(pid))
 
 
@@ -159,7 +168,6 @@ def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None
     if mine is None:
         return None if not metas else next(iter(metas))  # our own write is not listed yet: try again
     now = mine["last_modified"]  # the server's clock, not ours
-    here = _place()
     for other, meta in metas.items():
         if other == me:
             continue
@@ -170,7 +178,8 @@ def _conflict(keys: LockKeys, name: str, me: str, exclusive: bool) -> str | None
         if not isinstance(doc, dict):  # not a lock object envvault writes: judged by its age alone
             doc = {}
         age = (now - meta["last_modified"]).total_seconds()
-        if age > LOCK_STALE_SECONDS or _gone_here(doc, here):
+        if age > LOCK_STALE_SECONDS or _gone_here(doc.get("hostname"), doc.get("boot"), doc.get("pidns"),
+                                                  doc.get("pid")):
             try:
                 keys.delete_key(meta["path"])
             except Exception:  # noqa: BLE001
@@ -199,14 +208,10 @@ class Lease:
     """A guard lease as read back: the snapshot it keeps, and where its writer ran (``_gone_here``)."""
 
     snapshot: str
-    venv: str | None
     hostname: str | None
     boot: str | None
     pidns: str | None
     pid: int | None
-
-    def writer(self) -> dict:
-        return {"hostname": self.hostname, "boot": self.boot, "pidns": self.pidns, "pid": self.pid}
 
 
 def parse_lease(data: bytes | None) -> Lease | None:
@@ -225,7 +230,7 @@ def parse_lease(data: bytes | None) -> Lease | None:
         return value if isinstance(value, str) else None
 
     pid = doc.get("pid")
-    return Lease(snapshot=doc["snapshot"], venv=text("venv"), hostname=text("hostname"), boot=text("boot"),
+    return Lease(snapshot=doc["snapshot"], hostname=text("hostname"), boot=text("boot"),
                  pidns=text("pidns"), pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
 
 
@@ -265,16 +270,17 @@ def live_leases(keys: LockKeys, *, clean: bool = True) -> list[Lease]:
         return []
     stamps = [m["last_modified"] for m in metas if holder_re.fullmatch(m["path"])]
     now = max(stamps) if stamps else max(m["last_modified"] for m in found)
-    stale = [m for m in found if (now - m["last_modified"]).total_seconds() > LOCK_STALE_SECONDS]
-    fresh = [m for m in found if m not in stale]
+    stale: list[dict] = []
+    fresh: list[dict] = []
+    for m in found:
+        (stale if (now - m["last_modified"]).total_seconds() > LOCK_STALE_SECONDS else fresh).append(m)
     if len(fresh) > MAX_LEASES:
         raise CorruptError(f"{len(fresh)} guard leases under locks/ are fresh, more than {MAX_LEASES}; gc stops "
                            "before it deletes anything (it would read each one): remove those no guard holds")
-    here = _place()
     live: list[Lease] = []
     for meta, data in zip(fresh, _read_all(keys, [m["path"] for m in fresh])):
         got = parse_lease(data)
-        if got is not None and _gone_here(got.writer(), here):
+        if got is not None and _gone_here(got.hostname, got.boot, got.pidns, got.pid):
             stale.append(meta)
         elif got is not None:
             live.append(got)
