@@ -178,6 +178,11 @@ def export_snapshot(vault: Vault, sid: str, out: Path, *, fmt: str = "pylock", w
     warnings: list[str] = []
     if fmt not in ("pylock", "requirements"):
         raise UsageError(f"unknown export format {fmt!r}; use pylock or requirements")
+    if os.path.lexists(out) and (os.path.islink(out) or not os.path.isfile(out)):
+        # The lockfile is written by rename: over a link it would replace the link (its target kept the old
+        # bytes), over a device or FIFO the node itself (``-o /dev/full`` as root, helper 31).
+        raise UsageError(f"{out} is a symlink or not a regular file; pass -o with a file path (its folder gets "
+                         "the wheels too)")
     manifests = _manifests(vault, sid, doc)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "requirements":

@@ -148,3 +148,24 @@ def test_lock_only_export_of_a_hostile_stored_copy_leaves_no_wheels(tmp_path):
     rc, err, out = _export(tmp_path, vault, lock)
     one_line(rc, err, 3, "refusing", "files[1].record '/abs/escape.py' is absolute")
     _nothing_written(out)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_export_never_replaces_a_link_or_a_node_at_its_output(tmp_path, kind):
+    """``-o`` naming a symlink or a FIFO (``/dev/full`` as root, helper 31): the rename that writes the lockfile
+    replaced the link or the node itself, and exit 0. Refused in one line (exit 2); the link, its target and
+    the FIFO stay, and no wheel folder is made."""
+    vault, sid = _vault(tmp_path, _manifest())
+    out = tmp_path / "out"
+    out.mkdir()
+    target = tmp_path / "target.toml"
+    target.write_text("kept")
+    path = out / "pylock.toml"
+    if kind == "symlink":
+        path.symlink_to(target)
+    else:
+        os.mkfifo(path)
+    rc, _stdout, err = run_cli(["export", sid, "-o", path], vault=vault)
+    assert rc == 2 and "is a symlink or not a regular file" in err, err
+    assert (path.is_symlink() and os.readlink(path) == str(target)) if kind == "symlink" else path.is_fifo()
+    assert target.read_text() == "kept" and not (out / "pylock.wheels").exists()
