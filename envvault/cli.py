@@ -33,8 +33,19 @@ def python_option(help_text: str = PYTHON_HELP):
         choose_python(value)
         return value
 
-    return click.option("--python", "python", type=click.Path(dir_okay=False), expose_value=False,
+    return click.option("--python", "python", type=PathType(dir_okay=False), expose_value=False,
                         callback=choose, help=help_text)
+
+
+class PathType(click.Path):
+    """``click.Path`` that refuses an empty value: ``--into ""`` (a script's unset variable) restored in place,
+    ``--to ""`` was ignored and ``--cache-dir ""`` archived the working folder (helper 31). The one path type
+    of every option and argument that names a path."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path; give the path (is a variable unset?)", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 # Which module defines each command: a command imports only its own module, so a quick command (a
@@ -65,7 +76,7 @@ class _LazyGroup(click.Group):
     "--vault",
     "vault_path",
     envvar="ENVVAULT_HOME",
-    type=click.Path(file_okay=False),
+    type=PathType(file_okay=False),
     help="Vault directory, or s3://BUCKET/PREFIX with the s3 extra (default: $ENVVAULT_HOME, else "
     "$XDG_DATA_HOME/envvault).",
 )

@@ -353,3 +353,19 @@ def test_a_venv_whose_python_is_a_link_loop_says_so(world, tmp_path):
     proc = _run(world["vault"], "snap", "--venv", target)
     assert proc.returncode == 2, proc
     assert_one_line_error(proc, "is a venv whose bin/python does not run", "recreate it")
+
+
+@pytest.mark.parametrize("args", [
+    ("restore", "SID", "--into", ""), ("cache", "restore", "SID", "--to", ""), ("snap", "--cache-dir", ""),
+    ("status", "--venv", ""), ("export", "SID", "-o", ""), ("--vault", "", "list"),
+])
+def test_an_empty_path_is_refused_before_anything_runs(world, args):
+    """A script whose variable is unset passes ``""``: ``restore ID --into ""`` restored in place (exit 0),
+    ``cache restore --to ""`` ignored it, ``snap --cache-dir ""`` archived the working folder (helper 31).
+    Every path option refuses an empty value (exit 2), naming the option; nothing is snapped or restored."""
+    before = ev_json(world["vault"], "list", "--all", env=_env(world["vault"]))["snapshots"]
+    args = tuple(world["sid"] if a == "SID" else a for a in args)
+    proc = _run(world["vault"], *args, **({"VIRTUAL_ENV": str(world["venv"])} if "snap" in args else {}))
+    assert proc.returncode == 2, proc
+    assert "an empty path" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert ev_json(world["vault"], "list", "--all", env=_env(world["vault"]))["snapshots"] == before

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
-from envvault.cli import cli, python_option
+from envvault.cli import PathType, cli, python_option
 from envvault.commands import plain
 from envvault.output import emit_json, human_bytes, style
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 _venv_only = click.option(
-    "--venv", type=click.Path(file_okay=False),
+    "--venv", type=PathType(file_okay=False),
     help="The environment that uses the caches, for their fingerprint (default: $VIRTUAL_ENV).",
 )  # fmt: skip
 
@@ -65,7 +65,7 @@ def cache() -> None:
 @cache.command("snap")
 @venv_option
 @click.option("-m", "--message", default="", help="A note stored with the snapshot.")
-@click.option("--cache-dir", "cache_dirs", multiple=True, type=click.Path(file_okay=False),
+@click.option("--cache-dir", "cache_dirs", multiple=True, type=PathType(file_okay=False),
               help="Another cache directory to archive (repeatable).")
 @click.option("--no-discover", is_flag=True,
               help="Archive only the --cache-dir directories, not the ones torch and Triton would use.")
@@ -184,7 +184,7 @@ def cache_list(ctx, snapshot_id, where, venv, as_json):
 @venv_option
 @click.option("--kind", "kinds", multiple=True, help="Only caches of this kind (inductor, triton, ...; repeatable).")
 @click.option("--root", "roots", multiple=True, help="Only the cache archived from this directory (repeatable).")
-@click.option("--to", "to", type=click.Path(file_okay=False), help="Restore the (one) selected cache here instead.")
+@click.option("--to", "to", type=PathType(file_okay=False), help="Restore the (one) selected cache here instead.")
 @click.option("--merge/--replace", "merge", default=True, show_default=True,
               help="merge: add what is missing, never overwrite; replace: make the directory hold exactly the archive.")
 @click.option("--archived-roots", is_flag=True,

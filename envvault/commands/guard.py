@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from envvault.cli import cli, python_option as cli_python_option
+from envvault.cli import PathType, cli, python_option as cli_python_option
 from envvault.errors import RefusedError, UsageError, Terminated
 from envvault.output import emit_json, style
 
@@ -109,7 +109,7 @@ class _CliUI:
 @click.option("--unprotect", "unprotect", multiple=True, metavar="NAME", help="Do not protect NAME (repeatable).")
 @click.option("-y", "--yes", is_flag=True, help="Allow changes to protected packages without asking.")
 @click.option("--no-restore", is_flag=True, help="Keep whatever a failed or refused command left, for inspection.")
-@click.option("--venv", type=click.Path(file_okay=False),
+@click.option("--venv", type=PathType(file_okay=False),
               help="The environment (default: the one the command's pip or uv would change).")
 @python_option
 @click.option("--save", type=click.Choice(["vault", "venv"]),

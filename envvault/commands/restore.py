@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from envvault.cli import cli
+from envvault.cli import PathType, cli
 from envvault.commands.snapshots import json_option, open_vault, resolve_ref, venv_option
 from envvault.errors import UsageError
 from envvault.model.snapshot import Snapshot
@@ -260,7 +260,7 @@ def _restore_target(vault: Vault, sid: str, venv: str | None, named: str | None 
 @click.argument("snapshot_id")
 @venv_option
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
-@click.option("--into", "into", type=click.Path(file_okay=False), help="Build a new venv at this path instead.")
+@click.option("--into", "into", type=PathType(file_okay=False), help="Build a new venv at this path instead.")
 @click.option("--no-backup", is_flag=True, help="Do not snapshot the environment before changing it.")
 @click.option("--no-caches", is_flag=True, help="Do not restore compile caches stored with the snapshot.")
 @click.option("--system-site-packages", "share_system", is_flag=True,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from envvault.cli import cli, python_option as cli_python_option
+from envvault.cli import PathType, cli, python_option as cli_python_option
 from envvault.commands import plain
 from envvault.env.probe import find_target
 from envvault.model.snapshot import Host
@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # list's rows; status and restore, which import this module, 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 _venv_only = click.option(
-    "--venv", type=click.Path(file_okay=False), help="The environment (default: $VIRTUAL_ENV)."
+    "--venv", type=PathType(file_okay=False), help="The environment (default: $VIRTUAL_ENV)."
 )
 
 
@@ -46,7 +46,7 @@ def snapshot_row(sid: str, head: SnapshotHead) -> dict:
 @click.option("-m", "--message", default="", help="A note stored with the snapshot.")
 @click.option("--lock-only", is_flag=True, help="Record the exact lockfile and hashes only; store no files.")
 @click.option("--no-caches", is_flag=True, help="Do not archive torch.compile / Triton caches.")
-@click.option("--cache-dir", "cache_dirs", multiple=True, type=click.Path(file_okay=False),
+@click.option("--cache-dir", "cache_dirs", multiple=True, type=PathType(file_okay=False),
               help="Another cache directory to archive (repeatable).")
 @json_option
 @click.pass_context
@@ -173,7 +173,7 @@ def resolve_ref(vault: Vault, ref: str, venv: str | None = None) -> str:
 
 @cli.command()
 @click.argument("snapshot_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write (default: pylock.toml or requirements.txt).")
+@click.option("-o", "--output", type=PathType(dir_okay=False), help="Where to write (default: pylock.toml or requirements.txt).")
 @click.option("--format", "fmt", type=click.Choice(["pylock", "requirements"]), default="pylock", show_default=True)
 @click.option("--no-wheels", is_flag=True, help="pylock only: do not rebuild wheels from the vault.")
 @venv_option

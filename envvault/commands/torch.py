@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from envvault.cli import cli
+from envvault.cli import PathType, cli
 from envvault.commands.snapshots import json_option, venv_option
 from envvault.output import emit_json, human_bytes, printable, style
 
@@ -23,7 +23,7 @@ COLLAPSE = 4  # a mapping of more tensors than this is shown as one line
 
 
 @cli.command()
-@click.argument("path", type=click.Path(exists=False, path_type=Path))
+@click.argument("path", type=PathType(exists=False, path_type=Path))
 @json_option
 def inspect(path: Path, as_json: bool) -> None:
     """Show a checkpoint's stamp and everything in it but tensor data, without torch.
