@@ -369,3 +369,25 @@ def test_an_empty_path_is_refused_before_anything_runs(world, args):
     assert proc.returncode == 2, proc
     assert "an empty path" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert ev_json(world["vault"], "list", "--all", env=_env(world["vault"]))["snapshots"] == before
+
+
+def test_commands_in_a_working_folder_deleted_since(world, tmp_path):
+    """In a working folder deleted under the shell: ``snap`` failed with "cannot write a file: No such file or
+    directory" (exit 6, no file named; the cache discovery asked for the working folder), and so did guard,
+    which the shell hook runs for every install (helper 31). A snap works; guard says what to do (exit 2)."""
+    import sys
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    ev_cmd = f"{sys.executable} -m envvault"
+
+    def run_there(args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "-c", f"cd {gone} && rmdir {gone} && exec {ev_cmd} {args}"],
+                              env=_env(world["vault"]), capture_output=True, text=True, timeout=120)
+
+    proc = run_there(f"snap --venv {world['venv']} --json")
+    assert proc.returncode == 0, proc.stderr
+    gone.mkdir()
+    proc = run_there(f"guard --venv {world['venv']} -- true")
+    assert proc.returncode == 2, proc
+    assert_one_line_error(proc, "the working folder no longer exists")

@@ -198,9 +198,15 @@ def _gettempdir(env: Mapping[str, str]) -> tuple[str, str]:
     # the first candidate where a file can be created wins. POSIX only (Windows adds other defaults).
     candidates = [(env[name], f"${name}") for name in ("TMPDIR", "TEMP", "TMP") if env.get(name)]
     candidates += [(p, p) for p in ("/tmp", "/var/tmp", "/usr/tmp")]
-    candidates.append((os.getcwd(), "the current directory"))
+    try:
+        candidates.append((os.getcwd(), "the current directory"))
+    except OSError:
+        pass  # a working folder deleted since: no candidate (helper 31: every snap there failed, naming no file)
     for directory, label in candidates:
-        directory = os.path.abspath(directory)
+        try:
+            directory = os.path.abspath(directory)  # (a relative $TMPDIR asks for the working folder too)
+        except OSError:
+            continue
         # tempfile's own probe (an O_EXCL create), without importing tempfile: a snap of unchanged caches
         # must not pay for it.
         probe = os.path.join(directory, f".envvault-probe-{os.getpid()}-{os.urandom(4).hex()}")

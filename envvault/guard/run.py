@@ -235,7 +235,13 @@ def guard(
     code is in the result."""
     t0 = time.monotonic()
     env = dict(os.environ if env is None else env)
-    cwd = Path(cwd or os.getcwd())
+    if cwd is None:
+        try:
+            cwd = Path(os.getcwd())
+        except FileNotFoundError:  # (the shell hook runs guard for every install, wherever the user is)
+            raise UsageError("the working folder no longer exists; cd to a folder that does and run the "
+                             "command again") from None
+    cwd = Path(cwd)
     cmd = parse_command(argv)
     if cmd.elsewhere and chosen_python() and "--user" in cmd.args:
         # --python: the user site is part of the system environment guarded (docs/format.md, "Environment kinds")

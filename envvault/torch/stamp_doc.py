@@ -67,7 +67,11 @@ def with_snapshot(base: Stamp, snapshot: tuple[str, bool] | None, warnings: list
 def for_save(base: Stamp, drift: Drift | None) -> dict[str, Any]:
     """The stamp one save writes: ``base`` with the drift, the time (UTC, milliseconds) and the cwd, as a
     fresh dict of plain JSON types."""
-    return records.replace(base, drift=drift, time=utc_timestamp(3), cwd=os.getcwd()).to_dict()
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a working folder deleted since the run started: the stamp says none
+        cwd = None
+    return records.replace(base, drift=drift, time=utc_timestamp(3), cwd=cwd).to_dict()
 
 
 def _plain(value: Any) -> str | None:
