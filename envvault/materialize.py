@@ -113,7 +113,7 @@ def stored_bytes(reader, f, owner: str | None = None) -> bytes:
         if total > limit:
             who = f" ({owner})" if owner else ""
             raise CorruptError(f"{f.path}{who}: the vault's objects make more than the {limit} bytes recorded; "
-                               "run `envvault verify`")
+                               "run `envvault verify --read-data`")
         parts.append(bytes(data))
     return b"".join(parts)
 
@@ -397,7 +397,7 @@ def _stage_one(reader: ObjectReader, root: str, spec: FileSpec, tmp_name: TempNa
                else f"more than the {spec.size} bytes recorded")
         owner = f" ({spec.owner})" if spec.owner else ""
         raise CorruptError(f"{spec.path}{owner}: the vault's objects do not make the archived file ({why}); "
-                           "nothing was renamed into place; run `envvault verify`")
+                           "nothing was renamed into place; run `envvault verify --read-data`")
     crash_point("stage")
     return Staged(spec, tmp, final, sha, st)
 

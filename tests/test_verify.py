@@ -34,6 +34,13 @@ def test_structure_reads_no_data_and_read_data_rehashes_it(vault):  # noqa: F811
     report = verify_vault(_fresh(vault), read_data=True)
     assert not report["ok"] and [p["object"] for p in report["problems"]] == [_id(big)]
     assert report["problems"][0]["snapshots"] == [sid]
+    # A reader of the damaged object says which check finds it (plain verify says ok: helper 31).
+    import pytest
+
+    from envvault.errors import CorruptError
+
+    with pytest.raises(CorruptError, match=r"run `envvault verify --read-data`"):
+        _fresh(vault).get(_id(big))
 
 
 def test_structure_names_a_lost_pack(vault):  # noqa: F811

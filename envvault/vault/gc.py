@@ -264,6 +264,6 @@ def _rewrite(vault: Vault, pack_id: str, locs: dict, live: set[str]) -> int:
             for off, length, kind, oid in sorted(by_frame[(fo, fl)]):
                 data = frame[off: off + length]
                 if len(data) != length or object_id(data) != oid:
-                    raise CorruptError(f"pack {pack_id}.pack is damaged; run `envvault verify` (gc stopped, nothing lost)")
+                    raise CorruptError(f"pack {pack_id}.pack is damaged; run `envvault verify --read-data` (gc stopped, nothing lost)")
                 writer.add(oid, data, kind)
     return writer.written_bytes

@@ -88,7 +88,7 @@ class ObjectCache:
                     out.write(chunk)
             if kind in _HASHED and h.hexdigest() != name:
                 raise CorruptError(f"{where} does not match its name (damaged in the bucket or on the way); run "
-                                   "`envvault verify`")
+                                   "`envvault verify --read-data`")
             self._install(kind, name, tmp)
         except OSError as err:
             raise StorageError(f"cannot write the local cache {self.root}: {err.strerror or err}") from None

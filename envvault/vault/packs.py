@@ -573,9 +573,9 @@ def read_frame(backend: Backend, pack_id: str, offset: int, length: int) -> byte
         raise CorruptError(f"pack {name} is missing; run `envvault verify` (or, when a gc ran meanwhile, this "
                            "command again: readers take no lock)") from None
     except ReadFailed as err:
-        raise CorruptError(f"pack {name} cannot be read ({err.why}); run `envvault verify`") from None
+        raise CorruptError(f"pack {name} cannot be read ({err.why}); run `envvault verify --read-data`") from None
     if len(comp) != length:
-        raise CorruptError(f"pack {name} is truncated; run `envvault verify`")
+        raise CorruptError(f"pack {name} is truncated; run `envvault verify --read-data`")
     import zstandard
 
     d = getattr(_dctx, "d", None)
@@ -587,4 +587,4 @@ def read_frame(backend: Backend, pack_id: str, offset: int, length: int) -> byte
             raise CorruptError(f"pack {name} holds a frame of {params.content_size} bytes; refused")
         return d.decompress(comp, max_output_size=MAX_FRAME)
     except zstandard.ZstdError as err:
-        raise CorruptError(f"pack {name} has a damaged frame at {offset} ({err}); run `envvault verify`") from None
+        raise CorruptError(f"pack {name} has a damaged frame at {offset} ({err}); run `envvault verify --read-data`") from None

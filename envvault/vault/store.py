@@ -443,7 +443,7 @@ class Vault:
         except ReadFailed as err:
             raise CorruptError(f"{what} cannot be read: {err.why}") from None
         if object_id(data) != sid:
-            raise CorruptError(f"{what} does not match its id; run `envvault verify`")
+            raise CorruptError(f"{what} does not match its id; run `envvault verify --read-data`")
         return SnapshotRef(sid, parse_snapshot(parse_json(data, what), what))
 
     def snapshots(self) -> list[SnapshotRef]:
@@ -605,7 +605,7 @@ class ObjectReader:
             self._local.frame = ((pack, fo), frame)
         data = frame[off : off + length]
         if len(data) != length:
-            raise CorruptError(f"object {oid[:12]} lies beyond its frame in pack {pack[:12]}; run `envvault verify`")
+            raise CorruptError(f"object {oid[:12]} lies beyond its frame in pack {pack[:12]}; run `envvault verify --read-data`")
         if object_id(data) != oid:
-            raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify`")
+            raise CorruptError(f"object {oid[:12]} does not match its id (pack {pack[:12]}); run `envvault verify --read-data`")
         return data

@@ -107,7 +107,7 @@ def sync_vaults(src: Vault, dst: Vault | None, *, dry_run: bool = False, threads
                     out.flush()
                     os.fsync(out.fileno())
                 if done != size or h.hexdigest() != pid:
-                    raise CorruptError(f"{sb.where('packs', pid)} does not match its name; run `envvault verify` "
+                    raise CorruptError(f"{sb.where('packs', pid)} does not match its name; run `envvault verify --read-data` "
                                        f"on {src.location}")
                 db.save_file("packs", pid, Path(tmp))
             finally:
