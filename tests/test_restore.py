@@ -713,3 +713,17 @@ def test_a_fifo_put_where_a_package_file_was_is_reported_and_replaced(tmp_path, 
     res = ev_json(vault, "restore", sid, "--venv", venv, timeout=60)
     assert res["verified"] is True and victim.is_file()
     assert_matches_snapshot(vault, sid, venv)
+
+
+def test_the_dry_run_counts_the_files_the_restore_removes(tmp_path, make_venv, wheelhouse):
+    """pip compiles bytecode and lists it in RECORD: ``--dry-run`` said "remove 11 files", the restore "10
+    removed" (helper 31); both count the files there now, bytecode left out of both."""
+    vault = tmp_path / "vault"
+    venv = make_venv("venv", with_pip=True)
+    pip_install(venv, str(wheelhouse[C.TORCH_CU128]))
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    pip_install(venv, str(wheelhouse[C.SMALL_01]))
+    assert list(site_packages(venv).glob("smallpkg/__pycache__/*.pyc"))  # pip compiled it
+    dry = ev(vault, "restore", sid, "--venv", venv, "--dry-run")
+    res = ev_json(vault, "restore", sid, "--venv", venv)
+    assert res["verified"] is True and f"remove {res['removed_files']} files," in dry.stdout, (dry.stdout, res)

@@ -336,7 +336,7 @@ def _render_restore(result, doc: dict, vault: Vault) -> None:
         elif result.dry_run:
             click.echo(f"write {plan.get('write_files', 0)} files ({human_bytes(plan.get('write_bytes', 0))}), "
                        + (f"set the mode of {plan['mode_files']}, " if plan.get("mode_files") else "")
-                       + f"remove {plan.get('remove_files', 0)} files, leave everything else untouched")
+                       + f"remove {result.removed_files} files, leave everything else untouched")
         elif result.changed == 0 and result.verified and not result.settings_set:
             click.echo(f"{result.target} already matches snapshot {style(short, 'yellow')}; nothing to do")
         else:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from envvault.crashpoints import crash_point
 from envvault import materialize
-from envvault.model.identity import bytecode_source
+from envvault.model.identity import bytecode_source, is_bytecode
 from envvault.model.records import dataclass, replace
 from envvault.errors import EnvironmentProblem, EnvvaultError
 from envvault.journal import Paths, prune_empty, remove_journal, tmp_for
@@ -214,7 +214,8 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
         full = paths.abs(rel)
         if os.path.isdir(full) and not os.path.islink(full):
             continue
-        removed += _unlink_counted(full)
+        gone = _unlink_counted(full)
+        removed += gone if not is_bytecode(rel) else 0  # (bytecode: counted by neither this nor a dry run)
         if full.endswith(".py"):
             _drop_bytecode(full, pyc_seen)
         parents.add(os.path.dirname(full))

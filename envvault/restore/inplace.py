@@ -21,6 +21,7 @@ from envvault.errors import UsageError
 from envvault.journal import (Paths, clean_temps, exclusive_target, journal_file, read_journal, recover, remove_journal,
                               write_journal)
 from envvault.materialize import refuse_escapes
+from envvault.model.identity import is_bytecode
 from envvault.model.journal import Journal
 from envvault.model.snapshot import Snapshot
 from envvault.model.records import replace
@@ -104,7 +105,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                     discard_backup(vault, backup_id)
                 raise
             if dry_run:  # the files the commit would delete: RECORD rows of bytecode never written are not there
-                there = sum(os.path.lexists(os.path.join(target, r)) for r in plan.removals)
+                there = sum(os.path.lexists(os.path.join(target, r)) for r in plan.removals if not is_bytecode(r))
                 return RestoreResult(sid, str(target), "in-place", None, plan.changed, False, True,
                                      len(plan.writes), plan.bytes, there, plan=plan.to_json(),
                                      warnings=plan.warnings)
