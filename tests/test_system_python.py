@@ -396,6 +396,9 @@ def test_two_interpreters_sharing_root_keep_their_own_baseline(pyenv_copy, tmp_p
     for exe, sid in ((python, mine["id"]), (DEBIAN_PYTHON, deb["id"])):
         doc = json.loads(run("status", "--python", exe, "--json").stdout)
         assert doc["snapshot"] == sid and doc["empty"], doc
+        # list --python lists that interpreter's snapshots only (it listed both: helper 31)
+        listed = [s["id"] for s in json.loads(run("list", "--python", exe, "--json").stdout)["snapshots"]]
+        assert listed == [sid], (exe, listed)
     # gc --keep-last 1 keeps each interpreter's own latest (it dropped Debian's only snapshot, helper-14)
     run("gc", "--keep-last", "1")
     for exe, sid in ((python, mine["id"]), (DEBIAN_PYTHON, deb["id"])):

@@ -78,11 +78,12 @@ def list_(ctx, venv, show_all, as_json):
 
     vault = open_vault(ctx)
     snaps = snapshot_heads(vault)
-    from envvault.env.probe import chosen_python
+    from envvault.env.probe import chosen_python, system_interpreter
 
     if not show_all and (venv or chosen_python() or _active_venv()):  # --python: that system environment's
-        target = str(find_target(venv))
-        snaps = [(sid, h) for sid, h in snaps if h.venv == target]
+        target = find_target(venv)
+        who = system_interpreter(target)  # interpreters sharing a root each list their own (helper 31)
+        snaps = [(sid, h) for sid, h in snaps if h.venv == str(target) and (who is None or h.interpreter == who)]
     tags_by_id: dict[str, list[str]] = {}
     for name, sid in vault.tags().items():
         tags_by_id.setdefault(sid, []).append(name)
