@@ -679,3 +679,20 @@ def test_one_interpreter_has_one_guard_lock_however_it_is_named(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_system_python_without_torch_carries_no_inductor_cache(pyenv_copy, tmp_path):
+    """``snap --python`` of an interpreter without torch archived the Inductor cache in every snapshot (147 MiB
+    of precompiled headers, helper 31): the test of which caches an environment can use looked for
+    site-packages under the root (``/``, or a common ancestor), found none and took every cache. It looks in
+    the interpreter's own site folders now, as it does a venv's."""
+    python, env, _tmp = pyenv_copy
+    vault = tmp_path / "vault"
+    inductor = tmp_path / "inductor"
+    (inductor / "fxgraph" / "ab").mkdir(parents=True)
+    (inductor / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
+    run_env = ev_env(vault, **{k: v for k, v in env.items() if k in ("PYTHONUSERBASE", "HOME", "ENVVAULT_DPKG_ADMINDIR")},
+                     TORCHINDUCTOR_CACHE_DIR=str(inductor))
+    doc = json.loads(ev(vault, "snap", "--python", python, "--json", env=run_env).stdout)
+    shown = json.loads(ev(vault, "show", doc["id"], "--json", env=run_env).stdout)
+    assert not [c for c in shown.get("caches") or () if c.get("kind") == "inductor"], shown.get("caches")

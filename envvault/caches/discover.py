@@ -116,14 +116,18 @@ CACHE_USERS: dict[str, tuple[str, ...]] = {
 
 def usable_kinds(venv: Path) -> frozenset[str] | None:
     """The cache kinds ``venv`` can use: those with a reader (``CACHE_USERS``) installed as a package
-    (``<name>/__init__.py``) in its own site-packages, plus ``user``. None when it cannot be told from the
-    venv's files: no site-packages found, or ``include-system-site-packages = true`` (a reader may come
-    from the base interpreter)."""
-    from envvault.env.probe import read_pyvenv_cfg
+    (``<name>/__init__.py``) in its own site-packages (a system environment's: its interpreter's site
+    folders), plus ``user``. None when it cannot be told from the venv's files: no site-packages found, or
+    ``include-system-site-packages = true`` (a reader may come from the base interpreter)."""
+    from envvault.env.probe import read_pyvenv_cfg, system_of
 
-    if read_pyvenv_cfg(venv).get("include-system-site-packages", "").lower() == "true":
+    system = system_of(venv)
+    if system is not None:  # ``--python``: its own site folders (the root may be ``/``, helper 31: a pyenv
+        sites = [Path(p) for p in system[1].sites if Path(p).is_dir()]  # CPython without torch took Inductor's)
+    elif read_pyvenv_cfg(venv).get("include-system-site-packages", "").lower() == "true":
         return None
-    sites = [p for p in sorted(venv.glob("lib/python3*/site-packages")) if p.is_dir()]
+    else:
+        sites = [p for p in sorted(venv.glob("lib/python3*/site-packages")) if p.is_dir()]
     if not sites:
         return None
     names = {n for users in CACHE_USERS.values() for n in users}
