@@ -799,3 +799,23 @@ def test_near_identical_large_files_share_chunks(tmp_path):
     shutil.rmtree(root)
     ev(vault, "cache", "restore", second["id"], "--archived-roots")
     assert (root / "two.h.gch").read_bytes() == bytes(twin) and (root / "one.h.gch").read_bytes() == base
+
+
+def test_kind_and_root_together_choose_the_cache_of_both():
+    """``cache restore --kind inductor --root R --to DIR`` with two Inductor caches (the cache folder and
+    ``precompiled_headers``, as a real CPU compile makes): the two filters were either-or, so both caches were
+    chosen and ``--to`` refused (helper 31). Each narrows; together a cache must match both."""
+    from envvault.caches.restore import select_caches
+    from envvault.model.records import replace
+    from envvault.model.snapshot import CacheEntry, Snapshot
+
+    caches = (CacheEntry(kind="inductor", root="/c/inductor", manifest="a" * 64),
+              CacheEntry(kind="inductor", root="/tmp/torchinductor_u/precompiled_headers", manifest="b" * 64),
+              CacheEntry(kind="triton", root="/c/triton", manifest="c" * 64))
+    snap = replace(Snapshot(), caches=caches)
+    pick = lambda *s: [c.root for c in select_caches(snap, s)]  # noqa: E731
+    assert pick("inductor", "/c/inductor") == ["/c/inductor"]
+    assert pick("inductor") == ["/c/inductor", "/tmp/torchinductor_u/precompiled_headers"]
+    assert pick("/c/triton") == ["/c/triton"]
+    assert pick("inductor", "triton", "/c/triton") == ["/c/triton"]
+    assert pick("triton", "/c/inductor") == []

@@ -83,12 +83,16 @@ class CacheRestoreResult:
 
 
 def select_caches(snapshot: Snapshot | dict, select: Sequence[str] = ()) -> list[CacheEntry]:
-    """The snapshot's cache entries that have a manifest, limited to ``select`` (kinds or archived roots)."""
+    """The snapshot's cache entries that have a manifest, limited to ``select``: kinds and archived roots (a
+    path), a cache matching one of the kinds given and one of the roots given (``--kind inductor --root R``
+    is that cache, not every inductor cache and R: helper 31)."""
     entries = [c for c in as_snapshot(snapshot).caches or () if c.manifest]
     if not select:
         return entries
-    roots = {os.path.abspath(os.path.expanduser(s)) for s in select if "/" in s or s.startswith("~")}
-    return [c for c in entries if c.kind in select or c.root in roots]
+    paths = [s for s in select if "/" in s or s.startswith("~")]
+    kinds = {s for s in select if s not in paths}
+    roots = {os.path.abspath(os.path.expanduser(s)) for s in paths}
+    return [c for c in entries if (not kinds or c.kind in kinds) and (not roots or c.root in roots)]
 
 
 def restore_snapshot_caches(
