@@ -351,3 +351,34 @@ def test_a_lock_only_snap_calls_no_compile_cache_hook(edited, tmp_path):
                                cache_hook=lambda *args: called.append(args) or [])
         assert result.to_json()["packages"] > 0
     assert called == []
+
+
+def test_a_stamp_never_names_a_snapshot_whose_edits_the_environment_does_not_hold(tmp_path):
+    """Snap S0; install ``extra`` and patch a file; restore S0 (its backup B holds the patch and ``extra``);
+    install ``extra`` again. B is the only snapshot of that lock-level fingerprint, and a stamp named it: the
+    patch the run never had (helper 31). The edited files are checked now: B is not named, a lock-only
+    snapshot is taken; with the patch really there, B is."""
+    from envvault.torch import environment
+    from envvault.torch.naming import ensure_snapshot
+
+    venv = make_venv(tmp_path / "venv", "uv")
+    wheels = tmp_path / "w"
+    uv_install(venv, build_wheel(wheels, "pkg", "1.0", {"pkg/__init__.py": b"X = 1\n"}))
+    extra = build_wheel(wheels, "extra", "1.0", {"extra/__init__.py": b"E = 1\n"})
+    vault = tmp_path / "vault"
+    s0 = _snap(vault, venv)
+    uv_install(venv, extra)
+    target = site_packages(venv) / "pkg" / "__init__.py"
+    target.write_bytes(b"X = 2  # patched\n")
+    backup = ev_json(vault, "restore", s0, "--venv", venv)["backup"]
+    uv_install(venv, extra)
+    v = Vault.open(vault)
+    state = environment.environment_state(v, venv, [site_packages(venv)])
+    got = ensure_snapshot(v, venv, state, full_snapshot=False)
+    assert got[0] != backup and got[1] is True, (got, backup)
+    assert ensure_snapshot(Vault.open(vault), venv, state, full_snapshot=False) == got  # one, not one a process
+    target.write_bytes(b"X = 2  # patched\n")  # the patch really there now: the backup holds this state
+    v = Vault.open(vault)
+    for sid in [s.id for s in v.snapshots() if s.id == got[0]]:
+        (vault / "snapshots" / f"{sid}.json").unlink()  # (the lock-only one out of the way)
+    assert ensure_snapshot(Vault.open(vault), venv, state, full_snapshot=False) == (backup, False)

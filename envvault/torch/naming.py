@@ -23,12 +23,15 @@ from envvault.torch.environment import EnvState
 __all__ = ["find_snapshot", "ensure_snapshot", "spawn_full_snapshot"]
 
 
-def find_snapshot(vault, fingerprint: str, venv: str | None = None) -> tuple[str, bool] | None:
+def find_snapshot(vault, fingerprint: str, venv: str | None = None, *, unedited: bool = False
+                  ) -> tuple[str, bool] | None:
     """``(id, lock_only)`` of the best snapshot with this lock-level fingerprint (of the environment at
-    ``venv`` when given: an identical copy elsewhere would make ``restore`` target that copy), or None."""
+    ``venv`` when given: an identical copy elsewhere would make ``restore`` target that copy), or None.
+    ``unedited``: only one that records no file edited in place."""
     facts = stamp_index.snapshot_facts(vault)
     matches = [(entry.rank(), sid) for sid, entry in facts.items()
-               if entry.lock_fingerprint == fingerprint and (venv is None or entry.venv == venv)]
+               if entry.lock_fingerprint == fingerprint and (venv is None or entry.venv == venv)
+               and not (unedited and entry.fingerprint != entry.lock_fingerprint)]
     if not matches:
         return None
     _rank, sid = max(matches)
@@ -42,7 +45,11 @@ def _choose(vault, state: EnvState) -> tuple[str, bool] | None:
     snapped, then the clean one restored: the newest full one is the patch the run never had). Known: its
     last ``status``, snap or verified restore found it equal to the baseline, with no file changed since
     (``verdict.unchanged_since``, the quick ``status``'s check: a local vault, a venv). That check reads a
-    stat of every file, so it runs only when the two differ (never in the common case of one content)."""
+    stat of every file, so it runs only when the two differ (never in the common case of one content).
+    A full snapshot recording edits that is not the baseline is named only when the environment holds those
+    edits now (``_edits_present``: the few edited files hashed); else the best one without edits, or none
+    (a lock-only snapshot is then taken): a restore's backup holding a patch the run never had, the only
+    snapshot of its fingerprint, was named (helper 31)."""
     from envvault.restore.baseline import baseline_snapshot
 
     found = find_snapshot(vault, state.fingerprint, state.prefix)
@@ -51,22 +58,68 @@ def _choose(vault, state: EnvState) -> tuple[str, bool] | None:
     try:
         base = baseline_snapshot(vault, Path(state.prefix))
     except EnvvaultError:
+        base = None
+    if base == found[0]:
         return found
-    entry = stamp_index.snapshot_facts(vault).get(base)
-    if base == found[0] or entry is None or entry.lock_fingerprint != state.fingerprint or entry.lock_only:
+    facts = stamp_index.snapshot_facts(vault)
+    entry = facts.get(base) if base is not None else None
+    if entry is not None and entry.lock_fingerprint == state.fingerprint and not entry.lock_only:
+        if _contents(vault, base) == _contents(vault, found[0]):
+            return found
+        if _known_in(vault, state, base):
+            return base, False
+    chosen = facts.get(found[0])
+    if chosen is None or chosen.fingerprint == chosen.lock_fingerprint or _edits_present(vault, state, found[0]):
         return found
-    if _contents(vault, base) == _contents(vault, found[0]):
-        return found
+    return find_snapshot(vault, state.fingerprint, state.prefix, unedited=True)
+
+
+def _known_in(vault, state: EnvState, base: str) -> bool:
+    """Whether the environment is known to hold ``base`` now (its verdict, ``verdict.unchanged_since``)."""
     from envvault.snap.verdict import unchanged_since
     from envvault.vault.local import LocalBackend
 
     if type(vault.backend) is not LocalBackend:  # a bucket keeps no verdicts
-        return found
+        return False
     try:
         hit = unchanged_since(vault.backend.root, str(state.prefix))
     except (EnvvaultError, OSError):
-        return found
-    return (base, False) if hit is not None and hit[1].snapshot == base else found
+        return False
+    return hit is not None and hit[1].snapshot == base
+
+
+def _edits_present(vault, state: EnvState, sid: str) -> bool:
+    """Whether the files snapshot ``sid`` recorded as edited in place hold those bytes now, and those it
+    recorded deleted are gone: a few files hashed (an edited ``cacert.pem``; paths as the manifest parser
+    checked them, relative and without ``..``). False when anything cannot be read."""
+    import hashlib
+
+    from envvault.model.record import record_sha256
+    from envvault.vault.fsutil import open_regular_fd
+
+    prefix = Path(state.prefix)
+    try:
+        for p in vault.load_snapshot(sid).snapshot.packages:
+            if not p.modified and not p.missing:
+                continue
+            for f in vault.load_manifest(p.manifest).files:
+                path = prefix / f.path
+                if f.state == "missing" and os.path.lexists(path):
+                    return False
+                if f.state != "modified":
+                    continue
+                fd = open_regular_fd(str(path))
+                if fd is None:
+                    return False
+                with os.fdopen(fd, "rb") as fh:
+                    h = hashlib.sha256()
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(block)
+                if record_sha256(h.digest()) != f.sha256:
+                    return False
+    except (EnvvaultError, OSError):
+        return False
+    return True
 
 
 def _contents(vault, sid: str) -> frozenset | None:
@@ -95,7 +148,7 @@ def ensure_snapshot(vault, prefix: Path, state: EnvState, *, full_snapshot: bool
 
     vault.state.ensure_locks_dir()
     with vault.state.lock(f"stamp-{state.fingerprint}"):
-        found = find_snapshot(vault, state.fingerprint, state.prefix)
+        found = _choose(vault, state)  # (another process may have taken one meanwhile)
         if found:
             return found
         result = take_snapshot(vault, prefix, lock_only=True, trigger="stamp", argv=list(sys.argv),
