@@ -819,3 +819,15 @@ def test_kind_and_root_together_choose_the_cache_of_both():
     assert pick("/c/triton") == ["/c/triton"]
     assert pick("inductor", "triton", "/c/triton") == ["/c/triton"]
     assert pick("triton", "/c/inductor") == []
+
+
+def test_the_hint_for_precompiled_headers_restored_elsewhere_names_where_torch_keeps_them(tmp_path):
+    """Inductor keeps precompiled headers under its default root whatever ``TORCHINDUCTOR_CACHE_DIR`` says: a
+    restore of them elsewhere told the user to set that variable (helper 31). It names where they belong."""
+    from envvault.caches.restore import _where_torch_looks
+
+    env = {"TMPDIR": str(tmp_path), "USER": "u", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ic")}
+    (hint,) = _where_torch_looks("inductor", tmp_path / "elsewhere" / "precompiled_headers", env)
+    assert f"--to {tmp_path / 'torchinductor_u' / 'precompiled_headers'}" in hint and "whatever" in hint, hint
+    (other,) = _where_torch_looks("inductor", tmp_path / "elsewhere", env)
+    assert "TORCHINDUCTOR_CACHE_DIR=" in other

@@ -391,3 +391,11 @@ def test_commands_in_a_working_folder_deleted_since(world, tmp_path):
     proc = run_there(f"guard --venv {world['venv']} -- true")
     assert proc.returncode == 2, proc
     assert_one_line_error(proc, "the working folder no longer exists")
+
+
+def test_an_empty_list_of_an_environment_names_the_snap_of_that_environment(world, tmp_path, make_venv):
+    """``list --venv V`` (or ``--python``) of an environment with no snapshot hinted a plain ``envvault snap``,
+    which snaps another one (helper 31): the hint names the same environment."""
+    other = make_venv("uv", name="fresh")
+    proc = _run(world["vault"], "list", "--venv", other)
+    assert proc.returncode == 0 and f"snap --venv {other}`" in proc.stderr, proc.stderr

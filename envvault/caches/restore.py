@@ -219,6 +219,9 @@ def _where_torch_looks(kind: str, dest: Path, env: Mapping[str, str]) -> list[st
         default, _ = inductor_cache_dir({k: v for k, v in env.items() if k != "TORCHINDUCTOR_CACHE_DIR"})
         if dest in (root, default / "precompiled_headers"):
             return []
+        if dest.name == "precompiled_headers":  # (helper 31: the hint named a variable torch ignores for these)
+            return [f"Inductor here keeps precompiled headers in {default / 'precompiled_headers'} whatever "
+                    f"TORCHINDUCTOR_CACHE_DIR says, not {dest}: restore with --to {default / 'precompiled_headers'}"]
         return [f"Inductor here looks in {root} ({reason}), not {dest}: run with TORCHINDUCTOR_CACHE_DIR={dest} "
                 "or restore with --to"]
     if kind == "triton":

@@ -96,7 +96,8 @@ def list_(ctx, venv, show_all, as_json):
         emit_json({"snapshots": rows})
         return
     if not rows:
-        click.echo("no snapshots yet; run `envvault snap`", err=True)
+        scope = () if show_all else ("--python", chosen_python()) if chosen_python() else ("--venv", venv) if venv else ()
+        click.echo(f"no snapshots yet; run `{vault.command('snap', *scope)}`", err=True)
         return
     for r in rows:
         tags = f" [{', '.join(r['tags'])}]" if r["tags"] else ""
