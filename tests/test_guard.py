@@ -344,13 +344,7 @@ def test_uv_project_sync_and_add(make_venv, wheelhouse, tmp_path):
     """uv sync is planned with its --dry-run; uv add has none, so guard judges it by the result and, when a
     protected package changed without consent, rolls back the venv and pyproject.toml/uv.lock alike."""
     with IndexServer([wheelhouse[C.TORCH_CU128], wheelhouse[C.TORCH_CU130], wheelhouse[C.SMALL_01]]) as srv:
-        proj = tmp_path / "proj"
-        proj.mkdir()
-        _torchlike_project(proj, "proj")
-        env = _uv_env(proj, tmp_path, srv)
-        sync = subprocess.run(["uv", "sync", "--python", str(plain_python())], cwd=proj, env=env,
-                              capture_output=True, text=True)
-        assert sync.returncode == 0, sync.stderr
+        proj, env = _synced_project(tmp_path, srv)
         venv = proj / ".venv"
         _protect_torchlike(venv)
         lock_before = (proj / "uv.lock").read_bytes()
@@ -378,13 +372,7 @@ def test_a_wrapped_uv_add_on_a_uv_projects_venv_puts_the_project_files_back(make
     file, and the rollback left pyproject.toml and uv.lock naming X (helper 29, defect 6). A command guard does not
     know, run on a uv project's ``.venv``, now has that project's two files put back with the environment."""
     with IndexServer([wheelhouse[C.TORCH_CU128], wheelhouse[C.SMALL_01]]) as srv:
-        proj = tmp_path / "proj"
-        proj.mkdir()
-        _torchlike_project(proj, "proj")
-        env = _uv_env(proj, tmp_path, srv)
-        sync = subprocess.run(["uv", "sync", "--python", str(plain_python())], cwd=proj, env=env,
-                              capture_output=True, text=True)
-        assert sync.returncode == 0, sync.stderr
+        proj, env = _synced_project(tmp_path, srv)
         lock_before = (proj / "uv.lock").read_bytes()
         pyproject_before = (proj / "pyproject.toml").read_bytes()
         proc, doc = _run_in(proj, env, "--venv", str(proj / ".venv"), "--yes", "--", "sh", "-c",
@@ -393,6 +381,18 @@ def test_a_wrapped_uv_add_on_a_uv_projects_venv_puts_the_project_files_back(make
         assert (proj / "pyproject.toml").read_bytes() == pyproject_before
         assert (proj / "uv.lock").read_bytes() == lock_before
         assert not list((proj / ".venv").glob("lib/python3*/site-packages/smallpkg*"))
+
+def _synced_project(tmp_path: Path, srv) -> tuple[Path, dict]:
+    """``(project, guard's environment)``: a uv project depending on torchlike, ``uv sync``ed from ``srv``."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    _torchlike_project(proj, "proj")
+    env = _uv_env(proj, tmp_path, srv)
+    sync = subprocess.run(["uv", "sync", "--python", str(plain_python())], cwd=proj, env=env,
+                          capture_output=True, text=True)
+    assert sync.returncode == 0, sync.stderr
+    return proj, env
+
 
 def _torchlike_project(folder: Path, name: str) -> None:
     (folder / "pyproject.toml").write_text(

@@ -105,6 +105,18 @@ def test_a_users_file_in_a_folder_that_changes_kind_still_refuses(tmp_path, make
     assert mine.read_text() == "mine" and _is_two(venv)
 
 
+def _snapped_then_replaced(tmp_path: Path, make_venv, name: str, snapped: dict, then: dict):
+    """``(vault, venv, sid)``: ``name`` 1.0 of files ``snapped`` installed and snapped, then replaced by 2.0 of
+    files ``then``."""
+    out = tmp_path / "wheels"
+    venv = make_venv("uv")
+    uv_install(venv, build_wheel(out, name, "1.0", snapped))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, build_wheel(out, name, "2.0", then))
+    return vault, venv, sid
+
+
 def test_bytecode_an_import_wrote_in_the_folder_in_the_way_goes_with_it(tmp_path, make_venv):
     """``mix/x`` a file in 1.0 and a package in 2.0, imported (``__pycache__/*.pyc``, which uv lists in no
     RECORD): the bytecode made the folder look like it held the user's file, and the restore (a guard's
@@ -112,15 +124,9 @@ def test_bytecode_an_import_wrote_in_the_folder_in_the_way_goes_with_it(tmp_path
     import os
     import subprocess
 
-    out = tmp_path / "wheels"
-    one = build_wheel(out, "mix", "1.0", {"mix/__init__.py": b"", "mix/x": b"a file\n"})
-    two = build_wheel(out, "mix", "2.0", {"mix/__init__.py": b"", "mix/x/__init__.py": b"",
-                                          "mix/x/s.py": b"S = 2\n"})
-    venv = make_venv("uv")
-    uv_install(venv, one)
-    vault = tmp_path / "vault"
-    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
-    uv_install(venv, two)
+    vault, venv, sid = _snapped_then_replaced(
+        tmp_path, make_venv, "mix", {"mix/__init__.py": b"", "mix/x": b"a file\n"},
+        {"mix/__init__.py": b"", "mix/x/__init__.py": b"", "mix/x/s.py": b"S = 2\n"})
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run([str(venv / "bin" / "python"), "-c", "import mix.x.s"], env=env, check=True)
     assert list((site_packages(venv) / "mix" / "x" / "__pycache__").glob("s.*.pyc"))
@@ -135,15 +141,9 @@ def test_two_writes_under_a_file_in_the_way_never_share_a_temp_name(tmp_path, ma
     """``cpkg/b`` a file in 1.0; 2.0 has ``cpkg/b/c.txt`` and ``cpkg/b~c.txt``: both were staged as
     ``cpkg/.b~c.txt.envvault-<pid>.tmp``, one overwrote the other and ``cpkg/b/c.txt`` got the other's bytes
     (helper 30, F2)."""
-    out = tmp_path / "wheels"
-    one = build_wheel(out, "cpkg", "1.0", {"cpkg/__init__.py": b"", "cpkg/b": b"file\n"})
-    two = build_wheel(out, "cpkg", "2.0", {"cpkg/__init__.py": b"", "cpkg/b/c.txt": b"SLASH\n",
-                                           "cpkg/b~c.txt": b"TILDE\n"})
-    venv = make_venv("uv")
-    uv_install(venv, two)
-    vault = tmp_path / "vault"
-    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
-    uv_install(venv, one)
+    vault, venv, sid = _snapped_then_replaced(
+        tmp_path, make_venv, "cpkg", {"cpkg/__init__.py": b"", "cpkg/b/c.txt": b"SLASH\n", "cpkg/b~c.txt": b"TILDE\n"},
+        {"cpkg/__init__.py": b"", "cpkg/b": b"file\n"})
     res = ev_json(vault, "restore", sid, "--venv", venv)
     assert res["verified"] is True, res
     sp = site_packages(venv)
