@@ -238,7 +238,7 @@ def guard(
     if cwd is None:
         try:
             cwd = Path(os.getcwd())
-        except FileNotFoundError:  # (the shell hook runs guard for every install, wherever the user is)
+        except OSError:  # (the shell hook runs guard for every install, wherever the user is)
             raise UsageError("the working folder no longer exists; cd to a folder that does and run the "
                              "command again") from None
     cwd = Path(cwd)

@@ -180,7 +180,7 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
                 r = f"{inside}/{name}"
                 if changes.removable(r) and paths.check(r) is None:  # (what appeared since: ``place`` refuses)
                     gone = _unlink_counted(paths.abs(r))
-                    removed += gone if r in changes.removals else 0  # (bytecode is not counted, as the dry run)
+                    removed += gone if r in changes.removals and not is_bytecode(r) else 0  # (as the dry run)
                     crash_point("commit")
     for rel in changes.files:
         if paths.check(rel) is None:
