@@ -85,8 +85,8 @@ def _resolve(vault, ref: str, venv: str | None) -> tuple[str, Path | None]:
         try:
             scope = find_target(venv)
         except UsageError:
-            if venv is None or os.path.lexists(absolute_path(venv)):
-                raise  # --python, or a --venv there that envvault cannot take: what snap would say
+            if venv is None or os.path.lexists(absolute_path(venv)) or not _missing(absolute_path(venv)):
+                raise  # --python, a --venv there that envvault cannot take, or no path at all: what snap would say
             scope = absolute_path(venv)  # a --venv deleted since (to be rebuilt with --into), as an active one
         return _latest_of(vault, scope), scope
     active = os.environ.get("VIRTUAL_ENV")
@@ -113,6 +113,20 @@ def _resolve(vault, ref: str, venv: str | None) -> tuple[str, Path | None]:
         except EnvvaultError:
             pass  # a root another interpreter owns, a folder that is no environment now: the snapshot itself
     return sid, None
+
+
+def _missing(path: Path) -> bool:
+    """Whether nothing is at ``path`` (a folder deleted since), as against a path no folder can have (a name
+    too long, a file on its way: helper 29's 300-character name failed as "cannot write", exit 6)."""
+    import os
+
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _latest_of(vault, target: Path) -> str:

@@ -332,7 +332,8 @@ def test_an_environment_typed_with_dotdot_is_the_same_environment(tmp_path, make
     assert built["verified"] and built["target"] == str(tmp_path / "v2"), built
 
 
-@pytest.mark.parametrize("args", [("snap",), ("status",), ("guard", "--yes", "--", "true")])
+@pytest.mark.parametrize("args", [("snap",), ("status",), ("guard", "--yes", "--", "true"), ("restore", "latest"),
+                                  ("diff", "latest", "current")])
 def test_a_venv_path_with_a_name_too_long_is_not_a_directory(world, tmp_path, args):
     """``--venv`` with a 300-character name was a storage error ("cannot write ...: File name too long", exit
     6; helper 29): it is no directory, a usage error (exit 2) in one line."""
