@@ -527,16 +527,21 @@ def refuse_folders_in_the_way(root: str | os.PathLike, paths, removable: Callabl
             full = os.path.join(where, name)
             rel = f"{folder}/{name}" if folder else name
             held = False
-            for top, subdirs, files in os.walk(full):
-                inside = os.path.relpath(top, root).replace(os.sep, "/")
-                links = [d for d in subdirs if os.path.islink(os.path.join(top, d))]  # not walked into
-                for entry in files + links:
-                    if removable is None or not removable(f"{inside}/{entry}"):
-                        raise _in_the_way(full, RefusedError)
-                    held = True
+            for inside in files_under(root, full):
+                if removable is None or not removable(inside):
+                    raise _in_the_way(full, RefusedError)
+                held = True
             if held:
                 cleared.append(rel)
     return cleared
+
+
+def files_under(root: str | os.PathLike, folder: str) -> Iterator[str]:
+    """Every file and link under ``folder`` (a link to a folder is not walked into), relative to ``root``."""
+    for top, subdirs, names in os.walk(folder):
+        inside = os.path.relpath(top, root).replace(os.sep, "/")
+        for name in names + [d for d in subdirs if os.path.islink(os.path.join(top, d))]:
+            yield f"{inside}/{name}"
 
 
 def _unlink(path: str) -> None:

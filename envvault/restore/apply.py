@@ -174,14 +174,11 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
     parents: set[str] = set()
     removed = 0
     for rel in changes.folders:  # emptied of what the restore deletes; ``place`` then replaces the empty tree
-        for top, subdirs, names in os.walk(paths.abs(rel)):
-            inside = os.path.relpath(top, paths.target).replace(os.sep, "/")
-            for name in names + [d for d in subdirs if os.path.islink(os.path.join(top, d))]:
-                r = f"{inside}/{name}"
-                if changes.removable(r) and paths.check(r) is None:  # (what appeared since: ``place`` refuses)
-                    gone = _unlink_counted(paths.abs(r))
-                    removed += gone if r in changes.removals and not is_bytecode(r) else 0  # (as the dry run)
-                    crash_point("commit")
+        for r in list(materialize.files_under(paths.target, paths.abs(rel))):
+            if changes.removable(r) and paths.check(r) is None:  # (what appeared since: ``place`` refuses)
+                gone = _unlink_counted(paths.abs(r))
+                removed += gone if r in changes.removals and not is_bytecode(r) else 0  # (as the dry run)
+                crash_point("commit")
     for rel in changes.files:
         if paths.check(rel) is None:
             removed += _unlink_counted(paths.abs(rel))
