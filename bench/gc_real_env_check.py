@@ -24,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from envcheck import ENVVAULT, Checks, purelib  # noqa: E402
+
 
 def main() -> int:
     venv, work = Path(sys.argv[1]).absolute(), Path(sys.argv[2]).absolute()
@@ -32,28 +35,16 @@ def main() -> int:
     vault = work / "vault"
     env = dict(os.environ, ENVVAULT_HOME=str(vault))
     env.pop("VIRTUAL_ENV", None)
-    ev = [sys.executable, "-m", "envvault"]
+    ev = ENVVAULT
+    checks = Checks(env, work)
+    say = checks.say
 
     def run(*args, check=True, extra=None):
-        t = time.monotonic()
-        proc = subprocess.run(ev + list(map(str, args)), env=dict(env, **(extra or {})), capture_output=True,
-                              text=True, cwd=work)
-        if check and proc.returncode != 0:
-            raise SystemExit(f"envvault {' '.join(map(str, args))} exited {proc.returncode}: {proc.stderr[-600:]}")
-        return proc, time.monotonic() - t
-
-    failures = 0
-
-    def say(ok: bool, text: str) -> None:
-        nonlocal failures
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
+        return checks.run(*args, check=check, env=dict(env, **(extra or {})))
 
     # 1. gc inside a guarded command.
     _, t = run("snap", "--venv", venv, "--no-caches", "-m", "older")
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
-                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = purelib(venv)
     victim = next(p for p in sorted(site.glob("*/__init__.py")) if p.stat().st_size > 100)
     digest = hashlib.sha256(victim.read_bytes()).hexdigest()
     script = (f"import os, subprocess, sys; r = subprocess.run({ev!r} + ['gc', '--keep-last', '0', '--json'], "
@@ -112,8 +103,7 @@ def main() -> int:
     say(ok and again.id in Vault.open(vault).snapshot_ids(),
         f"the reader's snap after the killed gc ({t_snap:.1f} s) survives the next gc ({t_gc:.1f} s): verify "
         f"--read-data {'ok' if ok else verify.stdout[-300:]} ({t_verify:.1f} s)")
-    print(f"{failures} failure(s)")
-    return 1 if failures else 0
+    return checks.end()
 
 
 if __name__ == "__main__":

@@ -19,83 +19,48 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+from envcheck import ENVVAULT, Checks, purelib  # noqa: E402
+from s3server import S3Server  # noqa: E402  (the tests' moto server)
 
 
 def main() -> int:
     venv, work = Path(sys.argv[1]).absolute(), Path(sys.argv[2]).absolute()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    port = _free_port()
-    log = open(work / "moto.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).read()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"moto did not start: {(work / 'moto.log').read_text()[-800:]}")
-            time.sleep(0.1)
+    server = S3Server(work / "moto.log")
     try:
-        return _checks(venv, work, url)
+        return _checks(venv, work, server)
     finally:
-        server.terminate()
-        server.wait(10)
+        server.stop()
 
 
-def _checks(venv: Path, work: Path, url: str) -> int:
-    urllib.request.urlopen(urllib.request.Request(f"{url}/vault", method="PUT"), timeout=30).read()
+def _checks(venv: Path, work: Path, server: S3Server) -> int:
+    server.bucket("vault")
     base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "AWS_PROFILE")}
-    base.update(ENVVAULT_HOME="s3://vault/team", AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="testing-key",
-                AWS_SECRET_ACCESS_KEY="testing-secret", AWS_REGION="us-east-1")
+    base.update(server.env(), ENVVAULT_HOME="s3://vault/team")
     a = dict(base, ENVVAULT_CACHE_DIR=str(work / "node-a"))
     b = dict(base, ENVVAULT_CACHE_DIR=str(work / "node-b"))
-    ev = [sys.executable, "-m", "envvault"]
+    ev = ENVVAULT
+    checks = Checks(a, work)
+    say = checks.say
 
     def run(env, *args, check=True):
-        t = time.monotonic()
-        proc = subprocess.run(ev + list(map(str, args)), env=env, capture_output=True, text=True, cwd=work)
-        if check and proc.returncode != 0:
-            raise SystemExit(f"envvault {' '.join(map(str, args))} exited {proc.returncode}: {proc.stderr[-600:]}")
-        return proc, time.monotonic() - t
-
-    failures = 0
-
-    def say(ok: bool, text: str) -> None:
-        nonlocal failures
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {text}", flush=True)
+        return checks.run(*args, check=check, env=env)
 
     def leases() -> list[str]:
-        import obstore
-        from obstore.store import S3Store
-
-        store = S3Store("vault", endpoint=url, region="us-east-1", access_key_id="testing-key",
-                        secret_access_key="testing-secret", client_options={"allow_http": True},
-                        virtual_hosted_style_request=False)
-        return [m["path"] for batch in obstore.list(store, "team/locks/") for m in batch if "/lease-" in m["path"]]
+        return [k for k in server.keys("vault", "team/locks/") if "/lease-" in k]
 
     proc, t = run(a, "snap", "--venv", venv, "--no-caches", "-m", "older", "--json")
     files = json.loads(proc.stdout).get("files")
     print(f"     node A's first snap into the bucket: {t:.1f} s ({files} files)", flush=True)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
-                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = purelib(venv)
     victim = next(p for p in sorted(site.glob("*/__init__.py")) if p.stat().st_size > 100)
     digest = hashlib.sha256(victim.read_bytes()).hexdigest()
 
@@ -138,8 +103,7 @@ def _checks(venv: Path, work: Path, url: str) -> int:
         f"a gc on the same host dropped the dead guard's lease and kept nothing for it ({t:.1f} s)")
     proc, t = run(b, "verify", "--json", check=False)
     say(proc.returncode == 0, f"verify on node B: ok ({t:.1f} s)")
-    print(f"{failures} failure(s)")
-    return 1 if failures else 0
+    return checks.end()
 
 
 if __name__ == "__main__":
