@@ -137,6 +137,16 @@ def behind_a_gc(vault: str | Path, args, *, keep_last: int | None = 0, env: dict
     return proc.returncode, out, err
 
 
+def gc_keeping_none(report: Path, env: dict | None = None) -> str:
+    """Python statements on one line (``pathlib``, ``subprocess``, ``sys`` imported) for a guarded command:
+    ``envvault gc --keep-last 0 --json`` (in ``env``, else the command's own environment), its report
+    written to ``report``, its success asserted."""
+    in_env = "" if env is None else f"env={env!r}, "
+    return (f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], {in_env}"
+            f"capture_output=True, text=True); pathlib.Path({str(report)!r}).write_text(gc.stdout); "
+            f"assert gc.returncode == 0, gc.stderr")
+
+
 def s3_node(s3_server, tmp_path: Path, name: str, url: str, endpoint: str | None = None) -> dict:
     """The environment of one node of a bucket vault: its own cache (and so its own machine-local state) for
     the vault at ``url`` on the test's S3 server (tests/s3server.py)."""

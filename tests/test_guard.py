@@ -812,14 +812,6 @@ def test_a_second_guard_of_one_environment_is_refused_while_the_first_runs(tmp_p
     assert again.returncode == 0, again.stderr  # the lock went with the first guard
 
 
-def _gc_keeping_none(tmp_path: Path) -> str:
-    """Python statements (``pathlib``, ``subprocess``, ``sys`` imported) for a guarded command: ``envvault gc
-    --keep-last 0 --json``, its report written to ``tmp_path/gc.json``, its success asserted."""
-    return (f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], "
-            f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout); "
-            f"assert gc.returncode == 0, gc.stderr")
-
-
 def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(tmp_path, make_venv, wheelhouse):
     """A guarded command that ran ``envvault gc --keep-last 0`` deleted guard's "before" snapshot, and the
     rollback of its failure then found nothing to go back to (exit 4, the environment left broken; helper 22,
@@ -827,7 +819,7 @@ def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(t
     ones; once that guard has ended, the next gc may drop it."""
     import sys
 
-    from tests.evtools import ev, ev_env, ev_json
+    from tests.evtools import ev, ev_env, ev_json, gc_keeping_none
 
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
@@ -839,7 +831,7 @@ def test_a_gc_run_by_the_guarded_command_keeps_the_snapshot_its_rollback_needs(t
     script = (f"import os, pathlib, subprocess, sys; "
               f"said = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--dry-run'], "
               f"capture_output=True, text=True); pathlib.Path({str(tmp_path / 'gc.txt')!r}).write_text(said.stderr); "
-              f"{_gc_keeping_none(tmp_path)}; pathlib.Path({str(victim)!r}).unlink(); sys.exit(1)")
+              f"{gc_keeping_none(tmp_path / 'gc.json')}; pathlib.Path({str(victim)!r}).unlink(); sys.exit(1)")
     proc = ev(vault, "guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c", script, check=False,
               env=ev_env(vault))
     gc = json.loads((tmp_path / "gc.json").read_text())
@@ -956,7 +948,7 @@ def test_a_guarded_command_that_swaps_a_linked_venv_and_runs_gc_keeps_the_rollba
     lock file; gc reads it from there."""
     import sys
 
-    from tests.evtools import ev, ev_env
+    from tests.evtools import ev, ev_env, gc_keeping_none
 
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
@@ -966,7 +958,7 @@ def test_a_guarded_command_that_swaps_a_linked_venv_and_runs_gc_keeps_the_rollba
     ev(vault, "snap", "--venv", link, "--no-caches")
     script = (f"import os, pathlib, subprocess, sys; os.unlink({str(link)!r}); "
               f"subprocess.run([sys.executable, '-m', 'venv', '--without-pip', {str(link)!r}], check=True); "
-              f"{_gc_keeping_none(tmp_path)}; sys.exit(1)")
+              f"{gc_keeping_none(tmp_path / 'gc.json')}; sys.exit(1)")
     proc = ev(vault, "guard", "--venv", link, "--yes", "--json", "--", sys.executable, "-c", script, check=False,
               env=ev_env(vault))
     doc = json.loads(proc.stdout)

@@ -24,7 +24,7 @@ from envvault.vault import lockobjects
 from envvault.vault.gc import collect_garbage, guarded_snapshots
 from envvault.vault.local_locks import DirLockKeys
 from envvault.vault.store import Vault
-from evtools import ev, ev_env, s3_node
+from evtools import ev, ev_env, gc_keeping_none, s3_node
 from fixtures import catalogue as C
 from fixtures import site_packages, uv_install
 
@@ -43,11 +43,7 @@ def test_a_gc_on_another_node_keeps_a_running_guards_snapshot(s3_server, tmp_pat
     victim = sorted(p for p in site_packages(venv).rglob("*.py") if ".dist-info" not in str(p))[0]
     kept = victim.read_bytes()
     report = tmp_path / "gc.json"
-    script = (f"import os, pathlib, subprocess, sys\n"
-              f"gc = subprocess.run([sys.executable, '-m', 'envvault', 'gc', '--keep-last', '0', '--json'], "
-              f"env={b!r}, capture_output=True, text=True)\n"
-              f"assert gc.returncode == 0, gc.stderr\n"
-              f"pathlib.Path({str(report)!r}).write_text(gc.stdout)\n"
+    script = (f"import os, pathlib, subprocess, sys\n{gc_keeping_none(report, env=b)}\n"
               f"os.unlink({str(victim)!r}); sys.exit(1)\n")
     proc = ev(Path("."), "guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c", script,
               env=a, check=False)

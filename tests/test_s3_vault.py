@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evtools import behind_a_gc, ev, ev_json, s3_node
+from evtools import behind_a_gc, ev, ev_json, gc_keeping_none, s3_node
 from fixtures import catalogue as C
 from fixtures import uv_install, uv_pip
 from s3server import FaultProxy
@@ -345,9 +345,7 @@ def test_a_gc_keeps_this_machines_running_guard_target_when_another_machine_guar
               f"b = subprocess.run({ev_cmd!r} + ['guard', '--venv', {str(venv)!r}, '--yes', '--', 'true'], "
               f"env={b!r}, capture_output=True, text=True)\n"
               f"assert b.returncode == 0, b.stderr\n"
-              f"gc = subprocess.run({ev_cmd!r} + ['gc', '--keep-last', '0', '--json'], env={a!r}, "
-              f"capture_output=True, text=True)\n"
-              f"pathlib.Path({str(tmp_path / 'gc.json')!r}).write_text(gc.stdout)\n"
+              f"{gc_keeping_none(tmp_path / 'gc.json', env=a)}\n"
               f"os.unlink({str(victim)!r}); sys.exit(1)\n")
     proc = run(a, "guard", "--venv", venv, "--yes", "--json", "--", sys.executable, "-c", script, check=False)
     doc = json.loads(proc.stdout)
