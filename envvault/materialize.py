@@ -17,11 +17,12 @@ or the symlink target, size, sha256, mode). Here, and nowhere else:
   The threads run under ``busy_threads`` (a short GIL switch interval, no garbage collection). A failure
   deletes every temp file of the run and nothing is renamed. Crash point ``stage`` after each file.
   A new tree that nothing uses yet (``restore --into``) is written under final names (``FINAL_NAME``): no
-  temp names and no renames, as an installer writes; its caller removes the tree on failure. Out of a vault
-  in a folder, 64 MiB or more of it is written by forked processes of one thread each (``_stage_forked``,
-  ``threads.default_write_processes``: on the 16-core GPU host 16 processes wrote the 7.3 GB venv's 49,405
-  files in half the time of 8 threads, which waited on each other for the GIL), and its folders are made by
-  the writer that first finds one missing (``folders``).
+  temp names and no renames, as an installer writes; its caller removes the tree on failure, and its folders
+  are made by the writer that first finds one missing (``folders``). Out of a vault in a folder, 64 MiB or
+  more to write (under temp or final names) is written by forked processes of one thread each
+  (``_stage_forked``, ``threads.default_write_processes``: on the 16-core GPU host 16 processes wrote the
+  7.3 GB venv's 49,405 files in half the time of 8 threads, which waited on each other for the GIL); the
+  threads of this process otherwise, and under a crash test (its kill points are in this process).
 - ``place`` / ``place_link``: rename a staged file into place (over what is there, or, ``keep_existing``,
   never over an entry that appeared meanwhile: ``link`` + ``unlink``).
 
@@ -183,8 +184,8 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     with ``refuse_escapes``); without it, every folder must exist before."""
     root = os.fspath(root)
     ordered = sorted(specs, key=lambda s: pack_position(reader, s.chunks))
-    if tmp_name is FINAL_NAME and getattr(getattr(reader, "vault", None), "local", False):
-        forked = _stage_forked(reader, root, ordered, progress, folders)
+    if getattr(getattr(reader, "vault", None), "local", False):
+        forked = _stage_forked(reader, root, ordered, tmp_name, progress, folders)
         if forked is not None:
             return forked
     runs = _runs(ordered, workers)
@@ -232,14 +233,15 @@ def stage(reader: ObjectReader, root: str | os.PathLike, specs: Sequence[FileSpe
     return [s for slot in slots for s in slot]
 
 
-def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec],
+def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec], tmp_name: TempName,
                   progress: Callable[[int], None] | None, folders: Callable[[str], None] | None) -> list[Staged] | None:
-    """A new tree (``FINAL_NAME``) written by forked processes (``default_write_processes``), each taking the
-    next run, the largest first (``forked.map_all``), one thread each, and answering each file's sha256 and
-    stats; None where that is not for this run (one process, too little to write, a process that already
-    has threads). A run a child did not answer (it failed, or was killed) is written again here, over what
-    it left; an error (a lying object) is raised here from that second try. ``progress`` as each run is
-    written, by any process, and at the end."""
+    """The files written by forked processes (``default_write_processes``), each taking the next run, the
+    largest first (``forked.map_all``), one thread each, and answering each file's sha256 and stats (a file
+    under its final name: ``FINAL_NAME``) or its sha256 (under a temp name, renamed by the caller); None where
+    that is not for this run (one process, too little to write, a process that already has threads, a crash
+    test). A run a child did not answer (it failed, or was killed) is written again here, over what it left
+    (``_fresh``); an error (a lying object) is raised here from that second try, and every file of the run
+    (temp or final name) is deleted. ``progress`` as each run is written, by any process, and at the end."""
     from envvault.vault import forked
     from envvault.vault.threads import default_write_processes
 
@@ -255,7 +257,7 @@ def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec],
     umask = current_umask()
 
     def write(run: list[FileSpec]) -> bytes:
-        return pickle.dumps([(s.sha256, s.st) for s in (_stage_one(reader, root, spec, FINAL_NAME, umask, folders)
+        return pickle.dumps([(s.sha256, s.st) for s in (_stage_one(reader, root, spec, tmp_name, umask, folders)
                                                          for spec in run)])
 
     sizes = [sum(s.size for s in run) for run in runs]
@@ -270,9 +272,9 @@ def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec],
                                  bound=True)  # no writer outlives a restore killed with SIGKILL
     except BaseException:
         for spec in ordered:
-            _unlink(os.path.join(root, spec.path))
+            _unlink(tmp_name(os.path.join(root, spec.path)))
         raise
-    staged = [Staged(spec, final, final, sha, st) for run, got in zip(runs, answers)
+    staged = [Staged(spec, tmp_name(final), final, sha, st) for run, got in zip(runs, answers)
               for spec, (sha, st) in zip(run, pickle.loads(got)) for final in (os.path.join(root, spec.path),)]
     if progress:
         progress(sum(s.spec.size for s in staged))

@@ -893,3 +893,108 @@ def test_a_childs_distribution_with_a_link_leaves_no_group(tmp_path, make_venv, 
     assert got["forks"] >= 1
     assert got["linked"] not in got["groups"] and got["edited"] in got["groups"]
     assert len(got["modified"]) == 2
+
+
+def _torch_copy(torch_venv: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the shared torch venv (which must not change) and its site-packages."""
+    venv = tmp_path / "venv"
+    subprocess.run(["cp", "-a", str(torch_venv), str(venv)], check=True)
+    return venv, next((venv / "lib").glob("python3*/site-packages"))
+
+
+def _temps(root: Path) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if ".envvault-" in f]
+
+
+def test_a_restore_in_place_of_real_torch_is_written_by_forked_children(tmp_path, torch_venv):
+    """``rm -rf torch`` then ``restore --venv`` on a copy of the real torch 2.13.0+cpu venv, with
+    ``ENVVAULT_WRITE_PROCESSES=3``: forked children write the temp files (this process renames them), the
+    environment is verified, imports torch, ``status`` finds it unchanged, and no temp file or child is left."""
+    import shutil
+
+    from evtools import ev, ev_json
+
+    venv, site = _torch_copy(torch_venv, tmp_path)
+    vault = tmp_path / "v"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    shutil.rmtree(site / "torch")
+    got = _fresh(f"""
+        import contextlib, io
+        os.environ["ENVVAULT_HOME"] = {str(vault)!r}
+        os.environ["ENVVAULT_WRITE_PROCESSES"] = "3"
+        os.environ.pop("VIRTUAL_ENV", None)
+        from envvault import materialize
+        from envvault.cli import main
+        one = materialize._stage_one
+
+        def marked(*a, **kw):  # a byte logged for each file a child writes
+            if os.getpid() != parent:
+                note(b"w")
+            return one(*a, **kw)
+
+        materialize._stage_one = marked
+        out, code = io.StringIO(), 0
+        try:
+            with contextlib.redirect_stdout(out):
+                main(["restore", {sid!r}, "--venv", {str(venv)!r}, "--no-backup", "--json"])
+        except SystemExit as done:
+            code = done.code
+        print(json.dumps({{"code": code, "result": json.loads(out.getvalue()), "forks": len(forks),
+                          "left": not no_children_left(), "by_children": noted().count(b"w")}}))
+    """)
+    assert got["code"] in (0, None) and got["result"]["verified"] is True, got
+    assert got["forks"] >= 2 and not got["left"], got
+    assert got["by_children"] > 1000, got  # of about 11,900 files
+    version = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, timeout=300)
+    assert version.stdout.strip() == "2.13.0+cpu", version.stderr[-2000:]
+    assert ev(vault, "status", "--venv", venv, "--exit-code").returncode == 0
+    assert _temps(venv) == []
+
+
+def test_a_terminated_forked_restore_in_place_is_finished_by_the_next(tmp_path, torch_venv):
+    """SIGTERM while forked writers stage torch's files in place: exit 143 with one line, the writers killed
+    with it, nothing of torch renamed into place; the next restore clears the temp files it left and puts
+    the environment back, verified. The signal goes once 500 temp files are there (each file slowed by a
+    millisecond, so that the run is still going)."""
+    import shutil
+
+    from evtools import ev, ev_env, ev_json
+
+    venv, site = _torch_copy(torch_venv, tmp_path)
+    vault = tmp_path / "v"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    shutil.rmtree(site / "torch")
+    code = ("import sys, time\n"
+            "from envvault import materialize\n"
+            "one = materialize._stage_one\n"
+            "def slow(*a, **kw):\n"
+            "    time.sleep(0.001)\n"
+            "    return one(*a, **kw)\n"
+            "materialize._stage_one = slow\n"
+            "from envvault.entry import main\n"
+            "sys.argv = ['envvault', 'restore', sys.argv[1], '--venv', sys.argv[2], '--no-backup']\n"
+            "main()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, sid, str(venv)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=ev_env(vault, ENVVAULT_WRITE_PROCESSES="3", PYTHONPATH=str(ROOT)))
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if (site / "torch").exists() and len(_temps(site / "torch")) >= 500:
+                break
+        children = subprocess.run(["ps", "--ppid", str(proc.pid), "-o", "pid="], capture_output=True,
+                                  text=True).stdout.split()
+        proc.terminate()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] == "envvault: terminated" and "Traceback" not in err, err
+    assert len(children) >= 2, children  # the writers were forked
+    assert not [p for p in children if alive(int(p))]
+    assert not (site / "torch" / "__init__.py").exists()  # staged only: nothing renamed into place
+    again = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert again["verified"] is True, again
+    assert _temps(venv) == []
+    assert ev(vault, "status", "--venv", venv, "--exit-code").returncode == 0

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -399,12 +400,16 @@ def _forced_forks(monkeypatch, processes: int = 3) -> list[int]:
 
 
 def _writers(monkeypatch, folder) -> Callable[[], list[int]]:
-    """Each process that writes a file leaves its pid in ``folder``; the pids seen so far."""
+    """Each process that writes a file leaves its pid in ``folder``; the pids seen so far. This process is
+    slowed by 2 ms a file, so that the children it forks take runs before it has taken them all."""
     folder.mkdir()
     real = materialize._stage_one
+    parent = os.getpid()
 
     def marked(reader, root, spec, tmp_name, *rest):
         (folder / str(os.getpid())).touch()
+        if os.getpid() == parent:
+            time.sleep(0.002)
         return real(reader, root, spec, tmp_name, *rest)
 
     monkeypatch.setattr(materialize, "_stage_one", marked)
@@ -417,8 +422,12 @@ def _final_reader(blobs):
     return reader
 
 
-def test_a_new_tree_is_written_by_forked_processes_each_file_checked(tmp_path, monkeypatch):
+@pytest.mark.parametrize("naming", ["final", "temp"])
+def test_files_are_written_by_forked_processes_each_file_checked(tmp_path, monkeypatch, naming):
+    """Out of a vault in a folder, the files of a new tree (final names, ``--into``) or of a restore in place
+    (temp names, renamed by the caller) are written by forked children, each file checked, in pack order."""
     pids = _forced_forks(monkeypatch)
+    name = materialize.FINAL_NAME if naming == "final" else _tmp
     who = _writers(monkeypatch, tmp_path / "who")
     blobs = {f"o{i}": f"data {i}".encode() * (i * 50 + 1) for i in range(80)}
     specs = [_spec(f"d{i % 4}/f{i:02}", data, oid) for i, (oid, data) in enumerate(blobs.items())]
@@ -428,41 +437,53 @@ def test_a_new_tree_is_written_by_forked_processes_each_file_checked(tmp_path, m
     reader = _final_reader(blobs)
     seen: list[int] = []
     root = tmp_path / "root"
-    staged = materialize.stage(reader, root, specs, materialize.FINAL_NAME, progress=seen.append, workers=16)
+    staged = materialize.stage(reader, root, specs, name, progress=seen.append, workers=16)
     assert len(pids) == 2 and set(who()) & set(pids)  # three processes: two children (which wrote) and this one
     ordered = sorted(specs, key=lambda s: materialize.pack_position(reader, s.chunks))
     assert [s.spec for s in staged] == ordered  # pack order, whoever wrote them
     assert len(seen) >= 3 and seen == sorted(seen) and seen[-1] == sum(s.size for s in specs)  # as runs end
     for s in staged:
-        assert s.tmp == s.final == str(root / s.spec.path)
+        assert s.final == str(root / s.spec.path) and s.tmp == name(s.final)
         if s.spec.link is None:
-            st = os.lstat(s.final)
-            assert (s.sha256, s.st.st_ino, s.st.st_size, s.st.st_mtime_ns) == (s.spec.sha256, st.st_ino, st.st_size, st.st_mtime_ns)
-            assert open(s.final, "rb").read() == blobs[s.spec.chunks[0]] and st.st_mode & 0o777 == 0o755
-    assert os.readlink(root / "d0/link") == "f00"
+            st = os.lstat(s.tmp)
+            if naming == "final":  # its stats as written (no rename to come)
+                assert (s.st.st_ino, s.st.st_size, s.st.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+            else:
+                assert s.st is None and not os.path.lexists(s.final)  # nothing in place before the caller's rename
+            assert s.sha256 == s.spec.sha256
+            assert open(s.tmp, "rb").read() == blobs[s.spec.chunks[0]] and st.st_mode & 0o777 == 0o755
+    assert os.readlink(name(str(root / "d0/link"))) == "f00"
+    if naming == "temp":
+        for s in staged:
+            materialize.place(s)
+        assert _files(root) == sorted(s.path for s in specs)  # (the link to a file is listed as a file)
 
 
-def test_a_lying_object_in_a_forked_write_leaves_no_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("naming", ["final", "temp"])
+def test_a_lying_object_in_a_forked_write_leaves_no_file(tmp_path, monkeypatch, naming):
     pids = _forced_forks(monkeypatch)
+    name = materialize.FINAL_NAME if naming == "final" else _tmp
     blobs = {f"o{i}": b"y" * (i + 1) * 100 for i in range(60)}
     specs = [_spec(f"f{i:02}", blobs[f"o{i}"], f"o{i}") for i in range(60)]
     specs[33] = FileSpec("f33", ("o33",), 3400, record_sha256(hashlib.sha256(b"other").digest()), 0o644)
     with pytest.raises(CorruptError, match="f33: the vault's objects do not make the archived file"):
-        materialize.stage(_final_reader(blobs), tmp_path, specs, materialize.FINAL_NAME, workers=4)
-    assert pids and _files(tmp_path) == []  # the children wrote; every file of the tree is gone
+        materialize.stage(_final_reader(blobs), tmp_path, specs, name, workers=4)
+    assert pids and _files(tmp_path) == []  # the children wrote; every file they wrote is gone
 
 
-def test_a_run_a_killed_child_left_is_written_again_here(tmp_path, monkeypatch):
+@pytest.mark.parametrize("naming", ["final", "temp"])
+def test_a_run_a_killed_child_left_is_written_again_here(tmp_path, monkeypatch, naming):
     """A child that dies mid-run (killed while writing f07) answers nothing: this process writes its runs
     again, over the half-written files, and every file comes out whole."""
     pids = _forced_forks(monkeypatch)
+    name = materialize.FINAL_NAME if naming == "final" else _tmp
     parent = os.getpid()
     real = materialize._stage_one
     (tmp_path / "killed").mkdir()
 
     def dies_in_a_child(reader, root, spec, tmp_name, *rest):
         if os.getpid() != parent:  # every child dies at its first file, half written
-            with open(os.path.join(root, spec.path), "wb") as f:
+            with open(tmp_name(os.path.join(root, spec.path)), "wb") as f:
                 f.write(b"half")
             (tmp_path / "killed" / str(os.getpid())).touch()
             os.kill(os.getpid(), 9)
@@ -473,9 +494,11 @@ def test_a_run_a_killed_child_left_is_written_again_here(tmp_path, monkeypatch):
     specs = [_spec(f"f{i:03}", blobs[f"o{i}"], f"o{i}") for i in range(200)]
     root = tmp_path / "root"
     root.mkdir()
-    staged = materialize.stage(_final_reader(blobs), root, specs, materialize.FINAL_NAME, workers=16)
+    staged = materialize.stage(_final_reader(blobs), root, specs, name, workers=16)
     assert len(pids) == 2 and {int(p.name) for p in (tmp_path / "killed").iterdir()} & set(pids)
     assert len(staged) == 200
+    for s in staged:
+        materialize.place(s)  # (a file under its final name stays where it is)
     assert {p: (root / p).read_bytes() for p in _files(root)} == {s.path: blobs[s.chunks[0]] for s in specs}
 
 

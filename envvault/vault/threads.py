@@ -114,9 +114,9 @@ def default_restorers() -> int:
 
 
 def default_write_processes() -> int:
-    """Forked processes that write a new tree out of a vault in a folder (``materialize.stage`` with
-    ``FINAL_NAME``: ``restore --into``), each on one thread, in place of ``default_restorers``' threads of one
-    process: 49,405 files each take the GIL for their Python work, behind the other threads. On 8 cores or
+    """Forked processes that write files out of a vault in a folder (``materialize.stage``: a restore in place
+    or ``--into``, a compile cache restore), each on one thread, in place of ``default_restorers``' threads of
+    one process: 49,405 files each take the GIL for their Python work, behind the other threads. On 8 cores or
     more, one a core up to 16; below that, 1 (the threads of one process). ``ENVVAULT_WRITE_PROCESSES``
     overrides it (1: threads). Measured on the 16-core device (``restore --into`` of the 7.3 GB venv,
     2026-12-06, bench/results/gpu_into_fair_procs_*.txt): 8 threads 8.36-11.72 s, 8 processes 6.44-7.70 s,
