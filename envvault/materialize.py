@@ -42,7 +42,7 @@ TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_ty
 if TYPE_CHECKING:
     from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-    TempName = Callable[[str], str]  # final absolute path -> the temp path beside it
+    TempName = Callable[[str], str]  # final absolute path -> the temp path beside it, alike in every process
 
 from envvault import crashpoints
 from envvault.crashpoints import crash_point
@@ -270,14 +270,16 @@ def _stage_forked(reader: ObjectReader, root: str, ordered: list[FileSpec], tmp_
     try:
         answers = forked.map_all(write, runs, weights, processes=processes, done=told if progress else None,
                                  bound=True)  # no writer outlives a restore killed with SIGKILL
-    except BaseException:
+        # ``tmp_name`` names a file alike in every process (its pid is the caller's, fixed before the fork).
+        staged = [Staged(spec, tmp_name(final), final, sha, st) for run, got in zip(runs, answers, strict=True)
+                  for spec, (sha, st) in zip(run, pickle.loads(got), strict=True)
+                  for final in (os.path.join(root, spec.path),)]
+        if progress:
+            progress(sum(s.spec.size for s in staged))
+    except BaseException:  # (the last progress call too: helper 33 found every temp file left after it raised)
         for spec in ordered:
             _unlink(tmp_name(os.path.join(root, spec.path)))
         raise
-    staged = [Staged(spec, tmp_name(final), final, sha, st) for run, got in zip(runs, answers)
-              for spec, (sha, st) in zip(run, pickle.loads(got)) for final in (os.path.join(root, spec.path),)]
-    if progress:
-        progress(sum(s.spec.size for s in staged))
     return staged
 
 

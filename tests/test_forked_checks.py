@@ -907,10 +907,14 @@ def _temps(root: Path) -> list[str]:
     return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if ".envvault-" in f]
 
 
-def test_a_restore_in_place_of_real_torch_is_written_by_forked_children(tmp_path, torch_venv):
+@pytest.mark.parametrize("backup", [False, True])
+def test_a_restore_in_place_of_real_torch_is_written_by_forked_children(tmp_path, torch_venv, backup):
     """``rm -rf torch`` then ``restore --venv`` on a copy of the real torch 2.13.0+cpu venv, with
     ``ENVVAULT_WRITE_PROCESSES=3``: forked children write the temp files (this process renames them), the
-    environment is verified, imports torch, ``status`` finds it unchanged, and no temp file or child is left."""
+    environment is verified, imports torch, ``status`` finds it unchanged, and no temp file or child is left.
+    With the backup (the default), which here stores a pack (numpy's edited ``version.py``): the pack's id
+    is hashed on one thread, so BLAKE3's pool (threads that outlive it) does not keep the writes from forking
+    (helper 33: they ran on threads)."""
     import shutil
 
     from evtools import ev, ev_json
@@ -919,6 +923,10 @@ def test_a_restore_in_place_of_real_torch_is_written_by_forked_children(tmp_path
     vault = tmp_path / "v"
     sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     shutil.rmtree(site / "torch")
+    edited = site / "numpy" / "version.py"
+    kept = edited.read_bytes()
+    if backup:
+        edited.write_bytes(kept + b"# edited: the backup stores this\n" * 20000)
     got = _fresh(f"""
         import contextlib, io
         os.environ["ENVVAULT_HOME"] = {str(vault)!r}
@@ -937,7 +945,7 @@ def test_a_restore_in_place_of_real_torch_is_written_by_forked_children(tmp_path
         out, code = io.StringIO(), 0
         try:
             with contextlib.redirect_stdout(out):
-                main(["restore", {sid!r}, "--venv", {str(venv)!r}, "--no-backup", "--json"])
+                main(["restore", {sid!r}, "--venv", {str(venv)!r}, "--json"] + ([] if {backup!r} else ["--no-backup"]))
         except SystemExit as done:
             code = done.code
         print(json.dumps({{"code": code, "result": json.loads(out.getvalue()), "forks": len(forks),
@@ -946,6 +954,7 @@ def test_a_restore_in_place_of_real_torch_is_written_by_forked_children(tmp_path
     assert got["code"] in (0, None) and got["result"]["verified"] is True, got
     assert got["forks"] >= 2 and not got["left"], got
     assert got["by_children"] > 1000, got  # of about 11,900 files
+    assert bool(got["result"].get("backup")) is backup and edited.read_bytes() == kept
     version = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True, timeout=300)
     assert version.stdout.strip() == "2.13.0+cpu", version.stderr[-2000:]

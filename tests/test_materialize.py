@@ -576,3 +576,24 @@ def test_folders_in_the_way_found_by_their_folder_listing(tmp_path):
     for rel in ("full", "pkg/link/inner"):
         with pytest.raises(RefusedError, match="non-empty directory where the snapshot has a file"):
             refuse_folders_in_the_way(root, ["pkg/new.py", rel])
+
+
+def test_a_progress_sink_that_fails_at_the_end_of_a_forked_stage_leaves_no_temp_file(tmp_path, monkeypatch):
+    """The last ``progress`` call of a forked stage (the total, once every child has answered) raising: every
+    temp file the children wrote is deleted, as after any failure (helper 33: all were left, and the
+    restore's journal with them was removed)."""
+    _forced_forks(monkeypatch)
+    blobs = {f"o{i}": f"data {i}".encode() * (i * 20 + 1) for i in range(60)}
+    specs = [_spec(f"f{i:02}", blobs[f"o{i}"], f"o{i}") for i in range(60)]
+    total = sum(s.size for s in specs)
+    ends = []
+
+    def progress(done):  # the runs' calls reach the total once; the stage's last call says it again
+        if done == total:
+            ends.append(done)
+            if len(ends) == 2:
+                raise KeyError("a broken bar")
+
+    with pytest.raises(KeyError):
+        materialize.stage(_final_reader(blobs), tmp_path, specs, _tmp, progress=progress, workers=4)
+    assert len(ends) == 2 and _files(tmp_path) == []

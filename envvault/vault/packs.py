@@ -11,6 +11,7 @@ import json
 import os
 import threading
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
 TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 if TYPE_CHECKING:
@@ -26,7 +27,8 @@ from envvault.vault.threads import default_compressors, default_writers
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.fsutil import open_regular_fd, storage_error, tmp_name
 
-__all__ = ["PackWriter", "FileSlice", "PACK_MAGIC", "read_frame", "check_frame", "FRAME_TARGET", "MAX_FRAME"]
+__all__ = ["PackWriter", "FileSlice", "PACK_MAGIC", "read_frame", "check_frame", "FRAME_TARGET", "MAX_FRAME",
+           "pack_ids_on_one_thread"]
 
 PACK_MAGIC = b"EVPK\x01\x00\x00\x00"
 FRAME_TARGET = 1 << 20  # small objects are grouped until a frame holds about this much
@@ -525,6 +527,20 @@ def _settle(futures: list) -> None:
 
 
 _hash_buf = threading.local()
+_hash_threads = [blake3.blake3.AUTO]  # (``pack_ids_on_one_thread``)
+
+
+@contextmanager
+def pack_ids_on_one_thread():
+    """Within it, a pack's id is hashed on the closer's thread alone, not on BLAKE3's pool: that pool's threads
+    outlive the hash, and a process that has them does not fork (``forked.can_fork``). For a restore's backup,
+    whose files are then written by forked processes (``materialize.stage``); a second-read found every
+    restore whose backup stored a pack writing on threads instead."""
+    _hash_threads.append(1)
+    try:
+        yield
+    finally:
+        _hash_threads.pop()
 
 
 def _hash_fd(fd: int, length: int) -> str:
@@ -534,7 +550,7 @@ def _hash_fd(fd: int, length: int) -> str:
     if buf is None:
         buf = _hash_buf.buf = bytearray(_HASH_READ)
     view = memoryview(buf)
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    h = blake3.blake3(max_threads=_hash_threads[-1])
     at = 0
     while at < length:
         n = os.preadv(fd, [view[:min(_HASH_READ, length - at)]], at)
