@@ -1015,3 +1015,50 @@ def test_a_terminated_forked_restore_in_place_is_finished_by_the_next(tmp_path, 
     assert again["verified"] is True, again
     assert _temps(venv) == []
     assert ev(vault, "status", "--venv", venv, "--exit-code").returncode == 0
+
+
+def test_a_cache_restore_over_an_existing_root_stages_in_forked_children(tmp_path):
+    """A compile cache restored (``--replace``) over its root whose files all changed: each file is staged under the cache
+    restore's temp name (``.<name>.envvault-<pid>-<run>.tmp``) by forked children (forced here for a few
+    bytes: the threshold is 64 MiB) and renamed by this process; the tree comes back byte for byte and no
+    temp file is left."""
+    from evtools import ev_json
+
+    root = tmp_path / "cache"
+    want = {}
+    for i in range(240):
+        path = root / f"d{i % 6}" / f"entry{i:03}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(200 + i * 37))
+        want[str(path.relative_to(root))] = path.read_bytes()
+    vault = tmp_path / "v"
+    cid = ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", root)["id"]
+    for rel in want:
+        (root / rel).write_bytes(b"changed since")
+    got = _fresh(f"""
+        import contextlib, io
+        os.environ["ENVVAULT_HOME"] = {str(vault)!r}
+        os.environ["ENVVAULT_WRITE_PROCESSES"] = "3"
+        from envvault import materialize
+        from envvault.cli import main
+        materialize._FORK_BYTES = 0
+        one = materialize._stage_one
+
+        def marked(*a, **kw):
+            if os.getpid() != parent:
+                note(b"w")
+            return one(*a, **kw)
+
+        materialize._stage_one = marked
+        out, code = io.StringIO(), 0
+        try:
+            with contextlib.redirect_stdout(out):
+                main(["cache", "restore", {cid!r}, "--to", {str(root)!r}, "--replace", "--json"])
+        except SystemExit as done:
+            code = done.code
+        print(json.dumps({{"code": code, "result": json.loads(out.getvalue()), "forks": len(forks),
+                          "left": not no_children_left(), "by_children": noted().count(b"w")}}))
+    """)
+    assert got["code"] in (0, None) and got["result"]["caches"][0]["written_files"] == 240, got
+    assert got["forks"] >= 2 and not got["left"] and got["by_children"] > 0, got
+    assert {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()} == want
