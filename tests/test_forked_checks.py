@@ -66,17 +66,22 @@ def childs(i):
     return True
 
 
-def into_here(sid, new):
-    # ``envvault restore SID --into NEW --json`` in this process: (exit code, the JSON it printed)
+def cli_here(args):
+    # ``envvault ARGS --json`` in this process: (exit code, the JSON it printed)
     import contextlib, io
     from envvault.cli import main
     out, code = io.StringIO(), 0
     try:
         with contextlib.redirect_stdout(out):
-            main(["restore", sid, "--into", str(new), "--json"])
+            main(list(args) + ["--json"])
     except SystemExit as done:
         code = done.code
     return code, json.loads(out.getvalue() or "null")
+
+
+def into_here(sid, new):
+    # ``envvault restore SID --into NEW --json`` in this process: (exit code, the JSON it printed)
+    return cli_here(["restore", sid, "--into", str(new)])
 
 
 def no_children_left():
@@ -654,6 +659,31 @@ def test_a_check_scan_without_groups_is_built_in_children_as_here(tmp_path, make
     assert got["errors"][0] == got["errors"][1] and "RECORD is missing" in got["errors"][0]
 
 
+def _written_by_children(vault: Path, args, writers: str = "3", fork_bytes: int | None = None) -> dict:
+    """``envvault ARGS --json`` in a fresh interpreter with ``ENVVAULT_WRITE_PROCESSES=writers`` (and the
+    materializer's fork threshold ``fork_bytes``): its exit code, JSON, forks, whether a child is left, and how
+    many files forked children wrote (``by_children``)."""
+    return _fresh(f"""
+        os.environ["ENVVAULT_HOME"] = {str(vault)!r}
+        os.environ["ENVVAULT_WRITE_PROCESSES"] = {writers!r}
+        os.environ.pop("VIRTUAL_ENV", None)
+        from envvault import materialize
+        if {fork_bytes!r} is not None:
+            materialize._FORK_BYTES = {fork_bytes!r}
+        one = materialize._stage_one
+
+        def marked(*a, **kw):  # a byte logged for each file a child writes
+            if os.getpid() != parent:
+                note(b"w")
+            return one(*a, **kw)
+
+        materialize._stage_one = marked
+        code, result = cli_here({[str(a) for a in args]!r})
+        print(json.dumps({{"code": code, "result": result, "forks": len(forks),
+                          "left": not no_children_left(), "by_children": noted().count(b"w")}}))
+    """)
+
+
 @pytest.mark.parametrize("writers", ["1", "3"])
 def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv, writers):
     """``restore --into`` of a venv made by ``python -m venv`` and pip with real torch 2.13.0+cpu and numpy
@@ -666,23 +696,7 @@ def test_into_of_a_real_torch_venv_is_verified_in_children(tmp_path, torch_venv,
     vault = tmp_path / "v"
     sid = ev_json(vault, "snap", "--no-caches", "--venv", torch_venv)["id"]
     new = tmp_path / "new"
-    got = _fresh(f"""
-        os.environ["ENVVAULT_HOME"] = {str(vault)!r}
-        os.environ["ENVVAULT_WRITE_PROCESSES"] = {writers!r}
-        os.environ.pop("VIRTUAL_ENV", None)
-        from envvault import materialize
-        one = materialize._stage_one
-
-        def marked(*a, **kw):  # a byte logged for each file a child writes
-            if os.getpid() != parent:
-                note(b"w")
-            return one(*a, **kw)
-
-        materialize._stage_one = marked
-        code, result = into_here({sid!r}, {str(new)!r})
-        print(json.dumps({{"code": code, "result": result, "forks": len(forks),
-                          "left": not no_children_left(), "by_children": noted().count(b"w")}}))
-    """)
+    got = _written_by_children(vault, ["restore", sid, "--into", new], writers)
     assert got["code"] in (0, None) and got["result"]["verified"] is True, got
     assert got["forks"] >= 1 and not got["left"]
     assert got["by_children"] == 0 if writers == "1" else got["by_children"] > 1000, got  # of about 16,600 files
@@ -750,15 +764,11 @@ def test_into_plans_in_children_the_tree_one_process_plans(tmp_path, torch_venv)
     assert got["files"] > 10000 and got["differ"] == [], got
 
 
-def test_a_terminated_forked_into_removes_its_venv_and_leaves_no_writer(tmp_path, torch_venv):
-    """SIGTERM (a scheduler's cancel) while forked writers build the real torch venv: the command ends as after
-    Ctrl-C, exit 143 with one line, its writers killed with it, and no half-built venv left. The signal goes
-    once the tree holds 500 files (each file is slowed by a millisecond, so that the run is still going)."""
-    from evtools import ev_env, ev_json
+def _restore_signalled(vault: Path, args, ready, sig: int = signal.SIGTERM) -> tuple[int, str, list[str]]:
+    """``envvault restore ARGS`` with forked writers (``ENVVAULT_WRITE_PROCESSES=3``), each file slowed by a
+    millisecond, sent ``sig`` once ``ready()``: its exit code, its stderr and the pids of its children then."""
+    from evtools import ev_env
 
-    vault = tmp_path / "v"
-    sid = ev_json(vault, "snap", "--no-caches", "--venv", torch_venv)["id"]
-    new = tmp_path / "new"
     code = ("import sys, time\n"
             "from envvault import materialize\n"
             "one = materialize._stage_one\n"
@@ -767,23 +777,37 @@ def test_a_terminated_forked_into_removes_its_venv_and_leaves_no_writer(tmp_path
             "    return one(*a, **kw)\n"
             "materialize._stage_one = slow\n"
             "from envvault.entry import main\n"
-            "sys.argv = ['envvault', 'restore', sys.argv[1], '--into', sys.argv[2]]\n"
+            "sys.argv = ['envvault', 'restore'] + sys.argv[1:]\n"
             "main()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, sid, str(new)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env=ev_env(vault, ENVVAULT_WRITE_PROCESSES="3", PYTHONPATH=str(ROOT)))
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            if new.exists() and sum(len(fs) for _, _, fs in os.walk(new)) >= 500:
+            if ready():
                 break
         children = subprocess.run(["ps", "--ppid", str(proc.pid), "-o", "pid="], capture_output=True,
                                   text=True).stdout.split()
-        proc.terminate()
-        out, err = proc.communicate(timeout=120)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 143, (proc.returncode, err)
+    return proc.returncode, err, children
+
+
+def test_a_terminated_forked_into_removes_its_venv_and_leaves_no_writer(tmp_path, torch_venv):
+    """SIGTERM (a scheduler's cancel) while forked writers build the real torch venv: the command ends as after
+    Ctrl-C, exit 143 with one line, its writers killed with it, and no half-built venv left. The signal goes
+    once the tree holds 500 files (each file is slowed by a millisecond, so that the run is still going)."""
+    from evtools import ev_json
+
+    vault = tmp_path / "v"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", torch_venv)["id"]
+    new = tmp_path / "new"
+    returncode, err, children = _restore_signalled(
+        vault, [sid, "--into", new], lambda: new.exists() and sum(len(fs) for _, _, fs in os.walk(new)) >= 500)
+    assert returncode == 143, (returncode, err)
     assert err.strip().splitlines()[-1] == "envvault: terminated" and "Traceback" not in err, err
     assert len(children) >= 2, children  # the writers were forked
     assert not new.exists()
@@ -927,30 +951,7 @@ def test_a_restore_in_place_of_real_torch_is_written_by_forked_children(tmp_path
     kept = edited.read_bytes()
     if backup:
         edited.write_bytes(kept + b"# edited: the backup stores this\n" * 20000)
-    got = _fresh(f"""
-        import contextlib, io
-        os.environ["ENVVAULT_HOME"] = {str(vault)!r}
-        os.environ["ENVVAULT_WRITE_PROCESSES"] = "3"
-        os.environ.pop("VIRTUAL_ENV", None)
-        from envvault import materialize
-        from envvault.cli import main
-        one = materialize._stage_one
-
-        def marked(*a, **kw):  # a byte logged for each file a child writes
-            if os.getpid() != parent:
-                note(b"w")
-            return one(*a, **kw)
-
-        materialize._stage_one = marked
-        out, code = io.StringIO(), 0
-        try:
-            with contextlib.redirect_stdout(out):
-                main(["restore", {sid!r}, "--venv", {str(venv)!r}, "--json"] + ([] if {backup!r} else ["--no-backup"]))
-        except SystemExit as done:
-            code = done.code
-        print(json.dumps({{"code": code, "result": json.loads(out.getvalue()), "forks": len(forks),
-                          "left": not no_children_left(), "by_children": noted().count(b"w")}}))
-    """)
+    got = _written_by_children(vault, ["restore", sid, "--venv", venv] + ([] if backup else ["--no-backup"]))
     assert got["code"] in (0, None) and got["result"]["verified"] is True, got
     assert got["forks"] >= 2 and not got["left"], got
     assert got["by_children"] > 1000, got  # of about 11,900 files
@@ -970,41 +971,20 @@ def test_a_terminated_forked_restore_in_place_is_finished_by_the_next(tmp_path, 
     file slowed by a millisecond, so that the run is still going)."""
     import shutil
 
-    from evtools import ev, ev_env, ev_json
+    from evtools import ev, ev_json
 
     venv, site = _torch_copy(torch_venv, tmp_path)
     vault = tmp_path / "v"
     sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
     shutil.rmtree(site / "torch")
-    code = ("import sys, time\n"
-            "from envvault import materialize\n"
-            "one = materialize._stage_one\n"
-            "def slow(*a, **kw):\n"
-            "    time.sleep(0.001)\n"
-            "    return one(*a, **kw)\n"
-            "materialize._stage_one = slow\n"
-            "from envvault.entry import main\n"
-            "sys.argv = ['envvault', 'restore', sys.argv[1], '--venv', sys.argv[2], '--no-backup']\n"
-            "main()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code, sid, str(venv)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=ev_env(vault, ENVVAULT_WRITE_PROCESSES="3", PYTHONPATH=str(ROOT)))
-    try:
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
-            if (site / "torch").exists() and len(_temps(site / "torch")) >= 500:
-                break
-        children = subprocess.run(["ps", "--ppid", str(proc.pid), "-o", "pid="], capture_output=True,
-                                  text=True).stdout.split()
-        proc.send_signal(getattr(signal, f"SIG{how}"))
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    returncode, err, children = _restore_signalled(
+        vault, [sid, "--venv", venv, "--no-backup"],
+        lambda: (site / "torch").exists() and len(_temps(site / "torch")) >= 500, getattr(signal, f"SIG{how}"))
     if how == "TERM":
-        assert proc.returncode == 143, (proc.returncode, err)
+        assert returncode == 143, (returncode, err)
         assert err.strip().splitlines()[-1] == "envvault: terminated" and "Traceback" not in err, err
     else:
-        assert proc.returncode == -signal.SIGKILL, (proc.returncode, err)
+        assert returncode == -signal.SIGKILL, (returncode, err)
     assert len(children) >= 2, children  # the writers were forked
     deadline = time.monotonic() + 10  # (a killed parent's children are ended by the kernel: PR_SET_PDEATHSIG)
     while [p for p in children if alive(int(p))] and time.monotonic() < deadline:
@@ -1035,30 +1015,7 @@ def test_a_cache_restore_over_an_existing_root_stages_in_forked_children(tmp_pat
     cid = ev_json(vault, "cache", "snap", "--no-discover", "--cache-dir", root)["id"]
     for rel in want:
         (root / rel).write_bytes(b"changed since")
-    got = _fresh(f"""
-        import contextlib, io
-        os.environ["ENVVAULT_HOME"] = {str(vault)!r}
-        os.environ["ENVVAULT_WRITE_PROCESSES"] = "3"
-        from envvault import materialize
-        from envvault.cli import main
-        materialize._FORK_BYTES = 0
-        one = materialize._stage_one
-
-        def marked(*a, **kw):
-            if os.getpid() != parent:
-                note(b"w")
-            return one(*a, **kw)
-
-        materialize._stage_one = marked
-        out, code = io.StringIO(), 0
-        try:
-            with contextlib.redirect_stdout(out):
-                main(["cache", "restore", {cid!r}, "--to", {str(root)!r}, "--replace", "--json"])
-        except SystemExit as done:
-            code = done.code
-        print(json.dumps({{"code": code, "result": json.loads(out.getvalue()), "forks": len(forks),
-                          "left": not no_children_left(), "by_children": noted().count(b"w")}}))
-    """)
+    got = _written_by_children(vault, ["cache", "restore", cid, "--to", root, "--replace"], fork_bytes=0)
     assert got["code"] in (0, None) and got["result"]["caches"][0]["written_files"] == 240, got
     assert got["forks"] >= 2 and not got["left"] and got["by_children"] > 0, got
     assert {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()} == want
