@@ -735,6 +735,23 @@ def test_a_named_cache_dir_is_taken_in_a_venv_without_torch(tmp_path, make_venv)
     assert [(c["root"], c["files"]) for c in caches] == [(str(ic), 8)]
 
 
+def test_a_cache_an_environment_restore_leaves_is_named_once(tmp_path, make_venv):
+    """A cache an environment's restore does not put back (its root is no cache folder of the new venv) is
+    one warning line naming the way (--to), not that line and a second "cache skipped" line (helper 31)."""
+    venv = make_venv("uv")
+    vault = tmp_path / "vault"
+    env = _clean_env(vault, tmp_path)
+    mine = _small_cache(tmp_path / "mine")
+    sid = ev_json(vault, "snap", "--venv", venv, "--cache-dir", mine, env=env)["id"]
+    shutil.rmtree(mine)
+    proc = ev(vault, "restore", sid, "--into", tmp_path / "copy", env=env)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(lines) == len(set(lines)), proc.stderr
+    about = [line for line in lines if "cache" in line]
+    assert len(about) == 1 and f"pass --to {mine}" in about[0], proc.stderr
+    assert not mine.exists()
+
+
 def test_remembered_and_per_venv_cache_dirs(tmp_path, make_venv):
     venv = make_venv("uv")
     vault = tmp_path / "vault"

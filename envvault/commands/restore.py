@@ -355,14 +355,10 @@ def _render_restore(result, doc: dict, vault: Vault) -> None:
     for c in caches.get("caches", ()):
         verb = "would write" if result.dry_run else "wrote"
         if c.get("written_files") or c.get("kept_files"):
-                click.echo(f"cache {c['kind']} {c['root']}: {verb} {c.get('written_files', 0)} files "
+            click.echo(f"cache {c['kind']} {c['root']}: {verb} {c.get('written_files', 0)} files "
                        f"({human_bytes(c.get('written_bytes', 0))}), kept {c.get('kept_files', 0)}")
-        for m in c.get("mismatches", ()):
-            click.echo(f"warning: {m.get('message', m) if isinstance(m, dict) else m}", err=True)
-        for w in c.get("warnings", ()):
-            click.echo(f"warning: {w}", err=True)
-    for s in caches.get("skipped", ()):
-        click.echo(f"warning: cache skipped: {s.get('reason', s) if isinstance(s, dict) else s}", err=True)
+    # The cache restore's warnings gather each cache's mismatches and warnings and a line per skipped cache
+    # (caches/restore.py): printed once, as `cache restore` prints them.
     for w in caches.get("warnings", ()):
         click.echo(f"warning: {w}", err=True)
     if not result.dry_run:
