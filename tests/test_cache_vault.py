@@ -761,10 +761,11 @@ def test_remembered_and_per_venv_cache_dirs(tmp_path, make_venv):
     (mine / "k" / "kernel.bin").write_bytes(b"mine")
     (theirs / "x").mkdir(parents=True)
     (theirs / "x" / "kernel.bin").write_bytes(b"theirs")
-    ev(vault, "cache", "snap", "--cache-dir", mine, "--remember", "vault", env=env)
+    named = ev_json(vault, "cache", "snap", "--cache-dir", mine, "--remember", "vault", env=env)
+    assert [(c["root"], c["reason"]) for c in named["caches"]] == [(str(mine), "named with --cache-dir")]
     (venv / ".envvault.toml").write_text('[guard]\nprotect = ["torch"]\n\n[caches]\ndirs = ["../theirs"]\n')
     out = ev_json(vault, "cache", "snap", "--venv", venv, env=env)
-    assert {c["root"] for c in out["caches"]} == {str(mine), str(theirs)}
+    assert {(c["root"], c["reason"]) for c in out["caches"]} == {(str(mine), "configured"), (str(theirs), "configured")}
     where = ev_json(vault, "cache", "list", "--where", "--venv", venv, env=env)["locations"]
     assert {row["path"] for row in where if row["archived_by_snap"]} == {str(mine), str(theirs)}
     assert json.loads((vault / "settings.json").read_text())["caches"]["dirs"] == [str(mine)]

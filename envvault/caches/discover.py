@@ -37,12 +37,14 @@ if TYPE_CHECKING:
     CacheKind = Literal["inductor", "triton", "torch_extensions", "cuda", "user"]
 
 from envvault.env.untrusted import without_cwd
+from envvault.model.paths import absolute_path
 
 from ..errors import EnvironmentProblem
 
 __all__ = [
     "CacheLocation",
     "discover_caches",
+    "user_dirs",
     "inductor_cache_dir",
     "triton_cache_dir",
     "torch_extensions_dir",
@@ -71,6 +73,7 @@ def discover_caches(
     extra: Sequence[Path] = (),
     *,
     use_torch_python: Path | None = None,
+    named: Sequence[Path] = (),
 ) -> list[CacheLocation]:
     """Every compile cache location for a process started with ``env``, in a fixed order.
 
@@ -91,8 +94,7 @@ def discover_caches(
         ("torch_extensions", *torch_extensions_dir(env)),
         ("cuda", *cuda_cache_dir(env)),
     ]
-    for path in extra:
-        found.append(("user", Path(os.path.abspath(os.path.expanduser(str(path)))), "configured"))
+    found.extend(("user", path, reason) for path, reason in user_dirs(extra, named))
     locations: list[CacheLocation] = []
     seen: set[Path] = set()
     for kind, path, reason in found:
@@ -101,6 +103,14 @@ def discover_caches(
         seen.add(path)
         locations.append(CacheLocation(kind=kind, path=path, exists=path.is_dir(), reason=reason))
     return locations
+
+
+def user_dirs(extra: Sequence[Path], named: Sequence[Path] = ()) -> list[tuple[Path, str]]:
+    """The folders a caller adds to the discovered ones, absolute (``~`` expanded), each with why: those of
+    ``named`` came with ``--cache-dir``, the others from the vault's or the venv's settings."""
+    given = {absolute_path(p) for p in named}
+    return [(path, "named with --cache-dir" if path in given else "configured")
+            for path in map(absolute_path, extra)]
 
 
 # The top-level packages that read each kind of cache: Inductor's cache and torch extensions are torch's;

@@ -9,7 +9,9 @@ TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_ty
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
 
-from .discover import CacheLocation, discover_caches, inductor_cache_dir
+from envvault.model.paths import absolute_path
+
+from .discover import CacheLocation, discover_caches, inductor_cache_dir, user_dirs
 
 __all__ = ["locations_to_snap"]
 
@@ -21,6 +23,7 @@ def locations_to_snap(
     discover: bool = True,
     use_torch_python: Path | None = None,
     kinds: frozenset[str] | None = None,
+    named: Sequence[Path] = (),
 ) -> list[CacheLocation]:
     """The existing cache roots to archive: torch's, Triton's, CUDA's and ``extra`` (unless ``discover``
     is false: then ``extra`` only), only those of ``kinds`` when given. A root inside another one is left
@@ -31,7 +34,7 @@ def locations_to_snap(
     root of its own: without it a warm CPU compile rebuilds a 150 MB header.
     """
     if discover:
-        found = discover_caches(env, extra, use_torch_python=use_torch_python)
+        found = discover_caches(env, extra, use_torch_python=use_torch_python, named=named)
         if "TORCHINDUCTOR_CACHE_DIR" in env:
             default, _ = inductor_cache_dir({k: v for k, v in env.items() if k != "TORCHINDUCTOR_CACHE_DIR"})
             pch = default / "precompiled_headers"
@@ -39,15 +42,14 @@ def locations_to_snap(
                                        reason="Inductor's precompiled headers (kept under the default root)"))
     else:
         found = []
-        for p in extra:
-            path = Path(os.path.abspath(os.path.expanduser(str(p))))
+        for path, reason in user_dirs(extra, named):
             if all(loc.path != path for loc in found):
-                found.append(CacheLocation(kind="user", path=path, exists=path.is_dir(), reason="configured"))
+                found.append(CacheLocation(kind="user", path=path, exists=path.is_dir(), reason=reason))
     # A folder named by the caller (--cache-dir, the configured ones) is always taken, whatever kind it is
     # found as (an Inductor root named by TORCHINDUCTOR_CACHE_DIR and --cache-dir is listed once, as Inductor's).
-    named = {os.path.abspath(os.path.expanduser(str(p))) for p in extra}
+    given = {absolute_path(p) for p in extra}
     roots = [loc for loc in found
-             if loc.exists and (kinds is None or loc.kind in kinds or str(loc.path) in named)]
+             if loc.exists and (kinds is None or loc.kind in kinds or loc.path in given)]
     real = {loc.path: os.path.realpath(loc.path) for loc in roots}
     kept: list[CacheLocation] = []
     for loc in roots:

@@ -66,7 +66,7 @@ def make_cache_hook(
         extra = list(extra_dirs) + configured_dirs(vault_.settings(), target)
         kinds = usable_kinds(target) if usable_only and target is not None else None
         locations = locations_to_snap(env, extra, discover=discover, use_torch_python=use_torch_python,
-                                      kinds=kinds)
+                                      kinds=kinds, named=extra_dirs)
         env_fp, why = environment_fingerprint(target, statcache, env)
         entries = []
         for loc in locations:
