@@ -7,7 +7,7 @@
 # follow. Usage: OUT=$OUT bash bench/gpu_inplace_ab.sh [ROUNDS]
 set -u
 ROUNDS=${1:-5}
-. bench/gpu_two_trees_setup.sh
+NO_EXPORT=1 . bench/gpu_two_trees_setup.sh
 SP=$($PY -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
 ZC="import sys, zstandard; zstandard.ZstdCompressor(level=3, threads=-1).copy_stream(sys.stdin.buffer, sys.stdout.buffer)"
 ZD="import sys, zstandard; zstandard.ZstdDecompressor().copy_stream(sys.stdin.buffer, sys.stdout.buffer)"

@@ -18,6 +18,7 @@ secs() { $PY -c "print(round($2 - $1, 3))"; }
 tar -cf - $V 2>/dev/null | cat >/dev/null
 export ENVVAULT_HOME=/tmp/abv
 rm -rf /tmp/abv && PYTHONPATH=/tmp/site $PY -m envvault snap --venv $V --no-caches | tail -1
-rm -rf /tmp/exp && PYTHONPATH=/tmp/site $PY -m envvault export latest -o /tmp/exp/pylock.toml >/dev/null
+# NO_EXPORT=1: no --into anchor wanted (gpu_inplace_ab.sh): the export's 30 s go to the rounds.
+[ -n "${NO_EXPORT:-}" ] || { rm -rf /tmp/exp && PYTHONPATH=/tmp/site $PY -m envvault export latest -o /tmp/exp/pylock.toml >/dev/null; }
 BASE=$($PY -c 'import os, sys; print(os.path.realpath(sys._base_executable))')
 UVB=/tmp/site/bin/uv
