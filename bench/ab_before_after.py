@@ -4,8 +4,8 @@
 
 Each checkout needs its own ``.venv`` with envvault installed (``python -m venv .venv && .venv/bin/pip
 install -e .``) and compiled bytecode (``python -m compileall envvault``). TORCH_VENV is changed and put
-back (its ``torch`` folder is removed and restored by each version). Prints one markdown row a figure: the
-old median, the new, their ratio. Used for issue 10's "no worse" table (bench/results/issue10_ab.md).
+back (its ``torch`` folder removed, its ``torch/lib/libtorch_cpu.so`` edited: each version restores them).
+Prints one markdown row a figure: the old median, the new, their ratio. Used for issue 10's "no worse" table (bench/results/issue10_ab.md).
 """
 
 from __future__ import annotations
@@ -66,6 +66,16 @@ def main() -> None:
                 add(code, "restore after rm -rf torch, --no-backup", ev(code, vault, "restore", sid, "--venv",
                                                                         venv, "--no-backup")[0])
                 add(code, "status right after that restore", ev(code, vault, "status", "--venv", venv)[0])
+                shutil.rmtree(site / "torch")
+                add(code, "restore after rm -rf torch, default backup", ev(code, vault, "restore", sid, "--venv",
+                                                                           venv)[0])
+                # A backup that stores a pack: the edited 434 MB libtorch_cpu.so (its pack id hashed, then the
+                # file written back by the restore).
+                with open(site / "torch" / "lib" / "libtorch_cpu.so", "r+b") as f:
+                    f.seek(1 << 20)
+                    f.write(os.urandom(4096))
+                add(code, "restore after editing libtorch_cpu.so, default backup",
+                    ev(code, vault, "restore", sid, "--venv", venv)[0])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("| figure | old (s) | new (s) | new / old |\n| --- | ---: | ---: | ---: |")
