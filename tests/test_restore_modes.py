@@ -123,6 +123,33 @@ def test_a_read_only_environment_is_not_blamed_on_the_vault(tmp_path, make_venv)
     assert tree_state(venv) == before and not _imports(venv)
 
 
+def test_a_commit_that_fails_part_way_says_so_and_how_to_finish(tmp_path, make_venv):
+    """A file the commit cannot replace (immutable: ``chattr +i``, which stops root too) after others were put
+    back: one line naming that file, the restore left part way and the command that finishes it, not the
+    owner advice that cannot help root (helper 34); once the flag is gone, that command finishes it."""
+    assert os.geteuid() == 0, "chattr +i needs root, which CI has"
+    venv = make_venv("uv")
+    uv_install(venv, _big_wheel(tmp_path / "w"))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    pkg = site_packages(venv) / "bigpkg"
+    for name in ("part0.py", "part9.py"):
+        (pkg / name).write_bytes(b"# edited\n")
+    locked = pkg / "part9.py"
+    subprocess.run(["chattr", "+i", str(locked)], check=True)
+    try:
+        proc = ev(vault, "restore", sid, "--venv", venv, "--no-backup", check=False)
+        assert_one_line_error(proc, str(locked), "even as root", "stopped part way",
+                              f"envvault restore {sid[:12]} --venv {venv}")
+        assert proc.returncode == 6 and "owner of that folder" not in proc.stderr
+        assert (venv / JOURNAL).exists() and temp_files(venv)
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True)
+    res = ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")
+    assert res["verified"] is True and not (venv / JOURNAL).exists() and not temp_files(venv)
+    assert locked.read_bytes().startswith(b"# part\n")
+
+
 def test_a_killed_restore_is_tidied_by_the_next_command(tmp_path, make_venv):
     venv = make_venv("uv")
     uv_install(venv, _big_wheel(tmp_path / "w"))

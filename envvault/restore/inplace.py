@@ -17,7 +17,7 @@ from pathlib import Path
 
 from envvault.crashpoints import crash_point
 from envvault.diff import diff_snapshots
-from envvault.errors import UsageError
+from envvault.errors import EnvvaultError, UsageError
 from envvault.journal import (Paths, clean_temps, exclusive_target, journal_file, read_journal, recover, remove_journal,
                               write_journal)
 from envvault.materialize import refuse_escapes
@@ -138,14 +138,21 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 raise
             crash_point("staged")
             clock.lap("stage")
-            removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp), changes)
-            apply_settings(target, settings)  # one file replaced whole; a restore run again sets what is left
-            populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
-            if not now.python.system:  # a system environment's groups name their site (scan._build_one)
-                remember_written(cache, target, installed, snapshot.packages)  # what it need not build again
-            crash_point("committed")
-            clock.lap("commit")
-            after = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
+            try:
+                removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp), changes)
+                apply_settings(target, settings)  # one file replaced whole; a restore run again sets what is left
+                populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
+                if not now.python.system:  # a system environment's groups name their site (scan._build_one)
+                    remember_written(cache, target, installed, snapshot.packages)  # what it need not build again
+                crash_point("committed")
+                clock.lap("commit")
+                after = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
+            except EnvvaultError as err:
+                # Part committed, the journal kept: the error line says so, and how to finish (helper 34).
+                err.args = (f"{err}; the restore stopped part way (its staged files and journal are kept): once "
+                            f"that is fixed, run `{vault.command('restore', sid[:12], '--venv', str(target))}` "
+                            "to finish it",)
+                raise
             remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
             remove_journal(jfile)
             crash_point("verified")
