@@ -243,6 +243,26 @@ def test_exit_code_of_any_command_passes_through(cu128_pip_venv, tmp_path):
     assert _guard(env, "--", "no-such-command-anywhere").returncode == 127
 
 
+def test_an_interrupted_rollback_names_the_command_that_finishes_it(cu128_pip_venv, tmp_path):
+    """A SIGTERM (as Ctrl-C) while the rollback writes its first file: exit 143, and a line naming the restore
+    that brings back the state before the command (helper 34: `status` then says "unchanged" against the
+    command's own snapshot, so the line is the one place that says the rollback did not finish); that command
+    does."""
+    venv = cu128_pip_venv
+    pkg = site_packages(venv) / "torchlike"
+    assert pkg.is_dir()
+    env = guard_env(venv, tmp_path / "vault", extra={"ENVVAULT_TEST_CRASH_AT": "stage:1:TERM"})
+    proc = _guard(env, "--", "sh", "-c", f"rm -rf '{pkg}'; exit 1")
+    assert proc.returncode == 143, proc.stderr
+    before = proc.stderr.split("envvault: snapshot ", 1)[1].split(" ", 1)[0]
+    line = f"`envvault restore {before} --venv {venv}` brings back the state before the command"
+    assert "the rollback was interrupted" in proc.stderr and line in proc.stderr, proc.stderr
+    assert not pkg.exists()
+    env.pop("ENVVAULT_TEST_CRASH_AT")
+    run_envvault("restore", before, "--venv", str(venv), env=env)
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+
+
 def test_unplanned_protected_change_is_rolled_back_without_a_terminal(cu128_pip_venv, disaster_index, tmp_path):
     """A command guard cannot ask for a plan (here a shell script) is judged by its result."""
     venv = cu128_pip_venv

@@ -476,7 +476,13 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         try:
             from envvault.restore.dispatch import restore_snapshot
 
-            restored = restore_snapshot(vault, before.id, target, backup=False, caches=False)
+            try:
+                restored = restore_snapshot(vault, before.id, target, backup=False, caches=False)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the state before is not back (helper 34)
+                ui.note(f"the rollback was interrupted: {target} is as the command left it, or part way back; "
+                        f"`{vault.command('restore', before.id[:12], '--venv', str(target))}` brings back the "
+                        "state before the command")
+                raise
             from envvault.snap.verdict import record_undone
 
             record_undone(vault, after.id)  # a state the rollback undid, as a restore's backup is
