@@ -763,6 +763,11 @@ def test_remembered_and_per_venv_cache_dirs(tmp_path, make_venv):
     (theirs / "x" / "kernel.bin").write_bytes(b"theirs")
     named = ev_json(vault, "cache", "snap", "--cache-dir", mine, "--remember", "vault", env=env)
     assert [(c["root"], c["reason"]) for c in named["caches"]] == [(str(mine), "named with --cache-dir")]
+    # The same folder, unchanged, configured now: its entry is reused, with this snap's reason (helper 35).
+    again = ev_json(vault, "cache", "snap", env=env)["caches"]
+    assert [(c["root"], c["reason"], c["reused"]) for c in again] == [(str(mine), "configured", True)]
+    named = ev_json(vault, "cache", "snap", "--cache-dir", mine, env=env)
+    assert [(c["root"], c["reason"], c["reused"]) for c in named["caches"]] == [(str(mine), "named with --cache-dir", True)]
     (venv / ".envvault.toml").write_text('[guard]\nprotect = ["torch"]\n\n[caches]\ndirs = ["../theirs"]\n')
     out = ev_json(vault, "cache", "snap", "--venv", venv, env=env)
     assert {(c["root"], c["reason"]) for c in out["caches"]} == {(str(mine), "configured"), (str(theirs), "configured")}

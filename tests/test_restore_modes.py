@@ -150,6 +150,27 @@ def test_a_commit_that_fails_part_way_says_so_and_how_to_finish(tmp_path, make_v
     assert locked.read_bytes().startswith(b"# part\n")
 
 
+def test_a_removal_the_commit_cannot_make_says_the_restore_stopped_part_way(tmp_path, make_venv):
+    """The commit's own file operations (a dist-info folder renamed away in an immutable site-packages) fail
+    with the same line as a rename into place: part way, and the command that finishes it (helper 35)."""
+    assert os.geteuid() == 0, "chattr +i needs root, which CI has"
+    venv = make_venv("uv")
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_install(venv, _big_wheel(tmp_path / "w"))  # a distribution the snapshot lacks: the restore removes it
+    site = site_packages(venv)
+    subprocess.run(["chattr", "+i", str(site)], check=True)
+    try:
+        proc = ev(vault, "restore", sid, "--venv", venv, "--no-backup", check=False)
+        assert_one_line_error(proc, "bigpkg-1.0.dist-info", "stopped part way",
+                              f"envvault restore {sid[:12]} --venv {venv}` to finish it")
+        assert proc.returncode == 6 and (venv / JOURNAL).exists()
+    finally:
+        subprocess.run(["chattr", "-i", str(site)], check=True)
+    assert ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")["verified"] is True
+    assert not (site / "bigpkg").exists() and not (site / "bigpkg-1.0.dist-info").exists()
+
+
 def test_a_killed_restore_is_tidied_by_the_next_command(tmp_path, make_venv):
     venv = make_venv("uv")
     uv_install(venv, _big_wheel(tmp_path / "w"))

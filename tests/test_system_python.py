@@ -696,3 +696,49 @@ def test_a_system_python_without_torch_carries_no_inductor_cache(pyenv_copy, tmp
     doc = json.loads(ev(vault, "snap", "--python", python, "--json", env=run_env).stdout)
     shown = json.loads(ev(vault, "show", doc["id"], "--json", env=run_env).stdout)
     assert not [c for c in shown.get("caches") or () if c.get("kind") == "inductor"], shown.get("caches")
+
+
+def test_a_system_restore_stopped_part_way_names_the_interpreter_to_finish_with(pyenv_copy, tmp_path):
+    """A restore of a system environment whose commit fails part way (a file made immutable: ``chattr +i``
+    stops root too) names the command that finishes it with ``--python``: its root (``/`` here) is no
+    environment for ``--venv`` (helper 35); that command finishes it."""
+    assert os.geteuid() == 0, "chattr +i needs root, which CI has"
+    python, env, _tmp = pyenv_copy
+    vault = tmp_path / "vault"
+    run_env = ev_env(vault, **{k: v for k, v in env.items() if k in ("PYTHONUSERBASE", "HOME", "ENVVAULT_DPKG_ADMINDIR")})
+    sid = json.loads(ev(vault, "snap", "--python", python, "--json", env=run_env).stdout)["id"]
+    pip_dir = python.parent.parent / "lib" / "python3.12" / "site-packages" / "pip"
+    kept = {name: (pip_dir / name).read_bytes() for name in ("__init__.py", "__main__.py")}
+    for name in kept:
+        with open(pip_dir / name, "ab") as f:
+            f.write(b"# edited\n")
+    locked = pip_dir / "__main__.py"
+    subprocess.run(["chattr", "+i", str(locked)], check=True)
+    try:
+        proc = ev(vault, "restore", sid, "--python", python, "--no-backup", check=False, env=run_env)
+        assert_one_line_error(proc, "stopped part way", f"envvault restore {sid[:12]} --python {python}` to finish it")
+        assert "--venv" not in proc.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True)
+    done = json.loads(ev(vault, "restore", sid[:12], "--python", python, "--no-backup", "--json", env=run_env).stdout)
+    assert done["verified"] is True
+    assert {name: (pip_dir / name).read_bytes() for name in kept} == kept
+
+
+def test_status_after_a_killed_system_restore_names_the_interpreter_to_finish_with(pyenv_copy, tmp_path):
+    """``status`` after a system environment's restore was killed names the restore that finishes it with
+    ``--python``, as the restore's own error does (helper 35: it said ``--venv /``)."""
+    python, env, _tmp = pyenv_copy
+    vault = tmp_path / "vault"
+    run_env = ev_env(vault, **{k: v for k, v in env.items() if k in ("PYTHONUSERBASE", "HOME", "ENVVAULT_DPKG_ADMINDIR")})
+    sid = json.loads(ev(vault, "snap", "--python", python, "--json", env=run_env).stdout)["id"]
+    target = python.parent.parent / "lib" / "python3.12" / "site-packages" / "pip" / "__main__.py"
+    kept = target.read_bytes()
+    target.write_bytes(kept + b"# edited\n")
+    killed = ev(vault, "restore", sid, "--python", python, "--no-backup", check=False,
+                env=dict(run_env, ENVVAULT_TEST_CRASH_AT="staged"))
+    assert killed.returncode == -9, killed
+    status = ev(vault, "status", "--python", python, env=run_env)
+    assert f"`envvault restore {sid[:12]} --python {python}` to finish it" in status.stderr, status.stderr
+    ev(vault, "restore", sid[:12], "--python", python, "--no-backup", env=run_env)
+    assert target.read_bytes() == kept

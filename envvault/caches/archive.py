@@ -62,7 +62,8 @@ def archive_cache(
     fresh = isinstance(group, dict) and _fresh(root, group)
     if fresh and group.get("env_key") == env_key and isinstance(group.get("entry"), dict):
         statcache.touch_group(group, gkey + "/")
-        return dict(group["entry"], seconds=round(time.monotonic() - started, 3), reused=True)
+        # Why the root is archived is this snap's (a folder first named with --cache-dir, configured since).
+        return dict(group["entry"], reason=location.reason, seconds=round(time.monotonic() - started, 3), reused=True)
     from concurrent.futures import ThreadPoolExecutor
 
     from ._tree import fingerprint_from_tree

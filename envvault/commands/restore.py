@@ -174,7 +174,7 @@ def status(ctx, venv, against, as_json, exit_code):
     from envvault.diff import contents_note, diff_snapshots
     from envvault.snap.scan import save_checked, scan_current, statcache_for
     from envvault.snap.verdict import record_verdict, unchanged_text, verdict_stamp
-    from envvault.env.probe import find_target
+    from envvault.env.probe import find_target, target_options
     from envvault.restore.baseline import baseline_snapshot
     from envvault.journal import interrupted_restore, journal_file, wait_for_restore
 
@@ -196,7 +196,7 @@ def status(ctx, venv, against, as_json, exit_code):
     broken = interrupted_restore(journal_file(vault, target))
     if broken:
         click.echo(f"warning: a restore of {broken[:12]} onto {target} was interrupted; run "
-                   f"`{vault.command('restore', broken[:12], '--venv', str(target))}` to finish it", err=True)
+                   f"`{vault.command('restore', broken[:12], *target_options(target))}` to finish it", err=True)
     cache = statcache_for(vault, target)
     now = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
     result = diff_snapshots(snap, now, vault=vault, old_label=sid[:12], new_label="current", scope="environment")

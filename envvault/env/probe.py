@@ -14,8 +14,8 @@ from envvault.model.encoding import json_loads, not_utf8
 from envvault.errors import UsageError
 from envvault.model.paths import absolute_path
 
-__all__ = ["Interpreter", "use_system", "system_of", "choose_python", "chosen_python", "find_target", "probe",
-           "probe_system", "system_root"]
+__all__ = ["Interpreter", "use_system", "system_of", "target_options", "choose_python", "chosen_python", "find_target",
+           "probe", "probe_system", "system_root"]
 
 # The system environments this process was pointed at (--python, or --venv of an interpreter's prefix):
 # root -> (interpreter, its probe). A system environment is named by its interpreter, not by a folder, so
@@ -38,6 +38,14 @@ def system_interpreter(root: Path | str) -> str | None:
     it), None for a venv."""
     hit = _SYSTEMS.get(str(root))
     return os.path.realpath(hit[0]) if hit is not None else None
+
+
+def target_options(target: Path | str) -> tuple[str, str]:
+    """The options a command line names the environment ``target`` with, for a message that tells the user
+    what to run: ``--python EXE`` for a system environment's root (``/`` names no environment: helper 35),
+    else ``--venv TARGET``."""
+    hit = _SYSTEMS.get(str(target))
+    return ("--python", str(hit[0])) if hit is not None else ("--venv", str(target))
 
 
 # ``--python PATH`` of the running command (``choose_python``): ``find_target`` takes it before $VIRTUAL_ENV.

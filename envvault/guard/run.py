@@ -19,7 +19,7 @@ from envvault.model.records import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol
 
-from envvault.env.probe import chosen_python, find_target
+from envvault.env.probe import chosen_python, find_target, target_options
 from envvault.model.paths import absolute_path
 from envvault.errors import EnvvaultError, RefusedError, StorageError, UsageError
 from envvault.guard.command import (Command, locate_target, parse_command, uv_project, uv_project_root,
@@ -480,7 +480,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
                 restored = restore_snapshot(vault, before.id, target, backup=False, caches=False)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the state before is not back (helper 34)
                 ui.note(f"the rollback was interrupted: {target} is as the command left it, or part way back; "
-                        f"`{vault.command('restore', before.id[:12], '--venv', str(target))}` brings back the "
+                        f"`{vault.command('restore', before.id[:12], *target_options(target))}` brings back the "
                         "state before the command")
                 raise
             from envvault.snap.verdict import record_undone

@@ -31,10 +31,9 @@ def _of_interpreter(exe: str | None):
 
 def _snap_command(vault: Vault, target: Path) -> str:
     """The command that snaps ``target`` into ``vault``: a system root through its interpreter."""
-    from envvault.env.probe import system_of
+    from envvault.env.probe import target_options
 
-    hit = system_of(target)
-    return vault.command("snap", *(("--python", str(hit[0])) if hit is not None else ("--venv", str(target))))
+    return vault.command("snap", *target_options(target))
 
 
 def _markers(vault: Vault, target: Path, exe: str | None) -> list[Path]:

@@ -30,7 +30,7 @@ from envvault.vault import timing
 from envvault.restore.apply import (commit_plan, kind_changes, populate_statcache, remember_written, stage_plan,
                                     undo_staging)
 from envvault.restore.backup import discard_backup, scan_now
-from envvault.env.probe import system_of
+from envvault.env.probe import system_of, target_options
 from envvault.restore.current import Layout, protected_dirs, read_current
 from envvault.restore.managed import hold_managed
 from envvault.restore.plan import check_python, make_plan
@@ -38,6 +38,7 @@ from envvault.restore.pyvenv import apply_settings, settings_to_set
 from envvault.output import ProgressSink
 from envvault.restore.result import RestoreResult
 from envvault.snap import scan_current, statcache_for
+from envvault.vault.fsutil import storage_error
 from envvault.vault.store import Vault
 
 __all__ = ["restore_in_place"]
@@ -141,18 +142,19 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
             try:
                 removed, modes_set = commit_plan(plan, staged, paths, protected_dirs(target, interp), changes)
                 apply_settings(target, settings)  # one file replaced whole; a restore run again sets what is left
-                populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
-                if not now.python.system:  # a system environment's groups name their site (scan._build_one)
-                    remember_written(cache, target, installed, snapshot.packages)  # what it need not build again
-                crash_point("committed")
-                clock.lap("commit")
-                after = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
-            except EnvvaultError as err:
-                # Part committed, the journal kept: the error line says so, and how to finish (helper 34).
+            except (EnvvaultError, OSError) as caught:
+                # Part committed, the journal kept: the error line says so, and how to finish (helpers 34, 35).
+                err = caught if isinstance(caught, EnvvaultError) else storage_error(caught, caught.filename or target)
                 err.args = (f"{err}; the restore stopped part way (its staged files and journal are kept): once "
-                            f"that is fixed, run `{vault.command('restore', sid[:12], '--venv', str(target))}` "
+                            f"that is fixed, run `{vault.command('restore', sid[:12], *target_options(target))}` "
                             "to finish it",)
-                raise
+                raise err from None
+            populate_statcache(vault, target, staged, cache)  # what the verify scan compares by lstat
+            if not now.python.system:  # a system environment's groups name their site (scan._build_one)
+                remember_written(cache, target, installed, snapshot.packages)  # what it need not build again
+            crash_point("committed")
+            clock.lap("commit")
+            after = scan_current(vault, target, facts=False, cache=cache, save_cache=False)
             remaining = diff_snapshots(after, snapshot, vault=vault, old_label="current", new_label=sid[:12], scope="environment")
             remove_journal(jfile)
             crash_point("verified")

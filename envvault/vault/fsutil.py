@@ -167,7 +167,8 @@ def storage_error(err: OSError, where: Path | str, *, vault: bool = False) -> St
             return StorageError(f"permission denied writing {where}; check ownership of the vault or pass --vault PATH")
         if err.errno == errno.EPERM and os.geteuid() == 0:  # root is refused: the file's flags or the mount
             return StorageError(f"operation not permitted on {where}, even as root: an immutable or append-only "
-                                "file (see `lsattr`) or a mount that refuses it; fix that and run again")
+                                "flag on it or its folder (see `lsattr -d`), or a filesystem that refuses it; fix that "
+                                "and run again")
         return StorageError(f"permission denied writing {where}; run as the owner of that folder (or choose another "
                             "destination)")
     if err.errno == errno.EDQUOT:
