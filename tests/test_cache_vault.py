@@ -340,6 +340,31 @@ def test_a_root_made_after_the_plan_is_planned_again_and_merged_into(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+def test_a_vault_read_error_while_a_new_root_is_written_is_that_error(tmp_path, monkeypatch):
+    """A vault object that cannot be read (an I/O error: ``ReadFailed``, simulated here, the one thing a disk
+    here cannot do on demand) while a new root is written: that error, naming the root, not its temp folder;
+    it was a TypeError (its class takes ``why``, not ``exit_code``: helper 35), an internal error, exit 70."""
+    from envvault import materialize
+    from envvault.caches.restore_tree import execute_tree
+    from envvault.vault.backend import ReadFailed
+    from envvault.vault.store import ObjectReader
+
+    vault_dir, sid = _snapped_small_cache(tmp_path)
+    dest = tmp_path / "dest"
+    vault, plan = _planned(vault_dir, sid, dest)
+    assert plan.fresh
+
+    def unreadable(reader, root, specs, *args, **kwargs):
+        raise ReadFailed(f"cannot read {root}/packs/p.pack: Input/output error", "Input/output error")
+
+    monkeypatch.setattr(materialize, "stage", unreadable)
+    with pytest.raises(ReadFailed) as caught:
+        execute_tree(plan, ObjectReader(vault))
+    assert str(caught.value) == f"cannot read {dest}/packs/p.pack: Input/output error"
+    assert caught.value.why == "Input/output error" and caught.value.exit_code == 6
+    assert not dest.exists() and _leftovers(tmp_path) == []
+
+
 def test_an_empty_folder_made_after_the_plan_is_replaced_by_the_new_root(tmp_path):
     from envvault.caches.restore_tree import execute_tree
     from envvault.vault.store import ObjectReader

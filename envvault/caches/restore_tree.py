@@ -263,7 +263,8 @@ def _execute_fresh(plan: TreePlan, reader: ObjectReader) -> str:
         try:
             materialize.stage(reader, work, specs, materialize.FINAL_NAME, folders=folder)
         except EnvvaultError as err:  # named as the user knows it: the root, not the temp folder
-            raise type(err)(str(err).replace(work, dest), exit_code=err.exit_code) from None
+            err.args = (str(err).replace(work, dest),)  # the same error (a ReadFailed keeps its ``why``)
+            raise
         for f in plan.links:
             path = os.path.join(work, f.path)
             _makedirs(os.path.dirname(path), [])
