@@ -1019,3 +1019,25 @@ def test_a_cache_restore_over_an_existing_root_stages_in_forked_children(tmp_pat
     assert got["code"] in (0, None) and got["result"]["caches"][0]["written_files"] == 240, got
     assert got["forks"] >= 2 and not got["left"] and got["by_children"] > 0, got
     assert {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()} == want
+
+
+def test_a_guard_rollback_of_real_torch_is_written_by_forked_children(tmp_path, torch_venv):
+    """A guarded command that deletes torch and edits numpy (so the guard's snapshot after it stores a pack),
+    then fails: the rollback puts torch back with its files written by forked children. The guard's snapshots
+    hash their pack ids on one thread, as a restore's backup does: BLAKE3's pool, alive after an id hashed on it,
+    kept the rollback on threads (helper 33); the seeds' rollback of a swapped torch is this restore."""
+    from evtools import ev, ev_json
+
+    venv, site = _torch_copy(torch_venv, tmp_path)
+    vault = tmp_path / "v"
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    edited = site / "numpy" / "version.py"
+    kept = edited.read_bytes()
+    script = f"rm -rf '{site / 'torch'}' && printf '# edited\\n%.0s' $(seq 20000) >> '{edited}'; exit 1"
+    # ``cli_here`` adds --json last: the shell's $0, here, after the command.
+    got = _written_by_children(vault, ["guard", "--json", "--venv", venv, "--", "sh", "-c", script])
+    assert got["code"] == 1 and got["result"]["outcome"] == "restored", got
+    assert got["forks"] >= 2 and not got["left"] and got["by_children"] > 1000, got
+    assert edited.read_bytes() == kept and (site / "torch" / "__init__.py").is_file()
+    assert ev(vault, "status", "--venv", venv, "--exit-code").returncode == 0
+    assert _temps(venv) == []

@@ -533,9 +533,11 @@ _hash_threads = [blake3.blake3.AUTO]  # (``pack_ids_on_one_thread``)
 @contextmanager
 def pack_ids_on_one_thread():
     """Within it, a pack's id is hashed on the closer's thread alone, not on BLAKE3's pool: that pool's threads
-    outlive the hash, and a process that has them does not fork (``forked.can_fork``). For a restore's backup,
-    whose files are then written by forked processes (``materialize.stage``); a second-read found every
-    restore whose backup stored a pack writing on threads instead."""
+    outlive the hash, and a process that has them does not fork (``forked.can_fork``). For a restore's backup
+    and guard's snapshots, whose restore or rollback then writes by forked processes (``materialize.stage``); a
+    second read found every restore whose backup stored a pack, and every rollback, writing on threads instead.
+    One thread keeps up: it hashes 5.9 GB/s in 4 MiB updates (this 2-core machine, 2026-12-07), and a 16-core
+    first snap writes packs at about 0.4 GB/s (3.3 GB in 8 s on the device)."""
     _hash_threads.append(1)
     try:
         yield
