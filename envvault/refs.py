@@ -85,7 +85,7 @@ def _resolve(vault, ref: str, venv: str | None) -> tuple[str, Path | None]:
         try:
             scope = find_target(venv)
         except UsageError:
-            if venv is None or os.path.lexists(absolute_path(venv)) or not _missing(absolute_path(venv)):
+            if venv is None or not _missing(absolute_path(venv)):
                 raise  # --python, a --venv there that envvault cannot take, or no path at all: what snap would say
             scope = absolute_path(venv)  # a --venv deleted since (to be rebuilt with --into), as an active one
         return _latest_of(vault, scope), scope
