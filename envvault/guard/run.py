@@ -372,7 +372,6 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         from envvault.guard.protect import load_protection
         from envvault.guard.provenance import carry, current_builds, pip_indexes, report_provenance
         from envvault.snap import take_snapshot
-        from envvault.vault.packs import pack_ids_on_one_thread
 
         protection = load_protection(vault.settings(), target, options.protect, options.unprotect)
         t = time.monotonic()
@@ -386,13 +385,10 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         record_argv = ["envvault", "guard", "--", *cmd.argv]
         # Its id is pinned under the vault lock that commits it: gc keeps it while this guard runs
         # (``vault.gc.guarded_snapshots``), also when the guarded command runs that gc, or another node does.
-        # Both snapshots hash their pack ids on one thread: BLAKE3's pool would outlive them, and a rollback
-        # then writes on threads, not forked processes (``materialize.stage``; helper 33).
-        with pack_ids_on_one_thread():
-            before = take_snapshot(vault, target, message=f"before: {cmd.display}", trigger=TRIGGER,
-                                   argv=record_argv, on_commit=pin,
-                                   extra={"guard": {"phase": "before", "command": list(cmd.argv)},
-                                          **({"provenance": prov_before} if prov_before else {})})
+        before = take_snapshot(vault, target, message=f"before: {cmd.display}", trigger=TRIGGER, argv=record_argv,
+                               on_commit=pin,
+                               extra={"guard": {"phase": "before", "command": list(cmd.argv)},
+                                      **({"provenance": prov_before} if prov_before else {})})
         timings["snapshot_before"] = time.monotonic() - t
         t = time.monotonic()
         installed = _installed(before.snapshot, target, prov_before)
@@ -442,12 +438,11 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
     fresh = report_provenance(plan.installs, pip_indexes(cmd, env, target)) if cmd.tool == "pip" else {}
     merged = {**prov_before, **fresh}
     prov_after = carry(merged, current_builds(target, sites, merged)) if merged else {}
-    with pack_ids_on_one_thread():
-        after = take_snapshot(vault, target, message=f"after: {cmd.display} (exit {rc})", trigger=TRIGGER,
-                              argv=record_argv,
-                              extra={"guard": {"phase": "after", "command": list(cmd.argv), "exit_code": rc,
-                                               "before": before.id},
-                                     **({"provenance": prov_after} if prov_after else {})})
+    after = take_snapshot(vault, target, message=f"after: {cmd.display} (exit {rc})", trigger=TRIGGER,
+                          argv=record_argv,
+                          extra={"guard": {"phase": "after", "command": list(cmd.argv), "exit_code": rc,
+                                           "before": before.id},
+                                 **({"provenance": prov_after} if prov_after else {})})
     timings["snapshot_after"] = time.monotonic() - t
     _remember(vault, lock, after.id)
     diff = diff_snapshots(before.snapshot, after.snapshot, vault=vault, old_label=before.id[:12], new_label=after.id[:12],

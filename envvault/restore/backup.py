@@ -17,14 +17,11 @@ __all__ = ["take_backup", "scan_now", "discard_backup"]
 
 def take_backup(vault: Vault, target: Path, sid: str, cache=None):
     """Snapshot ``target`` before restoring ``sid`` onto it; returns the snap's result (``.id``, ``.snapshot``).
-    Given the target's stat ``cache``, the snap uses it and leaves saving it to the caller. Its packs' ids are
-    hashed on one thread (``pack_ids_on_one_thread``): the restore's writes may then fork."""
+    Given the target's stat ``cache``, the snap uses it and leaves saving it to the caller."""
     from envvault.snap import take_snapshot
-    from envvault.vault.packs import pack_ids_on_one_thread
 
-    with pack_ids_on_one_thread():
-        return take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}", trigger="restore-backup",
-                             argv=["envvault", "restore", sid], cache=cache)
+    return take_snapshot(vault, target, message=f"backup before restoring {sid[:12]}", trigger="restore-backup",
+                         argv=["envvault", "restore", sid], cache=cache)
 
 
 def scan_now(vault: Vault, target: Path, sid: str, backup: bool, cache=None) -> tuple[Snapshot, str | None]:

@@ -11,7 +11,6 @@ import json
 import os
 import threading
 from collections import deque
-from contextlib import contextmanager
 from pathlib import Path
 TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 if TYPE_CHECKING:
@@ -27,8 +26,7 @@ from envvault.vault.threads import default_compressors, default_writers
 from envvault.vault.backend import Backend, Missing, ReadFailed
 from envvault.vault.fsutil import open_regular_fd, storage_error, tmp_name
 
-__all__ = ["PackWriter", "FileSlice", "PACK_MAGIC", "read_frame", "check_frame", "FRAME_TARGET", "MAX_FRAME",
-           "pack_ids_on_one_thread"]
+__all__ = ["PackWriter", "FileSlice", "PACK_MAGIC", "read_frame", "check_frame", "FRAME_TARGET", "MAX_FRAME"]
 
 PACK_MAGIC = b"EVPK\x01\x00\x00\x00"
 FRAME_TARGET = 1 << 20  # small objects are grouped until a frame holds about this much
@@ -527,32 +525,19 @@ def _settle(futures: list) -> None:
 
 
 _hash_buf = threading.local()
-_hash_threads = [blake3.blake3.AUTO]  # (``pack_ids_on_one_thread``)
-
-
-@contextmanager
-def pack_ids_on_one_thread():
-    """Within it, a pack's id is hashed on the closer's thread alone, not on BLAKE3's pool: that pool's threads
-    outlive the hash, and a process that has them does not fork (``forked.can_fork``). For a restore's backup
-    and guard's snapshots, whose restore or rollback then writes by forked processes (``materialize.stage``); a
-    second read found every restore whose backup stored a pack, and every rollback, writing on threads instead.
-    One thread keeps up: it hashes 5.9 GB/s in 4 MiB updates (this 2-core machine, 2026-12-07), and a 16-core
-    first snap writes packs at about 0.4 GB/s (3.3 GB in 8 s on the device)."""
-    _hash_threads.append(1)
-    try:
-        yield
-    finally:
-        _hash_threads.pop()
-
-
 def _hash_fd(fd: int, length: int) -> str:
     """A written pack's id: the BLAKE3 of its ``length`` bytes, read back from its descriptor (the closer
-    hashes what is on disk, on every core, instead of the pack thread hashing frame by frame)."""
+    hashes what is on disk instead of the pack thread hashing frame by frame). On the closer's thread alone,
+    not on BLAKE3's pool: that pool's threads outlive the hash, and a process that has them does not fork
+    (``forked.can_fork``), so a restore after its backup, or guard's rollback after its snapshots, wrote on
+    threads (helper 33). One thread keeps up: it hashes 5.9 GB/s in 4 MiB updates (this 2-core machine,
+    2026-12-07; BLAKE3's pool 4.6 GB/s), a pack is 32 MiB (``PACK_TARGET``: 6 ms), and a 16-core first snap
+    writes packs at about 0.4 GB/s (3.3 GB in 8 s on the device)."""
     buf = getattr(_hash_buf, "buf", None)
     if buf is None:
         buf = _hash_buf.buf = bytearray(_HASH_READ)
     view = memoryview(buf)
-    h = blake3.blake3(max_threads=_hash_threads[-1])
+    h = blake3.blake3(max_threads=1)
     at = 0
     while at < length:
         n = os.preadv(fd, [view[:min(_HASH_READ, length - at)]], at)
