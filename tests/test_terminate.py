@@ -1,17 +1,26 @@
 """SIGTERM (a job scheduler's cancel or time limit, ``docker stop``) is handled as Ctrl-C is: the command
 stops, cleans up what it half made, says "envvault: terminated" in one line and exits 143. The signal is sent
-by the process itself at a named point (``ENVVAULT_TEST_CRASH_AT=<point>:<n>:TERM``), never after a sleep."""
+by the process itself at a named point (``ENVVAULT_TEST_CRASH_AT=<point>:<n>:TERM``), never after a sleep.
+A hang-up (SIGHUP: the terminal gone) does not stop a command: it finishes, silently; the terminal is a real
+pseudo-terminal whose master side the test closes while the command is stopped at a named point (``:STOP``)
+or while the guarded command runs."""
 
 from __future__ import annotations
 
 import os
+import pty
+import select
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fixtures import catalogue as C
+from fixtures import site_packages
+from fixtures.guard_helpers import PtyShell, guard_env
 from fixtures.venvs import pip_install
 from tests.evtools import ROOT, ev, ev_env, ev_json
 
@@ -194,3 +203,82 @@ def test_the_shell_hook_s_and_the_stamp_s_way_in_handles_sigterm_too(tmp_path, m
                           env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="snap_objects:1:TERM"), cwd=tmp_path)
     _terminated(proc)
     assert ev_json(vault, "list", "--all")["snapshots"] == []
+
+
+def _stopped_on_a_terminal(argv: list[str], env: dict) -> tuple[int, int]:
+    """Start ``argv`` as the session leader of a new pseudo-terminal (its stdin, stdout and stderr), reading
+    what it writes until it stops itself at its armed ``:STOP`` point; (pid, the terminal's master side)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execve(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    deadline = time.monotonic() + 300
+    while True:
+        got, st = os.waitpid(pid, os.WNOHANG | os.WUNTRACED)
+        if got:
+            assert os.WIFSTOPPED(st), f"ended before its stop point: {os.waitstatus_to_exitcode(st)}"
+            return pid, fd
+        assert time.monotonic() < deadline, "never reached its stop point"
+        if select.select([fd], [], [], 0.05)[0]:
+            os.read(fd, 65536)  # a progress bar on the terminal: read, so that it never waits on a full buffer
+
+
+def test_a_hang_up_mid_restore_lets_the_restore_finish(tmp_path, make_venv, wheelhouse):
+    """The terminal hangs up while a restore writes files (stopped at its second staged file, then the master
+    side closed: the kernel sends the session leader SIGHUP and SIGCONT). The restore goes on, as under nohup,
+    and finishes: exit 0, the package back, ``status`` unchanged. Before, SIGHUP's default killed it part
+    way."""
+    venv = make_venv("venv")
+    pip_install(venv, *(str(wheelhouse[k]) for k in (C.TORCH_PLAIN_A, C.SERVING)))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    pkg = site_packages(venv) / "torchlike"
+    shutil.rmtree(pkg)
+    argv = [sys.executable, "-m", "envvault", "restore", sid, "--venv", str(venv)]
+    pid, fd = _stopped_on_a_terminal(argv, ev_env(vault, ENVVAULT_TEST_CRASH_AT="stage:2:STOP"))
+    os.close(fd)  # the hang-up
+    _, st = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(st) == 0
+    assert pkg.is_dir()
+    status = ev_json(vault, "status", "--venv", venv)
+    assert status["snapshot"] == sid and status["empty"], status
+
+
+def test_guard_rolls_back_after_the_terminal_hangs_up(tmp_path, make_venv, wheelhouse):
+    """An ssh session drops while a guarded command runs in an interactive bash: bash passes the SIGHUP on to
+    its job, guard and the command alike. The command dies of it (exit 129); guard goes on, takes its
+    snapshot, rolls back what the command had half done (a package deleted) and ends with the command's
+    exit code. Before, guard died with the command and the package stayed deleted."""
+    venv = make_venv("venv")
+    pip_install(venv, *(str(wheelhouse[k]) for k in (C.TORCH_PLAIN_A, C.SERVING)))
+    vault = tmp_path / "vault"
+    env = guard_env(venv, vault, extra={"PYTHONPATH": str(ROOT)})
+    pkg = site_packages(venv) / "torchlike"
+    guard_pid = tmp_path / "guard.pid"
+    script = f"echo $PPID > {guard_pid}; rm -rf {pkg}; echo DELETED-$((1+1)); sleep 120"
+    with PtyShell(["/bin/bash", "--norc", "--noprofile", "-i"], env, cwd=tmp_path) as sh:
+        sh.expect("PTYSHELL")
+        sh.send(f"{sys.executable} -m envvault guard -- sh -c '{script}'\n")
+        sh.expect("DELETED-2", timeout=300)
+        pid = int(guard_pid.read_text())
+        sh.hang_up()
+    deadline = time.monotonic() + 300
+    while _alive(pid):
+        assert time.monotonic() < deadline, "guard still running"
+        time.sleep(0.05)
+    assert pkg.is_dir()
+    status = ev_json(vault, "status", "--venv", venv)
+    assert status["empty"], status
+    last = ev_json(vault, "list", "--all")["snapshots"]
+    assert any("exit 129" in (s.get("message") or "") for s in last), last
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie no one reaps, as under a container's first process, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -37,6 +37,7 @@ TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_ty
 if TYPE_CHECKING:
     from typing import Callable, Iterator, Sequence
 
+from envvault import terminate
 from envvault.vault import timing
 
 __all__ = ["check_all", "map_all", "workers_for", "can_fork", "FORK_MIN_WEIGHT"]
@@ -276,8 +277,9 @@ def _fork_one(fn: Callable, items: Sequence, tasks: list[list[int]], queue: int,
         code = 1
         try:
             gc.disable()  # no finalizer of an object inherited from the parent runs here
-            for sig in _SIGNALS:  # a signal ends the child (the parent answers its tasks); one ignored stays so
-                if signal.getsignal(sig) is not signal.SIG_IGN:
+            for sig in _SIGNALS:  # a signal ends the child (the parent answers its tasks); one ignored, or a
+                # hang-up the parent carries on past, stays so
+                if signal.getsignal(sig) not in (signal.SIG_IGN, terminate.hung_up):
                     signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
             if bound:
