@@ -205,6 +205,34 @@ def test_children_keep_an_ignored_signal_ignored():
     assert got["ok"] and got["forks"] == 3 and not got["left"]
 
 
+def test_children_carry_on_past_a_hang_up_as_the_command_does():
+    """The command carries on past a hang-up (``terminate.hung_up``): so do its children, each sent SIGHUP as a
+    shell sends its job's process group, keeping that handler while SIGTERM still ends a child. Before, SIGHUP's
+    default ended each child at its first task, and the parent answered every one."""
+    got = _fresh("""
+        from envvault import terminate
+        terminate.install()
+
+        waited = []
+
+        def answer(i):
+            if os.getpid() == parent:
+                if not waited:
+                    hold()  # until a child has answered (20 s at most)
+                    waited.append(1)
+                return b"\\x02"
+            os.kill(os.getpid(), signal.SIGHUP)
+            note()
+            return b"\\x01" if (signal.getsignal(signal.SIGHUP) is terminate.hung_up
+                               and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL) else b"\\x00"
+
+        answers = forked.map_all(answer, list(range(40)), [1000] * 40, processes=4)
+        print(json.dumps({"answers": [a[0] for a in answers], "forks": len(forks), "left": not no_children_left()}))
+    """)
+    assert 1 in got["answers"] and set(got["answers"]) <= {1, 2}, got
+    assert got["forks"] == 3 and not got["left"]
+
+
 @pytest.mark.parametrize("bound", [False, True])
 def test_children_stop_when_their_parent_is_killed(tmp_path, bound):
     """The parent killed (SIGKILL: no handler runs) while its children work: each child stops before its next
