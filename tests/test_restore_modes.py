@@ -209,3 +209,35 @@ def test_snap_and_diff_current_tidy_a_killed_restore_too(tmp_path, make_venv):
         ev(vault, *command)
         assert not temp_files(venv) and not (site_packages(venv) / "bigpkg").exists(), command
         assert not _imports(venv)
+
+
+def test_a_backup_that_cannot_undo_the_restore_is_not_offered_as_its_undo(tmp_path, make_venv):
+    """A package file the user replaced by a symlink leading out of the environment (to /etc/passwd): the
+    restore's backup records the link, and a restore refuses to make one, so "undo with" would name a command
+    that exits 3 (helper 34). The restore says the backup cannot undo it instead, naming the link; an edited
+    file's backup still offers its undo, which works."""
+    venv = make_venv("venv")
+    uv_install(venv, _tool_wheel(tmp_path / "w"))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    data = site_packages(venv) / "modepkg" / "data.txt"
+    rel = os.path.relpath(data, venv)
+    data.unlink()
+    data.symlink_to("/etc/passwd")
+    proc = ev(vault, "restore", sid, "--venv", venv)
+    backup = proc.stdout.split("backup ", 1)[1].split(" ", 1)[0]
+    assert "undo with" not in proc.stdout, proc.stdout
+    assert (f"it cannot undo this restore: it holds 1 symlink(s) leading out of the environment, which a restore "
+            f"refuses to make: modepkg 1.0: {rel} -> /etc/passwd") in proc.stdout, proc.stdout
+    assert not data.is_symlink() and data.read_bytes() == b"just data\n"
+    refused = ev(vault, "restore", backup, "--venv", venv, check=False)
+    assert refused.returncode == 3 and "/etc/passwd" in refused.stderr, refused.stderr
+    data.write_bytes(b"edited\n")
+    doc = ev_json(vault, "restore", sid, "--venv", venv)
+    assert doc["backup"] and doc["backup_refused"] == [], doc
+    data.write_bytes(b"edited again\n")
+    proc = ev(vault, "restore", sid, "--venv", venv)
+    undo = proc.stdout.split("(undo with: ", 1)[1].split(")", 1)[0]
+    assert undo.startswith("envvault restore "), proc.stdout
+    assert ev(vault, *undo.split()[1:], "--venv", venv).returncode == 0
+    assert data.read_bytes() == b"edited again\n"

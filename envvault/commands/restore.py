@@ -346,7 +346,12 @@ def _render_restore(result, doc: dict, vault: Vault) -> None:
                        + f"{result.removed_files} removed in {result.seconds:.2f}s")
             for setting in result.settings_set:
                 click.echo(f"pyvenv.cfg: {setting}, as the snapshot has it")
-            if result.backup:
+            if result.backup_refused:
+                n = len(result.backup_refused)
+                click.echo(f"backup {style(result.backup[:12], 'yellow')} (it cannot undo this restore: it holds {n} "
+                           f"symlink(s) leading out of the environment, which a restore refuses to make: "
+                           f"{result.backup_refused[0]}{f' and {n - 1} more' if n > 1 else ''})")
+            elif result.backup:
                 click.echo(f"backup {style(result.backup[:12], 'yellow')} "
                            f"(undo with: {vault.command('restore', result.backup[:12])})")
     for w in result.warnings:

@@ -9,7 +9,7 @@ import os
 import posixpath
 from pathlib import Path
 
-__all__ = ["path_problem", "link_target_problem", "record_path_problem", "absolute_path"]
+__all__ = ["path_problem", "link_target_problem", "outward_links", "record_path_problem", "absolute_path"]
 
 
 # Longer than any path the kernel resolves in one call (PATH_MAX), or deeper than any real tree: refused, so
@@ -68,6 +68,12 @@ def link_target_problem(path: str, target: object, where: str = "the environment
     if joined == ".." or joined.startswith("../"):
         return f"is a symlink that leads out of {where} ({target})"
     return None
+
+
+def outward_links(files) -> list[str]:
+    """``path -> target`` for each of a manifest's ``files`` that is a symlink a restore refuses to make
+    (``link_target_problem``): an installer that links files from its cache, a file a user replaced by a link."""
+    return [f"{f.path} -> {f.link}" for f in files if f.link is not None and link_target_problem(f.path, f.link)]
 
 
 def record_path_problem(path: object) -> str | None:

@@ -5,6 +5,7 @@ from; with ``--no-backup`` that state comes from a check scan instead."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from envvault.snap import scan_current
@@ -12,7 +13,7 @@ from envvault.model.snapshot import Snapshot, loose_snapshot
 from envvault.errors import EnvvaultError
 from envvault.vault.store import Vault
 
-__all__ = ["take_backup", "scan_now", "discard_backup"]
+__all__ = ["take_backup", "scan_now", "discard_backup", "links_refused"]
 
 
 def take_backup(vault: Vault, target: Path, sid: str, cache=None):
@@ -33,6 +34,36 @@ def scan_now(vault: Vault, target: Path, sid: str, backup: bool, cache=None) -> 
         snap = take_backup(vault, target, sid, cache=cache)
         return snap.snapshot, snap.id
     return loose_snapshot(scan_current(vault, target, facts=False, cache=cache, save_cache=cache is None)), None
+
+
+def links_refused(backup: Snapshot, target: Path) -> tuple[str, ...]:
+    """The backup's files that are symlinks a restore refuses to make (``model.paths.outward_links``' rule: an
+    absolute target, or one leading out of the environment), "name version: path -> target": that backup
+    cannot undo the restore (helper 34: a package file replaced by a link to /etc/passwd). Only the files the
+    backup found modified are looked at (a link whose target holds the RECORD's bytes, as an installer's
+    symlink mode makes, is not: the snap warns of those), on disk, as the backup found them: no manifest is
+    read on the restore's way."""
+    from envvault.model.paths import outward_links
+
+    found = []
+    for p in backup.packages:
+        links = []
+        for path in p.modified:
+            try:
+                links.append(_Link(path, os.readlink(os.path.join(target, path))))
+            except (OSError, ValueError):  # not a link (an edited file), or gone since
+                continue
+        found.extend(f"{p.name} {p.version}: {link}" for link in outward_links(links))
+    return tuple(found)
+
+
+class _Link:
+    """A file of ``outward_links``' kind: its path and the target of the symlink there."""
+
+    __slots__ = ("path", "link")
+
+    def __init__(self, path: str, link: str) -> None:
+        self.path, self.link = path, link
 
 
 def discard_backup(vault: Vault, sid: str | None) -> None:

@@ -29,7 +29,7 @@ from envvault.safepaths import reserved_problem
 from envvault.vault import timing
 from envvault.restore.apply import (commit_plan, kind_changes, populate_statcache, remember_written, stage_plan,
                                     undo_staging)
-from envvault.restore.backup import discard_backup, scan_now
+from envvault.restore.backup import discard_backup, links_refused, scan_now
 from envvault.env.probe import system_of, target_options
 from envvault.restore.current import Layout, protected_dirs, read_current
 from envvault.restore.managed import hold_managed
@@ -70,6 +70,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 if take_backup:
                     cache = None
                 raise
+            refused = links_refused(now, target) if take_backup else ()
             clock.lap("backup" if take_backup else "scan")
             if resumed:
                 backup_id = journal.backup
@@ -178,6 +179,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         remaining=None if remaining.packages_empty else remaining.to_json(), warnings=tuple(warnings),
         timings=clock.laps, modes_set=modes_set,
         settings_set=tuple(f"{k} = {'(absent)' if v is None else v}" for k, v in settings.items()),
+        backup_refused=refused,
     )
 
 

@@ -48,6 +48,9 @@ class RestoreResult:
     timings: dict | None = None  # seconds per phase (scan, plan, stage, commit, verify)
     modes_set: int = 0  # kept files whose permission bits were put back
     settings_set: tuple[str, ...] = ()  # pyvenv.cfg settings put back (``restore/pyvenv.py``), "key = value"
+    # The backup's symlinks that lead out of the environment ("name version: path -> target"): a restore refuses
+    # to make them, so that backup cannot undo this restore (helper 34)
+    backup_refused: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -55,6 +58,7 @@ class RestoreResult:
             "target": self.target,
             "mode": self.mode,
             "backup": self.backup,
+            "backup_refused": list(self.backup_refused),
             "changed": self.changed,
             "verified": self.verified,
             "dry_run": self.dry_run,

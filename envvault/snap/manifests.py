@@ -284,9 +284,9 @@ class ManifestBuilder:
         that links files from its cache: uv's ``--link-mode symlink``, pdm's ``cache_method = "symlink"``): a
         snapshot records the links, and a restore, which never creates a link out of its target (docs/format.md,
         "Threat model"), refuses them; helper 29 found it out only when a rollback failed."""
-        from envvault.model.paths import link_target_problem
+        from envvault.model.paths import outward_links
 
-        out = [f"{f.path} -> {f.link}" for f in files if f.link is not None and link_target_problem(f.path, f.link)]
+        out = outward_links(files)
         if out:
             shown = ", ".join(sorted(out)[:2]) + (f" and {len(out) - 2} more" if len(out) > 2 else "")
             self.warnings.append(f"{dist.display}: {len(out)} file(s) are symlinks that lead out of the environment "
