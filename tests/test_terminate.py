@@ -22,7 +22,7 @@ from fixtures import catalogue as C
 from fixtures import site_packages
 from fixtures.guard_helpers import PtyShell, guard_env
 from fixtures.venvs import pip_install
-from tests.evtools import ROOT, ev, ev_env, ev_json
+from tests.evtools import ROOT, alive, ev, ev_env, ev_json
 
 
 def _run(vault, *args, point: str):
@@ -265,7 +265,7 @@ def test_guard_rolls_back_after_the_terminal_hangs_up(tmp_path, make_venv, wheel
         pid = int(guard_pid.read_text())
         sh.hang_up()
     deadline = time.monotonic() + 300
-    while _alive(pid):
+    while alive(pid):
         assert time.monotonic() < deadline, "guard still running"
         time.sleep(0.05)
     assert pkg.is_dir()
@@ -274,11 +274,3 @@ def test_guard_rolls_back_after_the_terminal_hangs_up(tmp_path, make_venv, wheel
     last = ev_json(vault, "list", "--all")["snapshots"]
     assert any("exit 129" in (s.get("message") or "") for s in last), last
 
-
-def _alive(pid: int) -> bool:
-    """``pid`` runs (a zombie no one reaps, as under a container's first process, has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
