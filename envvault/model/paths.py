@@ -70,10 +70,12 @@ def link_target_problem(path: str, target: object, where: str = "the environment
     return None
 
 
-def outward_links(files) -> list[str]:
-    """``path -> target`` for each of a manifest's ``files`` that is a symlink a restore refuses to make
-    (``link_target_problem``): an installer that links files from its cache, a file a user replaced by a link."""
-    return [f"{f.path} -> {f.link}" for f in files if f.link is not None and link_target_problem(f.path, f.link)]
+def outward_links(links) -> list[str]:
+    """``path -> target`` for each ``(path, target)`` of ``links`` (target None: not a symlink) that is a symlink a
+    restore refuses to make (``link_target_problem``): an installer that links files from its cache, a file a
+    user replaced by a link."""
+    return [f"{path} -> {target}" for path, target in links
+            if target is not None and link_target_problem(path, target)]
 
 
 def record_path_problem(path: object) -> str | None:

@@ -50,20 +50,11 @@ def links_refused(backup: Snapshot, target: Path) -> tuple[str, ...]:
         links = []
         for path in p.modified:
             try:
-                links.append(_Link(path, os.readlink(os.path.join(target, path))))
+                links.append((path, os.readlink(os.path.join(target, path))))
             except (OSError, ValueError):  # not a link (an edited file), or gone since
                 continue
         found.extend(f"{p.name} {p.version}: {link}" for link in outward_links(links))
     return tuple(found)
-
-
-class _Link:
-    """A file of ``outward_links``' kind: its path and the target of the symlink there."""
-
-    __slots__ = ("path", "link")
-
-    def __init__(self, path: str, link: str) -> None:
-        self.path, self.link = path, link
 
 
 def discard_backup(vault: Vault, sid: str | None) -> None:

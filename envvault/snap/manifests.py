@@ -286,7 +286,7 @@ class ManifestBuilder:
         "Threat model"), refuses them; helper 29 found it out only when a rollback failed."""
         from envvault.model.paths import outward_links
 
-        out = outward_links(files)
+        out = outward_links((f.path, f.link) for f in files)
         if out:
             shown = ", ".join(sorted(out)[:2]) + (f" and {len(out) - 2} more" if len(out) > 2 else "")
             self.warnings.append(f"{dist.display}: {len(out)} file(s) are symlinks that lead out of the environment "
