@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import _signal
 
-__all__ = ["install", "held", "hung_up"]
+__all__ = ["install", "held", "hung_up", "OWN_SESSION"]
+
+# How envvault starts a child that does its own work (uv writing an environment, an interpreter probe, a dry
+# run, nvidia-smi): ``subprocess.run(..., **OWN_SESSION)``, a session of its own, so that a hang-up, which an
+# interactive shell passes on to the whole job, does not end it while envvault carries on past it (``nohup``'s
+# ignored SIGHUP reaches its children too: helper 36 saw uv die of it and a restore fail). Ctrl-C reaches
+# envvault, whose ``subprocess.run`` ends the child. The command ``guard`` runs stays in the job: it is the
+# user's, and guard rolls back whatever it leaves.
+OWN_SESSION = {"start_new_session": True}
 
 
 def install() -> None:

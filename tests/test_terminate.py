@@ -7,6 +7,7 @@ or while the guarded command runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -274,3 +275,54 @@ def test_guard_rolls_back_after_the_terminal_hangs_up(tmp_path, make_venv, wheel
     last = ev_json(vault, "list", "--all")["snapshots"]
     assert any("exit 129" in (s.get("message") or "") for s in last), last
 
+
+
+def test_a_hang_up_at_guard_s_question_is_no_answer_and_the_change_is_rolled_back(tmp_path, make_venv, wheelhouse):
+    """Guard asks on the terminal whether to keep a change to a protected package (no plan showed it) and the
+    connection drops while it waits: the read fails (EIO), which is no answer, so guard rolls the change back.
+    Before, the failed read ended guard with a storage error (exit 6) and the package stayed deleted (helper 36)."""
+    venv = make_venv("venv")
+    pip_install(venv, *(str(wheelhouse[k]) for k in (C.TORCH_PLAIN_A, C.SERVING)))
+    vault = tmp_path / "vault"
+    env = guard_env(venv, vault, extra={"PYTHONPATH": str(ROOT)})
+    pkg = site_packages(venv) / "torchlike"
+    guard_pid = tmp_path / "guard.pid"
+    script = f"echo $PPID > {guard_pid}; rm -rf {pkg}"
+    with PtyShell(["/bin/bash", "--norc", "--noprofile", "-i"], env, cwd=tmp_path) as sh:
+        sh.expect("PTYSHELL")
+        sh.send(f"{sys.executable} -m envvault guard --protect torchlike -- sh -c '{script}'\n")
+        sh.expect(r"Keep this change\?", timeout=300)
+        pid = int(guard_pid.read_text())
+        sh.hang_up()
+    deadline = time.monotonic() + 300
+    while alive(pid):
+        assert time.monotonic() < deadline, "guard still running"
+        time.sleep(0.05)
+    assert pkg.is_dir()
+    assert ev_json(vault, "status", "--venv", venv)["empty"]
+
+
+def test_uv_is_not_ended_by_a_hang_up_of_envvault_s_job(tmp_path, make_venv, wheelhouse):
+    """An interactive shell passes a hang-up on to the whole job, envvault's children included: uv making the
+    ``--into`` venv (here a shim that sends the job SIGHUP, as bash does, then runs the real uv) runs in a
+    session of its own (``terminate.OWN_SESSION``), so it finishes and the restore with it. Before, uv died of
+    the hang-up and the restore failed (exit 7, helper 36)."""
+    from envvault.restore.uv import find_uv
+
+    venv = make_venv("venv")
+    pip_install(venv, str(wheelhouse[C.TORCH_PLAIN_A]), str(wheelhouse[C.SERVING]))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    folder = tmp_path / "shim"
+    folder.mkdir()
+    shim = folder / "uv"
+    # The job's process group is envvault's (started below as a group of its own, as a shell starts a job).
+    shim.write_text("#!/bin/sh\nkill -HUP -$(awk '{print $5}' /proc/$PPID/stat)\n"
+                    f"exec {find_uv()} \"$@\"\n")
+    shim.chmod(0o755)
+    new = tmp_path / "new"
+    proc = subprocess.run([sys.executable, "-m", "envvault", "restore", sid, "--into", str(new), "--json"],
+                          capture_output=True, text=True, timeout=300, start_new_session=True,
+                          env=ev_env(vault, PATH=f"{folder}:{os.environ['PATH']}"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verified"] is True

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 from envvault.env.untrusted import without_cwd
 from envvault.model.paths import absolute_path
+from envvault.terminate import OWN_SESSION
 
 from ..errors import EnvironmentProblem
 
@@ -269,7 +270,8 @@ def _ask_torch(python: Path, env: Mapping[str, str]) -> Path:
 
     try:
         done = subprocess.run(
-            [str(python), "-c", without_cwd(_ASK)], env=dict(env), capture_output=True, text=True, timeout=120
+            [str(python), "-c", without_cwd(_ASK)], env=dict(env), capture_output=True, text=True, timeout=120,
+            **OWN_SESSION,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise EnvironmentProblem(f"could not run {python} to ask for Inductor's cache dir: {exc}") from exc

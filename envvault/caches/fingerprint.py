@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from ..model.cache import FINGERPRINT_FORMAT as FORMAT
 from ..model.cache import Fingerprint, GpuInfo  # the records (re-exported here)
+from ..terminate import OWN_SESSION
 
 # The environment reader, the static readers of module files and RECORDs, torch's key and subprocess are
 # imported where a venv is fingerprinted or a GPU asked: a restore that only compares two recorded
@@ -90,7 +91,7 @@ def probe_gpus(env: Mapping[str, str] = os.environ) -> tuple[GpuInfo, ...] | Non
         try:
             done = subprocess.run(
                 [exe, f"--query-gpu={fields}", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=30, env=dict(env),
+                capture_output=True, text=True, timeout=30, env=dict(env), **OWN_SESSION,
             )  # fmt: skip
         except (OSError, subprocess.TimeoutExpired):
             return None

@@ -90,6 +90,8 @@ class _CliUI:
                 raise
             click.echo("", err=True)
             return False
+        except OSError:  # the terminal hung up while the question waited for its answer (EIO): no answer
+            return False
 
     def show_diff(self, diff, before: str, after: str) -> None:
         if self.as_json:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+
+from envvault.terminate import OWN_SESSION
+
 TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_types.py)
 if TYPE_CHECKING:
     from typing import Mapping
@@ -69,7 +72,7 @@ def _nvidia() -> dict:
     try:
         out = subprocess.run(
             [exe, "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True, text=True, timeout=20, **OWN_SESSION,
         )
     except (OSError, subprocess.TimeoutExpired):
         return {"nvidia_smi": "failed"}

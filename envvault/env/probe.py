@@ -13,6 +13,7 @@ else:
 from envvault.model.encoding import json_loads, not_utf8
 from envvault.errors import UsageError
 from envvault.model.paths import absolute_path
+from envvault.terminate import OWN_SESSION
 
 __all__ = ["Interpreter", "use_system", "system_of", "target_options", "choose_python", "chosen_python", "find_target",
            "probe", "probe_system", "system_root"]
@@ -287,7 +288,7 @@ def probe(prefix: Path) -> Interpreter:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
     try:
         out = subprocess.run(
-            [str(exe), "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env
+            [str(exe), "-I", "-S", "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env, **OWN_SESSION
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         raise UsageError(f"cannot run {exe}: {err}; is the environment's base interpreter still installed?") from None
@@ -358,7 +359,7 @@ def probe_system(exe: Path) -> Interpreter:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON") or k in keep}
     try:
         out = subprocess.run([str(exe), "-I", "-S", "-c", without_cwd(_SYSTEM_PROBE)], capture_output=True,
-                             text=True, timeout=60, env=env, cwd="/")
+                             text=True, timeout=60, env=env, cwd="/", **OWN_SESSION)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise UsageError(f"cannot run {exe}: {err}") from None
     if out.returncode != 0:

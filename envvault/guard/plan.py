@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from envvault.guard.command import Command
 from envvault.model.encoding import json_loads
+from envvault.terminate import OWN_SESSION
 
 if TYPE_CHECKING:
     from packaging.utils import NormalizedName
@@ -221,7 +222,8 @@ def start_dry_run(cmd: Command, env: Mapping[str, str], cwd: Path) -> DryRun:
     run_env = dict(env, PIP_NO_INPUT="1", NO_COLOR="1", UV_NO_PROGRESS="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     try:
         with open(workdir / "stdout", "wb") as out, open(workdir / "stderr", "wb") as err:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=run_env, cwd=cwd)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=run_env, cwd=cwd,
+                                    **OWN_SESSION)
     except OSError as e:
         shutil.rmtree(workdir, ignore_errors=True)
         return DryRun(cmd, reason=f"cannot run {argv[0]}: {e.strerror or e}")

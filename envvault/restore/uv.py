@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Iterator
 
-from envvault.terminate import held
+from envvault.terminate import OWN_SESSION, held
 from envvault.errors import EnvironmentProblem, NotFoundError, RefusedError, UsageError
 from envvault.model.snapshot import PythonInfo, Snapshot, loose_snapshot
 from envvault.restore.installed import reapply_state
@@ -54,7 +54,8 @@ def run_uv(*args: str, what: str) -> subprocess.CompletedProcess:
     cmd = [find_uv(), *map(str, args)]
     try:
         with held():  # uv is never killed mid-install by a SIGTERM: it is raised once uv is done
-            out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), stdin=subprocess.DEVNULL)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), stdin=subprocess.DEVNULL,
+                                 **OWN_SESSION)
     except OSError as err:
         raise EnvironmentProblem(f"cannot run uv for {what}: {err}") from None
     if out.returncode != 0:
@@ -67,7 +68,7 @@ def run_uv(*args: str, what: str) -> subprocess.CompletedProcess:
 def _version_of(exe: Path) -> str | None:
     try:
         out = subprocess.run([str(exe), "-I", "-c", "import sys;print('%d.%d.%d' % sys.version_info[:3])"],
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=30, **OWN_SESSION)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
