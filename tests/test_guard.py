@@ -263,6 +263,26 @@ def test_an_interrupted_rollback_names_the_command_that_finishes_it(cu128_pip_ve
     assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
 
 
+def test_a_rollback_removes_what_a_killed_install_left_that_no_package_owns(cu128_pip_venv, tmp_path):
+    """A pip killed mid-install (an ssh session dropped) leaves the package's files without its dist-info:
+    a folder that imports broken, which no snapshot tracks (helper 36: ``pandas/``, 217 files). The rollback
+    removes what the command made at the top of site-packages: here a half-written package and a ``.pth``
+    file; a file no package owns that was there before the command stays."""
+    venv = cu128_pip_venv
+    site = site_packages(venv)
+    (site / "mine.pth").write_text("# the user's own\n")
+    env = guard_env(venv, tmp_path / "vault")
+    script = (f"mkdir -p '{site}/halfpkg/sub' && echo x > '{site}/halfpkg/sub/mod.py' && echo y > '{site}/half.pth' "
+              f"&& rm -rf '{site}/torchlike'; exit 137")
+    proc, doc = _guard(env, "--", "sh", "-c", script, json_out=True)
+    assert proc.returncode == 137 and doc["outcome"] == "restored", proc.stderr
+    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+    assert not (site / "halfpkg").exists() and not (site / "half.pth").exists()
+    assert (site / "mine.pth").read_text() == "# the user's own\n"
+    line = [w for w in doc["warnings"] if w.startswith("removed what the command left in site-packages")]
+    assert len(line) == 1 and "half.pth" in line[0] and "halfpkg" in line[0], doc["warnings"]
+
+
 def test_unplanned_protected_change_is_rolled_back_without_a_terminal(cu128_pip_venv, disaster_index, tmp_path):
     """A command guard cannot ask for a plan (here a shell script) is judged by its result."""
     venv = cu128_pip_venv

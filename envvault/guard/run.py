@@ -429,6 +429,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
 
     project_files = _read_project_files(cmd, cwd, target)
     sites = _sites(before.snapshot, target)
+    tops = _top_entries(sites)
     timings.setdefault("pre_command", time.monotonic() - t0)
     rc, started = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
     timings["command"] = time.time() - started
@@ -492,6 +493,9 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
             left = _remove_pip_stashes(vault, before.snapshot, diff, target, started)
             if left:
                 warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
+            left = _remove_new_tops(tops, target, started)
+            if left:
+                warnings.append(f"removed what the command left in site-packages that no package owns: {', '.join(left)}")
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
                                 f"`{vault.command('status', '--against', before.id[:12])}` shows how")
@@ -571,6 +575,43 @@ def _remove_pip_stashes(vault: Vault, before: Snapshot, diff: DiffResult, target
                 else:
                     os.unlink(e.path)
                 removed.append(f"{folder}/{e.name}")
+            except OSError:
+                continue
+    return removed
+
+
+def _top_entries(sites: list[Path]) -> dict[Path, set[str]] | None:
+    """The names in each site folder before the command (None: one could not be listed)."""
+    try:
+        return {site: set(os.listdir(site)) for site in sites}
+    except OSError:
+        return None
+
+
+def _remove_new_tops(tops: dict[Path, set[str]] | None, target: Path, started: float) -> list[str]:
+    """After a rollback: what the command made at the top of a site folder that is still there, none of it
+    owned by a package of the state put back (a rollback makes nothing there the state before did not have):
+    the files a pip killed mid-install had written (``pandas/`` without its dist-info, which imports broken:
+    helper 36). Only names not listed before the command ran (``tops``) and made since it started (their
+    ctime, ``_CTIME_SLACK``), never followed through a symlink. Their paths under ``target``."""
+    import shutil
+
+    removed = []
+    for site, before in (tops or {}).items():
+        try:
+            with os.scandir(site) as it:
+                found = [e for e in it if e.name not in before]
+        except OSError:
+            continue
+        for e in sorted(found, key=lambda e: e.name):
+            try:
+                if e.stat(follow_symlinks=False).st_ctime < started - _CTIME_SLACK:
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path)
+                else:
+                    os.unlink(e.path)
+                removed.append(os.path.relpath(e.path, target))
             except OSError:
                 continue
     return removed
