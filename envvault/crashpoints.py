@@ -58,8 +58,8 @@ _SPEC = os.environ.get(ENV)
 
 
 def armed() -> bool:
-    """A crash point is set for this process: its work stays in it (a point passed in a forked child would
-    kill only the child, which its parent replaces)."""
+    """A crash point is set for this process: its work stays in it (``forked.can_fork`` is False: a point passed
+    in a forked child would kill only the child, which its parent replaces, or stop it while the parent waits)."""
     return bool(_SPEC)
 
 

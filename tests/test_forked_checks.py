@@ -17,7 +17,7 @@ import pytest
 
 from envvault.vault import forked
 from fixtures import catalogue as C
-from tests.evtools import alive
+from tests.evtools import alive, ev_env, ev_json
 from fixtures import uv_install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1069,3 +1069,27 @@ def test_a_guard_rollback_of_real_torch_is_written_by_forked_children(tmp_path, 
     assert edited.read_bytes() == kept and (site / "torch" / "__init__.py").is_file()
     assert ev(vault, "status", "--venv", venv, "--exit-code").returncode == 0
     assert _temps(venv) == []
+
+
+def test_an_armed_crash_point_keeps_a_first_snap_s_groups_in_the_process(tmp_path, torch_venv):
+    """A crash test stops (or kills) the process at a named point; with one armed, no work is forked
+    (``forked.can_fork``), so the point is passed by the snap itself: the first snap of the real torch venv,
+    whose small files 2 forked group processes would otherwise pack, stops itself at its first pack frame.
+    Before, a group child passed the point and stopped alone, and the snap waited for it for ever (helper 36)."""
+    vault = tmp_path / "vault"
+    proc = subprocess.Popen([sys.executable, "-m", "envvault", "snap", "--no-caches", "--venv", str(torch_venv)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="pack_frame:1:STOP", ENVVAULT_GROUP_PROCESSES="2"))
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            got, st = os.waitpid(proc.pid, os.WNOHANG | os.WUNTRACED)
+            if got:
+                break
+            assert time.monotonic() < deadline, "the snap neither stopped itself nor ended"
+            time.sleep(0.05)
+        assert os.WIFSTOPPED(st), os.waitstatus_to_exitcode(st)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert ev_json(vault, "list", "--all")["snapshots"] == []

@@ -37,7 +37,7 @@ TYPE_CHECKING = False  # typing is not imported at run time (envvault/runtime_ty
 if TYPE_CHECKING:
     from typing import Callable, Iterator, Sequence
 
-from envvault import terminate
+from envvault import crashpoints, terminate
 from envvault.vault import timing
 
 __all__ = ["check_all", "map_all", "workers_for", "can_fork", "FORK_MIN_WEIGHT"]
@@ -190,8 +190,10 @@ def workers_for(total: int) -> int:
 
 
 def can_fork() -> bool:
-    """Forking is safe here: Linux, and no other thread in this process."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+    """Forking is safe here: Linux, and no other thread in this process; and no crash test is armed (it kills,
+    terminates or stops the process itself at a named point, which a child passing the point would do to
+    itself alone: helper 36 saw a snap's forked group stop at ``pack_frame`` and its parent wait for ever)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork") or crashpoints.armed():
         return False
     return threading.active_count() == 1 and _one_thread()
 
