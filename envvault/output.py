@@ -133,11 +133,18 @@ class Progress:
             amount = f"{human_bytes(done)}/{human_bytes(self.total)}"
         else:
             amount = f"{done}/{self.total}"
-        sys.stderr.write(f"\r{self.label} [{bar}] {frac * 100:5.1f}% {amount}  ")
-        sys.stderr.flush()
+        self._draw(f"\r{self.label} [{bar}] {frac * 100:5.1f}% {amount}  ")
 
     def close(self) -> None:
         if self.enabled:
-            sys.stderr.write("\r" + " " * 79 + "\r")
+            self._draw("\r" + " " * 79 + "\r")
+
+    def _draw(self, text: str) -> None:
+        """Write ``text`` to the terminal; one that fails (EIO: the terminal hung up, before the SIGHUP that
+        ``terminate.hung_up`` handles arrives; a closed stderr) ends the bar, never the work it shows."""
+        try:
+            sys.stderr.write(text)
             sys.stderr.flush()
+        except (OSError, ValueError):
+            self.enabled = False
 

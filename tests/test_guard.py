@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -267,20 +268,25 @@ def test_a_rollback_removes_what_a_killed_install_left_that_no_package_owns(cu12
     """A pip killed mid-install (an ssh session dropped) leaves the package's files without its dist-info:
     a folder that imports broken, which no snapshot tracks (helper 36: ``pandas/``, 217 files). The rollback
     removes what the command made at the top of site-packages: here a half-written package and a ``.pth``
-    file; a file no package owns that was there before the command stays."""
+    file, also when no package changed (no rollback then); a file no package owns that was there before the
+    command stays, and so does everything with ``--no-restore``."""
     venv = cu128_pip_venv
     site = site_packages(venv)
     (site / "mine.pth").write_text("# the user's own\n")
     env = guard_env(venv, tmp_path / "vault")
-    script = (f"mkdir -p '{site}/halfpkg/sub' && echo x > '{site}/halfpkg/sub/mod.py' && echo y > '{site}/half.pth' "
-              f"&& rm -rf '{site}/torchlike'; exit 137")
-    proc, doc = _guard(env, "--", "sh", "-c", script, json_out=True)
-    assert proc.returncode == 137 and doc["outcome"] == "restored", proc.stderr
-    assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
-    assert not (site / "halfpkg").exists() and not (site / "half.pth").exists()
-    assert (site / "mine.pth").read_text() == "# the user's own\n"
-    line = [w for w in doc["warnings"] if w.startswith("removed what the command left in site-packages")]
-    assert len(line) == 1 and "half.pth" in line[0] and "halfpkg" in line[0], doc["warnings"]
+    half = f"mkdir -p '{site}/halfpkg/sub' && echo x > '{site}/halfpkg/sub/mod.py' && echo y > '{site}/half.pth'"
+    # Only the half-written package: no package changed, so there is nothing to roll back, yet it goes (helper 37)
+    for script, outcome in ((f"{half}; exit 137", "failed"), (f"{half} && rm -rf '{site}/torchlike'; exit 137", "restored")):
+        proc, doc = _guard(env, "--", "sh", "-c", script, json_out=True)
+        assert proc.returncode == 137 and doc["outcome"] == outcome, proc.stderr
+        assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+        assert not (site / "halfpkg").exists() and not (site / "half.pth").exists()
+        assert (site / "mine.pth").read_text() == "# the user's own\n"
+        line = [w for w in doc["warnings"] if w.startswith("removed what the command left in site-packages")]
+        assert len(line) == 1 and "half.pth" in line[0] and "halfpkg" in line[0], doc["warnings"]
+    # With --no-restore it stays, as everything else the command left does
+    proc, doc = _guard(env, "--no-restore", "--", "sh", "-c", f"{half}; exit 1", json_out=True)
+    assert proc.returncode == 1 and (site / "halfpkg" / "sub" / "mod.py").exists()
 
 
 def test_unplanned_protected_change_is_rolled_back_without_a_terminal(cu128_pip_venv, disaster_index, tmp_path):
@@ -1025,3 +1031,28 @@ def test_a_gc_while_a_guard_waits_for_its_first_snapshot_keeps_no_earlier_guards
 
 def _vault_ids(vault: Path) -> list[str]:
     return Vault.open(vault).snapshot_ids()
+
+
+def test_ending_a_dry_run_ends_what_it_started(tmp_path):
+    """A dry run runs in a session of its own (``OWN_SESSION``: a hang-up of the job does not end it), where
+    Ctrl-C does not reach what it starts; ending it (Ctrl-C at guard, or its answer read) ends its whole process
+    group: a build backend it started (here a ``sleep``) too. Before, only the dry run itself was killed and the
+    backend went on (helper 37)."""
+    import subprocess as sp
+
+    from envvault.guard.plan import DryRun
+    from envvault.terminate import OWN_SESSION
+    from tests.evtools import alive
+
+    pidfile = tmp_path / "backend.pid"
+    proc = sp.Popen(["sh", "-c", f"sleep 120 & echo $! > {pidfile}; wait"], **OWN_SESSION)
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    backend = int(pidfile.read_text())
+    DryRun(cmd=None, proc=proc).kill()
+    deadline = time.monotonic() + 30
+    while alive(backend) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(backend)

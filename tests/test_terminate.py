@@ -326,3 +326,30 @@ def test_uv_is_not_ended_by_a_hang_up_of_envvault_s_job(tmp_path, make_venv, whe
                           env=ev_env(vault, PATH=f"{folder}:{os.environ['PATH']}"))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["verified"] is True
+
+
+def test_a_progress_bar_on_a_terminal_that_hung_up_ends_the_bar_not_the_work(monkeypatch):
+    """Once a terminal hangs up, writes to it fail (EIO) at once, and a shell passes the SIGHUP on a moment
+    later: a progress bar drawn in between must not end the restore it shows (helper 37). The bar stops
+    drawing; the work goes on."""
+    import errno
+
+    from envvault.output import Progress
+
+    class HungUp:
+        def write(self, _text):
+            raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self):
+            raise OSError(errno.EIO, "Input/output error")
+
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", HungUp())
+    bar = Progress("restore", 100)
+    assert bar.enabled
+    bar(50)
+    assert not bar.enabled and bar.done == 50
+    bar(100)
+    bar.close()

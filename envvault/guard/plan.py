@@ -9,7 +9,9 @@ judges those by the snapshot taken after them.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import shutil
 import subprocess
 import tempfile
@@ -159,8 +161,13 @@ class DryRun:
     reason: str | None = None  # why there is no dry run
 
     def kill(self) -> None:
+        """End the dry run and whatever it started (a build backend): its process group, which it leads (a
+        session of its own, ``OWN_SESSION``, where Ctrl-C does not reach: helper 37)."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                self.proc.kill()
             self.proc.wait()
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -429,7 +429,8 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
 
     project_files = _read_project_files(cmd, cwd, target)
     sites = _sites(before.snapshot, target)
-    tops = _top_entries(sites)
+    # (Not in a system environment: apt may add there meanwhile, and a rollback there keeps dpkg's files.)
+    tops = {} if before.snapshot.python.system else _top_entries(sites)
     timings.setdefault("pre_command", time.monotonic() - t0)
     rc, started = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
     timings["command"] = time.time() - started
@@ -472,6 +473,9 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
         reason = "you chose to undo it" if undo else None
 
     restore_error = None
+    if rc != 0 and options.restore and diff.environment_empty:
+        # No package changed, but a pip killed mid-install may have written one's files without its dist-info
+        warnings += _remove_new_tops(tops, target, started)
     if undo and options.restore:
         t = time.monotonic()
         try:
@@ -493,9 +497,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
             left = _remove_pip_stashes(vault, before.snapshot, diff, target, started)
             if left:
                 warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
-            left = _remove_new_tops(tops, target, started)
-            if left:
-                warnings.append(f"removed what the command left in site-packages that no package owns: {', '.join(left)}")
+            warnings += _remove_new_tops(tops, target, started)
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
                                 f"`{vault.command('status', '--against', before.id[:12])}` shows how")
@@ -580,24 +582,28 @@ def _remove_pip_stashes(vault: Vault, before: Snapshot, diff: DiffResult, target
     return removed
 
 
-def _top_entries(sites: list[Path]) -> dict[Path, set[str]] | None:
-    """The names in each site folder before the command (None: one could not be listed)."""
-    try:
-        return {site: set(os.listdir(site)) for site in sites}
-    except OSError:
-        return None
+def _top_entries(sites: list[Path]) -> dict[Path, set[str]]:
+    """The names in each site folder before the command (one that cannot be listed is left out)."""
+    tops = {}
+    for site in sites:
+        try:
+            tops[site] = set(os.listdir(site))
+        except OSError:
+            continue
+    return tops
 
 
-def _remove_new_tops(tops: dict[Path, set[str]] | None, target: Path, started: float) -> list[str]:
-    """After a rollback: what the command made at the top of a site folder that is still there, none of it
-    owned by a package of the state put back (a rollback makes nothing there the state before did not have):
-    the files a pip killed mid-install had written (``pandas/`` without its dist-info, which imports broken:
-    helper 36). Only names not listed before the command ran (``tops``) and made since it started (their
-    ctime, ``_CTIME_SLACK``), never followed through a symlink. Their paths under ``target``."""
+def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -> list[str]:
+    """After a failed command (rolled back, or one that changed no package): what it made at the top of a site
+    folder that is still there, none of it owned by a package of the state put back (a rollback makes nothing
+    there the state before did not have): the files a pip killed mid-install had written (``pandas/`` without
+    its dist-info, which imports broken: helpers 36, 37). Only names not listed before the command ran
+    (``tops``) and made since it started (their ctime, ``_CTIME_SLACK``), never followed through a symlink.
+    The warning naming them (their paths under ``target``), or none."""
     import shutil
 
     removed = []
-    for site, before in (tops or {}).items():
+    for site, before in tops.items():
         try:
             with os.scandir(site) as it:
                 found = [e for e in it if e.name not in before]
@@ -614,7 +620,9 @@ def _remove_new_tops(tops: dict[Path, set[str]] | None, target: Path, started: f
                 removed.append(os.path.relpath(e.path, target))
             except OSError:
                 continue
-    return removed
+    if not removed:
+        return []
+    return [f"removed what the command left in site-packages that no package owns: {', '.join(removed)}"]
 
 
 def _sites_guess(prefix: Path) -> list[Path]:

@@ -40,9 +40,10 @@ def links_refused(backup: Snapshot, target: Path) -> tuple[str, ...]:
     """The backup's files that are symlinks a restore refuses to make (``model.paths.outward_links``' rule: an
     absolute target, or one leading out of the environment), "name version: path -> target": that backup
     cannot undo the restore (helper 34: a package file replaced by a link to /etc/passwd). Only the files the
-    backup found modified are looked at (a link whose target holds the RECORD's bytes, as an installer's
-    symlink mode makes, is not: the snap warns of those), on disk, as the backup found them: no manifest is
-    read on the restore's way."""
+    backup found modified are looked at, on disk, as the backup found them: no manifest is read on the
+    restore's way. A link whose target holds the RECORD's bytes (an installer's symlink mode: ``uv
+    --link-mode symlink``) is not modified, so not seen here: such a backup is still offered as the undo and
+    refused when run (helper 37; the snap that first recorded those links warned of them)."""
     from envvault.model.paths import outward_links
 
     found = []
