@@ -598,7 +598,9 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
     folder that is still there, none of it owned by a package of the state put back (a rollback makes nothing
     there the state before did not have): the files a pip killed mid-install had written (``pandas/`` without
     its dist-info, which imports broken: helpers 36, 37). Only names not listed before the command ran
-    (``tops``) and made since it started (their ctime, ``_CTIME_SLACK``), never followed through a symlink.
+    (``tops``) and made since it started (their ctime, ``_CTIME_SLACK``), never followed through a symlink;
+    never a ``~`` name: pip's copy of a package it uninstalls, which only ``_remove_pip_stashes`` removes, and
+    only for a package the command changed (another pip's is that pip's way back).
     The warning naming them (their paths under ``target``), or none."""
     import shutil
 
@@ -606,7 +608,7 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
     for site, before in tops.items():
         try:
             with os.scandir(site) as it:
-                found = [e for e in it if e.name not in before]
+                found = [e for e in it if e.name not in before and not e.name.startswith("~")]
         except OSError:
             continue
         for e in sorted(found, key=lambda e: e.name):
