@@ -211,6 +211,7 @@ def test_children_carry_on_past_a_hang_up_as_the_command_does():
     default ended each child at its first task, and the parent answered every one."""
     got = _fresh("""
         from envvault import terminate
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a shell's job has it, whatever the tests run under
         terminate.install()
 
         waited = []

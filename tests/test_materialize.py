@@ -391,8 +391,11 @@ def _forced_forks(monkeypatch, processes: int = 3) -> list[int]:
     monkeypatch.setenv("ENVVAULT_WRITE_PROCESSES", str(processes))
     monkeypatch.setattr(materialize, "_FORK_BYTES", 0)
     # Tests run before may have left native threads (BLAKE3's pool) that keep ``can_fork`` from forking; the
-    # children here never touch them. (``test_forked_checks`` runs a whole --into in a fresh interpreter.)
-    monkeypatch.setattr(forked, "can_fork", lambda: True)
+    # children here never touch them. (``test_forked_checks`` runs a whole --into in a fresh interpreter.) Its
+    # other rule stays: no fork while a crash test is armed.
+    from envvault import crashpoints
+
+    monkeypatch.setattr(forked, "can_fork", lambda: not crashpoints.armed())
     pids: list[int] = []
     real = forked.map_all
     monkeypatch.setattr(forked, "map_all", lambda *a, **kw: real(*a, **kw, pids=pids))

@@ -12,6 +12,7 @@ import os
 import pty
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -212,6 +213,7 @@ def _stopped_on_a_terminal(argv: list[str], env: dict) -> tuple[int, int]:
     pid, fd = pty.fork()
     if pid == 0:
         try:
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as from a shell, whatever the tests run under (nohup)
             os.execve(argv[0], argv, env)
         finally:
             os._exit(127)
@@ -321,7 +323,12 @@ def test_uv_is_not_ended_by_a_hang_up_of_envvault_s_job(tmp_path, make_venv, whe
                     f"exec {find_uv()} \"$@\"\n")
     shim.chmod(0o755)
     new = tmp_path / "new"
-    proc = subprocess.run([sys.executable, "-m", "envvault", "restore", sid, "--into", str(new), "--json"],
+    # SIGHUP's default first, as a shell's job has it, whatever the tests run under (nohup ignores it)
+    code = ("import runpy, signal, sys\n"
+            "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+            "sys.argv = ['envvault'] + sys.argv[1:]\n"
+            "runpy.run_module('envvault', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code, "restore", sid, "--into", str(new), "--json"],
                           capture_output=True, text=True, timeout=300, start_new_session=True,
                           env=ev_env(vault, PATH=f"{folder}:{os.environ['PATH']}"))
     assert proc.returncode == 0, proc.stderr
