@@ -249,58 +249,51 @@ def test_a_hang_up_mid_restore_lets_the_restore_finish(tmp_path, make_venv, whee
     assert status["snapshot"] == sid and status["empty"], status
 
 
-def test_guard_rolls_back_after_the_terminal_hangs_up(tmp_path, make_venv, wheelhouse):
-    """An ssh session drops while a guarded command runs in an interactive bash: bash passes the SIGHUP on to
-    its job, guard and the command alike. The command dies of it (exit 129); guard goes on, takes its
-    snapshot, rolls back what the command had half done (a package deleted) and ends with the command's
-    exit code. Before, guard died with the command and the package stayed deleted."""
+def _guard_hung_up(tmp_path, make_venv, wheelhouse, script: str, shown: str, *options: str) -> tuple[Path, Path]:
+    """In an interactive bash on a pseudo-terminal, ``guard OPTIONS -- sh -c SCRIPT`` of a venv with the fixture
+    torch (``SCRIPT`` may name ``{pkg}``, its folder, and ``{pid}``, a file for guard's pid); once the terminal
+    shows ``shown`` (a regex), the connection drops (``PtyShell.hang_up``) and the test waits for guard to end.
+    The venv and the vault."""
     venv = make_venv("venv")
     pip_install(venv, *(str(wheelhouse[k]) for k in (C.TORCH_PLAIN_A, C.SERVING)))
     vault = tmp_path / "vault"
     env = guard_env(venv, vault, extra={"PYTHONPATH": str(ROOT)})
-    pkg = site_packages(venv) / "torchlike"
     guard_pid = tmp_path / "guard.pid"
-    script = f"echo $PPID > {guard_pid}; rm -rf {pkg}; echo DELETED-$((1+1)); sleep 120"
+    script = script.format(pkg=site_packages(venv) / "torchlike", pid=guard_pid)
     with PtyShell(["/bin/bash", "--norc", "--noprofile", "-i"], env, cwd=tmp_path) as sh:
         sh.expect("PTYSHELL")
-        sh.send(f"{sys.executable} -m envvault guard -- sh -c '{script}'\n")
-        sh.expect("DELETED-2", timeout=300)
+        sh.send(f"{sys.executable} -m envvault guard {' '.join(options)} -- sh -c '{script}'\n")
+        sh.expect(shown, timeout=300)
         pid = int(guard_pid.read_text())
         sh.hang_up()
     deadline = time.monotonic() + 300
     while alive(pid):
         assert time.monotonic() < deadline, "guard still running"
         time.sleep(0.05)
-    assert pkg.is_dir()
+    return venv, vault
+
+
+def test_guard_rolls_back_after_the_terminal_hangs_up(tmp_path, make_venv, wheelhouse):
+    """An ssh session drops while a guarded command runs in an interactive bash: bash passes the SIGHUP on to
+    its job, guard and the command alike. The command dies of it (exit 129); guard goes on, takes its
+    snapshot, rolls back what the command had half done (a package deleted) and ends with the command's
+    exit code. Before, guard died with the command and the package stayed deleted."""
+    venv, vault = _guard_hung_up(tmp_path, make_venv, wheelhouse,
+                                 "echo $PPID > {pid}; rm -rf {pkg}; echo DELETED-$((1+1)); sleep 120", "DELETED-2")
+    assert (site_packages(venv) / "torchlike").is_dir()
     status = ev_json(vault, "status", "--venv", venv)
     assert status["empty"], status
     last = ev_json(vault, "list", "--all")["snapshots"]
     assert any("exit 129" in (s.get("message") or "") for s in last), last
 
 
-
 def test_a_hang_up_at_guard_s_question_is_no_answer_and_the_change_is_rolled_back(tmp_path, make_venv, wheelhouse):
     """Guard asks on the terminal whether to keep a change to a protected package (no plan showed it) and the
     connection drops while it waits: the read fails (EIO), which is no answer, so guard rolls the change back.
     Before, the failed read ended guard with a storage error (exit 6) and the package stayed deleted (helper 36)."""
-    venv = make_venv("venv")
-    pip_install(venv, *(str(wheelhouse[k]) for k in (C.TORCH_PLAIN_A, C.SERVING)))
-    vault = tmp_path / "vault"
-    env = guard_env(venv, vault, extra={"PYTHONPATH": str(ROOT)})
-    pkg = site_packages(venv) / "torchlike"
-    guard_pid = tmp_path / "guard.pid"
-    script = f"echo $PPID > {guard_pid}; rm -rf {pkg}"
-    with PtyShell(["/bin/bash", "--norc", "--noprofile", "-i"], env, cwd=tmp_path) as sh:
-        sh.expect("PTYSHELL")
-        sh.send(f"{sys.executable} -m envvault guard --protect torchlike -- sh -c '{script}'\n")
-        sh.expect(r"Keep this change\?", timeout=300)
-        pid = int(guard_pid.read_text())
-        sh.hang_up()
-    deadline = time.monotonic() + 300
-    while alive(pid):
-        assert time.monotonic() < deadline, "guard still running"
-        time.sleep(0.05)
-    assert pkg.is_dir()
+    venv, vault = _guard_hung_up(tmp_path, make_venv, wheelhouse, "echo $PPID > {pid}; rm -rf {pkg}",
+                                 r"Keep this change\?", "--protect", "torchlike")
+    assert (site_packages(venv) / "torchlike").is_dir()
     assert ev_json(vault, "status", "--venv", venv)["empty"]
 
 
