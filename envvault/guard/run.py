@@ -498,6 +498,8 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
             if left:
                 warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
             warnings += _remove_new_tops(tops, target, started)
+            if tops:  # (as for the new top-level names: not in a system environment)
+                warnings += _remove_strays(vault, before.snapshot, diff, target, started, list(tops))
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
                                 f"`{vault.command('status', '--against', before.id[:12])}` shows how")
@@ -625,6 +627,66 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
     if not removed:
         return []
     return [f"removed what the command left in site-packages that no package owns: {', '.join(removed)}"]
+
+
+def _remove_strays(vault: Vault, before: Snapshot, diff: DiffResult, target: Path, started: float,
+                   sites: list[Path]) -> list[str]:
+    """After a rollback: the files in the folders of the packages it put back (the ones the command changed or
+    removed, by the snapshot before it) that no installed distribution's RECORD lists and that were made since
+    the command started (ctime, ``_CTIME_SLACK``): what a pip killed mid-upgrade had written of the new version,
+    beside the old files the rollback put back. Then the folders among them left empty and made since.
+    Bytecode stays (Python passes over a ``.pyc`` whose source is gone), and so does every ``~`` name (pip's
+    copies of what it uninstalls); a symlink is removed, never followed.
+    The warning naming how many, or none."""
+    from envvault.env.dists import scan_dists
+    from envvault.model.identity import is_bytecode
+
+    names = {p.name for p in diff.removed} | {c.name for c in diff.changed}
+    folders: set[str] = set()  # each such package's top-level folders in a site folder, absolute
+    prefixes = [os.path.relpath(site, target).replace(os.sep, "/") + "/" for site in sites]
+    for pkg in before.packages:
+        if pkg.name not in names:
+            continue
+        try:
+            files = vault.load_manifest(pkg.manifest).files
+        except EnvvaultError:
+            continue
+        for f in files:
+            for site, prefix in zip(sites, prefixes):
+                rest = f.path[len(prefix):] if f.path.startswith(prefix) else None
+                if rest and "/" in rest and not rest.startswith(("..", "~")):
+                    folders.add(os.path.join(site, rest.split("/", 1)[0]))
+    if not folders:
+        return []
+    owned = {os.path.normpath(os.path.join(d.site, e.path)) for d in scan_dists(sites) for e in d.record or ()}
+    removed = 0
+    for folder in sorted(folders):
+        for root, dirs, files in os.walk(folder, topdown=False):
+            if any(part.startswith("~") for part in os.path.relpath(root, folder).split(os.sep)):
+                continue  # pip's copy of what it uninstalls: ``_remove_pip_stashes``'s (another pip's stays)
+            for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                if name.startswith("~"):
+                    continue
+                path = os.path.join(root, name)
+                rel = os.path.relpath(path, target).replace(os.sep, "/")
+                try:
+                    if (path in owned or is_bytecode(rel)
+                            or os.lstat(path).st_ctime < started - _CTIME_SLACK):
+                        continue
+                    os.unlink(path)
+                    removed += 1
+                except OSError:
+                    continue
+            if root != folder:
+                try:
+                    if os.lstat(root).st_ctime >= started - _CTIME_SLACK:
+                        os.rmdir(root)  # only when empty
+                except OSError:
+                    pass
+    if not removed:
+        return []
+    return [f"removed {removed} file(s) the command left in the folders of the packages put back that no "
+            f"package owns ({', '.join(sorted(os.path.relpath(f, target) for f in folders))})"]
 
 
 def _sites_guess(prefix: Path) -> list[Path]:
