@@ -667,7 +667,7 @@ def _remove_strays(vault: Vault, before: Snapshot, diff: DiffResult, target: Pat
             for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
                 if name.startswith("~"):
                     continue
-                path = os.path.join(root, name)
+                path = os.path.normpath(os.path.join(root, name))  # as ``owned`` spells it
                 rel = os.path.relpath(path, target).replace(os.sep, "/")
                 try:
                     if (path in owned or is_bytecode(rel)
