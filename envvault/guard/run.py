@@ -494,12 +494,13 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
             unwritten = _write_project_files(project_files)
             if unwritten:
                 warnings.append(f"could not put back {', '.join(unwritten)} as they were before the command")
-            left = _remove_pip_stashes(vault, before.snapshot, diff, target, started)
+            put_back = _put_back_paths(vault, before.snapshot, diff)
+            left = _remove_pip_stashes(put_back, target, started)
             if left:
                 warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
             warnings += _remove_new_tops(tops, target, started)
             if tops:  # (as for the new top-level names: not in a system environment)
-                warnings += _remove_strays(vault, before.snapshot, diff, target, started, list(tops))
+                warnings += _remove_strays(put_back, target, started, list(tops))
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
                                 f"`{vault.command('status', '--against', before.id[:12])}` shows how")
@@ -542,26 +543,33 @@ def is_pip_stash(stash: str, name: str) -> bool:
     return stash.endswith(name) and lead(stash[1:len(stash) - len(name)])
 
 
-def _remove_pip_stashes(vault: Vault, before: Snapshot, diff: DiffResult, target: Path, started: float) -> list[str]:
+def _put_back_paths(vault: Vault, before: Snapshot, diff: DiffResult) -> list[str]:
+    """The file paths (relative to the environment) of the packages a rollback put back: those the command
+    removed or changed, as the snapshot before it lists them (each manifest read once)."""
+    names = {p.name for p in diff.removed} | {c.name for c in diff.changed}
+    paths: list[str] = []
+    for pkg in before.packages:
+        if pkg.name in names:
+            try:
+                paths.extend(f.path for f in vault.load_manifest(pkg.manifest).files)
+            except EnvvaultError:
+                continue
+    return paths
+
+
+def _remove_pip_stashes(paths: list[str], target: Path, started: float) -> list[str]:
     """After a rollback: the folders a pip killed mid-uninstall left beside the folders it was removing
     (``torch`` -> ``~orch``, ``nvidia/cublas`` -> ``nvidia/~ublas``) removed, never followed through a
-    symlink: only those with pip's name for a folder of a package the command removed or changed (by the
-    snapshot before it), made since it started (their ctime, ``_CTIME_SLACK``). Their paths under ``target``."""
+    symlink: only those with pip's name for a folder of a package the command removed or changed (``paths``, its
+    files: ``_put_back_paths``), made since it started (their ctime, ``_CTIME_SLACK``). Their paths under
+    ``target``."""
     import shutil
 
-    names = {p.name for p in diff.removed} | {c.name for c in diff.changed}
     owned: dict[str, set[str]] = {}  # a folder (relative to target) -> names of the folders in it they own
-    for pkg in before.packages:
-        if pkg.name not in names:
-            continue
-        try:
-            files = vault.load_manifest(pkg.manifest).files
-        except EnvvaultError:
-            continue
-        for f in files:
-            parts = f.path.split("/")[:-1]
-            for depth in range(1, len(parts)):
-                owned.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
+    for path in paths:
+        parts = path.split("/")[:-1]
+        for depth in range(1, len(parts)):
+            owned.setdefault("/".join(parts[:depth]), set()).add(parts[depth])
     removed = []
     for folder, dirs in sorted(owned.items()):
         try:
@@ -629,10 +637,9 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
     return [f"removed what the command left in site-packages that no package owns: {', '.join(removed)}"]
 
 
-def _remove_strays(vault: Vault, before: Snapshot, diff: DiffResult, target: Path, started: float,
-                   sites: list[Path]) -> list[str]:
-    """After a rollback: the files in the folders of the packages it put back (the ones the command changed or
-    removed, by the snapshot before it) that no installed distribution's RECORD lists and that were made since
+def _remove_strays(paths: list[str], target: Path, started: float, sites: list[Path]) -> list[str]:
+    """After a rollback: the files in the folders of the packages it put back (``paths``, their files:
+    ``_put_back_paths``) that no installed distribution's RECORD lists and that were made since
     the command started (ctime, ``_CTIME_SLACK``): what a pip killed mid-upgrade had written of the new version,
     beside the old files the rollback put back. Then the folders among them left empty and made since.
     Bytecode stays (Python passes over a ``.pyc`` whose source is gone), and so does every ``~`` name (pip's
@@ -641,21 +648,13 @@ def _remove_strays(vault: Vault, before: Snapshot, diff: DiffResult, target: Pat
     from envvault.env.dists import scan_dists
     from envvault.model.identity import is_bytecode
 
-    names = {p.name for p in diff.removed} | {c.name for c in diff.changed}
     folders: set[str] = set()  # each such package's top-level folders in a site folder, absolute
     prefixes = [os.path.relpath(site, target).replace(os.sep, "/") + "/" for site in sites]
-    for pkg in before.packages:
-        if pkg.name not in names:
-            continue
-        try:
-            files = vault.load_manifest(pkg.manifest).files
-        except EnvvaultError:
-            continue
-        for f in files:
-            for site, prefix in zip(sites, prefixes):
-                rest = f.path[len(prefix):] if f.path.startswith(prefix) else None
-                if rest and "/" in rest and not rest.startswith(("..", "~")):
-                    folders.add(os.path.join(site, rest.split("/", 1)[0]))
+    for path in paths:
+        for site, prefix in zip(sites, prefixes):
+            rest = path[len(prefix):] if path.startswith(prefix) else None
+            if rest and "/" in rest and not rest.startswith(("..", "~")):
+                folders.add(os.path.join(site, rest.split("/", 1)[0]))
     if not folders:
         return []
     owned = {os.path.normpath(os.path.join(d.site, e.path)) for d in scan_dists(sites) for e in d.record or ()}
