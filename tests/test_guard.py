@@ -292,7 +292,7 @@ def test_a_rollback_removes_what_a_killed_install_left_that_no_package_owns(cu12
 def test_a_rollback_removes_what_a_killed_upgrade_wrote_beside_the_files_it_puts_back(cu128_pip_venv, tmp_path):
     """A pip killed mid-upgrade has moved the old package aside (``~orchlike``) and written part of the new one
     into a fresh ``torchlike/``: the rollback puts the old files back and removes the stash; the new version's
-    files no RECORD lists (a module, a subpackage) go too, and the subpackage's folder. A file no package owns
+    files no RECORD lists (a module, subpackages) go too, and the folders they leave empty. A file no package owns
     that was in the folder before the command stays, and so does bytecode."""
     venv = cu128_pip_venv
     site = site_packages(venv)
@@ -302,14 +302,16 @@ def test_a_rollback_removes_what_a_killed_upgrade_wrote_beside_the_files_it_puts
     env = guard_env(venv, tmp_path / "vault")
     killed_upgrade = (f"echo new > '{pkg}/newmod.py' && mkdir -p '{pkg}/newsub/__pycache__' "
                       f"&& echo z > '{pkg}/newsub/x.py' && echo c > '{pkg}/newsub/__pycache__/x.cpython-311.pyc' "
+                      f"&& mkdir -p '{pkg}/gone/deeper' && echo g > '{pkg}/gone/deeper/g.py' "
                       f"&& echo changed >> '{pkg}/__init__.py'; kill -KILL $$")
     proc, doc = _guard(env, "--yes", "--", "sh", "-c", killed_upgrade, json_out=True)
     assert proc.returncode == 137 and doc["outcome"] == "restored", proc.stderr
     assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
     assert not (pkg / "newmod.py").exists() and not (pkg / "newsub" / "x.py").exists()
     assert (pkg / "newsub" / "__pycache__" / "x.cpython-311.pyc").exists()  # bytecode stays
+    assert not (pkg / "gone").exists()  # folders the command made, left empty, go too
     assert (pkg / "user_notes.txt").read_text() == "mine\n"
-    line = [w for w in doc["warnings"] if w.startswith("removed 2 file(s) the command left in the folders")]
+    line = [w for w in doc["warnings"] if w.startswith("removed 3 file(s) the command left in the folders")]
     assert len(line) == 1, doc["warnings"]
     status = json.loads(run_envvault("status", "--venv", str(venv), "--json", env=env).stdout)
     assert status["empty"], status
