@@ -1084,3 +1084,18 @@ def test_ending_a_dry_run_ends_what_it_started(tmp_path):
     while alive(backend) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not alive(backend)
+
+
+def test_stray_removal_never_follows_a_package_folder_that_is_a_symlink(tmp_path):
+    """``_remove_strays`` walks the folders of the packages put back; one that is a symlink (here to a folder
+    outside the environment holding a file made just now that no RECORD lists) is passed over, never walked."""
+    from envvault.guard.run import _remove_strays
+
+    target, outside = tmp_path / "venv", tmp_path / "outside"
+    site = target / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "precious.txt").write_text("not the environment's\n")
+    (site / "pkg").symlink_to(outside)
+    got = _remove_strays(["lib/python3.11/site-packages/pkg/mod.py"], target, time.time() - 60, [site])
+    assert got == [] and (outside / "precious.txt").exists()

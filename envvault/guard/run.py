@@ -660,6 +660,8 @@ def _remove_strays(paths: list[str], target: Path, started: float, sites: list[P
     owned = {os.path.normpath(os.path.join(d.site, e.path)) for d in scan_dists(sites) for e in d.record or ()}
     removed = 0
     for folder in sorted(folders):
+        if os.path.islink(folder):  # os.walk would follow it, maybe out of the environment
+            continue
         for root, dirs, files in os.walk(folder, topdown=False):
             if any(part.startswith("~") for part in os.path.relpath(root, folder).split(os.sep)):
                 continue  # pip's copy of what it uninstalls: ``_remove_pip_stashes``'s (another pip's stays)
