@@ -727,3 +727,29 @@ def test_the_dry_run_counts_the_files_the_restore_removes(tmp_path, make_venv, w
     dry = ev(vault, "restore", sid, "--venv", venv, "--dry-run")
     res = ev_json(vault, "restore", sid, "--venv", venv)
     assert res["verified"] is True and f"remove {res['removed_files']} files," in dry.stdout, (dry.stdout, res)
+
+
+def test_real_numpy_linked_from_uvs_cache_comes_back_after_the_cache_is_pruned(tmp_path, make_venv):
+    """A real package installed the way ``uv pip install --link-mode symlink`` installs it (every file, its
+    extension modules and ``numpy.libs`` included, a link into uv's cache), from this machine's package index:
+    once ``uv cache clean`` removed what the links lead to, ``restore latest`` brings back a working numpy
+    from the snapshot alone, as regular files (before: the snapshot held links only and the restore refused
+    them)."""
+    venv = make_venv("uv")
+    cache = tmp_path / "uv-cache"
+    uv_install(venv, "--link-mode", "symlink", "numpy", index_url="file:///opt/pypi/simple", cache_dir=cache)
+    check = [str(python_of(venv)), "-c", "import numpy; print(numpy.arange(10).reshape(2, 5).sum(axis=0).tolist())"]
+    assert subprocess.run(check, capture_output=True, text=True).stdout.split() == ["[5,", "7,", "9,", "11,", "13]"]
+    linked = [p for p in site_packages(venv).rglob("*") if p.is_symlink()]
+    assert len(linked) > 100 and any(p.suffix == ".so" for p in linked)
+    vault = tmp_path / "vault"
+    snap = ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    assert not snap["warnings"], snap["warnings"]
+    from fixtures import find_uv
+
+    subprocess.run([find_uv(), "cache", "clean", "--cache-dir", str(cache)], check=True, capture_output=True)
+    assert subprocess.run(check, capture_output=True).returncode != 0
+    assert ev_json(vault, "restore", "latest", "--venv", venv)["verified"] is True
+    assert not any(p.is_symlink() for p in linked) and all(p.is_file() for p in linked)
+    assert subprocess.run(check, capture_output=True, text=True).stdout.split() == ["[5,", "7,", "9,", "11,", "13]"]
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True

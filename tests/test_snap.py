@@ -404,21 +404,75 @@ def test_a_snap_behind_a_held_vault_lock_says_it_waits(tmp_path, make_venv, whee
     assert "Traceback" not in err
 
 
-def test_files_linked_out_of_the_environment_are_named_at_snap(tmp_path, make_venv, wheelhouse):
-    """``uv pip install --link-mode symlink`` links every file from uv's cache: a snapshot records the links,
-    and a restore refuses to make links that lead out of its target (threat model). The snap said nothing;
-    the user learnt it when a guard's rollback failed (helper 29, defect 2). The snap now names them, once per
-    distribution, with the way out."""
-    from tests.evtools import ev
+def _links_of(venv: Path) -> list[Path]:
+    return [p for p in site_packages(venv).rglob("*") if p.is_symlink()]
+
+
+def test_files_linked_from_an_installers_cache_are_stored_and_restored_once_it_is_pruned(tmp_path, make_venv, wheelhouse):
+    """``uv pip install --link-mode symlink`` links every file, METADATA included, from uv's cache. A snapshot
+    recorded the links and stored no bytes; once the cache was pruned (``uv cache clean``) the package was
+    gone, ``status`` failed ("METADATA is missing") and a restore refused to make links out of the
+    environment: nothing could bring it back. A link to a file holding RECORD's bytes is now stored as that
+    file; a dist-info whose METADATA is gone while RECORD lists it is read by its folder's name; the restore
+    writes regular files and the package imports again."""
+    import shutil
+
+    from envvault.vault.store import Vault
 
     venv = make_venv("uv")
-    uv_install(venv, "--link-mode", "symlink", wheelhouse[C.SMALL_01], cache_dir=tmp_path / "uv-cache")
-    linked = [p for p in site_packages(venv).rglob("*") if p.is_symlink()]
-    assert linked and all(os.readlink(p).startswith("/") for p in linked)
-    proc = ev(tmp_path / "vault", "snap", "--no-caches", "--venv", venv)
+    cache = tmp_path / "uv-cache"
+    uv_install(venv, "--link-mode", "symlink", wheelhouse[C.SMALL_01], cache_dir=cache)
+    linked = _links_of(venv)
+    assert linked and all(os.readlink(p).startswith(str(cache)) for p in linked)
+    assert any(p.name == "METADATA" for p in linked)
+    vault = tmp_path / "vault"
+    doc = ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    assert not doc["warnings"], doc["warnings"]
+    man = Vault.open(vault).load_manifest(_pkg(ev_json(vault, "show", doc["id"]), "smallpkg")["manifest"])
+    by_path = {f.path: f for f in man.files}
+    for p in linked:
+        f = by_path[str(p.relative_to(venv))]
+        assert f.link is None and f.state == "ok" and f.chunks is not None and f.mode == p.stat().st_mode & 0o7777
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+    shutil.rmtree(cache)  # the cache pruned: every link dangles
+    assert not any(p.exists() for p in linked)
+    probe = [str(python_of(venv)), "-c", "import smallpkg; assert smallpkg.__file__"]  # (else a namespace package)
+    assert subprocess.run(probe, capture_output=True).returncode != 0
+    status = ev(vault, "status", "--venv", venv, "--exit-code", check=False)
+    assert status.returncode == 1 and "smallpkg" in status.stdout, status.stderr
+    done = ev_json(vault, "restore", "latest", "--venv", venv)
+    assert done["verified"] is True, done
+    assert not _links_of(venv) and all(p.is_file() for p in linked)
+    assert subprocess.run(probe, capture_output=True).returncode == 0
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+
+def test_a_link_out_of_the_environment_to_other_bytes_stays_a_link_its_bytes_never_stored(tmp_path, make_venv,
+                                                                                             wheelhouse):
+    """A package file a user replaced by a link leading out of the environment to other bytes (a secret, say)
+    is recorded as a link, named in one warning per distribution, and its bytes are not stored in the vault
+    (which may be shared): only a link to RECORD's own bytes is stored as a file."""
+    from envvault.model.encoding import object_id
+    from envvault.vault.store import Vault
+
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"not the package's bytes: a private key, say\n")
+    module = next(p for p in site_packages(venv).glob("smallpkg/*.py"))
+    module.unlink()
+    module.symlink_to(secret)
+    vault = tmp_path / "vault"
+    proc = ev(vault, "snap", "--no-caches", "--venv", venv)
     line = [ln for ln in proc.stderr.splitlines() if "symlinks that lead out of the environment" in ln]
-    assert len(line) == 1 and line[0].startswith("warning: smallpkg 0.1.0: ") and "--link-mode copy" in line[0], proc.stderr
-    assert f"{len(linked)} file(s)" in line[0]
+    assert len(line) == 1 and line[0].startswith("warning: smallpkg 0.1.0: 1 file(s)") and str(secret) in line[0]
+    sid = ev_json(vault, "list")["snapshots"][0]["id"]
+    v = Vault.open(vault)
+    man = v.load_manifest(_pkg(ev_json(vault, "show", sid), "smallpkg")["manifest"])
+    entry = next(f for f in man.files if f.path == str(module.relative_to(venv)))
+    assert entry.link == str(secret) and entry.state == "modified" and entry.chunks is None
+    assert not v.has(object_id(secret.read_bytes()))
     copied = make_venv("uv")
     uv_install(copied, wheelhouse[C.SMALL_01])
-    assert "lead out of" not in ev(tmp_path / "vault", "snap", "--no-caches", "--venv", copied).stderr
+    assert "lead out of" not in ev(vault, "snap", "--no-caches", "--venv", copied).stderr

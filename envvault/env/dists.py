@@ -98,19 +98,34 @@ def _entry_point_scripts(dist_info: Path) -> set[str]:
     return names
 
 
+def _named_by_folder(dist_info: Path) -> tuple[str, str]:
+    """The name and version a dist-info folder's name gives (``{name}-{version}.dist-info``, the wheel spec's
+    escaping), for a distribution whose METADATA is gone though its RECORD lists it: a file like any other
+    that a restore puts back (an installer's cache that METADATA was a symlink into, pruned: uv's
+    ``--link-mode symlink``). An EnvironmentProblem when the name gives none."""
+    name, sep, version = dist_info.name[: -len(".dist-info")].partition("-")
+    if not (sep and name and version) or "-" in version or not (name + version).isprintable():
+        raise _broken(dist_info, f"{dist_info}/METADATA is missing")
+    return name, version
+
+
 def read_dist(dist_info: Path, site: Path) -> InstalledDist:
-    """Parse one ``*.dist-info`` folder. Missing or garbled METADATA/RECORD is an EnvironmentProblem."""
+    """Parse one ``*.dist-info`` folder. Missing or garbled RECORD, or garbled METADATA, is an
+    EnvironmentProblem; a missing METADATA too, unless RECORD lists it (``_named_by_folder``)."""
     meta_text = _read_text(dist_info / "METADATA")
     if meta_text is None:
-        raise _broken(dist_info, f"{dist_info}/METADATA is missing")
-    headers = HeaderParser().parsestr(meta_text, headersonly=True)
-    name, version = headers.get("Name"), headers.get("Version")
-    if not name or not version or "\n" in name or "\n" in version:
-        raise _broken(dist_info, f"{dist_info}/METADATA is garbled (no Name or Version)")
+        name, version = _named_by_folder(dist_info)
+    else:
+        headers = HeaderParser().parsestr(meta_text, headersonly=True)
+        name, version = headers.get("Name"), headers.get("Version")
+        if not name or not version or "\n" in name or "\n" in version:
+            raise _broken(dist_info, f"{dist_info}/METADATA is garbled (no Name or Version)")
     record_text = _read_text(dist_info / "RECORD")
     if record_text is None:
         raise _broken(dist_info, f"{dist_info}/RECORD is missing, so the files of {name} are unknown")
     record = _parse_record(record_text, dist_info / "RECORD")
+    if meta_text is None and not any(r.path == f"{dist_info.name}/METADATA" for r in record):
+        raise _broken(dist_info, f"{dist_info}/METADATA is missing")  # and RECORD never listed it
     wheel: dict = {"tags": [], "build": None, "generator": None, "root_is_purelib": None}
     wheel_text = _read_text(dist_info / "WHEEL")
     if wheel_text:

@@ -42,8 +42,7 @@ def links_refused(backup: Snapshot, target: Path) -> tuple[str, ...]:
     cannot undo the restore (helper 34: a package file replaced by a link to /etc/passwd). Only the files the
     backup found modified are looked at, on disk, as the backup found them: no manifest is read on the
     restore's way. A link whose target holds the RECORD's bytes (an installer's symlink mode: ``uv
-    --link-mode symlink``) is not modified, so not seen here: such a backup is still offered as the undo and
-    refused when run (helper 37; the snap that first recorded those links warned of them)."""
+    --link-mode symlink``) is stored as that file (``snap/manifests.py``), so the backup can undo with it."""
     from envvault.model.paths import outward_links
 
     found = []

@@ -23,6 +23,7 @@ from envvault.model.identity import (
     state_id,
 )
 from envvault.model.manifest import FORMAT, DistManifest, FileEntry
+from envvault.model.paths import link_target_problem, outward_links
 from envvault.vault.fsutil import open_regular_fd
 from envvault.vault.ingest import Ingester
 from envvault.vault.statcache import StatCache, stat_key
@@ -139,10 +140,15 @@ class ManifestBuilder:
             return entry, None
         entry["mode"] = st.st_mode & 0o7777
         if statmod.S_ISLNK(st.st_mode):
-            entry["link"] = os.readlink(absolute)
+            link = os.readlink(absolute)
+            if rec.algo == "sha256" and rec.digest is not None and link_target_problem(rel, link) is not None:
+                planned = self._plan_linked_in(entry, rec, rel, absolute)
+                if planned is not None:
+                    return planned
+            entry["link"] = link
             followed = _link_state(entry, absolute, rec)
             if followed is not None:  # the stats of the file it leads to: what the stat cache group checks
-                self.cache.put_key(rel, followed[0], followed[1], None)
+                self.cache.put_key(rel, stat_key(followed[0]), followed[1], None)
             else:
                 self.cache.forget(rel)  # no group then (``scan.remember_group``)
             return entry, None
@@ -151,6 +157,35 @@ class ManifestBuilder:
             self._complete(entry, rec, st.st_size, hit[1], hit[2])
             return entry, None
         return entry, ReadRequest(self._base, rel, stat_key(st), entry, rec)
+
+    def _plan_linked_in(self, entry: dict, rec, rel: str, absolute: str) -> tuple[dict, ReadRequest | None] | None:
+        """A RECORD row that is a symlink leading out of the environment to a regular file holding the bytes
+        RECORD promises (an installer that links files from its cache: uv's ``--link-mode symlink``) is stored
+        as that file: its bytes and mode, no link (docs/format.md, "Distribution manifest"), so a restore
+        brings it back once the cache is pruned. Its stat key is the file's it leads to, as a link's is. None
+        for any other link (recorded as a link): its bytes are never stored, as they may be anyone's."""
+        try:
+            through = os.stat(absolute)
+        except OSError:
+            return None
+        if not statmod.S_ISREG(through.st_mode):
+            return None
+        hit = self.cache.lookup(rel, through)
+        if hit is not None and hit[1] == rec.digest and (self.mode == "check" or hit[2] is not None):
+            entry["mode"] = through.st_mode & 0o7777
+            self._complete(entry, rec, through.st_size, hit[1], hit[2])
+            return entry, None
+        probe = {"link": ""}
+        followed = _link_state(probe, absolute, rec)  # RECORD's bytes, checked before any is stored
+        if followed is None or probe["state"] != "ok":
+            return None
+        opened, sha = followed
+        entry["mode"] = opened.st_mode & 0o7777
+        if self.mode != "full":
+            self.cache.put_key(rel, stat_key(opened), sha, None)
+            self._complete(entry, rec, opened.st_size, sha, None)
+            return entry, None
+        return entry, ReadRequest(self._base, rel, stat_key(opened), entry, rec)
 
     def took(self, need: ReadRequest, fd) -> None:
         """Complete the entry of a file read for ``need`` (``fd``: the ingester's FileDigest)."""
@@ -280,18 +315,16 @@ class ManifestBuilder:
                 self.warnings.append(f"{dist.display}: RECORD {what}: {shown}")
 
     def _report_outward(self, dist: InstalledDist, files: list[FileEntry]) -> None:
-        """One warning for the files of ``dist`` that are symlinks leading out of the environment (an installer
-        that links files from its cache: uv's ``--link-mode symlink``, pdm's ``cache_method = "symlink"``): a
-        snapshot records the links, and a restore, which never creates a link out of its target (docs/format.md,
-        "Threat model"), refuses them; helper 29 found it out only when a rollback failed."""
-        from envvault.model.paths import outward_links
-
+        """One warning for the files of ``dist`` recorded as symlinks that lead out of the environment: links to
+        anything but a file holding RECORD's bytes (those are stored as files, ``_plan_linked_in``), such as a
+        file a user replaced by a link. A restore never creates a link out of its target (docs/format.md,
+        "Threat model") and refuses them; helper 29 found it out only when a rollback failed."""
         out = outward_links((f.path, f.link) for f in files)
         if out:
             shown = ", ".join(sorted(out)[:2]) + (f" and {len(out) - 2} more" if len(out) > 2 else "")
             self.warnings.append(f"{dist.display}: {len(out)} file(s) are symlinks that lead out of the environment "
-                                 f"({shown}); a restore will refuse to make them: install with copied files "
-                                 "(uv --link-mode copy; pdm install.cache_method copy)")
+                                 f"and not to the package's bytes (gone, or other bytes: {shown}); a restore will refuse to make "
+                                 "them: reinstall the package, or restore a snapshot that holds its files")
 
 
 def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
@@ -299,8 +332,8 @@ def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
     promises a file's bytes, so a row with a sha256 is ``ok`` only while the link leads to a regular file
     holding them; else ``modified``, its ``sha256`` that file's bytes' or, when the link leads to no regular
     file (dangling, a folder, a FIFO: never waited on), its own text's. A row without a sha256 is ``ok``.
-    Returns the stat key of the file read through the link (as opened) and its bytes' sha256, or None when
-    none was read."""
+    Returns the stat of the file read through the link (as opened) and its bytes' sha256, or None when none
+    was read."""
     if rec.algo != "sha256" or rec.digest is None:
         entry["state"] = "ok"
         return None
@@ -330,7 +363,7 @@ def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
         entry["state"] = "ok"
     else:
         entry.update(state="modified", sha256=sha, record_sha256=rec.digest)
-    return (stat_key(opened), sha) if fd is not None else None
+    return (opened, sha) if fd is not None else None
 
 
 def summary_of(man: DistManifest, oid: str) -> dict:

@@ -448,7 +448,11 @@ def remember_group(cache: StatCache, dist_info: Path, prefix: Path, man: DistMan
     key = dist_info.relative_to(prefix).as_posix()
     old = cache.groups.get(key) or {}
     record_stat = stat_key(os.stat(dist_info / "RECORD"))
-    meta_stat = stat_key(os.stat(dist_info / "METADATA"))
+    try:
+        meta_stat = stat_key(os.stat(dist_info / "METADATA"))
+    except FileNotFoundError:  # METADATA gone, RECORD listing it (``dists._named_by_folder``): no fast path
+        cache.drop_group(key)
+        return
     if mode == "lock":
         group = dict(old)
         group["lock"] = {"record_stat": record_stat, "meta_stat": meta_stat, "summary": summary}
