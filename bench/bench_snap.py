@@ -95,6 +95,33 @@ def measure(venv: Path, runs: int = 3) -> list[Figure]:
                    "<= 2x", 2.0, notes=f"first lock-only snap of this venv (no stat cache yet): {cold:.3f} s",
                    samples=lock_walls),
         ]
+        # -- the same packages installed as links into uv's cache (uv pip install --link-mode symlink) ------
+        # Each file a symlink out of the environment: the snap checks its bytes against RECORD before storing
+        # any (snap/manifests.py, _plan_linked_in), so it reads each file twice; the anchor follows the links.
+        wheels = work / "export.wheels"
+        run(envvault_cmd(vault, "export", "latest", "--venv", venv, "-o", work / "export"), env=env)
+        linked = work / "linkedvenv"
+        run([uv, "venv", "-q", "-p", venv / "bin" / "python", linked], env={**env, "UV_NO_CONFIG": "1"})
+        run([uv, "pip", "install", "-q", "--python", linked / "bin" / "python", "--no-index", "--no-deps",
+             "--find-links", wheels, "--link-mode", "symlink", "--cache-dir", work / "uvcache",
+             *sorted(wheels.glob("*.whl"))], env={**env, "UV_NO_CONFIG": "1"})
+        lsp = site_packages(linked)
+        ltar, lsnap = [], []
+        for i in range(runs):
+            out = work / "linked.tar.zst"
+            drop_dirty()
+            w, _ = timed(f"tar -chf - -C '{lsp}' . | zstd -T0 -3 -q -f -o '{out}'")
+            ltar.append(w)
+            out.unlink()
+            lvault = work / f"linkedvault{i}"
+            drop_dirty()
+            w, _ = timed(envvault_cmd(lvault, "snap", "--venv", linked, "--no-caches", "--json"), env=env)
+            lsnap.append(w)
+            shutil.rmtree(lvault)
+        figs.append(Figure("first full snap, the same packages as links into uv's cache: wall (s)", median(lsnap), "s",
+                           "tar -chf - (links followed) | zstd -T0 -3", median(ltar), "(no goal)", samples=lsnap,
+                           notes="uv pip install --link-mode symlink of the wheels `envvault export` rebuilt; each "
+                                 "file's bytes are checked against RECORD before any is stored, so each is read twice"))
         # -- after installing one small package ---------------------------------------------------------
         # a real small package from PyPI (or this machine's wheel cache): idna, about 70 KB as a wheel
         run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", work / "dl",

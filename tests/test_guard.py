@@ -289,6 +289,38 @@ def test_a_rollback_removes_what_a_killed_install_left_that_no_package_owns(cu12
     assert proc.returncode == 1 and (site / "halfpkg" / "sub" / "mod.py").exists()
 
 
+def test_a_failed_install_into_a_shared_folder_leaves_nothing_half_written_there(cu128_pip_venv, tmp_path):
+    """A pip killed installing a new ``nvidia-*`` package writes into ``nvidia/``, a folder other packages share
+    (no ``__init__.py``; CUDA 13 wheels all write into ``nvidia/cu13/lib``): not a new top-level name, so what
+    it wrote stayed, half written, with or without a rollback. What the failed command made in such a folder
+    that no RECORD lists now goes, and the folders it leaves empty; what was there before stays, and so does
+    bytecode, at the top (``__pycache__``) too."""
+    venv = cu128_pip_venv
+    site = site_packages(venv)
+    lib = site / "nvidialike" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libold.so").write_bytes(b"the user's")
+    (site / "regular").mkdir()
+    (site / "regular" / "__init__.py").write_text("")
+    time.sleep(1.1)  # older than the command by more than guard's ctime slack (1 s): it cannot be the command's
+    env = guard_env(venv, tmp_path / "vault")
+    half = (f"echo x > '{lib}/libnew.so' && mkdir -p '{lib.parent}/nvvm/bin' && echo n > '{lib.parent}/nvvm/bin/cicc' "
+            f"&& mkdir -p '{site}/__pycache__' && echo z > '{site}/__pycache__/m.cpython-311.pyc' "
+            f"&& echo w > '{site}/regular/new.py'")
+    for script, outcome in ((f"{half}; exit 137", "failed"), (f"{half} && rm -rf '{site}/torchlike'; exit 137", "restored")):
+        proc, doc = _guard(env, "--", "sh", "-c", script, json_out=True)
+        assert proc.returncode == 137 and doc["outcome"] == outcome, proc.stderr
+        assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
+        assert not (lib / "libnew.so").exists() and not (lib.parent / "nvvm").exists()
+        assert (lib / "libold.so").read_bytes() == b"the user's"
+        assert (site / "__pycache__" / "m.cpython-311.pyc").exists()
+        assert (site / "regular" / "new.py").exists()  # a package's own folder, not one put back: not looked into
+        line = [w for w in doc["warnings"] if w.startswith("removed 2 file(s) the command left in the folders")]
+        assert len(line) == 1 and "site-packages/nvidialike" in line[0], doc["warnings"]
+        assert not any("__pycache__" in w for w in doc["warnings"]), doc["warnings"]
+        (site / "regular" / "new.py").unlink()
+
+
 def test_a_rollback_removes_what_a_killed_upgrade_wrote_beside_the_files_it_puts_back(cu128_pip_venv, tmp_path):
     """A pip killed mid-upgrade has moved the old package aside (``~orchlike``) and written part of the new one
     into a fresh ``torchlike/``: the rollback puts the old files back and removes the stash; the new version's

@@ -404,6 +404,34 @@ def test_a_snap_behind_a_held_vault_lock_says_it_waits(tmp_path, make_venv, whee
     assert "Traceback" not in err
 
 
+def test_a_dist_info_without_its_metadata_is_read_by_its_folder_name_only_while_record_lists_it(tmp_path, make_venv,
+                                                                                                  wheelhouse):
+    """METADATA gone, RECORD listing it (an installer's cache it linked into, pruned): the distribution is
+    the one its folder names, its METADATA a missing file that ``status`` shows and a restore writes back
+    (before: every command failed, "METADATA is missing"). A METADATA RECORD never listed, or a folder name
+    that names no version, is still refused in one line."""
+    venv = make_venv("uv")
+    uv_install(venv, str(wheelhouse[C.SMALL_01]))
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    di = next(site_packages(venv).glob("smallpkg-*.dist-info"))
+    meta = (di / "METADATA").read_bytes()
+    (di / "METADATA").unlink()
+    status = ev_json(vault, "status", "--venv", venv)
+    assert status["empty"] is False and "smallpkg" in json.dumps(status), status
+    assert f"{di.name}/METADATA" in json.dumps(status)
+    assert ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")["verified"] is True
+    assert (di / "METADATA").read_bytes() == meta
+    record = (di / "RECORD").read_text()
+    (di / "METADATA").unlink()
+    (di / "RECORD").write_text("".join(ln for ln in record.splitlines(keepends=True) if "/METADATA," not in ln))
+    assert_one_line_error(ev(vault, "snap", "--venv", venv, check=False), f"{di}/METADATA is missing")
+    (di / "RECORD").write_text(record)
+    odd = di.with_name("smallpkg.dist-info")
+    di.rename(odd)
+    assert_one_line_error(ev(vault, "snap", "--venv", venv, check=False), f"{odd}/METADATA is missing")
+
+
 def _links_of(venv: Path) -> list[Path]:
     return [p for p in site_packages(venv).rglob("*") if p.is_symlink()]
 

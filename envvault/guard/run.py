@@ -476,6 +476,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
     if rc != 0 and options.restore and diff.environment_empty:
         # No package changed, but a pip killed mid-install may have written one's files without its dist-info
         warnings += _remove_new_tops(tops, target, started)
+        warnings += _remove_strays([], target, started, sites, _shared_folders(tops))
     if undo and options.restore:
         t = time.monotonic()
         try:
@@ -500,7 +501,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
                 warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
             warnings += _remove_new_tops(tops, target, started)
             if tops:  # (as for the new top-level names: not in a system environment)
-                warnings += _remove_strays(put_back, target, started, list(tops))
+                warnings += _remove_strays(put_back, target, started, sites, _shared_folders(tops))
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
                                 f"`{vault.command('status', '--against', before.id[:12])}` shows how")
@@ -603,6 +604,22 @@ def _top_entries(sites: list[Path]) -> dict[Path, set[str]]:
     return tops
 
 
+def _shared_folders(tops: dict[Path, set[str]]) -> list[str]:
+    """The folders at the top of a site folder, there before the command (``tops``), that packages share:
+    no ``__init__.py`` at their top (a namespace such as ``nvidia/``, whose CUDA 13 wheels all write into
+    ``nvidia/cu13/lib``, or a ``numpy.libs``); never a dist-info folder, a ``~`` name, ``__pycache__`` or a
+    symlink. A pip killed installing a new ``nvidia-*`` package leaves its files there, not at the top."""
+    shared = []
+    for site, names in tops.items():
+        for name in sorted(names):
+            if name.startswith("~") or name == "__pycache__" or name.endswith((".dist-info", ".egg-info", ".data")):
+                continue
+            path = os.path.join(site, name)
+            if os.path.isdir(path) and not os.path.islink(path) and not os.path.lexists(os.path.join(path, "__init__.py")):
+                shared.append(path)
+    return shared
+
+
 def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -> list[str]:
     """After a failed command (rolled back, or one that changed no package): what it made at the top of a site
     folder that is still there, none of it owned by a package of the state put back (a rollback makes nothing
@@ -610,7 +627,8 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
     its dist-info, which imports broken: helpers 36, 37). Only names not listed before the command ran
     (``tops``) and made since it started (their ctime, ``_CTIME_SLACK``), never followed through a symlink;
     never a ``~`` name: pip's copy of a package it uninstalls, which only ``_remove_pip_stashes`` removes, and
-    only for a package the command changed (another pip's is that pip's way back).
+    only for a package the command changed (another pip's is that pip's way back); never ``__pycache__``
+    (bytecode Python wrote while the command imported, as ``_remove_strays`` keeps it).
     The warning naming them (their paths under ``target``), or none."""
     import shutil
 
@@ -618,7 +636,7 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
     for site, before in tops.items():
         try:
             with os.scandir(site) as it:
-                found = [e for e in it if e.name not in before and not e.name.startswith("~")]
+                found = [e for e in it if e.name not in before and not e.name.startswith("~") and e.name != "__pycache__"]
         except OSError:
             continue
         for e in sorted(found, key=lambda e: e.name):
@@ -637,57 +655,74 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
     return [f"removed what the command left in site-packages that no package owns: {', '.join(removed)}"]
 
 
-def _remove_strays(paths: list[str], target: Path, started: float, sites: list[Path]) -> list[str]:
-    """After a rollback: the files in the folders of the packages it put back (``paths``, their files:
-    ``_put_back_paths``) that no installed distribution's RECORD lists and that were made since
-    the command started (ctime, ``_CTIME_SLACK``): what a pip killed mid-upgrade had written of the new version,
-    beside the old files the rollback put back. Then the folders among them left empty and made since.
+def _remove_strays(paths: list[str], target: Path, started: float, sites: list[Path],
+                   shared: list[str] = ()) -> list[str]:
+    """After a failed command: the files in the folders of the packages a rollback put back (``paths``, their
+    files: ``_put_back_paths``) and in the folders packages share (``shared``: ``_shared_folders``) that no
+    installed distribution's RECORD lists and that were made since the command started (ctime,
+    ``_CTIME_SLACK``): what a pip killed mid-upgrade had written of the new version beside the old files the
+    rollback put back, or a pip killed installing a new ``nvidia-*`` package into ``nvidia/cu13/lib``. Then
+    the folders among them left empty and made since. Only folders something was made in since are looked
+    into (a file made there moves its folder's ctime), and RECORDs are read only when a file is found.
     Bytecode stays (Python passes over a ``.pyc`` whose source is gone), and so does every ``~`` name (pip's
     copies of what it uninstalls); a symlink is removed, never followed.
     The warning naming how many, or none."""
-    from envvault.env.dists import scan_dists
     from envvault.model.identity import is_bytecode
 
-    folders: set[str] = set()  # each such package's top-level folders in a site folder, absolute
+    folders: set[str] = set(shared)  # each folder to look into, absolute
     prefixes = [os.path.relpath(site, target).replace(os.sep, "/") + "/" for site in sites]
     for path in paths:
         for site, prefix in zip(sites, prefixes):
             rest = path[len(prefix):] if path.startswith(prefix) else None
             if rest and "/" in rest and not rest.startswith(("..", "~")):
                 folders.add(os.path.join(site, rest.split("/", 1)[0]))
-    if not folders:
-        return []
-    owned = {os.path.normpath(os.path.join(d.site, e.path)) for d in scan_dists(sites) for e in d.record or ()}
-    removed = 0
+    since = started - _CTIME_SLACK
+    found, made_dirs = [], []  # files made since the command started; folders, deepest first
     for folder in sorted(folders):
         if os.path.islink(folder):  # os.walk would follow it, maybe out of the environment
             continue
         for root, dirs, files in os.walk(folder, topdown=False):
             if any(part.startswith("~") for part in os.path.relpath(root, folder).split(os.sep)):
                 continue  # pip's copy of what it uninstalls: ``_remove_pip_stashes``'s (another pip's stays)
+            try:
+                if os.lstat(root).st_ctime < since:
+                    continue  # nothing made in it since the command started
+            except OSError:
+                continue
             for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-                if name.startswith("~"):
+                path = os.path.normpath(os.path.join(root, name))
+                if name.startswith("~") or is_bytecode(path):
                     continue
-                path = os.path.normpath(os.path.join(root, name))  # as ``owned`` spells it
-                rel = os.path.relpath(path, target).replace(os.sep, "/")
                 try:
-                    if (path in owned or is_bytecode(rel)
-                            or os.lstat(path).st_ctime < started - _CTIME_SLACK):
-                        continue
-                    os.unlink(path)
-                    removed += 1
+                    if os.lstat(path).st_ctime >= since:
+                        found.append(path)
                 except OSError:
                     continue
             if root != folder:
-                try:
-                    if os.lstat(root).st_ctime >= started - _CTIME_SLACK:
-                        os.rmdir(root)  # only when empty
-                except OSError:
-                    pass
+                made_dirs.append(root)
+    removed = 0
+    if found:
+        from envvault.env.dists import scan_dists
+
+        owned = {os.path.normpath(os.path.join(d.site, e.path)) for d in scan_dists(sites) for e in d.record or ()}
+        for path in found:
+            if path in owned:
+                continue
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                continue
+    for root in made_dirs:
+        try:
+            os.rmdir(root)  # only when empty (its ctime was looked at: made in since the command started)
+        except OSError:
+            pass
     if not removed:
         return []
-    return [f"removed {removed} file(s) the command left in the folders of the packages put back that no "
-            f"package owns ({', '.join(sorted(os.path.relpath(f, target) for f in folders))})"]
+    where = sorted({os.path.relpath(f, target) for f in folders if any(p.startswith(f + os.sep) for p in found)})
+    return [f"removed {removed} file(s) the command left in the folders of the packages put back or shared by "
+            f"packages that no package owns ({', '.join(where)})"]
 
 
 def _sites_guess(prefix: Path) -> list[Path]:
