@@ -310,8 +310,9 @@ def _change(o: PackageSummary, n: PackageSummary, vault) -> PackageChange:
     else:
         missing, put_back = sorted(set(n.missing) - set(o.missing)), sorted(set(o.missing) - set(n.missing))
     # A mode change is one of a file both sides hold: another version or build is a change of its own (the
-    # files of one version only are not "gained or lost the execute bit"), a missing file has no mode.
-    gone = set(o.missing) | set(n.missing)
+    # files of one version only are not "gained or lost the execute bit"), a missing file has no mode, and an
+    # edited one is named as edited (a link whose target was pruned, say: it holds no execute bit, helper 38).
+    gone = set(o.missing) | set(n.missing) | set(modified)
     modes = () if build_changed or ov != nv else tuple(f for f in exec_change(o, n) if f not in gone)
     if kind == "edited" and modes and not modified and not missing and not put_back:
         kind = "mode"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import catalogue as C
-from fixtures import pip_install, python_of, site_packages, uv_install, uv_pip
+from fixtures import build_wheel, pip_install, python_of, site_packages, uv_install, uv_pip
 from tests.evtools import assert_one_line_error, behind_a_gc, ev, ev_env, ev_json, mounted
 
 
@@ -427,9 +427,30 @@ def test_a_dist_info_without_its_metadata_is_read_by_its_folder_name_only_while_
     (di / "RECORD").write_text("".join(ln for ln in record.splitlines(keepends=True) if "/METADATA," not in ln))
     assert_one_line_error(ev(vault, "snap", "--venv", venv, check=False), f"{di}/METADATA is missing")
     (di / "RECORD").write_text(record)
-    odd = di.with_name("smallpkg.dist-info")
-    di.rename(odd)
-    assert_one_line_error(ev(vault, "snap", "--venv", venv, check=False), f"{odd}/METADATA is missing")
+    for odd in ("smallpkg.dist-info", "smallpkg- .dist-info", "..-1.dist-info", "smallpkg-1 x.dist-info"):
+        # names that give no name and version (helper 38: '' and '-' did), RECORD listing the folder's METADATA
+        text = (di / "RECORD").read_text().replace(f"{di.name}/", f"{odd}/")
+        di = di.rename(di.with_name(odd))
+        (di / "RECORD").write_text(text)
+        assert f"{odd}/METADATA," in text
+        assert_one_line_error(ev(vault, "snap", "--venv", venv, check=False), f"{di}/METADATA is missing")
+
+
+def test_a_dist_info_folder_whose_name_is_not_utf8_is_left_out_with_a_warning(tmp_path, make_venv, wheelhouse):
+    """A dist-info folder named with bytes that are not UTF-8 (helper 38): the snap ended in "internal error:
+    UnicodeEncodeError" (a warning naming it could not be written into the snapshot). It is left out with a
+    warning, written as typed (``\\xff``); the rest of the environment snaps and restores."""
+    venv = make_venv("uv")
+    uv_install(venv, str(wheelhouse[C.SMALL_01]))
+    di = next(site_packages(venv).glob("smallpkg-*.dist-info"))
+    odd = os.fsencode(di.with_name("smallpkg-1.0")) + b"\xff.dist-info"
+    os.rename(os.fsencode(di), odd)
+    vault = tmp_path / "vault"
+    doc = ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    line = [w for w in doc["warnings"] if "not UTF-8 text" in w]
+    assert len(line) == 1 and "smallpkg-1.0\\xff.dist-info" in line[0], doc["warnings"]
+    assert "smallpkg" not in [p["name"] for p in ev_json(vault, "show", doc["id"])["packages"]]
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
 
 
 def _links_of(venv: Path) -> list[Path]:
@@ -474,6 +495,78 @@ def test_files_linked_from_an_installers_cache_are_stored_and_restored_once_it_i
     assert not _links_of(venv) and all(p.is_file() for p in linked)
     assert subprocess.run(probe, capture_output=True).returncode == 0
     assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+
+def _all_object_bytes(vault: Path) -> list[bytes]:
+    from envvault.vault.store import Vault
+
+    v = Vault.open(vault)
+    return [bytes(v.get(oid)) for oid in v.index()]
+
+
+_RACE = """
+import os, sys
+from envvault.snap import manifests as M
+link, secret = sys.argv[2], sys.argv[3]
+checked = M.ManifestBuilder._plan_linked_in
+def then_retarget(self, entry, rec, rel, absolute):
+    got = checked(self, entry, rec, rel, absolute)
+    if absolute == link:  # another process retargets the link once its bytes were checked
+        os.symlink(secret, link + ".new")
+        os.replace(link + ".new", link)
+    return got
+M.ManifestBuilder._plan_linked_in = then_retarget
+from envvault.entry import main
+sys.argv = ["envvault", "snap", "--no-caches", "--venv", sys.argv[1]]
+main()
+"""
+
+
+def test_a_linked_files_check_and_its_stored_bytes_are_one_file(tmp_path, make_venv):
+    """Attacks on a link out of the environment stored as its bytes (helper 38): a RECORD row of an empty file
+    linked to ``/proc/self/environ`` (its size says 0: the check read no byte and passed, then the read that
+    stored it took the process's environment, a token with it, into the vault); a link retargeted to a secret
+    between the check of its bytes and the read that stores them (the read opened the path again). Now the
+    check reads exactly RECORD's size and wants the file to end there, and the storing read takes only the file
+    whose stat key was checked: the snap records the first as a link and refuses the second; neither secret
+    reaches the vault."""
+    from envvault.vault.store import Vault
+
+    wheels = tmp_path / "wheels"
+    big = os.urandom(3 << 20)  # a large file too: cut in chunks, read through a buffered stream
+    build_wheel(wheels, "linky", "1.0", {"linky/__init__.py": b"X = 1\n", "linky/py.typed": b"",
+                                         "linky/mod.py": b"Y = 2\n" * 1000, "linky/blob.bin": big})
+    venv = make_venv("uv")
+    cache = tmp_path / "uv-cache"
+    uv_install(venv, "--link-mode", "symlink", "linky", find_links=[wheels], cache_dir=cache)
+    pkg = site_packages(venv) / "linky"
+    (pkg / "py.typed").unlink()
+    (pkg / "py.typed").symlink_to("/proc/self/environ")
+    vault = tmp_path / "vault"
+    token = "envvault-test-token-5d1c"
+    doc = json.loads(ev(vault, "snap", "--no-caches", "--json", "--venv", venv,
+                        env=ev_env(vault, SECRET_TOKEN=token)).stdout)
+    assert any("py.typed -> /proc/self/environ" in w for w in doc["warnings"]), doc["warnings"]
+    man = Vault.open(vault).load_manifest(_pkg(ev_json(vault, "show", doc["id"]), "linky")["manifest"])
+    entry = next(f for f in man.files if f.path.endswith("linky/py.typed"))
+    assert entry.link == "/proc/self/environ" and entry.chunks is None
+    blob = next(f for f in man.files if f.path.endswith("linky/blob.bin"))
+    assert blob.link is None and blob.state == "ok" and len(blob.chunks) > 1
+    assert not any(token.encode() in data for data in _all_object_bytes(vault))
+
+    secret = tmp_path / "id_rsa"
+    secret.write_bytes(b"-----BEGIN PRIVATE KEY----- envvault-test-secret\n" * 50)
+    for name in ("mod.py", "blob.bin"):  # a small file, a large one
+        other = make_venv("uv")
+        uv_install(other, "--link-mode", "symlink", "linky", find_links=[wheels], cache_dir=cache)
+        link = site_packages(other) / "linky" / name
+        race_vault = tmp_path / f"race-{name}"
+        proc = subprocess.run([sys.executable, "-c", _RACE, str(other), str(link), str(secret)],
+                              env=ev_env(race_vault), capture_output=True, text=True)
+        assert os.readlink(link) == str(secret)  # the retarget happened
+        assert proc.returncode == 7 and "changed while it was being read" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not any(b"envvault-test-secret" in data for data in _all_object_bytes(race_vault))
 
 
 def test_a_link_out_of_the_environment_to_other_bytes_stays_a_link_its_bytes_never_stored(tmp_path, make_venv,

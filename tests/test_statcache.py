@@ -80,7 +80,7 @@ def test_groups_are_stored_packed_and_read_back(tmp_path):
     assert raw.startswith(GROUPS_MAGIC)
     size = int.from_bytes(raw[len(GROUPS_MAGIC):len(GROUPS_MAGIC) + 4], "big")
     header = json.loads(raw[len(GROUPS_MAGIC) + 4:len(GROUPS_MAGIC) + 4 + size])
-    assert header["version"] == 8  # 8: links' stats are what they lead to (7's groups are not read: stale)
+    assert header["version"] == 9  # 9: links out to RECORD's bytes stored as files (8's and 7's groups are not read)
     plain, odd = header["groups"]["plain"], header["groups"]["odd"]
     # the packed group: its paths and stats after the header, no JSON string of them
     assert "files" not in plain and plain["packed"] == [len("a.py\nsub dir/b.so\nc,d.txt"), 3]
@@ -120,6 +120,24 @@ def test_a_stat_cache_whose_extra_is_not_an_object_is_ignored(tmp_path):
     groups.write_bytes(encode_groups_file({"version": StatCache.GROUPS_VERSION, "tool": __version__, "extra": []}, {}))
     result = take_cache_snapshot(vault, extra_dirs=[cache], discover=False, argv=["t"])
     assert result.snapshot.stats.files == 1
+
+
+def test_a_groups_file_of_an_older_version_is_not_read(tmp_path):
+    """A version 8 groups file holds manifests that recorded links out of the environment which a scan now
+    stores as the files they lead to (a uv ``--link-mode symlink`` install): reused, the next snapshot would
+    still hold no bytes of them (helper 38). It is not read: the groups are built again."""
+    from envvault import __version__
+    from envvault.vault.statcache import StatCache, encode_groups_file
+
+    path = tmp_path / "state" / "stat-x"
+    path.parent.mkdir(parents=True)
+    group = {"record_stat": [1, 2, 3, 4], "meta_stat": [1, 2, 3, 4], "files": [], "stats": [], "missing": [],
+             "summary": {}, "manifest_full": "0" * 64}
+    for version, read in ((StatCache.GROUPS_VERSION - 1, False), (StatCache.GROUPS_VERSION, True)):
+        path.with_name("stat-x.groups.bin").write_bytes(
+            encode_groups_file({"version": version, "tool": __version__, "extra": {}}, {"a.dist-info": group}))
+        assert ("a.dist-info" in StatCache(path).groups) is read
+    assert StatCache.GROUPS_VERSION == 9
 
 
 def test_a_garbled_groups_file_is_an_empty_cache_never_an_error(tmp_path):

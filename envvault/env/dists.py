@@ -98,13 +98,18 @@ def _entry_point_scripts(dist_info: Path) -> set[str]:
     return names
 
 
+# A dist-info folder's name as installers write it (the wheel spec's escaping: ``-`` in neither part)
+_FOLDER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?", re.ASCII)
+_FOLDER_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.!+_]*", re.ASCII)
+
+
 def _named_by_folder(dist_info: Path) -> tuple[str, str]:
     """The name and version a dist-info folder's name gives (``{name}-{version}.dist-info``, the wheel spec's
     escaping), for a distribution whose METADATA is gone though its RECORD lists it: a file like any other
     that a restore puts back (an installer's cache that METADATA was a symlink into, pruned: uv's
     ``--link-mode symlink``). An EnvironmentProblem when the name gives none."""
     name, sep, version = dist_info.name[: -len(".dist-info")].partition("-")
-    if not (sep and name and version) or "-" in version or not (name + version).isprintable():
+    if not (sep and _FOLDER_NAME.fullmatch(name) and _FOLDER_VERSION.fullmatch(version)):
         raise _broken(dist_info, f"{dist_info}/METADATA is missing")
     return name, version
 

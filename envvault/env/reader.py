@@ -44,7 +44,7 @@ class EnvironmentReader(Protocol):
 
     kind: str  # "venv" or "system"
     prefix: Path  # as given (paths in a snapshot are relative to it)
-    stashed: list[Path]  # the pip stashes the last ``dist_entries`` passed over (``env/entries.entry_kind``)
+    stashed: list[Path]  # the entries the last ``dist_entries`` passed over: pip stashes, names not UTF-8 (``entries.entry_kind``)
 
     def interpreter(self) -> Interpreter:
         """Identity and install paths, from the environment's own interpreter (memoised)."""
@@ -56,7 +56,7 @@ class EnvironmentReader(Protocol):
 
     def dist_entries(self) -> list[tuple[Path, Path]]:
         """``(entry, site)`` for every distribution entry of ``site_dirs`` (``env/entries.entry_kind`` "dist"), sorted by
-        entry name; the pip stashes passed over are kept in ``stashed``."""
+        entry name; the entries passed over are kept in ``stashed``."""
         ...
 
     def read(self, entry: Path, site: Path) -> InstalledDist | None:

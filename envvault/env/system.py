@@ -149,7 +149,7 @@ class SystemReader:
             entries.sort(key=lambda e: (not e.name.endswith(".dist-info"), e.name))
             for entry in entries:
                 kind = entry_kind(entry.name)
-                if kind == "stash":
+                if kind in ("stash", "unnamed"):
                     self.stashed.append(Path(entry.path))
                 if kind != "dist":
                     continue

@@ -115,7 +115,7 @@ class VenvReader:
                 kind = entry_kind(entry.name)
                 if kind == "dist":
                     out.append((Path(entry.path), site))
-                elif kind == "stash":
+                elif kind in ("stash", "unnamed"):
                     self.stashed.append(Path(entry.path))
         out.sort(key=lambda t: t[0].name)
         return out

@@ -553,7 +553,7 @@ def build_snapshot(*, kind: str = "snapshot", created: str, message: str, trigge
         "format": FORMAT, "kind": kind, "created": created, "message": recordable(message), "trigger": trigger,
         "argv": [recordable(a) for a in argv], "venv": venv, "lock_only": lock_only, "python": plain(python),
         "host": plain(host), "env": {k: recordable(v) for k, v in env.items()}, "packages": plain(packages), "caches": plain(caches), "fingerprint": fingerprint,
-        "warnings": list(warnings), "stats": plain(stats), "tool": plain(tool),
+        "warnings": [recordable(w) for w in warnings], "stats": plain(stats), "tool": plain(tool),
     }
     if extra:
         doc.update(plain(extra))

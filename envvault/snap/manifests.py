@@ -50,6 +50,12 @@ class ReadRequest:
     key: list  # [st_size, st_mtime_ns, st_ino, st_ctime_ns]
     entry: dict
     rec: object
+    pinned: bool = False  # a link out whose bytes were checked: read only the file of ``key`` (``expect``)
+
+    @property
+    def expect(self) -> list | None:
+        """The stat key the file read must have (``Ingester.ingest``), or None: any file at the path."""
+        return self.key if self.pinned else None
 
     @property
     def absolute(self) -> str:
@@ -92,7 +98,7 @@ class ManifestBuilder:
         """One RECORD row's manifest entry, the file read on this thread when the stat cache misses."""
         entry, need = self.plan_entry(dist, rec)
         if need is not None:
-            fd = self.ing.ingest(need.absolute, need.size)
+            fd = self.ing.ingest(need.absolute, need.size, expect=need.expect)
             self.took(need, fd)
         return entry
 
@@ -162,30 +168,41 @@ class ManifestBuilder:
         """A RECORD row that is a symlink leading out of the environment to a regular file holding the bytes
         RECORD promises (an installer that links files from its cache: uv's ``--link-mode symlink``) is stored
         as that file: its bytes and mode, no link (docs/format.md, "Distribution manifest"), so a restore
-        brings it back once the cache is pruned. Its stat key is the file's it leads to, as a link's is. None
-        for any other link (recorded as a link): its bytes are never stored, as they may be anyone's."""
+        brings it back once the cache is pruned. Its size must be RECORD's and its bytes, exactly that many and
+        no more (a ``/proc`` file says size 0), hash to RECORD's sha256; the read that stores them then takes
+        only the file of that stat key (``ReadRequest.pinned``), so a link retargeted meanwhile gives nothing
+        else. Its stat key is the file's it leads to, as a link's is. None for any other link (recorded as a
+        link): its bytes are never stored, as they may be anyone's."""
         try:
-            through = os.stat(absolute)
+            fd = open_regular_fd(absolute)  # the link followed; a FIFO or a device is not opened
         except OSError:
             return None
-        if not statmod.S_ISREG(through.st_mode):
+        if fd is None:
             return None
-        hit = self.cache.lookup(rel, through)
-        if hit is not None and hit[1] == rec.digest and (self.mode == "check" or hit[2] is not None):
-            entry["mode"] = through.st_mode & 0o7777
-            self._complete(entry, rec, through.st_size, hit[1], hit[2])
-            return entry, None
-        probe = {"link": ""}
-        followed = _link_state(probe, absolute, rec)  # RECORD's bytes, checked before any is stored
-        if followed is None or probe["state"] != "ok":
+        try:
+            opened = os.fstat(fd)
+            size = opened.st_size
+            if rec.size is not None and rec.size != size:
+                return None
+            hit = self.cache.lookup(rel, opened)
+            if not (hit is not None and hit[1] == rec.digest and (self.mode == "check" or hit[2] is not None)):
+                if _sha_exactly(fd, size) != rec.digest or os.read(fd, 1):
+                    return None
+                hit = None
+        except OSError:
             return None
-        opened, sha = followed
+        finally:
+            os.close(fd)
         entry["mode"] = opened.st_mode & 0o7777
-        if self.mode != "full":
-            self.cache.put_key(rel, stat_key(opened), sha, None)
-            self._complete(entry, rec, opened.st_size, sha, None)
+        if hit is not None:
+            self._complete(entry, rec, size, hit[1], hit[2])
             return entry, None
-        return entry, ReadRequest(self._base, rel, stat_key(opened), entry, rec)
+        need = ReadRequest(self._base, rel, stat_key(opened), entry, rec, pinned=True)
+        if self.mode != "full":
+            self.cache.put_key(rel, need.key, rec.digest, None)
+            self._complete(entry, rec, size, rec.digest, None)
+            return entry, None
+        return entry, need
 
     def took(self, need: ReadRequest, fd) -> None:
         """Complete the entry of a file read for ``need`` (``fd``: the ingester's FileDigest)."""
@@ -222,7 +239,7 @@ class ManifestBuilder:
         """The manifest of ``dist``, its files read on this thread."""
         plan = self.plan(dist)
         for need in plan.reads:
-            self.took(need, self.ing.ingest(need.absolute, need.size))
+            self.took(need, self.ing.ingest(need.absolute, need.size, expect=need.expect))
         return self.finish(plan)
 
     def finish(self, plan: DistPlan) -> DistManifest:
@@ -327,11 +344,29 @@ class ManifestBuilder:
                                  "them: reinstall the package, or restore a snapshot that holds its files")
 
 
+def _sha_exactly(fd: int, size: int) -> str | None:
+    """RECORD's form of the sha256 of the next ``size`` bytes of the open file ``fd``; None when it ends
+    before them."""
+    import hashlib
+
+    from envvault.model.record import record_sha256
+
+    h, left = hashlib.sha256(), size
+    while left > 0:
+        piece = os.read(fd, min(left, 1 << 20))
+        if not piece:
+            return None
+        h.update(piece)
+        left -= len(piece)
+    return record_sha256(h.digest())
+
+
 def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
     """The state of a RECORD row that is a symlink on disk (docs/format.md, "Distribution manifest"): RECORD
     promises a file's bytes, so a row with a sha256 is ``ok`` only while the link leads to a regular file
     holding them; else ``modified``, its ``sha256`` that file's bytes' or, when the link leads to no regular
-    file (dangling, a folder, a FIFO: never waited on), its own text's. A row without a sha256 is ``ok``.
+    file (dangling, a folder, a FIFO: never waited on), its own text's; a file holding more than its size says
+    is not RECORD's. A row without a sha256 is ``ok``.
     Returns the stat of the file read through the link (as opened) and its bytes' sha256, or None when none
     was read."""
     if rec.algo != "sha256" or rec.digest is None:
@@ -358,8 +393,9 @@ def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
                     break
                 h.update(piece)
                 left -= len(piece)
+            exact = left == 0 and not fh.read(1)  # no more than it says (a ``/proc`` file says size 0)
     sha = record_sha256(h.digest())
-    if fd is not None and sha == rec.digest:
+    if fd is not None and exact and sha == rec.digest:
         entry["state"] = "ok"
     else:
         entry.update(state="modified", sha256=sha, record_sha256=rec.digest)

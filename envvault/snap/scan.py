@@ -126,8 +126,7 @@ def scan_environment(
         mid = group and (group.get(mkey) or (mode == "check" and group.get("manifest_full")))
         entries.append((dist_info, site, group, mid))
     cache.listed = tuple(listed)
-    warnings.extend(f"{stash}: a folder pip moved aside while it installs or uninstalls (running now, or "
-                    "killed); left out, as pip leaves it out" for stash in getattr(reader, "stashed", ()))
+    warnings.extend(_passed_over(stash) for stash in getattr(reader, "stashed", ()))
     fresh = fresh_groups(entries, prefix) if mode != "lock" else set()
     pending: list[tuple[Path, Path]] = []  # (dist_info, site) of the distributions to read and build
     for n, (dist_info, site, group, mid) in enumerate(entries):
@@ -269,7 +268,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
     weight, path = _read_fns()
 
     def read(need, read_file):
-        return need, read_file(need.absolute, need.size)
+        return need, read_file(need.absolute, need.size, expect=need.expect)
 
     def answer(item) -> bytes:
         seen = len(builder.warnings)
@@ -328,8 +327,8 @@ def _read_fns():
     def weight(item) -> int | None:
         return None if isinstance(item, DistPlan) else item.size
 
-    def path(item):
-        return None if isinstance(item, DistPlan) else item.absolute
+    def path(item):  # (a pinned read is never named ahead: only the read that checks its stat key reads it)
+        return None if isinstance(item, DistPlan) or item.pinned else item.absolute
 
     return weight, path
 
@@ -401,7 +400,7 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list, groups=None) 
             got = groups.digest(item.absolute, item.key)
             if got is not None:
                 return item, got
-        return item, read(item.absolute, item.size)
+        return item, read(item.absolute, item.size, expect=item.expect)
 
     weight, path = _read_fns()
     results = ing.map_ordered(run, items(), weight=weight, path=path)
@@ -416,6 +415,16 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list, groups=None) 
         close = getattr(plans, "close", None)
         if close is not None:
             close()
+
+
+def _passed_over(entry: Path) -> str:
+    """The warning for a distribution entry a reader passed over (``env/entries.entry_kind``)."""
+    from envvault.env.entries import entry_kind
+
+    if entry_kind(entry.name) == "unnamed":
+        return (f"{entry}: a distribution folder whose name is not UTF-8 text, which no snapshot can record; left "
+                "out: rename it, or reinstall that package")
+    return f"{entry}: a folder pip moved aside while it installs or uninstalls (running now, or killed); left out, as pip leaves it out"
 
 
 def _summary_ok(summary: dict) -> bool:

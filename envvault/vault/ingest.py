@@ -6,6 +6,7 @@ Shared by environment snaps and cache snaps; the stat cache that lets an unchang
 
 from __future__ import annotations
 
+import io
 import os
 import stat as statmod
 import threading
@@ -21,6 +22,7 @@ from envvault.errors import EnvironmentProblem
 from envvault.model.encoding import object_id
 from envvault.model.record import record_sha256
 from envvault.vault.fsutil import open_regular_fd
+from envvault.vault.statcache import stat_key
 from envvault.vault import timing
 from envvault.vault.threads import busy_threads, default_namers, default_readers, usable_cores
 from envvault.vault.packs import FRAME_TARGET, FileSlice, PackWriter
@@ -71,9 +73,9 @@ class Ingester:
             self.writer.add(oid, data)
         return oid
 
-    def ingest(self, path: Path | str, size_hint: int, algo: str = "sha256") -> FileDigest:
-        """Read one file on this thread, storing its new objects at once."""
-        return _read_file(path, size_hint, algo, self.store, self._emit_now)
+    def ingest(self, path: Path | str, size_hint: int, algo: str = "sha256", expect: list | None = None) -> FileDigest:
+        """Read one file on this thread, storing its new objects at once (``expect``: as ``_read_file``)."""
+        return _read_file(path, size_hint, algo, self.store, self._emit_now, expect=expect)
 
     def _emit_now(self, oid: str, data: bytes | None) -> None:
         if data is not None and not self.known(oid) and not self.writer.queued(oid):
@@ -88,7 +90,7 @@ class Ingester:
         An item whose weight is None ends its batch: what the caller does with its result (store a manifest)
         then comes before the objects of the items after it, as with one thread.
 
-        ``read(path, size_hint)`` reads a file as ``ingest`` does; the objects it finds are stored by this
+        ``read(path, size_hint, expect=None)`` reads a file as ``ingest`` does; the objects it finds are stored by this
         (the calling) thread when that item's turn comes, in the order they were read. Bytes read ahead and
         not yet stored are bounded (``READ_AHEAD`` plus one item's ``HEAD_AHEAD``), so memory stays flat on
         any environment. An exception raised by ``fn`` is raised here, at that item's turn.
@@ -223,10 +225,10 @@ class Ingester:
 
         named = self._named
 
-        def read(path, size_hint: int, algo: str = "sha256") -> FileDigest:
-            ahead = named.pop(os.fspath(path), None) if algo == "sha256" else None
+        def read(path, size_hint: int, algo: str = "sha256", expect: list | None = None) -> FileDigest:
+            ahead = named.pop(os.fspath(path), None) if algo == "sha256" and expect is None else None
             if ahead is None:
-                digest = _read_file(path, size_hint, algo, store, emit, lazy=True)
+                digest = _read_file(path, size_hint, algo, store, emit, lazy=True, expect=expect)
                 if size_hint >= SMALL_FILE:
                     hand_over()
                 return digest
@@ -384,12 +386,15 @@ _HASH_ASIDE_OK = usable_cores() >= 8
 
 
 def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = False,
-               hold_small: bool = True) -> FileDigest:
+               hold_small: bool = True, expect: list | None = None) -> FileDigest:
     """Read ``path`` once: its RECORD-style digest, size and (``store``) blob ids, each blob passed to
     ``emit(oid, data)`` in file order. A large file's digest is computed on a helper thread while this one
     cuts and names its chunks (the two passes over its bytes run side by side); without ``store`` a large
     file is only hashed (no chunking). ``lazy`` (the reader threads of ``map_ordered``): a large file's
-    chunks of half a frame or more are passed as a FileSlice, not as bytes (``_cut_named``)."""
+    chunks of half a frame or more are passed as a FileSlice, not as bytes (``_cut_named``). ``expect``: the
+    stat key (``statcache.stat_key``) the file opened must have, else nothing is read (an EnvironmentProblem),
+    and then at most ``size_hint`` bytes of it: the very file whose bytes a caller checked (a link out of the
+    environment, ``snap/manifests.py``), whatever ``path`` names meanwhile or the file says of its size."""
     import hashlib  # here: a quick command (status, a second snap) hashes nothing and loads no OpenSSL
 
     h = hashlib.new(algo)
@@ -400,9 +405,13 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
         if fd is None:
             raise EnvironmentProblem(f"cannot read {path}: not a regular file (did it change while envvault read "
                                      "the environment?)")
+        if expect is not None and stat_key(os.fstat(fd)) != expect:
+            os.close(fd)
+            raise EnvironmentProblem(f"{path} changed while it was being read; nothing was stored, run the command "
+                                     "again")
         if size_hint < SMALL_FILE:  # most files: read whole with plain reads (no file object: the GIL is shared)
             try:
-                data = _read_fd(fd, size_hint)
+                data = _read_fd(fd, size_hint) if expect is None else read_exactly(fd, size_hint)
             finally:
                 os.close(fd)
             h.update(data)
@@ -413,7 +422,7 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
                 emit(oid, data)
         else:
             before = _version(os.fstat(fd))
-            with os.fdopen(fd, "rb") as f:
+            with (os.fdopen(fd, "rb") if expect is None else io.BufferedReader(_Bounded(fd, size_hint), BLOCK)) as f:
                 if not store:
                     size = 0
                     while True:
@@ -467,6 +476,47 @@ def _version(st: os.stat_result) -> tuple:
 BLOCK = 4 << 20  # a large file hashed without chunking is read this much at a time
 WINDOW = 6 << 20  # ``_cut_named`` cuts this much of a file at a time (FastCDC's largest chunk and 2 MiB)
 _windows = threading.local()
+
+
+def read_exactly(fd: int, size: int) -> bytes:
+    """At most ``size`` bytes of the open file ``fd`` from where it stands: fewer only at its end (a short
+    read is not the end), never more, however much more the file holds (a ``/proc`` file says size 0)."""
+    parts, left = [], size
+    while left > 0:
+        more = os.read(fd, min(left, 1 << 20))
+        if not more:
+            break
+        parts.append(more)
+        left -= len(more)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class _Bounded(io.RawIOBase):
+    """The first ``size`` bytes of an open descriptor from where it stands, as a raw stream; closing it closes
+    the descriptor."""
+
+    def __init__(self, fd: int, size: int):
+        super().__init__()
+        self._fd, self._left = fd, size
+
+    def readable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def readinto(self, buf) -> int:
+        if self._left <= 0:
+            return 0
+        data = os.read(self._fd, min(len(buf), self._left))
+        buf[:len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
 
 
 def _read_fd(fd: int, size_hint: int) -> bytes:

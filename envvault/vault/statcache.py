@@ -42,8 +42,10 @@ class StatCache:
     VERSION = 7
     # The groups file alone: 8, a link's stats are those of the file it leads to, and a group is kept for a
     # distribution with links only when each was read through (a version 7 group may have left its links
-    # out: stale). The files document keeps VERSION: its entries mean what they meant.
-    GROUPS_VERSION = 8
+    # out: stale); 9, a link out of the environment to a file of RECORD's bytes is stored as that file (a
+    # version 8 group's manifest recorded the link: reused, a snapshot would still hold no bytes of it). The
+    # files document keeps VERSION: its entries mean what they meant.
+    GROUPS_VERSION = 9
 
     def __init__(self, path: Path, *, lock=None, tmp_dir: Path | None = None, fresh: bool = False):
         # ``lock()``: the shared vault lock saves hold; ``tmp_dir``: where saves stage (``Vault.stat_cache``
