@@ -79,6 +79,39 @@ def _imports(venv: Path) -> bool:
     return proc.returncode == 0
 
 
+def test_a_mode_restored_on_a_file_hardlinked_into_uvs_cache_leaves_the_cache_alone(tmp_path, make_venv):
+    """uv links each file of a package from its cache by default (``--link-mode hardlink``): the file in the
+    environment and the cache's are one inode, which other environments share. A restore that gave a kept
+    file back its execute bit ran ``chmod`` on that inode and changed uv's cache, and with it every environment
+    linked to it (helper 38). Such a file is now written anew (one link of its own); the cache keeps its
+    mode and bytes. A symlink into the cache is written anew the same way."""
+    venv = make_venv("uv")
+    uv_install(venv, "--link-mode", "hardlink", _tool_wheel(tmp_path / "w"), cache_dir=tmp_path / "uv-cache")
+    data = site_packages(venv) / "modepkg" / "data.txt"
+    st = os.stat(data)
+    assert st.st_nlink > 1 and not st.st_mode & 0o111
+    cached = next(p for p in (tmp_path / "uv-cache").rglob("data.txt") if p.stat().st_ino == st.st_ino)
+    before = cached.read_bytes()
+    vault = tmp_path / "vault"
+    data.chmod(0o755)  # (the cache's file too: one inode)
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    data.chmod(0o644)
+    assert ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")["verified"] is True
+    assert os.stat(data).st_mode & 0o777 == 0o755 and os.stat(data).st_nlink == 1
+    assert cached.stat().st_mode & 0o777 == 0o644 and cached.read_bytes() == before
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+    linked = make_venv("uv")  # every file a symlink into the cache: its mode is the cache file's
+    uv_install(linked, "--link-mode", "symlink", _tool_wheel(tmp_path / "w"), cache_dir=tmp_path / "uv-cache-2")
+    data = site_packages(linked) / "modepkg" / "data.txt"
+    target = Path(os.readlink(data))
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", linked)["id"]  # (data.txt recorded 0o644)
+    target.chmod(0o755)
+    assert ev_json(vault, "restore", sid, "--venv", linked, "--no-backup")["verified"] is True  # (before: not)
+    assert not data.is_symlink() and os.stat(data).st_mode & 0o777 == 0o644
+    assert target.stat().st_mode & 0o777 == 0o755
+
+
 def test_full_disk_restore_leaves_the_environment_as_it_was(tmp_path):
     wheel = _big_wheel(tmp_path / "w")
     full = tmp_path / "full"

@@ -137,6 +137,17 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
     return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], tmp_name, progress=progress)
 
 
+def shares_inode(full: str) -> bool:
+    """Whether changing the file ``full`` in place (its mode) would change another too: a symlink (what it
+    leads to) or a file with more than one link (an installer's cache: uv links files by default). False
+    when it is gone."""
+    try:
+        st = os.lstat(full)
+    except OSError:
+        return False
+    return stat.S_ISLNK(st.st_mode) or st.st_nlink > 1
+
+
 def _unlink_counted(full: str) -> int:
     """Delete the file or link ``full``; 1 when it was there (0: gone, or a folder on its path is a file now)."""
     try:
@@ -195,7 +206,9 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
         full = paths.abs(rel)
         try:
             st = os.lstat(full)
-            if stat.S_ISREG(st.st_mode) and (st.st_mode & 0o777) != (mode & 0o777):
+            # (never a file another path shares, a hardlink into uv's cache: its mode is that file's too; one
+            # whose execute bit differs was written anew, ``make_plan``'s ``shared``)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (st.st_mode & 0o777) != (mode & 0o777):
                 os.chmod(full, mode & 0o777)  # never setuid/setgid from a vault
                 modes_set += 1
         except OSError:

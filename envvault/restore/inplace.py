@@ -27,8 +27,8 @@ from envvault.model.snapshot import Snapshot
 from envvault.model.records import replace
 from envvault.safepaths import reserved_problem
 from envvault.vault import timing
-from envvault.restore.apply import (commit_plan, kind_changes, populate_statcache, remember_written, stage_plan,
-                                    undo_staging)
+from envvault.restore.apply import (commit_plan, kind_changes, populate_statcache, remember_written, shares_inode,
+                                    stage_plan, undo_staging)
 from envvault.restore.backup import discard_backup, links_refused, scan_now
 from envvault.env.probe import system_of, target_options
 from envvault.restore.current import Layout, protected_dirs, read_current
@@ -86,7 +86,8 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                     return installed[mid]
 
                 plan = make_plan(sid, snapshot, now, current, manifest_of,
-                                 pending_removals=list(earlier.removals) + list(earlier.writes))
+                                 pending_removals=list(earlier.removals) + list(earlier.writes),
+                                 shared=lambda rel: shares_inode(os.path.join(target, rel)))
                 plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
                 # The venv's own interpreter and pyvenv.cfg are never deleted, whatever a RECORD or journal lists.
                 scripts = {"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")}

@@ -161,12 +161,16 @@ def make_plan(
     manifest_of: Callable[[str], DistManifest],
     *,
     pending_removals: Iterable[str] = (),
+    shared: Callable[[str], bool] | None = None,
 ) -> Plan:
     """Decide the restore of ``snapshot`` onto the environment described by ``now`` (its scan) and
     ``current`` (the scan's distributions with their RECORDs).
 
     ``pending_removals``: files an interrupted restore had planned to delete (from its journal); they are
-    deleted now unless the snapshot owns them. Raises ``RefusedError`` listing every unsafe manifest path.
+    deleted now unless the snapshot owns them. ``shared(path)``: whether a file on disk is another's too (a
+    hardlink into an installer's cache, uv's default; a symlink out): one whose bytes match but whose execute
+    bit must change is written anew, never chmod-ed (that would change the other file). Raises
+    ``RefusedError`` listing every unsafe manifest path.
     """
     diff = diff_snapshots(now, snapshot, old_label="current", new_label=snapshot_id[:12], scope="environment")
     cur_by_name: dict[str, list[CurrentDist]] = {}
@@ -258,7 +262,8 @@ def make_plan(
             mode = int(f.mode or 0o644) & 0o7777
             owned.add(path)
             taken.add(path)
-            if known.get(path) is not None and known[path] == f.sha256:
+            if known.get(path) is not None and known[path] == f.sha256 and not (
+                    path in chmod and shared is not None and shared(path)):
                 keeps.append((path, mode))
                 if path in chmod:
                     modes.append((path, mode))
