@@ -303,8 +303,13 @@ def test_a_failed_install_into_a_shared_folder_leaves_nothing_half_written_there
     (site / "regular").mkdir()
     (site / "regular" / "__init__.py").write_text("")
     time.sleep(1.1)  # older than the command by more than guard's ctime slack (1 s): it cannot be the command's
+    # Made just before guard (within that slack), and an empty folder, both the user's; the command's chmod
+    # moves every ctime there (helper 39: both were removed, by their ctime alone)
+    (lib / "libfresh.so").write_bytes(b"the user's too")
+    (lib.parent / "plugins").mkdir()
     env = guard_env(venv, tmp_path / "vault")
-    half = (f"echo x > '{lib}/libnew.so' && mkdir -p '{lib.parent}/nvvm/bin' && echo n > '{lib.parent}/nvvm/bin/cicc' "
+    half = (f"chmod -R a+rX '{site}/nvidialike' && "
+            f"echo x > '{lib}/libnew.so' && mkdir -p '{lib.parent}/nvvm/bin' && echo n > '{lib.parent}/nvvm/bin/cicc' "
             f"&& mkdir -p '{site}/__pycache__' && echo z > '{site}/__pycache__/m.cpython-311.pyc' "
             f"&& echo w > '{site}/regular/new.py'")
     for script, outcome in ((f"{half}; exit 137", "failed"), (f"{half} && rm -rf '{site}/torchlike'; exit 137", "restored")):
@@ -313,10 +318,11 @@ def test_a_failed_install_into_a_shared_folder_leaves_nothing_half_written_there
         assert _torch_info(venv) == "torchlike 2.11.0+cu128 cuda 12.8"
         assert not (lib / "libnew.so").exists() and not (lib.parent / "nvvm").exists()
         assert (lib / "libold.so").read_bytes() == b"the user's"
+        assert (lib / "libfresh.so").read_bytes() == b"the user's too" and (lib.parent / "plugins").is_dir()
         assert (site / "__pycache__" / "m.cpython-311.pyc").exists()
         assert (site / "regular" / "new.py").exists()  # a package's own folder, not one put back: not looked into
         line = [w for w in doc["warnings"] if w.startswith("removed 2 file(s) the command left in the folders")]
-        assert len(line) == 1 and "site-packages/nvidialike" in line[0], doc["warnings"]
+        assert len(line) == 1 and line[0].endswith(f"({os.path.relpath(site / 'nvidialike', venv)})"), doc["warnings"]
         assert not any("__pycache__" in w for w in doc["warnings"]), doc["warnings"]
         (site / "regular" / "new.py").unlink()
 

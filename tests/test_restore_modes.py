@@ -10,7 +10,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from fixtures import build_wheel, python_of, site_packages, uv_install
+from fixtures import build_wheel, python_of, site_packages, uv_install, uv_pip
 from fixtures import make_venv as make_venv_at
 from fixtures.trees import temp_files, tree_state
 from tests.evtools import assert_one_line_error, ev, ev_env, ev_json, mounted
@@ -110,6 +110,33 @@ def test_a_mode_restored_on_a_file_hardlinked_into_uvs_cache_leaves_the_cache_al
     assert ev_json(vault, "restore", sid, "--venv", linked, "--no-backup")["verified"] is True  # (before: not)
     assert not data.is_symlink() and os.stat(data).st_mode & 0o777 == 0o644
     assert target.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_file_another_package_lists_hardlinked_gets_its_mode_without_a_chmod(tmp_path, make_venv):
+    """Two packages ship one file with the same bytes (``sharedns/tool.sh``). The snapshot holds pkga with it
+    executable; now pkgb is installed instead, its ``tool.sh`` hardlinked into uv's cache, not executable.
+    The restore of pkga keeps that file (its bytes match) and must give it the execute bit: no ``chmod`` of
+    the cache's inode, so it was left as it was and the restore ended "not verified" (helper 39; only a
+    file of the same package was written anew). It is written anew too; pkgb's cache file keeps its mode."""
+    wheels = tmp_path / "w"
+    tool = b"#!/bin/sh\necho tool\n"
+    build_wheel(wheels, "pkga", "1.0", {"sharedns/tool.sh": tool, "pkga/__init__.py": b""})
+    build_wheel(wheels, "pkgb", "1.0", {"sharedns/tool.sh": tool, "pkgb/__init__.py": b""})
+    venv = make_venv("uv")
+    cache = tmp_path / "uv-cache"
+    uv_install(venv, "--link-mode", "hardlink", "pkga", find_links=[wheels], cache_dir=cache)
+    shared = site_packages(venv) / "sharedns" / "tool.sh"
+    shared.chmod(0o755)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    uv_pip(venv, "uninstall", "pkga", cache_dir=cache)
+    uv_install(venv, "--link-mode", "hardlink", "pkgb", find_links=[wheels], cache_dir=cache)
+    st = os.stat(shared)
+    assert st.st_nlink > 1 and st.st_mode & 0o777 == 0o644
+    cached = next(p for p in cache.rglob("tool.sh") if p.stat().st_ino == st.st_ino)
+    assert ev_json(vault, "restore", sid, "--venv", venv, "--no-backup")["verified"] is True
+    assert os.stat(shared).st_mode & 0o777 == 0o755 and os.stat(shared).st_nlink == 1
+    assert cached.stat().st_mode & 0o777 == 0o644 and cached.read_bytes() == tool
 
 
 def test_full_disk_restore_leaves_the_environment_as_it_was(tmp_path):

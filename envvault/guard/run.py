@@ -431,6 +431,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
     sites = _sites(before.snapshot, target)
     # (Not in a system environment: apt may add there meanwhile, and a rollback there keeps dpkg's files.)
     tops = {} if before.snapshot.python.system else _top_entries(sites)
+    shared = _shared_folders(tops)  # (listed before the command: what was there then is never removed)
     timings.setdefault("pre_command", time.monotonic() - t0)
     rc, started = run_command(cmd.argv, child_env, stdout_to_stderr=options.quiet_command)
     timings["command"] = time.time() - started
@@ -476,7 +477,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
     if rc != 0 and options.restore and diff.environment_empty:
         # No package changed, but a pip killed mid-install may have written one's files without its dist-info
         warnings += _remove_new_tops(tops, target, started)
-        warnings += _remove_strays([], target, started, sites, _shared_folders(tops))
+        warnings += _remove_strays([], target, started, sites, shared)
     if undo and options.restore:
         t = time.monotonic()
         try:
@@ -501,7 +502,7 @@ def _guard_target(vault: Vault, target: Path, cmd: Command, options: GuardOption
                 warnings.append(f"removed what the command's pip had moved aside and left behind: {', '.join(left)}")
             warnings += _remove_new_tops(tops, target, started)
             if tops:  # (as for the new top-level names: not in a system environment)
-                warnings += _remove_strays(put_back, target, started, sites, _shared_folders(tops))
+                warnings += _remove_strays(put_back, target, started, sites, shared)
             if not restored.verified:
                 warnings.append(f"after the rollback {target} still differs from snapshot {before.id[:12]}; "
                                 f"`{vault.command('status', '--against', before.id[:12])}` shows how")
@@ -604,19 +605,33 @@ def _top_entries(sites: list[Path]) -> dict[Path, set[str]]:
     return tops
 
 
-def _shared_folders(tops: dict[Path, set[str]]) -> list[str]:
-    """The folders at the top of a site folder, there before the command (``tops``), that packages share:
-    no ``__init__.py`` at their top (a namespace such as ``nvidia/``, whose CUDA 13 wheels all write into
+_SHARED_LIMIT = 20_000  # entries listed in one shared folder before guard gives up on it (left as it is)
+
+
+def _shared_folders(tops: dict[Path, set[str]]) -> dict[str, set[str]]:
+    """The folders at the top of a site folder that packages share, each with what it holds before the
+    command (its entries' paths under it, folders included; a symlink listed, never followed): no
+    ``__init__.py`` at their top (a namespace such as ``nvidia/``, whose CUDA 13 wheels all write into
     ``nvidia/cu13/lib``, or a ``numpy.libs``); never a dist-info folder, a ``~`` name, ``__pycache__`` or a
-    symlink. A pip killed installing a new ``nvidia-*`` package leaves its files there, not at the top."""
-    shared = []
+    symlink. A pip killed installing a new ``nvidia-*`` package leaves its files there, not at the top. A
+    folder of more than ``_SHARED_LIMIT`` entries, or one that cannot be listed, is left out (left as it is)."""
+    shared = {}
     for site, names in tops.items():
         for name in sorted(names):
             if name.startswith("~") or name == "__pycache__" or name.endswith((".dist-info", ".egg-info", ".data")):
                 continue
             path = os.path.join(site, name)
-            if os.path.isdir(path) and not os.path.islink(path) and not os.path.lexists(os.path.join(path, "__init__.py")):
-                shared.append(path)
+            if not os.path.isdir(path) or os.path.islink(path) or os.path.lexists(os.path.join(path, "__init__.py")):
+                continue
+            listed: set[str] = set()
+            errors: list[OSError] = []
+            for root, dirs, files in os.walk(path, onerror=errors.append):
+                rel = os.path.relpath(root, path)
+                listed.update(n if rel == "." else os.path.join(rel, n) for n in dirs + files)
+                if len(listed) > _SHARED_LIMIT:
+                    break
+            if not errors and len(listed) <= _SHARED_LIMIT:
+                shared[path] = listed
     return shared
 
 
@@ -656,19 +671,20 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
 
 
 def _remove_strays(paths: list[str], target: Path, started: float, sites: list[Path],
-                   shared: list[str] = ()) -> list[str]:
+                   shared: dict[str, set[str]] | None = None) -> list[str]:
     """After a failed command: the files in the folders of the packages a rollback put back (``paths``, their
-    files: ``_put_back_paths``) and in the folders packages share (``shared``: ``_shared_folders``) that no
-    installed distribution's RECORD lists and that were made since the command started (ctime,
-    ``_CTIME_SLACK``): what a pip killed mid-upgrade had written of the new version beside the old files the
-    rollback put back, or a pip killed installing a new ``nvidia-*`` package into ``nvidia/cu13/lib``. Then
-    the folders among them left empty and made since. Only folders something was made in since are looked
-    into (a file made there moves its folder's ctime), and RECORDs are read only when a file is found.
-    Bytecode stays (Python passes over a ``.pyc`` whose source is gone), and so does every ``~`` name (pip's
-    copies of what it uninstalls); a symlink is removed, never followed.
-    The warning naming how many, or none."""
+    files: ``_put_back_paths``) and in the folders packages share (``shared``: ``_shared_folders``, with
+    what each held before the command, which stays) that no installed distribution's RECORD lists and that
+    were made since the command started (ctime, ``_CTIME_SLACK``): what a pip killed mid-upgrade had written
+    of the new version beside the old files the rollback put back, or a pip killed installing a new
+    ``nvidia-*`` package into ``nvidia/cu13/lib``. Then the folders among them left empty and made since.
+    Only folders something was made in since are looked into (a file made there moves its folder's ctime),
+    and RECORDs are read only when a file is found. Bytecode stays (Python passes over a ``.pyc`` whose
+    source is gone), and so does every ``~`` name (pip's copies of what it uninstalls); a symlink is removed,
+    never followed. The warning naming how many, and where, or none."""
     from envvault.model.identity import is_bytecode
 
+    shared = shared or {}
     folders: set[str] = set(shared)  # each folder to look into, absolute
     prefixes = [os.path.relpath(site, target).replace(os.sep, "/") + "/" for site in sites]
     for path in paths:
@@ -677,12 +693,14 @@ def _remove_strays(paths: list[str], target: Path, started: float, sites: list[P
             if rest and "/" in rest and not rest.startswith(("..", "~")):
                 folders.add(os.path.join(site, rest.split("/", 1)[0]))
     since = started - _CTIME_SLACK
-    found, made_dirs = [], []  # files made since the command started; folders, deepest first
+    found, made_dirs = [], []  # (folder, file) made since the command started; folders, deepest first
     for folder in sorted(folders):
         if os.path.islink(folder):  # os.walk would follow it, maybe out of the environment
             continue
+        before = shared.get(folder, ())
         for root, dirs, files in os.walk(folder, topdown=False):
-            if any(part.startswith("~") for part in os.path.relpath(root, folder).split(os.sep)):
+            inside = os.path.relpath(root, folder)
+            if any(part.startswith("~") for part in inside.split(os.sep)):
                 continue  # pip's copy of what it uninstalls: ``_remove_pip_stashes``'s (another pip's stays)
             try:
                 if os.lstat(root).st_ctime < since:
@@ -691,38 +709,40 @@ def _remove_strays(paths: list[str], target: Path, started: float, sites: list[P
                 continue
             for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
                 path = os.path.normpath(os.path.join(root, name))
-                if name.startswith("~") or is_bytecode(path):
+                if name.startswith("~") or is_bytecode(path) or os.path.relpath(path, folder) in before:
                     continue
                 try:
                     if os.lstat(path).st_ctime >= since:
-                        found.append(path)
+                        found.append((folder, path))
                 except OSError:
                     continue
-            if root != folder:
+            if root != folder and inside not in before:
                 made_dirs.append(root)
-    removed = 0
+    removed: set[str] = set()  # the folders looked into that files were removed from
+    count = 0
     if found:
         from envvault.env.dists import scan_dists
 
         owned = {os.path.normpath(os.path.join(d.site, e.path)) for d in scan_dists(sites) for e in d.record or ()}
-        for path in found:
+        for folder, path in found:
             if path in owned:
                 continue
             try:
                 os.unlink(path)
-                removed += 1
             except OSError:
                 continue
+            count += 1
+            removed.add(folder)
     for root in made_dirs:
         try:
             os.rmdir(root)  # only when empty (its ctime was looked at: made in since the command started)
         except OSError:
             pass
-    if not removed:
+    if not count:
         return []
-    where = sorted({os.path.relpath(f, target) for f in folders if any(p.startswith(f + os.sep) for p in found)})
-    return [f"removed {removed} file(s) the command left in the folders of the packages put back or shared by "
-            f"packages that no package owns ({', '.join(where)})"]
+    where = ", ".join(sorted(os.path.relpath(f, target) for f in removed))
+    return [f"removed {count} file(s) the command left in the folders of the packages put back or shared by "
+            f"packages that no package owns ({where})"]
 
 
 def _sites_guess(prefix: Path) -> list[Path]:

@@ -137,15 +137,17 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
     return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], tmp_name, progress=progress)
 
 
-def shares_inode(full: str) -> bool:
-    """Whether changing the file ``full`` in place (its mode) would change another too: a symlink (what it
-    leads to) or a file with more than one link (an installer's cache: uv links files by default). False
-    when it is gone."""
+def shares_inode(full: str, mode: int) -> bool:
+    """Whether the file ``full`` lacks permission bits ``mode`` and changing it in place would change another
+    too: a symlink (what it leads to) or a file with more than one link (an installer's cache: uv links
+    files by default). False when it is gone."""
     try:
         st = os.lstat(full)
+        if stat.S_ISLNK(st.st_mode):
+            return True  # (a link is never chmod-ed: written anew whatever it leads to)
     except OSError:
         return False
-    return stat.S_ISLNK(st.st_mode) or st.st_nlink > 1
+    return st.st_nlink > 1 and (st.st_mode & 0o777) != (mode & 0o777)
 
 
 def _unlink_counted(full: str) -> int:

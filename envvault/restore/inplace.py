@@ -87,7 +87,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
 
                 plan = make_plan(sid, snapshot, now, current, manifest_of,
                                  pending_removals=list(earlier.removals) + list(earlier.writes),
-                                 shared=lambda rel: shares_inode(os.path.join(target, rel)))
+                                 shared=lambda rel, mode: shares_inode(os.path.join(target, rel), mode))
                 plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
                 # The venv's own interpreter and pyvenv.cfg are never deleted, whatever a RECORD or journal lists.
                 scripts = {"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")}

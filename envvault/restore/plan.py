@@ -161,16 +161,17 @@ def make_plan(
     manifest_of: Callable[[str], DistManifest],
     *,
     pending_removals: Iterable[str] = (),
-    shared: Callable[[str], bool] | None = None,
+    shared: Callable[[str, int], bool] | None = None,
 ) -> Plan:
     """Decide the restore of ``snapshot`` onto the environment described by ``now`` (its scan) and
     ``current`` (the scan's distributions with their RECORDs).
 
     ``pending_removals``: files an interrupted restore had planned to delete (from its journal); they are
-    deleted now unless the snapshot owns them. ``shared(path)``: whether a file on disk is another's too (a
-    hardlink into an installer's cache, uv's default; a symlink out): one whose bytes match but whose execute
-    bit must change is written anew, never chmod-ed (that would change the other file). Raises
-    ``RefusedError`` listing every unsafe manifest path.
+    deleted now unless the snapshot owns them. ``shared(path, mode)``: whether a file on disk is another's too
+    (a hardlink into an installer's cache, uv's default; a symlink out) and has not ``mode``: one whose bytes
+    match but whose execute bit may differ (its package's says so, or another package lists it) is then
+    written anew, never chmod-ed (that would change the other file). Raises ``RefusedError`` listing every
+    unsafe manifest path.
     """
     diff = diff_snapshots(now, snapshot, old_label="current", new_label=snapshot_id[:12], scope="environment")
     cur_by_name: dict[str, list[CurrentDist]] = {}
@@ -263,7 +264,7 @@ def make_plan(
             owned.add(path)
             taken.add(path)
             if known.get(path) is not None and known[path] == f.sha256 and not (
-                    path in chmod and shared is not None and shared(path)):
+                    (path in chmod or cur is None) and shared is not None and shared(path, mode)):
                 keeps.append((path, mode))
                 if path in chmod:
                     modes.append((path, mode))
