@@ -509,8 +509,8 @@ import os, sys
 from envvault.snap import manifests as M
 link, secret = sys.argv[2], sys.argv[3]
 checked = M.ManifestBuilder._plan_linked_in
-def then_retarget(self, entry, rec, rel, absolute):
-    got = checked(self, entry, rec, rel, absolute)
+def then_retarget(self, entry, rec, rel, absolute, *rest):
+    got = checked(self, entry, rec, rel, absolute, *rest)
     if absolute == link:  # another process retargets the link once its bytes were checked
         os.symlink(secret, link + ".new")
         os.replace(link + ".new", link)
@@ -527,9 +527,9 @@ def test_a_linked_files_check_and_its_stored_bytes_are_one_file(tmp_path, make_v
     linked to ``/proc/self/environ`` (its size says 0: the check read no byte and passed, then the read that
     stored it took the process's environment, a token with it, into the vault); a link retargeted to a secret
     between the check of its bytes and the read that stores them (the read opened the path again). Now the
-    check reads exactly RECORD's size and wants the file to end there, and the storing read takes only the file
-    whose stat key was checked: the snap records the first as a link and refuses the second; neither secret
-    reaches the vault."""
+    read takes only the file of the stat key planned, hashes exactly RECORD's size and wants the file to end
+    there before it stores a byte, and stores through the same descriptor: the snap records the first as a link
+    and refuses the second; neither secret reaches the vault."""
     from envvault.vault.store import Vault
 
     wheels = tmp_path / "wheels"
@@ -579,9 +579,10 @@ def test_a_link_out_of_the_environment_to_other_bytes_stays_a_link_its_bytes_nev
 
     venv = make_venv("uv")
     uv_install(venv, wheelhouse[C.SMALL_01])
-    secret = tmp_path / "secret.txt"
-    secret.write_bytes(b"not the package's bytes: a private key, say\n")
     module = next(p for p in site_packages(venv).glob("smallpkg/*.py"))
+    secret = tmp_path / "secret.txt"  # of the module's very size: only its bytes tell it apart
+    size = module.stat().st_size
+    secret.write_bytes((b"not the package's bytes: a private key, say\n" * (size // 40 + 1))[:size])
     module.unlink()
     module.symlink_to(secret)
     vault = tmp_path / "vault"

@@ -50,12 +50,13 @@ class ReadRequest:
     key: list  # [st_size, st_mtime_ns, st_ino, st_ctime_ns]
     entry: dict
     rec: object
-    pinned: bool = False  # a link out whose bytes were checked: read only the file of ``key`` (``expect``)
+    link: tuple | None = None  # a link out of the environment: (its target, the mode of the file it leads to)
 
     @property
-    def expect(self) -> list | None:
-        """The stat key the file read must have (``Ingester.ingest``), or None: any file at the path."""
-        return self.key if self.pinned else None
+    def pin(self) -> tuple | None:
+        """What a link's file must be for its bytes to be stored (``Ingester.ingest``): the stat key it was
+        planned with and RECORD's sha256; None for any other file."""
+        return (self.key, self.rec.digest) if self.link is not None else None
 
     @property
     def absolute(self) -> str:
@@ -98,7 +99,7 @@ class ManifestBuilder:
         """One RECORD row's manifest entry, the file read on this thread when the stat cache misses."""
         entry, need = self.plan_entry(dist, rec)
         if need is not None:
-            fd = self.ing.ingest(need.absolute, need.size, expect=need.expect)
+            fd = self.ing.ingest(need.absolute, need.size, pin=need.pin)
             self.took(need, fd)
         return entry
 
@@ -148,7 +149,7 @@ class ManifestBuilder:
         if statmod.S_ISLNK(st.st_mode):
             link = os.readlink(absolute)
             if rec.algo == "sha256" and rec.digest is not None and link_target_problem(rel, link) is not None:
-                planned = self._plan_linked_in(entry, rec, rel, absolute)
+                planned = self._plan_linked_in(entry, rec, rel, absolute, link)
                 if planned is not None:
                     return planned
             entry["link"] = link
@@ -164,15 +165,14 @@ class ManifestBuilder:
             return entry, None
         return entry, ReadRequest(self._base, rel, stat_key(st), entry, rec)
 
-    def _plan_linked_in(self, entry: dict, rec, rel: str, absolute: str) -> tuple[dict, ReadRequest | None] | None:
-        """A RECORD row that is a symlink leading out of the environment to a regular file holding the bytes
-        RECORD promises (an installer that links files from its cache: uv's ``--link-mode symlink``) is stored
-        as that file: its bytes and mode, no link (docs/format.md, "Distribution manifest"), so a restore
-        brings it back once the cache is pruned. Its size must be RECORD's and its bytes, exactly that many and
-        no more (a ``/proc`` file says size 0), hash to RECORD's sha256; the read that stores them then takes
-        only the file of that stat key (``ReadRequest.pinned``), so a link retargeted meanwhile gives nothing
-        else. Its stat key is the file's it leads to, as a link's is. None for any other link (recorded as a
-        link): its bytes are never stored, as they may be anyone's."""
+    def _plan_linked_in(self, entry: dict, rec, rel: str, absolute: str, link: str) -> tuple[dict, ReadRequest | None] | None:
+        """A RECORD row that is a symlink leading out of the environment to a regular file of RECORD's size (an
+        installer that links files from its cache: uv's ``--link-mode symlink``): the read that completes its
+        entry takes only the file of the stat key seen here and stores its bytes only when they are exactly
+        RECORD's (``ReadRequest.pin``); then ``took`` makes the entry that file (its bytes and mode, no link:
+        docs/format.md, "Distribution manifest"), so a restore brings it back once the cache is pruned, else a
+        link whose bytes are not stored, as they may be anyone's. Its stat key is the file's it leads to, as a
+        link's is. None for any other link (recorded as a link, ``_link_state``)."""
         try:
             fd = open_regular_fd(absolute)  # the link followed; a FIFO or a device is not opened
         except OSError:
@@ -181,31 +181,28 @@ class ManifestBuilder:
             return None
         try:
             opened = os.fstat(fd)
-            size = opened.st_size
-            if rec.size is not None and rec.size != size:
-                return None
-            hit = self.cache.lookup(rel, opened)
-            if not (hit is not None and hit[1] == rec.digest and (self.mode == "check" or hit[2] is not None)):
-                if _sha_exactly(fd, size) != rec.digest or os.read(fd, 1):
-                    return None
-                hit = None
-        except OSError:
-            return None
         finally:
             os.close(fd)
-        entry["mode"] = opened.st_mode & 0o7777
-        if hit is not None:
-            self._complete(entry, rec, size, hit[1], hit[2])
+        if rec.size is not None and rec.size != opened.st_size:
+            return None
+        hit = self.cache.lookup(rel, opened)
+        if hit is not None and hit[1] == rec.digest and (self.mode == "check" or hit[2] is not None):
+            entry["mode"] = opened.st_mode & 0o7777
+            self._complete(entry, rec, opened.st_size, hit[1], hit[2])
             return entry, None
-        need = ReadRequest(self._base, rel, stat_key(opened), entry, rec, pinned=True)
-        if self.mode != "full":
-            self.cache.put_key(rel, need.key, rec.digest, None)
-            self._complete(entry, rec, size, rec.digest, None)
-            return entry, None
-        return entry, need
+        return entry, ReadRequest(self._base, rel, stat_key(opened), entry, rec, (link, opened.st_mode & 0o7777))
 
     def took(self, need: ReadRequest, fd) -> None:
-        """Complete the entry of a file read for ``need`` (``fd``: the ingester's FileDigest)."""
+        """Complete the entry of a file read for ``need`` (``fd``: the ingester's FileDigest). A link's
+        (``need.link``) is the file it leads to when its bytes were RECORD's (and stored, in a full scan), else
+        a ``modified`` link, as ``_link_state`` makes it."""
+        if need.link is not None:
+            if fd.sha256 != need.rec.digest or fd.size != need.size or (self.mode == "full" and fd.chunks is None):
+                self.cache.put_key(need.rel, need.key, fd.sha256, None)
+                need.entry.update(link=need.link[0], state="modified", sha256=fd.sha256,
+                                  record_sha256=need.rec.digest)
+                return
+            need.entry["mode"] = need.link[1]
         self.cache.put_key(need.rel, need.key, fd.sha256, fd.chunks)
         self._complete(need.entry, need.rec, need.size, fd.sha256, fd.chunks)
 
@@ -239,7 +236,7 @@ class ManifestBuilder:
         """The manifest of ``dist``, its files read on this thread."""
         plan = self.plan(dist)
         for need in plan.reads:
-            self.took(need, self.ing.ingest(need.absolute, need.size, expect=need.expect))
+            self.took(need, self.ing.ingest(need.absolute, need.size, pin=need.pin))
         return self.finish(plan)
 
     def finish(self, plan: DistPlan) -> DistManifest:
@@ -342,23 +339,6 @@ class ManifestBuilder:
             self.warnings.append(f"{dist.display}: {len(out)} file(s) are symlinks that lead out of the environment "
                                  f"and not to the package's bytes (gone, or other bytes: {shown}); a restore will refuse to make "
                                  "them: reinstall the package, or restore a snapshot that holds its files")
-
-
-def _sha_exactly(fd: int, size: int) -> str | None:
-    """RECORD's form of the sha256 of the next ``size`` bytes of the open file ``fd``; None when it ends
-    before them."""
-    import hashlib
-
-    from envvault.model.record import record_sha256
-
-    h, left = hashlib.sha256(), size
-    while left > 0:
-        piece = os.read(fd, min(left, 1 << 20))
-        if not piece:
-            return None
-        h.update(piece)
-        left -= len(piece)
-    return record_sha256(h.digest())
 
 
 def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:

@@ -268,7 +268,7 @@ def _built_forked(reader, builder, vault, cache, prefix, pending: list, packages
     weight, path = _read_fns()
 
     def read(need, read_file):
-        return need, read_file(need.absolute, need.size, expect=need.expect)
+        return need, read_file(need.absolute, need.size, pin=need.pin)
 
     def answer(item) -> bytes:
         seen = len(builder.warnings)
@@ -328,7 +328,7 @@ def _read_fns():
         return None if isinstance(item, DistPlan) else item.size
 
     def path(item):  # (a pinned read is never named ahead: only the read that checks its stat key reads it)
-        return None if isinstance(item, DistPlan) or item.pinned else item.absolute
+        return None if isinstance(item, DistPlan) or item.link is not None else item.absolute
 
     return weight, path
 
@@ -400,7 +400,7 @@ def _planned(builder: ManifestBuilder, ing: Ingester, dists: list, groups=None) 
             got = groups.digest(item.absolute, item.key)
             if got is not None:
                 return item, got
-        return item, read(item.absolute, item.size, expect=item.expect)
+        return item, read(item.absolute, item.size, pin=item.pin)
 
     weight, path = _read_fns()
     results = ing.map_ordered(run, items(), weight=weight, path=path)

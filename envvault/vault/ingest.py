@@ -73,9 +73,9 @@ class Ingester:
             self.writer.add(oid, data)
         return oid
 
-    def ingest(self, path: Path | str, size_hint: int, algo: str = "sha256", expect: list | None = None) -> FileDigest:
-        """Read one file on this thread, storing its new objects at once (``expect``: as ``_read_file``)."""
-        return _read_file(path, size_hint, algo, self.store, self._emit_now, expect=expect)
+    def ingest(self, path: Path | str, size_hint: int, algo: str = "sha256", pin: tuple | None = None) -> FileDigest:
+        """Read one file on this thread, storing its new objects at once (``pin``: as ``_read_file``)."""
+        return _read_file(path, size_hint, algo, self.store, self._emit_now, pin=pin)
 
     def _emit_now(self, oid: str, data: bytes | None) -> None:
         if data is not None and not self.known(oid) and not self.writer.queued(oid):
@@ -90,7 +90,7 @@ class Ingester:
         An item whose weight is None ends its batch: what the caller does with its result (store a manifest)
         then comes before the objects of the items after it, as with one thread.
 
-        ``read(path, size_hint, expect=None)`` reads a file as ``ingest`` does; the objects it finds are stored by this
+        ``read(path, size_hint, pin=None)`` reads a file as ``ingest`` does; the objects it finds are stored by this
         (the calling) thread when that item's turn comes, in the order they were read. Bytes read ahead and
         not yet stored are bounded (``READ_AHEAD`` plus one item's ``HEAD_AHEAD``), so memory stays flat on
         any environment. An exception raised by ``fn`` is raised here, at that item's turn.
@@ -225,10 +225,10 @@ class Ingester:
 
         named = self._named
 
-        def read(path, size_hint: int, algo: str = "sha256", expect: list | None = None) -> FileDigest:
-            ahead = named.pop(os.fspath(path), None) if algo == "sha256" and expect is None else None
+        def read(path, size_hint: int, algo: str = "sha256", pin: tuple | None = None) -> FileDigest:
+            ahead = named.pop(os.fspath(path), None) if algo == "sha256" and pin is None else None
             if ahead is None:
-                digest = _read_file(path, size_hint, algo, store, emit, lazy=True, expect=expect)
+                digest = _read_file(path, size_hint, algo, store, emit, lazy=True, pin=pin)
                 if size_hint >= SMALL_FILE:
                     hand_over()
                 return digest
@@ -386,15 +386,18 @@ _HASH_ASIDE_OK = usable_cores() >= 8
 
 
 def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = False,
-               hold_small: bool = True, expect: list | None = None) -> FileDigest:
+               hold_small: bool = True, pin: tuple | None = None) -> FileDigest:
     """Read ``path`` once: its RECORD-style digest, size and (``store``) blob ids, each blob passed to
     ``emit(oid, data)`` in file order. A large file's digest is computed on a helper thread while this one
     cuts and names its chunks (the two passes over its bytes run side by side); without ``store`` a large
     file is only hashed (no chunking). ``lazy`` (the reader threads of ``map_ordered``): a large file's
-    chunks of half a frame or more are passed as a FileSlice, not as bytes (``_cut_named``). ``expect``: the
-    stat key (``statcache.stat_key``) the file opened must have, else nothing is read (an EnvironmentProblem),
-    and then at most ``size_hint`` bytes of it: the very file whose bytes a caller checked (a link out of the
-    environment, ``snap/manifests.py``), whatever ``path`` names meanwhile or the file says of its size."""
+    chunks of half a frame or more are passed as a FileSlice, not as bytes (``_cut_named``). ``pin``: ``(stat
+    key, sha256)``, a file whose bytes must be those before any is stored (a link out of the environment,
+    ``snap/manifests.py``): the file opened must have that stat key (``statcache.stat_key``), else nothing is
+    read (an EnvironmentProblem); its first ``size_hint`` bytes and one more are hashed, and unless they are
+    exactly ``size_hint`` bytes of that sha256 nothing is stored (the digest says what they were, no
+    chunks; a ``/proc`` file says size 0); else they are read again through the same descriptor, no more than
+    ``size_hint`` bytes, and stored: whatever ``path`` names meanwhile or the file says of its size."""
     import hashlib  # here: a quick command (status, a second snap) hashes nothing and loads no OpenSSL
 
     h = hashlib.new(algo)
@@ -405,13 +408,13 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
         if fd is None:
             raise EnvironmentProblem(f"cannot read {path}: not a regular file (did it change while envvault read "
                                      "the environment?)")
-        if expect is not None and stat_key(os.fstat(fd)) != expect:
-            os.close(fd)
-            raise EnvironmentProblem(f"{path} changed while it was being read; nothing was stored, run the command "
-                                     "again")
+        if pin is not None:
+            checked = _pinned(fd, path, size_hint, pin, store)
+            if checked is not None:
+                return checked
         if size_hint < SMALL_FILE:  # most files: read whole with plain reads (no file object: the GIL is shared)
             try:
-                data = _read_fd(fd, size_hint) if expect is None else read_exactly(fd, size_hint)
+                data = _read_fd(fd, size_hint) if pin is None else read_exactly(fd, size_hint)
             finally:
                 os.close(fd)
             h.update(data)
@@ -422,7 +425,7 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
                 emit(oid, data)
         else:
             before = _version(os.fstat(fd))
-            with (os.fdopen(fd, "rb") if expect is None else io.BufferedReader(_Bounded(fd, size_hint), BLOCK)) as f:
+            with (os.fdopen(fd, "rb") if pin is None else io.BufferedReader(_Bounded(fd, size_hint), BLOCK)) as f:
                 if not store:
                     size = 0
                     while True:
@@ -476,6 +479,40 @@ def _version(st: os.stat_result) -> tuple:
 BLOCK = 4 << 20  # a large file hashed without chunking is read this much at a time
 WINDOW = 6 << 20  # ``_cut_named`` cuts this much of a file at a time (FastCDC's largest chunk and 2 MiB)
 _windows = threading.local()
+
+
+def _pinned(fd: int, path, size: int, pin: tuple, store: bool) -> FileDigest | None:
+    """``_read_file``'s check of a pinned file (``pin``: its stat key and sha256) on its open descriptor: the
+    digest to answer with, the descriptor closed (not the pinned bytes, or nothing to store: one read), or
+    None with the descriptor back at its start, to be read again and stored."""
+    try:
+        if stat_key(os.fstat(fd)) != pin[0]:
+            raise EnvironmentProblem(f"{path} changed while it was being read; nothing was stored, run the command "
+                                     "again")
+        sha, got = sha256_prefix(fd, size)
+        if store and got == size and sha == pin[1]:
+            os.lseek(fd, 0, os.SEEK_SET)
+            return None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return FileDigest(sha, got, None)
+
+
+def sha256_prefix(fd: int, size: int) -> tuple[str, int]:
+    """RECORD's form of the sha256 of the first ``size`` bytes of the open file ``fd`` and one more, from
+    where it stands, and how many there were: ``size`` only when the file holds exactly that many."""
+    import hashlib
+
+    h, got = hashlib.sha256(), 0
+    while got <= size:
+        piece = os.read(fd, min(size + 1 - got, 1 << 20))
+        if not piece:
+            break
+        h.update(piece)
+        got += len(piece)
+    return record_sha256(h.digest()), got
 
 
 def read_exactly(fd: int, size: int) -> bytes:
