@@ -569,6 +569,110 @@ def test_a_linked_files_check_and_its_stored_bytes_are_one_file(tmp_path, make_v
         assert not any(b"envvault-test-secret" in data for data in _all_object_bytes(race_vault))
 
 
+_REWRITE = """
+import os, sys
+from envvault.vault import ingest
+target, marker = sys.argv[2], sys.argv[3].encode()
+def rewrite():  # another process writes the file the link leads to, in place (its inode kept)
+    size = os.path.getsize(target)
+    with open(target, "r+b") as f:
+        f.write((marker * (size // len(marker) + 1))[:size])
+for name in [n for n in ("sha256_prefix", "read_exactly", "_cut_named") if hasattr(ingest, n)]:  # (the 1st: 36a853d's)
+    def read_then_rewrite(*args, _read=getattr(ingest, name), **kw):
+        got = _read(*args, **kw)
+        rewrite()
+        return got
+    setattr(ingest, name, read_then_rewrite)
+from envvault.entry import main
+sys.argv = ["envvault", "snap", "--no-caches", "--venv", sys.argv[1]]
+main()
+"""
+
+
+def test_a_linked_file_written_in_place_after_its_read_stores_none_of_the_new_bytes(tmp_path, make_venv):
+    """The file a link leads to, written in place (the same inode) by another process once envvault has read
+    it: the first version of the pinned read read it a second time to store it and stored what it found then
+    (helper 40). Now a small file is stored from the one read that was checked, and a large one's chunks,
+    re-read when they are packed, are stored only while they still have the ids the checked read gave them
+    (else the snap fails, exit 7): the new bytes never reach the vault."""
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "linky", "1.0", {"linky/__init__.py": b"X = 1\n", "linky/mod.py": b"Y = 2\n" * 1000,
+                                         "linky/blob.bin": os.urandom(3 << 20)})
+    for name, code in (("mod.py", 0), ("blob.bin", 7)):
+        venv = make_venv("uv")
+        uv_install(venv, "--link-mode", "symlink", "linky", find_links=[wheels], cache_dir=tmp_path / f"uvc-{name}")
+        for other in list(site_packages(venv).rglob("*")):  # only this one file stays a link to the cache
+            if other.name != name and other.is_symlink():
+                data = other.read_bytes()
+                other.unlink()
+                other.write_bytes(data)
+        target = os.readlink(site_packages(venv) / "linky" / name)
+        vault = tmp_path / f"vault-{name}"
+        proc = subprocess.run([sys.executable, "-c", _REWRITE, str(venv), target, "NEWBYTES-5e2a"],
+                              env=ev_env(vault), capture_output=True, text=True)
+        assert Path(target).read_bytes().startswith(b"NEWBYTES-5e2a")  # the rewrite happened
+        assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr
+        if code:
+            assert "changed while it was being read" in proc.stderr, proc.stderr
+        assert not any(b"NEWBYTES-5e2a" in data for data in _all_object_bytes(vault))
+
+
+_SWAP = """
+import os, sys
+from envvault.snap import manifests as M
+path, secret = sys.argv[2], sys.argv[3]
+planned = M.ManifestBuilder.plan_entry
+def then_swap(self, dist, rec, *rest):
+    got = planned(self, dist, rec, *rest)
+    if self.absolute(dist, rec) == path:  # another process swaps the file for a link once it was planned
+        os.symlink(secret, path + ".new")
+        os.replace(path + ".new", path)
+    return got
+M.ManifestBuilder.plan_entry = then_swap
+from envvault.entry import main
+sys.argv = ["envvault", "snap", "--no-caches", "--venv", sys.argv[1]]
+main()
+"""
+
+
+def test_a_file_swapped_for_a_link_after_it_was_planned_is_not_followed(tmp_path, make_venv, wheelhouse):
+    """A package file that was a regular file when the scan planned its read and is a symlink to a secret when
+    the read opens it: the read followed the link and stored the secret (helper 40). A planned regular file is
+    opened without following a link: the snap fails, exit 7, and no byte of the secret is stored."""
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    module = next(p for p in site_packages(venv).glob("smallpkg/*.py"))
+    secret = tmp_path / "id_rsa"
+    secret.write_bytes(b"-----BEGIN PRIVATE KEY----- envvault-test-swap\n" * 40)
+    vault = tmp_path / "vault"
+    proc = subprocess.run([sys.executable, "-c", _SWAP, str(venv), str(module), str(secret)],
+                          env=ev_env(vault), capture_output=True, text=True)
+    assert module.is_symlink()  # the swap happened
+    assert proc.returncode == 7 and "did it change while envvault read" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not any(b"envvault-test-swap" in data for data in _all_object_bytes(vault))
+
+
+def test_a_link_to_a_file_of_another_size_than_records_is_never_read(tmp_path, make_venv, wheelhouse):
+    """A package file replaced by a link to a file of another size than RECORD's (here a sparse file of 1 TiB)
+    was read whole to hash it, on every scan whose cache was stale (helper 40: 8 GiB, 22 s; a larger one
+    hangs the command). It is not RECORD's file whatever it holds: recorded as a modified link, unread."""
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    module = next(p for p in site_packages(venv).glob("smallpkg/*.py"))
+    huge = tmp_path / "huge.bin"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 40)
+    module.unlink()
+    module.symlink_to(huge)
+    vault = tmp_path / "vault"
+    for command in (["snap", "--no-caches"], ["status"]):
+        doc = json.loads(ev(vault, *command, "--json", "--venv", venv, timeout=120, check=False).stdout)
+        assert doc, command
+    status = ev_json(vault, "status", "--venv", venv)
+    assert status["empty"] is True  # (the same link, the same entry)
+
+
 def test_a_link_out_of_the_environment_to_other_bytes_stays_a_link_its_bytes_never_stored(tmp_path, make_venv,
                                                                                              wheelhouse):
     """A package file a user replaced by a link leading out of the environment to other bytes (a secret, say)

@@ -344,11 +344,11 @@ class ManifestBuilder:
 def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
     """The state of a RECORD row that is a symlink on disk (docs/format.md, "Distribution manifest"): RECORD
     promises a file's bytes, so a row with a sha256 is ``ok`` only while the link leads to a regular file
-    holding them; else ``modified``, its ``sha256`` that file's bytes' or, when the link leads to no regular
-    file (dangling, a folder, a FIFO: never waited on), its own text's; a file holding more than its size says
-    is not RECORD's. A row without a sha256 is ``ok``.
-    Returns the stat of the file read through the link (as opened) and its bytes' sha256, or None when none
-    was read."""
+    holding exactly them; else ``modified``, its ``sha256`` that file's bytes' or, when the link leads to no
+    regular file (dangling, a folder, a FIFO: never waited on), to one of another size than RECORD's (never
+    read: it may be of any size) or to one that cannot be read (a ``/sys`` file), its own text's. A row
+    without a sha256 is ``ok``. Returns the stat of the file read through the link (as opened) and its
+    bytes' sha256, or None when none was read."""
     if rec.algo != "sha256" or rec.digest is None:
         entry["state"] = "ok"
         return None
@@ -356,30 +356,33 @@ def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
 
     from envvault.model.record import record_sha256
 
-    h = hashlib.sha256()
+    sha, exact, opened = None, False, None
     try:
         fd = open_regular_fd(absolute)  # the link followed; a FIFO or a device is not read
     except OSError:
         fd = None
-    if fd is None:
-        h.update(entry["link"].encode("utf-8", "surrogateescape"))
-    else:
+    if fd is not None:
         with os.fdopen(fd, "rb") as fh:
             opened = os.fstat(fd)
             left = opened.st_size  # as large as it was when opened: a file still growing is not followed
-            while left > 0:
-                piece = fh.read(min(left, 1 << 20))
-                if not piece:
-                    break
-                h.update(piece)
-                left -= len(piece)
-            exact = left == 0 and not fh.read(1)  # no more than it says (a ``/proc`` file says size 0)
-    sha = record_sha256(h.digest())
-    if fd is not None and exact and sha == rec.digest:
+            if rec.size is None or rec.size == left:
+                h = hashlib.sha256()
+                try:
+                    while left > 0 and (piece := fh.read(min(left, 1 << 20))):
+                        h.update(piece)
+                        left -= len(piece)
+                    exact = left == 0 and not fh.read(1)  # no more than it says (a ``/proc`` file says size 0)
+                    sha = record_sha256(h.digest())
+                except OSError:
+                    sha = None
+    if sha is None:
+        opened = None
+        sha = record_sha256(hashlib.sha256(entry["link"].encode("utf-8", "surrogateescape")).digest())
+    if exact and sha == rec.digest:
         entry["state"] = "ok"
     else:
         entry.update(state="modified", sha256=sha, record_sha256=rec.digest)
-    return (opened, sha) if fd is not None else None
+    return (opened, sha) if opened is not None else None
 
 
 def summary_of(man: DistManifest, oid: str) -> dict:

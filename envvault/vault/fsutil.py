@@ -44,10 +44,11 @@ def open_regular(path: Path | str, what: str, follow: bool = False) -> tuple[int
     return fd, st
 
 
-def open_regular_fd(path: Path | str) -> int | None:
-    """A descriptor of ``path`` (symlinks followed: an environment's files may be links) when it is a regular
-    file, else None (a FIFO or a device is never waited on: O_NONBLOCK). OSError as ``os.open`` raises it."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+def open_regular_fd(path: Path | str, follow: bool = True) -> int | None:
+    """A descriptor of ``path`` (symlinks followed: an environment's files may be links; not at its last
+    part without ``follow``: ELOOP) when it is a regular file, else None (a FIFO or a device is never waited
+    on: O_NONBLOCK). OSError as ``os.open`` raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW))
     if stat.S_ISREG(os.fstat(fd).st_mode):
         return fd
     os.close(fd)

@@ -6,6 +6,7 @@ Shared by environment snaps and cache snaps; the stat cache that lets an unchang
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat as statmod
@@ -393,28 +394,29 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
     file is only hashed (no chunking). ``lazy`` (the reader threads of ``map_ordered``): a large file's
     chunks of half a frame or more are passed as a FileSlice, not as bytes (``_cut_named``). ``pin``: ``(stat
     key, sha256)``, a file whose bytes must be those before any is stored (a link out of the environment,
-    ``snap/manifests.py``): the file opened must have that stat key (``statcache.stat_key``), else nothing is
-    read (an EnvironmentProblem); its first ``size_hint`` bytes and one more are hashed, and unless they are
-    exactly ``size_hint`` bytes of that sha256 nothing is stored (the digest says what they were, no
-    chunks; a ``/proc`` file says size 0); else they are read again through the same descriptor, no more than
-    ``size_hint`` bytes, and stored: whatever ``path`` names meanwhile or the file says of its size."""
+    ``snap/manifests.py``): ``_read_pinned``."""
     import hashlib  # here: a quick command (status, a second snap) hashes nothing and loads no OpenSSL
 
     h = hashlib.new(algo)
     chunks: list[str] = []
     aside = None
     try:
-        fd = open_regular_fd(path)  # a FIFO or device put where a file was: never waited on
+        # A FIFO or device put where a file was: never waited on. A symlink put where a regular file was is
+        # not followed (it could lead anywhere: helper 40); only a pinned file is read through a link.
+        try:
+            fd = open_regular_fd(path, follow=pin is not None)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise
+            fd = None
         if fd is None:
             raise EnvironmentProblem(f"cannot read {path}: not a regular file (did it change while envvault read "
                                      "the environment?)")
         if pin is not None:
-            checked = _pinned(fd, path, size_hint, pin, store)
-            if checked is not None:
-                return checked
+            return _read_pinned(fd, path, size_hint, pin, store, emit)
         if size_hint < SMALL_FILE:  # most files: read whole with plain reads (no file object: the GIL is shared)
             try:
-                data = _read_fd(fd, size_hint) if pin is None else read_exactly(fd, size_hint)
+                data = _read_fd(fd, size_hint)
             finally:
                 os.close(fd)
             h.update(data)
@@ -425,7 +427,7 @@ def _read_file(path, size_hint: int, algo: str, store: bool, emit, lazy: bool = 
                 emit(oid, data)
         else:
             before = _version(os.fstat(fd))
-            with (os.fdopen(fd, "rb") if pin is None else io.BufferedReader(_Bounded(fd, size_hint), BLOCK)) as f:
+            with os.fdopen(fd, "rb") as f:
                 if not store:
                     size = 0
                     while True:
@@ -481,38 +483,47 @@ WINDOW = 6 << 20  # ``_cut_named`` cuts this much of a file at a time (FastCDC's
 _windows = threading.local()
 
 
-def _pinned(fd: int, path, size: int, pin: tuple, store: bool) -> FileDigest | None:
-    """``_read_file``'s check of a pinned file (``pin``: its stat key and sha256) on its open descriptor: the
-    digest to answer with, the descriptor closed (not the pinned bytes, or nothing to store: one read), or
-    None with the descriptor back at its start, to be read again and stored."""
+def _read_pinned(fd: int, path, size: int, pin: tuple, store: bool, emit) -> FileDigest:
+    """Read a pinned file (``pin``: the stat key it must have and the sha256 its bytes must have, a link out
+    of the environment: ``snap/manifests.py``) from its open descriptor ``fd``, which this closes. Another file
+    than the key's is an EnvironmentProblem, nothing read. Exactly ``size`` bytes are read (a ``/proc`` file
+    says size 0 and holds more) and hashed, a small file held as one object, a large one cut into named
+    chunks, every one a FileSlice (the chunks any read of it makes): none reaches ``emit`` before the whole is
+    known to be ``size`` bytes of that sha256, and a slice is then read again from ``path`` and stored only
+    while its bytes have its id. Otherwise the digest says what was read (a byte past ``size`` counted) and
+    no chunk is stored."""
+    import hashlib
+
+    h = hashlib.sha256()
+    held: list = []  # (oid, FileSlice), in file order
     try:
         if stat_key(os.fstat(fd)) != pin[0]:
             raise EnvironmentProblem(f"{path} changed while it was being read; nothing was stored, run the command "
                                      "again")
-        sha, got = sha256_prefix(fd, size)
-        if store and got == size and sha == pin[1]:
-            os.lseek(fd, 0, os.SEEK_SET)
-            return None
-    except BaseException:
+        if size < SMALL_FILE:  # one object, as any small file: held (under 1 MiB) until its bytes are known
+            data = read_exactly(fd, size)
+            h.update(data)
+            got = len(data)
+            if store and data:
+                held.append((object_id(data), data))
+        else:
+            with io.BufferedReader(_Bounded(os.dup(fd), size), BLOCK) as f:
+                if store:
+                    got = _cut_named(f, path, h.update, [], lambda oid, piece: held.append((oid, piece)), False)
+                else:
+                    got = 0
+                    while data := f.read(BLOCK):
+                        h.update(data)
+                        got += len(data)
+        got += len(os.pread(fd, 1, got)) if got == size else 0
+    finally:
         os.close(fd)
-        raise
-    os.close(fd)
-    return FileDigest(sha, got, None)
-
-
-def sha256_prefix(fd: int, size: int) -> tuple[str, int]:
-    """RECORD's form of the sha256 of the first ``size`` bytes of the open file ``fd`` and one more, from
-    where it stands, and how many there were: ``size`` only when the file holds exactly that many."""
-    import hashlib
-
-    h, got = hashlib.sha256(), 0
-    while got <= size:
-        piece = os.read(fd, min(size + 1 - got, 1 << 20))
-        if not piece:
-            break
-        h.update(piece)
-        got += len(piece)
-    return record_sha256(h.digest()), got
+    sha = record_sha256(h.digest())
+    if got != size or sha != pin[1] or not store:
+        return FileDigest(sha, got, None)
+    for oid, piece in held:
+        emit(oid, piece if isinstance(piece, bytes) or len(piece) >= FRAME_TARGET // 2 else piece.load(oid))
+    return FileDigest(sha, size, [oid for oid, _ in held])
 
 
 def read_exactly(fd: int, size: int) -> bytes:
