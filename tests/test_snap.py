@@ -504,18 +504,18 @@ def _all_object_bytes(vault: Path) -> list[bytes]:
     return [bytes(v.get(oid)) for oid in v.index()]
 
 
-_RACE = """
+_LINKED_AFTER_PLANNING = """
 import os, sys
 from envvault.snap import manifests as M
-link, secret = sys.argv[2], sys.argv[3]
-checked = M.ManifestBuilder._plan_linked_in
-def then_retarget(self, entry, rec, rel, absolute, *rest):
-    got = checked(self, entry, rec, rel, absolute, *rest)
-    if absolute == link:  # another process retargets the link once its bytes were checked
-        os.symlink(secret, link + ".new")
-        os.replace(link + ".new", link)
+path, secret = sys.argv[2], sys.argv[3]
+planned = M.ManifestBuilder.plan_entry
+def then_link(self, dist, rec, *rest):
+    got = planned(self, dist, rec, *rest)
+    if self.absolute(dist, rec) == path:  # another process makes it a link to a secret once it was planned
+        os.symlink(secret, path + ".new")
+        os.replace(path + ".new", path)
     return got
-M.ManifestBuilder._plan_linked_in = then_retarget
+M.ManifestBuilder.plan_entry = then_link
 from envvault.entry import main
 sys.argv = ["envvault", "snap", "--no-caches", "--venv", sys.argv[1]]
 main()
@@ -561,7 +561,7 @@ def test_a_linked_files_check_and_its_stored_bytes_are_one_file(tmp_path, make_v
         uv_install(other, "--link-mode", "symlink", "linky", find_links=[wheels], cache_dir=cache)
         link = site_packages(other) / "linky" / name
         race_vault = tmp_path / f"race-{name}"
-        proc = subprocess.run([sys.executable, "-c", _RACE, str(other), str(link), str(secret)],
+        proc = subprocess.run([sys.executable, "-c", _LINKED_AFTER_PLANNING, str(other), str(link), str(secret)],
                               env=ev_env(race_vault), capture_output=True, text=True)
         assert os.readlink(link) == str(secret)  # the retarget happened
         assert proc.returncode == 7 and "changed while it was being read" in proc.stderr, proc.stderr
@@ -617,24 +617,6 @@ def test_a_linked_file_written_in_place_after_its_read_stores_none_of_the_new_by
         assert not any(b"NEWBYTES-5e2a" in data for data in _all_object_bytes(vault))
 
 
-_SWAP = """
-import os, sys
-from envvault.snap import manifests as M
-path, secret = sys.argv[2], sys.argv[3]
-planned = M.ManifestBuilder.plan_entry
-def then_swap(self, dist, rec, *rest):
-    got = planned(self, dist, rec, *rest)
-    if self.absolute(dist, rec) == path:  # another process swaps the file for a link once it was planned
-        os.symlink(secret, path + ".new")
-        os.replace(path + ".new", path)
-    return got
-M.ManifestBuilder.plan_entry = then_swap
-from envvault.entry import main
-sys.argv = ["envvault", "snap", "--no-caches", "--venv", sys.argv[1]]
-main()
-"""
-
-
 def test_a_file_swapped_for_a_link_after_it_was_planned_is_not_followed(tmp_path, make_venv, wheelhouse):
     """A package file that was a regular file when the scan planned its read and is a symlink to a secret when
     the read opens it: the read followed the link and stored the secret (helper 40). A planned regular file is
@@ -645,7 +627,7 @@ def test_a_file_swapped_for_a_link_after_it_was_planned_is_not_followed(tmp_path
     secret = tmp_path / "id_rsa"
     secret.write_bytes(b"-----BEGIN PRIVATE KEY----- envvault-test-swap\n" * 40)
     vault = tmp_path / "vault"
-    proc = subprocess.run([sys.executable, "-c", _SWAP, str(venv), str(module), str(secret)],
+    proc = subprocess.run([sys.executable, "-c", _LINKED_AFTER_PLANNING, str(venv), str(module), str(secret)],
                           env=ev_env(vault), capture_output=True, text=True)
     assert module.is_symlink()  # the swap happened
     assert proc.returncode == 7 and "did it change while envvault read" in proc.stderr, proc.stderr
