@@ -577,7 +577,7 @@ def rewrite():  # another process writes the file the link leads to, in place (i
     size = os.path.getsize(target)
     with open(target, "r+b") as f:
         f.write((marker * (size // len(marker) + 1))[:size])
-for name in [n for n in ("sha256_prefix", "read_exactly", "_cut_named") if hasattr(ingest, n)]:  # (the 1st: 36a853d's)
+for name in [n for n in ("sha256_prefix", "read_exactly", "_read_exactly", "_cut_named") if hasattr(ingest, n)]:  # (the 1st: 36a853d's)
     def read_then_rewrite(*args, _read=getattr(ingest, name), **kw):
         got = _read(*args, **kw)
         rewrite()

@@ -495,13 +495,13 @@ def _read_pinned(fd: int, path, size: int, pin: tuple, store: bool, emit) -> Fil
     import hashlib
 
     h = hashlib.sha256()
-    held: list = []  # (oid, FileSlice), in file order
+    held: list = []  # (oid, the small file's bytes or a large one's FileSlice), in file order
     try:
         if stat_key(os.fstat(fd)) != pin[0]:
             raise EnvironmentProblem(f"{path} changed while it was being read; nothing was stored, run the command "
                                      "again")
         if size < SMALL_FILE:  # one object, as any small file: held (under 1 MiB) until its bytes are known
-            data = read_exactly(fd, size)
+            data = _read_exactly(fd, size)
             h.update(data)
             got = len(data)
             if store and data:
@@ -526,7 +526,7 @@ def _read_pinned(fd: int, path, size: int, pin: tuple, store: bool, emit) -> Fil
     return FileDigest(sha, size, [oid for oid, _ in held])
 
 
-def read_exactly(fd: int, size: int) -> bytes:
+def _read_exactly(fd: int, size: int) -> bytes:
     """At most ``size`` bytes of the open file ``fd`` from where it stands: fewer only at its end (a short
     read is not the end), never more, however much more the file holds (a ``/proc`` file says size 0)."""
     parts, left = [], size
