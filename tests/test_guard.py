@@ -327,6 +327,24 @@ def test_a_failed_install_into_a_shared_folder_leaves_nothing_half_written_there
         (site / "regular" / "new.py").unlink()
 
 
+def test_a_shared_folder_too_large_to_list_is_left_as_it_is_and_said(cu128_pip_venv, tmp_path):
+    """A folder packages share that holds more than 20,000 entries is not listed before the command (guard
+    would pay for it on every command), so what a failed command left there cannot be told from what was there:
+    it is left as it is, and a warning says so (helper 40: it was skipped without a word)."""
+    venv = cu128_pip_venv
+    site = site_packages(venv)
+    big = site / "bigshared" / "lib"
+    big.mkdir(parents=True)
+    for n in range(20_001):
+        (big / f"f{n}").touch()
+    env = guard_env(venv, tmp_path / "vault")
+    proc, doc = _guard(env, "--", "sh", "-c", f"echo x > '{big}/stray.so'; exit 1", json_out=True)
+    assert proc.returncode == 1 and doc["outcome"] == "failed", proc.stderr
+    assert (big / "stray.so").exists() and (big / "f20000").exists()
+    line = [w for w in doc["warnings"] if w.startswith("did not look for what the command left in")]
+    assert len(line) == 1 and os.path.relpath(site / "bigshared", venv) in line[0], doc["warnings"]
+
+
 def test_a_rollback_removes_what_a_killed_upgrade_wrote_beside_the_files_it_puts_back(cu128_pip_venv, tmp_path):
     """A pip killed mid-upgrade has moved the old package aside (``~orchlike``) and written part of the new one
     into a fresh ``torchlike/``: the rollback puts the old files back and removes the stash; the new version's

@@ -608,13 +608,14 @@ def _top_entries(sites: list[Path]) -> dict[Path, set[str]]:
 _SHARED_LIMIT = 20_000  # entries listed in one shared folder before guard gives up on it (left as it is)
 
 
-def _shared_folders(tops: dict[Path, set[str]]) -> dict[str, set[str]]:
+def _shared_folders(tops: dict[Path, set[str]]) -> dict[str, set[str] | None]:
     """The folders at the top of a site folder that packages share, each with what it holds before the
     command (its entries' paths under it, folders included; a symlink listed, never followed): no
     ``__init__.py`` at their top (a namespace such as ``nvidia/``, whose CUDA 13 wheels all write into
     ``nvidia/cu13/lib``, or a ``numpy.libs``); never a dist-info folder, a ``~`` name, ``__pycache__`` or a
     symlink. A pip killed installing a new ``nvidia-*`` package leaves its files there, not at the top. A
-    folder of more than ``_SHARED_LIMIT`` entries, or one that cannot be listed, is left out (left as it is)."""
+    folder of more than ``_SHARED_LIMIT`` entries, or one that cannot be listed whole, maps to None: left as it
+    is, and ``_remove_strays`` says so."""
     shared = {}
     for site, names in tops.items():
         for name in sorted(names):
@@ -630,8 +631,7 @@ def _shared_folders(tops: dict[Path, set[str]]) -> dict[str, set[str]]:
                 listed.update(n if rel == "." else os.path.join(rel, n) for n in dirs + files)
                 if len(listed) > _SHARED_LIMIT:
                     break
-            if not errors and len(listed) <= _SHARED_LIMIT:
-                shared[path] = listed
+            shared[path] = listed if not errors and len(listed) <= _SHARED_LIMIT else None
     return shared
 
 
@@ -671,7 +671,7 @@ def _remove_new_tops(tops: dict[Path, set[str]], target: Path, started: float) -
 
 
 def _remove_strays(paths: list[str], target: Path, started: float, sites: list[Path],
-                   shared: dict[str, set[str]] | None = None) -> list[str]:
+                   shared: dict[str, set[str] | None] | None = None) -> list[str]:
     """After a failed command: the files in the folders of the packages a rollback put back (``paths``, their
     files: ``_put_back_paths``) and in the folders packages share (``shared``: ``_shared_folders``, with
     what each held before the command, which stays) that no installed distribution's RECORD lists and that
@@ -681,10 +681,12 @@ def _remove_strays(paths: list[str], target: Path, started: float, sites: list[P
     Only folders something was made in since are looked into (a file made there moves its folder's ctime),
     and RECORDs are read only when a file is found. Bytecode stays (Python passes over a ``.pyc`` whose
     source is gone), and so does every ``~`` name (pip's copies of what it uninstalls); a symlink is removed,
-    never followed. The warning naming how many, and where, or none."""
+    never followed. A shared folder that was not listed whole (None) is not looked into, and a warning says
+    so. The warnings naming how many, and where, and what was not looked into."""
     from envvault.model.identity import is_bytecode
 
-    shared = shared or {}
+    unlisted = sorted(f for f, listed in (shared or {}).items() if listed is None)
+    shared = {f: listed for f, listed in (shared or {}).items() if listed is not None}
     folders: set[str] = set(shared)  # each folder to look into, absolute
     prefixes = [os.path.relpath(site, target).replace(os.sep, "/") + "/" for site in sites]
     for path in paths:
@@ -692,6 +694,9 @@ def _remove_strays(paths: list[str], target: Path, started: float, sites: list[P
             rest = path[len(prefix):] if path.startswith(prefix) else None
             if rest and "/" in rest and not rest.startswith(("..", "~")):
                 folders.add(os.path.join(site, rest.split("/", 1)[0]))
+    skipped = [os.path.relpath(f, target) for f in unlisted if f not in folders]
+    note = [f"did not look for what the command left in {', '.join(skipped)}: more than {_SHARED_LIMIT:,} entries "
+            "before it ran, or some could not be listed"] if skipped else []
     since = started - _CTIME_SLACK
     found, made_dirs = [], []  # (folder, file) made since the command started; folders, deepest first
     for folder in sorted(folders):
@@ -739,10 +744,10 @@ def _remove_strays(paths: list[str], target: Path, started: float, sites: list[P
         except OSError:
             pass
     if not count:
-        return []
+        return note
     where = ", ".join(sorted(os.path.relpath(f, target) for f in removed))
     return [f"removed {count} file(s) the command left in the folders of the packages put back or shared by "
-            f"packages that no package owns ({where})"]
+            f"packages that no package owns ({where})", *note]
 
 
 def _sites_guess(prefix: Path) -> list[Path]:
