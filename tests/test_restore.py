@@ -753,3 +753,78 @@ def test_real_numpy_linked_from_uvs_cache_comes_back_after_the_cache_is_pruned(t
     assert not any(p.is_symlink() for p in linked) and all(p.is_file() for p in linked)
     assert subprocess.run(check, capture_output=True, text=True).stdout.split() == ["[5,", "7,", "9,", "11,", "13]"]
     assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_package_folder_linked_out_of_the_environment_comes_back_as_a_folder(tmp_path, make_venv):
+    """A package whose folder is a symlink into a cache outside the environment (what pdm's older ``symlink``
+    cache method left, and any hand-made shared install): the snapshot reads its files through the link, but a
+    restore refused to write under a symlink leading out, so once the cache was pruned or changed nothing
+    could bring the package back (exit 3). The restore now replaces the link with a folder of the snapshot's
+    files; where the link led is left exactly as it was, and a link whose files are all right stays."""
+    venv = make_venv("uv")
+    uv_install(venv, "--link-mode", "copy", "requests", index_url="file:///opt/pypi/simple", cache_dir=tmp_path / "uvc")
+    site = site_packages(venv)
+    cache = tmp_path / "pkg-cache" / "requests-2.34"
+    cache.parent.mkdir()
+    shutil.move(site / "requests", cache)
+    (site / "requests").symlink_to(cache, target_is_directory=True)
+    check = [str(python_of(venv)), "-c", "import requests, requests.adapters; print(requests.__version__)"]
+    version = subprocess.run(check, capture_output=True, text=True, check=True).stdout.strip()
+    vault = tmp_path / "vault"
+    snap = ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    assert not snap["warnings"], snap["warnings"]
+
+    # All files right: nothing to do, the link stays.
+    res = ev_json(vault, "restore", "latest", "--venv", venv)
+    assert res["verified"] is True and (site / "requests").is_symlink()
+
+    # The cache changed under the link (another environment's upgrade, a user's edit): the link goes.
+    (cache / "api.py").write_text("raise ImportError('not the snapshot')\n")
+    before = _listing(cache.parent)
+    status = ev_json(vault, "status", "--venv", venv)
+    assert [c["name"] for c in status["packages"]["changed"]] == ["requests"], status
+    dry = ev_json(vault, "restore", "latest", "--venv", venv, "--dry-run")
+    assert dry["plan"]["unlinked"] == [(site / "requests").relative_to(venv).as_posix()], dry["plan"]
+    assert (site / "requests").is_symlink()  # (a dry run changes nothing)
+    res = ev_json(vault, "restore", "latest", "--venv", venv)
+    assert res["verified"] is True, res
+    assert any("symlink out of the environment" in w for w in res["warnings"]), res["warnings"]
+    assert not (site / "requests").is_symlink() and (site / "requests" / "api.py").is_file()
+    assert _listing(cache.parent) == before  # nothing written, changed or removed where the link led
+    assert subprocess.run(check, capture_output=True, text=True).stdout.strip() == version
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+    # Linked again, then the cache pruned: the dangling link is replaced as well.
+    shutil.rmtree(site / "requests")
+    (site / "requests").symlink_to(cache, target_is_directory=True)
+    shutil.rmtree(cache.parent)
+    assert subprocess.run(check, capture_output=True).returncode != 0
+    assert ev_json(vault, "restore", "latest", "--venv", venv)["verified"] is True
+    assert subprocess.run(check, capture_output=True, text=True).stdout.strip() == version
+    assert not cache.parent.exists()
+
+
+def test_a_link_out_above_the_site_folder_is_still_refused(tmp_path, make_venv, wheelhouse):
+    """The replacement is for a package's folder only: a site-packages that is itself a symlink out of the
+    environment holds every package, and a restore that needs to write there is refused as before (one line,
+    exit 3), nothing written where it leads."""
+    venv = make_venv("uv")
+    uv_install(venv, wheelhouse[C.SMALL_01])
+    site = site_packages(venv)
+    vault = tmp_path / "vault"
+    sid = ev_json(vault, "snap", "--no-caches", "--venv", venv)["id"]
+    outside = tmp_path / "elsewhere" / "site-packages"
+    outside.parent.mkdir()
+    shutil.move(site, outside)
+    site.symlink_to(outside, target_is_directory=True)
+    victim = sorted((outside / "smallpkg").rglob("*.py"))[0]
+    victim.unlink()
+    before = _listing(outside)
+    r = ev(vault, "restore", sid, "--venv", venv, check=False)
+    assert r.returncode == 3, (r.returncode, r.stderr)
+    assert_one_line_error(r, "leads outside the environment")
+    assert site.is_symlink() and _listing(outside) == before

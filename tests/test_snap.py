@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import catalogue as C
-from fixtures import build_wheel, pip_install, python_of, site_packages, uv_install, uv_pip
+from fixtures import build_wheel, pdm_link_install, pip_install, python_of, site_packages, uv_install, uv_pip
 from tests.evtools import assert_one_line_error, behind_a_gc, ev, ev_env, ev_json, mounted
 
 
@@ -684,3 +684,89 @@ def test_a_link_out_of_the_environment_to_other_bytes_stays_a_link_its_bytes_nev
     copied = make_venv("uv")
     uv_install(copied, wheelhouse[C.SMALL_01])
     assert "lead out of" not in ev(vault, "snap", "--no-caches", "--venv", copied).stderr
+
+
+_PDM_LINKED = ("requests-2.34.2", "urllib3-2.8.0", "idna-3.20", "certifi-2026.7.22")
+
+
+def test_a_pdm_install_linked_into_its_cache_is_stored_and_restored_once_the_cache_is_pruned(tmp_path, make_venv):
+    """pdm with its install cache on (``install.cache_method = "symlink"``, its default then) makes every file
+    a symlink into its package cache and writes ``sha256=`` (no hash) for each in RECORD. Every snap of such
+    an environment failed ("RECORD is garbled ... has a bad hash 'sha256='", exit 7). Now those rows read as
+    rows without a hash, and take their hashes from the RECORD of the cached copy pdm's ``REFER_TO`` names,
+    so each link is stored as the package's file, checked; once the cache is pruned ``status`` names the
+    files and ``restore latest`` brings back working packages (real requests and its dependencies from this
+    machine's index). The build id stays that of RECORD as written: the same with the cache gone."""
+    import glob
+    import shutil
+
+    from envvault.vault.store import Vault
+
+    venv = make_venv("uv")
+    uv_install(venv, "--link-mode", "copy", "charset-normalizer", index_url="file:///opt/pypi/simple",
+               cache_dir=tmp_path / "uvc")
+    cache = tmp_path / "pdm-cache" / "packages"
+    for stem in _PDM_LINKED:
+        (wheel,) = glob.glob(f"/opt/pypi/files/{stem}-*.whl")
+        pdm_link_install(venv, wheel, cache)
+    linked = _links_of(venv)
+    assert len(linked) > 50 and any(p.name == "METADATA" for p in linked)
+    check = [str(python_of(venv)), "-c", "import requests, requests.adapters, urllib3, idna; print(requests.__version__)"]
+    assert subprocess.run(check, capture_output=True, text=True).stdout.strip() == "2.34.2"
+    vault = tmp_path / "vault"
+    doc = ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    assert not doc["warnings"], doc["warnings"]
+    man = Vault.open(vault).load_manifest(_pkg(ev_json(vault, "show", doc["id"]), "requests")["manifest"])
+    by_path = {f.path: f for f in man.files}
+    for p in linked:
+        if "requests" in p.relative_to(site_packages(venv)).parts[0]:
+            f = by_path[str(p.relative_to(venv))]
+            assert f.link is None and f.state == "ok" and f.chunks is not None, f
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+    shutil.rmtree(cache.parent)  # ``pdm cache clear``: every link dangles
+    assert subprocess.run(check, capture_output=True).returncode != 0
+    status = ev_json(vault, "status", "--venv", venv)
+    assert sorted(c["name"] for c in status["packages"]["changed"]) == ["certifi", "idna", "requests", "urllib3"], status
+    assert all(c["kind"] == "edited" and not c["build_changed"] for c in status["packages"]["changed"]), status
+    done = ev_json(vault, "restore", "latest", "--venv", venv)
+    assert done["verified"] is True, done
+    assert not _links_of(venv)
+    assert subprocess.run(check, capture_output=True, text=True).stdout.strip() == "2.34.2"
+    assert ev_json(vault, "status", "--venv", venv)["empty"] is True
+
+
+def test_a_hashless_link_stores_no_bytes_nobody_named_first(tmp_path, make_venv):
+    """Attacks on the hashes a pdm cache gives (a site folder may be writable by others, a ``REFER_TO`` may name
+    any folder): a RECORD row without a hash for a link to a secret that the cached RECORD does not name; one
+    that the cached RECORD names with a hash other than the secret's (whoever wrote it did not know the
+    secret); a ``REFER_TO`` that is a FIFO (never waited on). Each snap finishes; no byte of the secret
+    reaches the vault (the links are recorded as links, with the warning that a restore refuses them)."""
+    from envvault.vault.store import Vault
+
+    secret = tmp_path / "id_ed25519"
+    secret.write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY----- envvault-test-secret\n" * 8)
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "linky", "1.0", {"linky/__init__.py": b"X = 1\n", "linky/mod.py": b"Y = 2\n" * 100})
+    (wheel,) = wheels.glob("linky-*.whl")
+    size = secret.stat().st_size
+    for case in ("unnamed", "wrong-hash", "fifo"):
+        venv = make_venv("uv", name=f"venv-{case}")
+        cache = tmp_path / f"cache-{case}"
+        dist_info = pdm_link_install(venv, wheel, cache)
+        (site_packages(venv) / "linky" / "key.txt").symlink_to(secret)
+        record = (dist_info / "RECORD").read_text()
+        (dist_info / "RECORD").write_text(record.replace("linky/mod.py,", f"linky/key.txt,sha256=,{size}\nlinky/mod.py,"))
+        if case == "wrong-hash":
+            cached = next(cache.iterdir()) / dist_info.name / "RECORD"
+            cached.write_text(cached.read_text() + f"linky/key.txt,sha256={'A' * 43},{size}\n")
+        if case == "fifo":
+            (dist_info / "REFER_TO").unlink()
+            os.mkfifo(dist_info / "REFER_TO")
+        vault = tmp_path / f"vault-{case}"
+        doc = ev_json(vault, "snap", "--no-caches", "--venv", venv, timeout=120)
+        assert any("lead out of the environment" in w for w in doc["warnings"]), (case, doc["warnings"])
+        man = Vault.open(vault).load_manifest(_pkg(ev_json(vault, "show", doc["id"]), "linky")["manifest"])
+        key = next(f for f in man.files if f.path.endswith("linky/key.txt"))
+        assert key.link == str(secret) and key.chunks is None, (case, key)
+        assert not any(b"envvault-test-secret" in data for data in _all_object_bytes(vault)), case

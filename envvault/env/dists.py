@@ -38,6 +38,9 @@ class InstalledDist:
     scripts: set[str] = field(default_factory=set)  # console/gui script names (launchers are generated)
     kind: str = "dist-info"  # or "egg-info", or "egg-link" (an old-style editable: dist_info is the .egg-link)
     target: str | None = None  # egg-link: the folder its files live in, outside the environment
+    # RECORD's rows as written, when ``record`` took hashes RECORD lacks from an installer's cache
+    # (``_with_cached_hashes``): the build id is of these, whether or not that cache is still there
+    written_rows: list[RecordEntry] | None = None
 
     @property
     def display(self) -> str:
@@ -51,7 +54,8 @@ class InstalledDist:
         """The build id (docs/format.md, "build id"), from RECORD alone."""
         if self.kind == "egg-link":
             return egg_link_build_id(self.target or "")
-        return build_id(self.record or (), self.layout(scripts_dir))
+        rows = self.written_rows if self.written_rows is not None else self.record
+        return build_id(rows or (), self.layout(scripts_dir))
 
 
 def _read_text(path: Path) -> str | None:
@@ -129,6 +133,11 @@ def read_dist(dist_info: Path, site: Path) -> InstalledDist:
     if record_text is None:
         raise _broken(dist_info, f"{dist_info}/RECORD is missing, so the files of {name} are unknown")
     record = _parse_record(record_text, dist_info / "RECORD")
+    written = None
+    if any(r.algo is None for r in record):
+        filled = _with_cached_hashes(dist_info, record)
+        if filled is not None:
+            record, written = filled, record
     if meta_text is None and not any(r.path == f"{dist_info.name}/METADATA" for r in record):
         raise _broken(dist_info, f"{dist_info}/METADATA is missing")  # and RECORD never listed it
     wheel: dict = {"tags": [], "build": None, "generator": None, "root_is_purelib": None}
@@ -160,7 +169,36 @@ def read_dist(dist_info: Path, site: Path) -> InstalledDist:
         direct_url=direct_url,
         record=record,
         scripts=_entry_point_scripts(dist_info),
+        written_rows=written,
     )
+
+
+def _with_cached_hashes(dist_info: Path, record: list[RecordEntry]) -> list[RecordEntry] | None:
+    """RECORD's rows, those without a hash given the hash the installer's cached copy of the wheel gives for
+    the same path and size; None when there is no such copy. pdm's ``symlink`` cache method makes each file a
+    symlink into its package cache and writes ``sha256=`` (no hash) for it; its ``REFER_TO`` names that
+    cached copy, whose own RECORD (the wheel's) has every hash. With them the links are checked as any row
+    is (``snap/manifests.py``): a link is stored as the package's file only when it leads to the very bytes
+    a RECORD named before envvault read them, so a ``REFER_TO`` or a cached RECORD someone else wrote can
+    make envvault store only bytes they already knew. Either file unreadable, garbled or not there: None."""
+    try:
+        refer = (_read_text(dist_info / "REFER_TO") or "").strip()
+        if not refer.startswith("/") or "\n" in refer or "\0" in refer:
+            return None
+        text = read_env_file(Path(refer) / dist_info.name / "RECORD").decode("utf-8", errors="replace")
+    except (OSError, ValueError, EnvironmentProblem, CorruptError):
+        return None
+    cached, problems = parse_record(text)
+    if problems:
+        return None
+    known = {r.path: r for r in cached if r.algo is not None}
+    out = []
+    for r in record:
+        c = known.get(r.path) if r.algo is None else None
+        if c is not None and (r.size is None or c.size is None or r.size == c.size):
+            r = RecordEntry(r.path, c.algo, c.digest, r.size if r.size is not None else c.size)
+        out.append(r)
+    return out
 
 
 def read_egg_info(path: Path, site: Path) -> InstalledDist | None:

@@ -3,7 +3,8 @@
 Pure: text in, records out. Modelled on pypa/installer's ``records.py``: ``RecordEntry`` trusts its
 arguments; ``parse_record`` validates every row and lists every problem with its row number, so a caller
 can report them all at once. Rows an installer legitimately writes without a hash or size (RECORD itself,
-bytecode, the folder rows virtualenv's seeder writes) parse cleanly.
+bytecode, the folder rows virtualenv's seeder writes, and pdm's ``sha256=`` with no digest for the files it
+links into its cache) parse cleanly, as rows without a hash.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def _entry(row: list[str], number: int, problems: list[RecordProblem]) -> Record
     algo = digest = None
     if hash_field:
         algo, sep, digest = hash_field.partition("=")
-        if not sep or not algo or not digest:
+        if sep and algo in _ALGOS and not digest:
+            algo = digest = None  # ``sha256=``: no hash (pdm's rows for the files it links into its cache)
+        elif not sep or not algo or not digest:
             found.append(f"has a bad hash {hash_field[:40]!r} (want algo=digest)")
             algo = digest = None
         else:  # one "sha256" for every row, not a string a row (a scan holds tens of thousands of rows)

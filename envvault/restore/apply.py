@@ -37,12 +37,14 @@ class KindChanges:
     ``files``: a file or link where the snapshot needs a folder (its writes are staged beside it, in the
     nearest folder that exists: ``staged_beside``; ``folders_to_make``: the folders made for them at the
     commit); ``folders``: a folder all of whose entries the restore deletes (``removable``), where the
-    snapshot has a file."""
+    snapshot has a file. ``links``: those of ``files`` that are symlinks leading out of the environment (the
+    plan's ``unlinked``): the link goes, never what it leads to."""
 
     files: tuple[str, ...] = ()
     folders: tuple[str, ...] = ()
     folders_to_make: tuple[str, ...] = ()
     removals: frozenset[str] = frozenset()
+    links: tuple[str, ...] = ()  # of ``files``: symlinks out of the environment a folder replaces (``links_out``)
 
     def staging_dirs(self) -> set[str]:
         """Folders a killed restore may have left temp files in, beyond the writes' own."""
@@ -66,12 +68,50 @@ def _dir_in_the_way(full: str) -> EnvironmentProblem:
     return EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
 
 
+def links_out(target: Path, plan: Plan, sites) -> tuple[str, ...]:
+    """The folders on the way of ``plan``'s writes that are, on disk, symlinks inside one of the environment's
+    site folders (``sites``, relative to ``target``) leading out of it, or to nothing there: a package's folder
+    linked into an installer's cache (pdm's ``symlink`` install method), the cache pruned or holding other
+    bytes. The restore replaces each with a real folder (``make_plan``'s ``unlinked``) and never writes where
+    it leads. A link at or above a site folder is not one of them (every package lies under it: refused, as
+    any write through a link out is), nor is one whose own folder leads out, nor one leading inside."""
+    from envvault.safepaths import FinalTree
+
+    prefixes = tuple(s.rstrip("/") + "/" for s in sites if s)
+    needed: set[str] = set()
+    for w in plan.writes:
+        d = os.path.dirname(w.path)
+        while d and d not in needed:
+            needed.add(d)
+            d = os.path.dirname(d)
+    tree = FinalTree(target)
+    found: list[str] = list(plan.unlinked)  # (replaced already: what lies under them is the restore's)
+    missing: set[str] = set()  # folders not there: nothing under them is looked at (a removed torch's 1,000)
+    for rel in sorted(needed, key=lambda r: r.count("/")):  # the topmost first: nothing under one is looked at
+        if not rel.startswith(prefixes) or any(rel == f or rel.startswith(f + "/") for f in found):
+            continue
+        if os.path.dirname(rel) in missing:
+            missing.add(rel)
+            continue
+        try:
+            if not stat.S_ISLNK(os.lstat(os.path.join(target, rel)).st_mode):
+                continue
+        except OSError:
+            missing.add(rel)
+            continue
+        if tree.write_problem(rel) is None and tree.resolve(rel) is None:
+            found.append(rel)
+    return tuple(sorted(found))
+
+
 def kind_changes(target: Path, plan: Plan) -> KindChanges:
     """Find the paths whose kind ``plan`` changes, before anything is written (the dry run too): one ``lstat``
     a folder the writes need (a ``stat`` more for a link). A file in the way of a folder that the restore
     does not delete is an EnvironmentProblem, and so (``refuse_folders_in_the_way``, a RefusedError) is a folder
-    in the way of a file that holds anything the restore would not delete: a user's file is never deleted."""
+    in the way of a file that holds anything the restore would not delete: a user's file is never deleted.
+    A symlink out that the plan replaces with a folder (its ``unlinked``) is cleared like a file in the way."""
     removed = frozenset(plan.removals)
+    unlinked = frozenset(plan.unlinked)
     needed: set[str] = set()
     for w in plan.writes:
         d = os.path.dirname(w.path)
@@ -80,7 +120,7 @@ def kind_changes(target: Path, plan: Plan) -> KindChanges:
             d = os.path.dirname(d)
     files: list[str] = []
     for rel in sorted(needed):  # parents first: what lies under a file the restore clears is not looked at
-        if files and rel.startswith(files[-1] + "/"):
+        if any(rel.startswith(f + "/") for f in files):
             continue
         full = os.path.join(target, rel)
         try:
@@ -89,14 +129,17 @@ def kind_changes(target: Path, plan: Plan) -> KindChanges:
             continue
         if stat.S_ISDIR(mode):
             continue
-        if rel in removed:
+        if rel in removed or rel in unlinked:
             files.append(rel)  # (a link too: a folder of the snapshot's takes its place)
         elif not (stat.S_ISLNK(mode) and os.path.isdir(full)):  # a symlinked folder inside (refuse_escapes)
             raise _dir_in_the_way(full)  # the user's (or another package's): never deleted
     under = tuple(f + "/" for f in files)
     make = sorted({os.path.dirname(w.path) for w in plan.writes if w.path.startswith(under)}) if files else []
-    changes = KindChanges(files=tuple(files), folders_to_make=tuple(make), removals=removed)
-    folders = materialize.refuse_folders_in_the_way(target, [w.path for w in plan.writes], changes.removable)
+    changes = KindChanges(files=tuple(files), folders_to_make=tuple(make), removals=removed,
+                          links=tuple(f for f in files if f in unlinked))
+    # (what lies under a file or link cleared at the commit is not looked at: a link's is not the environment's)
+    folders = materialize.refuse_folders_in_the_way(
+        target, [w.path for w in plan.writes if changes.staged_beside(w.path) is None], changes.removable)
     return replace(changes, folders=tuple(folders)) if folders else changes
 
 
@@ -194,7 +237,8 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
                 crash_point("commit")
     for rel in changes.files:
         if paths.check(rel) is None:
-            removed += _unlink_counted(paths.abs(rel))
+            gone = _unlink_counted(paths.abs(rel))  # (a link out: the link, never what it leads to)
+            removed += gone if rel not in changes.links else 0
             crash_point("commit")
     for rel in changes.folders_to_make:
         os.makedirs(paths.abs(rel), exist_ok=True)

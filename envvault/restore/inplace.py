@@ -27,13 +27,13 @@ from envvault.model.snapshot import Snapshot
 from envvault.model.records import replace
 from envvault.safepaths import reserved_problem
 from envvault.vault import timing
-from envvault.restore.apply import (commit_plan, kind_changes, populate_statcache, remember_written, shares_inode,
-                                    stage_plan, undo_staging)
+from envvault.restore.apply import (commit_plan, kind_changes, links_out, populate_statcache, remember_written,
+                                    shares_inode, stage_plan, undo_staging)
 from envvault.restore.backup import discard_backup, links_refused, scan_now
 from envvault.env.probe import system_of, target_options
 from envvault.restore.current import Layout, protected_dirs, read_current
 from envvault.restore.managed import hold_managed
-from envvault.restore.plan import check_python, make_plan
+from envvault.restore.plan import check_python, make_plan, site_folders
 from envvault.restore.pyvenv import apply_settings, settings_to_set
 from envvault.output import ProgressSink
 from envvault.restore.result import RestoreResult
@@ -85,9 +85,20 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                         installed[mid] = vault.load_manifest(mid)
                     return installed[mid]
 
-                plan = make_plan(sid, snapshot, now, current, manifest_of,
-                                 pending_removals=list(earlier.removals) + list(earlier.writes),
-                                 shared=lambda rel, mode: shares_inode(os.path.join(target, rel), mode))
+                def plan_for(unlinked=()):
+                    return make_plan(sid, snapshot, now, current, manifest_of,
+                                     pending_removals=list(earlier.removals) + list(earlier.writes),
+                                     shared=lambda rel, mode: shares_inode(os.path.join(target, rel), mode),
+                                     unlinked=unlinked)
+
+                plan = plan_for()
+                # A package folder linked out of the environment (an installer's cache) that the writes need:
+                # a folder takes its place (planned again: every file under it written, none kept)
+                sites = site_folders(snapshot.python, now.python)
+                while (unlinked := links_out(target, plan, sites)) != plan.unlinked:
+                    plan = plan_for(unlinked)
+                if plan.unlinked:
+                    plan = replace(plan, warnings=plan.warnings + tuple(_unlinked_note(target, rel) for rel in plan.unlinked))
                 plan = hold_managed(plan, target, now, snapshot, current)  # a system environment's dpkg files stay
                 # The venv's own interpreter and pyvenv.cfg are never deleted, whatever a RECORD or journal lists.
                 scripts = {"bin", os.path.relpath(interp.scripts, target).replace(os.sep, "/")}
@@ -100,7 +111,7 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 # Every entry decided against the tree as the restore leaves it (its own symlinks included).
                 refuse_escapes(target, f"refusing to restore {sid[:12]}",
                                links={w.path: w.link for w in plan.writes if w.link is not None},
-                               entries=[w.path for w in plan.writes if w.link is None],
+                               entries=[w.path for w in plan.writes if w.link is None], dirs=plan.unlinked,
                                scripts=scripts)
                 changes = kind_changes(target, plan)  # a user's file in a folder in the way refuses it
             except BaseException:
@@ -182,6 +193,15 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
         settings_set=tuple(f"{k} = {'(absent)' if v is None else v}" for k, v in settings.items()),
         backup_refused=refused,
     )
+
+
+def _unlinked_note(target: Path, rel: str) -> str:
+    try:
+        where = os.readlink(os.path.join(target, rel))
+    except OSError:
+        where = "?"
+    return (f"{rel} is a symlink out of the environment (to {where}, an installer's cache?): a folder of the "
+            "snapshot's files takes its place; what it leads to is left as it is")
 
 
 def _save_cache(cache, pruned: bool) -> None:

@@ -21,7 +21,7 @@ from envvault.model.manifest import DistManifest
 from envvault.model.snapshot import PackageSummary, PythonInfo, Snapshot
 from envvault.safepaths import link_target_problem, path_problem
 
-__all__ = ["CurrentDist", "FileWrite", "Plan", "make_plan", "check_python", "check_rel_path", "is_pyc"]
+__all__ = ["CurrentDist", "FileWrite", "Plan", "make_plan", "site_folders", "check_python", "check_rel_path", "is_pyc"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class Plan:
     warnings: tuple[str, ...] = ()
     dist_infos: tuple[str, ...] = ()  # dist-info folders of the packages written
     modes: tuple[tuple[str, int], ...] = ()  # kept files whose execute bit differs from the snapshot's (path, mode)
+    unlinked: tuple[str, ...] = ()  # symlinks out of the environment replaced by folders (``make_plan``)
 
     @property
     def empty(self) -> bool:
@@ -95,6 +96,7 @@ class Plan:
             "remove_files": len(self.removals),
             "remove_dirs": list(self.remove_dirs),
             "warnings": list(self.warnings),
+            "unlinked": list(self.unlinked),
         }
 
 
@@ -137,7 +139,7 @@ def _same(snap: PackageSummary, cur: PackageSummary) -> bool:
     )
 
 
-def _site_dirs(*pythons: PythonInfo) -> set[str]:
+def site_folders(*pythons: PythonInfo) -> set[str]:
     return {posixpath.normpath(d).strip("/") for py in pythons
             for d in (py.purelib, py.platlib, *(py.sites or ())) if isinstance(d, str) and d}
 
@@ -162,6 +164,7 @@ def make_plan(
     *,
     pending_removals: Iterable[str] = (),
     shared: Callable[[str, int], bool] | None = None,
+    unlinked: Iterable[str] = (),
 ) -> Plan:
     """Decide the restore of ``snapshot`` onto the environment described by ``now`` (its scan) and
     ``current`` (the scan's distributions with their RECORDs).
@@ -170,9 +173,15 @@ def make_plan(
     deleted now unless the snapshot owns them. ``shared(path, mode)``: whether a file on disk is another's too
     (a hardlink into an installer's cache, uv's default; a symlink out) and has not ``mode``: one whose bytes
     match but whose execute bit may differ (its package's says so, or another package lists it) is then
-    written anew, never chmod-ed (that would change the other file). Raises ``RefusedError`` listing every
-    unsafe manifest path.
+    written anew, never chmod-ed (that would change the other file). ``unlinked``: folders of the snapshot
+    that are symlinks leading out of the environment today (an installer's cache: pdm links a package's
+    folders there), which the commit replaces with real folders (``apply.links_out``): every file of the
+    snapshot under them is written, none kept (a distribution otherwise untouched is written whole), and
+    nothing under them is deleted (what the link leads to is not the environment's). Raises ``RefusedError``
+    listing every unsafe manifest path.
     """
+    unlinked = tuple(sorted(set(unlinked)))
+    under = tuple(u + "/" for u in unlinked)
     diff = diff_snapshots(now, snapshot, old_label="current", new_label=snapshot_id[:12], scope="environment")
     cur_by_name: dict[str, list[CurrentDist]] = {}
     for c in current:
@@ -185,6 +194,9 @@ def make_plan(
         twin = next((c for c in cands if _same(p, c.summary)), None)
         if twin is not None:
             cands.remove(twin)
+            if under and any(path.startswith(under) for path in twin.files):
+                to_install.append((p, twin))  # its files under a link the commit replaces: written whole
+                continue
             untouched.append(twin)
             continue
         to_install.append((p, cands.pop(0) if cands else None))
@@ -212,7 +224,7 @@ def make_plan(
     absent: set[str] = set()
     install_names: list[str] = []
     dist_infos: list[str] = []
-    site_dirs = _site_dirs(snapshot.python, now.python)
+    site_dirs = site_folders(snapshot.python, now.python)
     replaced: list[CurrentDist] = []
     for p, cur in to_install:
         label = f"{p.name} {p.version}"
@@ -263,7 +275,7 @@ def make_plan(
             mode = int(f.mode or 0o644) & 0o7777
             owned.add(path)
             taken.add(path)
-            if known.get(path) is not None and known[path] == f.sha256 and not (
+            if known.get(path) is not None and known[path] == f.sha256 and not path.startswith(under or "\0") and not (
                     (path in chmod or cur is None) and shared is not None and shared(path, mode)):
                 keeps.append((path, mode))
                 if path in chmod:
@@ -298,6 +310,9 @@ def make_plan(
         untouched_files = {path for c in untouched for path in c.files}
         removals -= untouched_files
         doomed -= untouched_files
+    if under:  # what lies under a link the commit replaces goes with the link, untouched where it leads
+        removals = {r for r in removals if not r.startswith(under)}
+        doomed = {d for d in doomed if not (d + "/").startswith(under)}
     remove_dirs = sorted(doomed)
     return Plan(
         snapshot_id=snapshot_id,
@@ -311,4 +326,5 @@ def make_plan(
         warnings=tuple(warnings),
         dist_infos=tuple(sorted(dist_infos)),
         modes=tuple(sorted(modes)),
+        unlinked=unlinked,
     )

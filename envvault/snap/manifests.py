@@ -348,13 +348,24 @@ def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
     regular file (dangling, a folder, a FIFO: never waited on), to one of another size than RECORD's (never
     read: it may be of any size) or to one that cannot be read (a ``/sys`` file), its own text's. A row
     without a sha256 is ``ok``. Returns the stat of the file read through the link (as opened) and its
-    bytes' sha256, or None when none was read."""
-    if rec.algo != "sha256" or rec.digest is None:
-        entry["state"] = "ok"
-        return None
+    bytes' sha256, or None when none was read. A row without a sha256 is ``ok`` while the link leads to a
+    regular file, else ``modified``, its ``sha256`` the link's own text's (pdm's links into a cache that was
+    pruned, RECORD's rows without a hash once the cached RECORD that gave them is gone too)."""
     import hashlib
 
     from envvault.model.record import record_sha256
+
+    if rec.algo != "sha256" or rec.digest is None:
+        try:
+            there = statmod.S_ISREG(os.stat(absolute).st_mode)  # (followed; nothing opened)
+        except (OSError, ValueError):
+            there = False
+        if there:
+            entry["state"] = "ok"
+        else:
+            entry.update(state="modified",
+                         sha256=record_sha256(hashlib.sha256(entry["link"].encode("utf-8", "surrogateescape")).digest()))
+        return None
 
     sha, exact, opened = None, False, None
     try:
