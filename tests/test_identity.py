@@ -241,12 +241,22 @@ def test_large_records_parse_once_and_each_caller_owns_its_lists(monkeypatch):
     assert not any(isinstance(k, str) for k in record._memo)  # no text kept
     parse_record("a.py,sha256=x,1\n")
     assert record._text_key("a.py,sha256=x,1\n") not in record._memo
-    garbled = big + "bad.py,sha256=,1\r\n"
+    garbled = big + "bad.py,=abc,1\r\n"
     for _ in range(2):
         rows, found = parse_record(garbled)
         assert len(rows) == 3000 and [str(p) for p in found] == [
-            "row 3001: 'bad.py' has a bad hash 'sha256=' (want algo=digest)"]
+            "row 3001: 'bad.py' has a bad hash '=abc' (want algo=digest)"]
     assert record._text_key(garbled) not in record._memo and len(calls) == 2 + record._MEMO_SIZE + 1 + 2
+
+
+def test_an_algorithm_without_a_digest_is_a_row_without_a_hash():
+    """pdm writes ``sha256=`` (no digest) for each file it links into its cache: a row without a hash, as
+    ``,,`` is; a digest without an algorithm, an unknown algorithm without a digest, or no ``=`` stay garbled."""
+    rows, problems = parse_record("pkg/a.py,sha256=,12\npkg/b.py,,3\n")
+    assert problems == [] and [(r.path, r.algo, r.digest, r.size) for r in rows] == [
+        ("pkg/a.py", None, None, 12), ("pkg/b.py", None, None, 3)]
+    _rows, problems = parse_record("a.py,=abc,1\nb.py,crc=,1\nc.py,sha256,1\n")
+    assert [p.row for p in problems] == [1, 2, 3], problems
 
 
 RECORD_TEXTS = {

@@ -828,3 +828,62 @@ def test_a_link_out_above_the_site_folder_is_still_refused(tmp_path, make_venv, 
     assert r.returncode == 3, (r.returncode, r.stderr)
     assert_one_line_error(r, "leads outside the environment")
     assert site.is_symlink() and _listing(outside) == before
+
+
+def _requests_linked_out(tmp_path, make_venv) -> tuple[Path, Path, Path]:
+    """A venv with real requests (and its dependencies) whose package folder is a symlink to ``out/requests``."""
+    venv = make_venv("uv")
+    uv_install(venv, "--link-mode", "copy", "requests", index_url="file:///opt/pypi/simple", cache_dir=tmp_path / "uvc")
+    site = site_packages(venv)
+    out = tmp_path / "out" / "requests"
+    out.parent.mkdir()
+    shutil.move(site / "requests", out)
+    (site / "requests").symlink_to(out, target_is_directory=True)
+    return venv, site, out
+
+
+def test_a_link_put_back_while_the_restore_replaces_it_is_never_written_through(tmp_path, make_venv):
+    """Helper 41: the restore removed the package folder's link out, then made "the folder" with
+    ``makedirs(exist_ok=True)``; a link put back in that moment (another user of a shared site folder) had the
+    restore rename every file of the package through it, outside the environment, and report "verified". The
+    folder is now made with ``mkdir`` (never one that is there): the restore stops (exit 7, one line, its
+    journal kept) and nothing is written where that link leads."""
+    venv, site, out = _requests_linked_out(tmp_path, make_venv)
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    (out / "api.py").write_text("raise ImportError('not the snapshot')\n")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "envvault", "restore", "latest", "--venv", str(venv)],
+                            env=ev_env(vault, ENVVAULT_TEST_CRASH_AT="commit:1:STOP"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _pid, how = os.waitpid(proc.pid, os.WUNTRACED)  # stopped once the link is gone
+        assert os.WIFSTOPPED(how), how
+        assert not os.path.lexists(site / "requests")
+        (site / "requests").symlink_to(victim, target_is_directory=True)
+        os.kill(proc.pid, signal.SIGCONT)
+        _out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 7 and "appeared while the restore replaced the symlink" in err, (proc.returncode, err)
+    assert "Traceback" not in err
+    assert list(victim.iterdir()) == []
+
+
+def test_a_kept_file_under_a_package_folder_linked_out_is_never_chmod_ed(tmp_path, make_venv):
+    """Helper 41: a file of a package folder linked out of the environment that only lost its execute bit's
+    state (the cache's file chmod-ed by someone) was chmod-ed back where the link leads, outside the
+    environment. A kept file under a folder leading out is now written anew (the link replaced by a folder),
+    and the file outside keeps its mode."""
+    venv, site, out = _requests_linked_out(tmp_path, make_venv)
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    (out / "api.py").chmod(0o755)
+    res = ev_json(vault, "restore", "latest", "--venv", venv)
+    assert res["verified"] is True, res
+    assert (out / "api.py").stat().st_mode & 0o777 == 0o755
+    assert not (site / "requests").is_symlink() and (site / "requests" / "api.py").stat().st_mode & 0o777 == 0o644

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -770,3 +771,53 @@ def test_a_hashless_link_stores_no_bytes_nobody_named_first(tmp_path, make_venv)
         key = next(f for f in man.files if f.path.endswith("linky/key.txt"))
         assert key.link == str(secret) and key.chunks is None, (case, key)
         assert not any(b"envvault-test-secret" in data for data in _all_object_bytes(vault)), case
+
+
+def _linky(tmp_path: Path, x: str) -> Path:
+    """A ``linky 1.0`` wheel whose ``__init__.py`` holds ``X = <x>`` (one build per ``x``, all of one size)."""
+    return build_wheel(tmp_path / f"wheels-{x}", "linky", "1.0", {"linky/__init__.py": f"X = {x}\n".encode()})
+
+
+def _x_of(venv: Path) -> str:
+    got = subprocess.run([str(python_of(venv)), "-c", "import linky; print(linky.X)"], capture_output=True, text=True)
+    return got.stdout.strip() or got.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("change", ["another build in another cache folder", "the cached file and RECORD edited",
+                                    "the cached RECORD gone, the file replaced"])
+def test_a_pdm_linked_package_whose_cache_changed_is_changed(tmp_path, make_venv, change):
+    """Helper 41: RECORD gives pdm's links no hash and the build id is that RECORD's, so a package pdm installed
+    again from another build of the same version (files of the same sizes, another cache folder), or its
+    cached file edited with the cached RECORD to match, or the cached RECORD gone and the file replaced, was
+    "unchanged" to status, and a restore had nothing to do. The bytes of a linked row now enter the state id
+    (a link whose row has no hash and whose file is not of RECORD's size is modified): status names the
+    package, and the restore brings back the snapshot's bytes as files."""
+    import hashlib
+    import base64
+
+    venv = make_venv("uv")
+    dist_info = pdm_link_install(venv, _linky(tmp_path, "1"), tmp_path / "cache-1")
+    vault = tmp_path / "vault"
+    ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    assert _x_of(venv) == "1" and ev_json(vault, "status", "--venv", venv)["empty"] is True
+    cached = tmp_path / "cache-1" / "linky-1.0-py3-none-any"
+    if change == "another build in another cache folder":  # ``pdm remove linky`` then ``pdm add`` of the other
+        shutil.rmtree(site_packages(venv) / "linky")
+        shutil.rmtree(dist_info)
+        pdm_link_install(venv, _linky(tmp_path, "2"), tmp_path / "cache-2")
+    elif change == "the cached file and RECORD edited":
+        (cached / "linky" / "__init__.py").write_bytes(b"X = 3\n")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(b"X = 3\n").digest()).rstrip(b"=").decode()
+        rows = (cached / dist_info.name / "RECORD").read_text().splitlines()
+        (cached / dist_info.name / "RECORD").write_text("".join(
+            (f"linky/__init__.py,sha256={digest},6" if r.startswith("linky/__init__.py,") else r) + "\n" for r in rows))
+    else:
+        (cached / dist_info.name / "RECORD").unlink()
+        (cached / "linky" / "__init__.py").write_bytes(b"X = 'other bytes'\n")
+    assert _x_of(venv) != "1"
+    status = ev(vault, "status", "--venv", venv, "--exit-code", check=False)
+    assert status.returncode == 1 and "linky" in status.stdout, (status.stdout, status.stderr)
+    assert "no differences" not in status.stdout
+    res = ev_json(vault, "restore", "latest", "--venv", venv)
+    assert res["verified"] is True, res
+    assert _x_of(venv) == "1" and ev_json(vault, "status", "--venv", venv)["empty"] is True

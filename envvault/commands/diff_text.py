@@ -68,6 +68,10 @@ def render_text(result: DiffResult, *, colour: bool | None = None) -> str:
             lines.extend(_files_line("~", ch.modified_files, c, "red"))
             lines.extend(_files_line("-", ch.missing_files, c, "red"))
             lines.extend(_files_line("+", ch.put_back_files, c, "red"))
+        elif ch.kind == "edited" and not ch.mode_files:  # the state ids differ, no file named (pdm's links
+            # into a cache: RECORD gives no hash, the files' bytes are in the state id only)
+            row("edited", "red", f"{ch.name} {ch.new_version}: its files' bytes differ (which: `envvault diff` of "
+                "two snapshots names them)")
     for ch in result.changed:
         if ch.mode_files:
             row("mode", "yellow", f"{ch.name} {ch.new_version}: {len(ch.mode_files)} file(s) gained or lost the "

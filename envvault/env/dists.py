@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from envvault.errors import CorruptError, EnvironmentProblem
-from envvault.model.identity import DistLayout, build_id, egg_link_build_id
+from envvault.model.identity import GENERATED_NAMES, DistLayout, build_id, egg_link_build_id, is_bytecode
 from envvault.model.record import RecordEntry, parse_record
 from envvault.model.encoding import json_loads
 from envvault.env.static import read_env_file
@@ -41,6 +41,9 @@ class InstalledDist:
     # RECORD's rows as written, when ``record`` took hashes RECORD lacks from an installer's cache
     # (``_with_cached_hashes``): the build id is of these, whether or not that cache is still there
     written_rows: list[RecordEntry] | None = None
+    # the paths of the rows RECORD lists without a hash, in a distribution pdm linked into its cache (its
+    # RECORD lists ``REFER_TO``): what their files hold enters the state id (``snap/manifests.py``)
+    hashless: frozenset[str] = frozenset()
 
     @property
     def display(self) -> str:
@@ -133,9 +136,13 @@ def read_dist(dist_info: Path, site: Path) -> InstalledDist:
     if record_text is None:
         raise _broken(dist_info, f"{dist_info}/RECORD is missing, so the files of {name} are unknown")
     record = _parse_record(record_text, dist_info / "RECORD")
-    written = None
+    written, hashless = None, frozenset()
     if any(r.algo is None for r in record):
-        filled = _with_cached_hashes(dist_info, record)
+        if any(r.path == f"{dist_info.name}/REFER_TO" for r in record):  # (the installer's own files aside)
+            own = {f"{dist_info.name}/{name}" for name in GENERATED_NAMES}
+            hashless = frozenset(r.path for r in record if r.algo is None and r.path not in own
+                                 and not is_bytecode(r.path))
+        filled = _with_cached_hashes(dist_info, site, record)
         if filled is not None:
             record, written = filled, record
     if meta_text is None and not any(r.path == f"{dist_info.name}/METADATA" for r in record):
@@ -170,12 +177,14 @@ def read_dist(dist_info: Path, site: Path) -> InstalledDist:
         record=record,
         scripts=_entry_point_scripts(dist_info),
         written_rows=written,
+        hashless=hashless,
     )
 
 
-def _with_cached_hashes(dist_info: Path, record: list[RecordEntry]) -> list[RecordEntry] | None:
+def _with_cached_hashes(dist_info: Path, site: Path, record: list[RecordEntry]) -> list[RecordEntry] | None:
     """RECORD's rows, those without a hash given the hash the installer's cached copy of the wheel gives for
-    the same path and size; None when there is no such copy. pdm's ``symlink`` cache method makes each file a
+    the same file (the same path, or, for a file the wheel ships under ``.data/``, the path in the wheel its
+    symlink leads to) and size; None when there is no such copy. pdm's ``symlink`` cache method makes each file a
     symlink into its package cache and writes ``sha256=`` (no hash) for it; its ``REFER_TO`` names that
     cached copy, whose own RECORD (the wheel's) has every hash. With them the links are checked as any row
     is (``snap/manifests.py``): a link is stored as the package's file only when it leads to the very bytes
@@ -192,9 +201,16 @@ def _with_cached_hashes(dist_info: Path, record: list[RecordEntry]) -> list[Reco
     if problems:
         return None
     known = {r.path: r for r in cached if r.algo is not None}
+    inside = refer.rstrip("/") + "/"
     out = []
     for r in record:
         c = known.get(r.path) if r.algo is None else None
+        if c is None and r.algo is None:  # (installed elsewhere than the wheel has it: ``.data/``; rare)
+            try:
+                to = os.readlink(os.path.join(site, r.path))
+            except (OSError, ValueError):
+                to = ""
+            c = known.get(to[len(inside):]) if to.startswith(inside) else None
         if c is not None and (r.size is None or c.size is None or r.size == c.size):
             r = RecordEntry(r.path, c.algo, c.digest, r.size if r.size is not None else c.size)
         out.append(r)

@@ -29,10 +29,8 @@ __all__ = [
 IDENTITY_VERSION = 2
 
 # Files an installer writes into the dist-info folder itself; they differ between pip and uv installs.
-# (pdm's ``REFER_TO``, the path of its cached copy: no distribution holding one could be snapped before it was
-# added, its RECORD's ``sha256=`` rows were refused, so no build id recorded earlier changes.)
 GENERATED_NAMES = frozenset(
-    {"INSTALLER", "REQUESTED", "RECORD", "RECORD.jws", "RECORD.p7s", "direct_url.json", "uv_cache.json", "REFER_TO"}
+    {"INSTALLER", "REQUESTED", "RECORD", "RECORD.jws", "RECORD.p7s", "direct_url.json", "uv_cache.json"}
 )
 
 # Bytes of a script's head that tell a launcher (every launcher pip, uv or installer writes is < 1 KiB).

@@ -180,10 +180,15 @@ def stage_plan(vault: Vault, plan: Plan, paths: Paths, pid: int, progress: Progr
     return materialize.stage(reader, paths.target, [_spec(w) for w in plan.writes], tmp_name, progress=progress)
 
 
-def shares_inode(full: str, mode: int) -> bool:
+def shares_inode(full: str, mode: int, root: str | None = None) -> bool:
     """Whether the file ``full`` lacks permission bits ``mode`` and changing it in place would change another
-    too: a symlink (what it leads to) or a file with more than one link (an installer's cache: uv links
-    files by default). False when it is gone."""
+    too: a symlink (what it leads to), a file with more than one link (an installer's cache: uv links
+    files by default) or one under a folder that leads out of ``root`` (a package folder linked into a cache).
+    False when it is gone."""
+    if root is not None:
+        real = os.path.realpath(root)
+        if not os.path.realpath(os.path.dirname(full)).startswith(real.rstrip("/") + "/"):
+            return True
     try:
         st = os.lstat(full)
         if stat.S_ISLNK(st.st_mode):
@@ -240,8 +245,17 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
             gone = _unlink_counted(paths.abs(rel))  # (a link out: the link, never what it leads to)
             removed += gone if rel not in changes.links else 0
             crash_point("commit")
+    for rel in changes.links:  # made by this restore, or it stops: a link put back meanwhile is never written through
+        try:
+            os.mkdir(paths.abs(rel))
+        except FileExistsError:
+            raise EnvironmentProblem(f"{paths.abs(rel)} appeared while the restore replaced the symlink there; "
+                                     "see what made it, remove it and run the restore again") from None
+    now = Paths(paths.target) if changes.links else paths  # (the tree as it is once the links are gone)
     for rel in changes.folders_to_make:
         os.makedirs(paths.abs(rel), exist_ok=True)
+        if changes.links and now.check(rel + "/x") is not None:  # (a folder on its way made a link meanwhile)
+            raise EnvironmentProblem(f"{paths.abs(rel)} leads out of the environment now; the restore stopped")
     for s in staged:
         materialize.place(s)
         if s.final.endswith(".py"):
@@ -250,6 +264,8 @@ def commit_plan(plan: Plan, staged: list[Staged], paths: Paths, protected: set[s
     modes_set = 0
     for rel, mode in plan.keeps:  # files of changed packages whose bytes match: give them back their mode
         full = paths.abs(rel)
+        if paths.check(rel) is not None:
+            continue  # under a link out (a cache's file, another's too): never chmod-ed; verification names it
         try:
             st = os.lstat(full)
             # (never a file another path shares, a hardlink into uv's cache: its mode is that file's too; one

@@ -84,8 +84,8 @@ def _files_of(d, p: PackageSummary, base: str, untouched: bool) -> dict[str, str
         rel = absolute[len(base):]
         if e.algo == "sha256" and e.digest:
             files[rel] = None if rel in bad else e.digest
-        elif untouched or is_pyc(rel):
-            files[rel] = None
+        elif untouched or is_pyc(rel) or os.path.islink(absolute):
+            files[rel] = None  # (a link RECORD gives no hash for, pdm's into its cache: written anew, a file)
         else:  # RECORD itself: hash it (small), so an unchanged one stays untouched
             files[rel] = _sha_of_small(absolute)
     return files

@@ -88,13 +88,13 @@ def restore_in_place(vault: Vault, sid: str, snapshot: Snapshot, target: Path, *
                 def plan_for(unlinked=()):
                     return make_plan(sid, snapshot, now, current, manifest_of,
                                      pending_removals=list(earlier.removals) + list(earlier.writes),
-                                     shared=lambda rel, mode: shares_inode(os.path.join(target, rel), mode),
+                                     shared=lambda rel, mode: shares_inode(os.path.join(target, rel), mode, str(target)),
                                      unlinked=unlinked)
 
                 plan = plan_for()
                 # A package folder linked out of the environment (an installer's cache) that the writes need:
                 # a folder takes its place (planned again: every file under it written, none kept)
-                sites = site_folders(snapshot.python, now.python)
+                sites = site_folders(now.python)  # (never the snapshot's word: a vault may be anyone's)
                 while (unlinked := links_out(target, plan, sites)) != plan.unlinked:
                     plan = plan_for(unlinked)
                 if plan.unlinked:

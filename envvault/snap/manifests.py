@@ -273,6 +273,11 @@ class ManifestBuilder:
             files.append(FileEntry.scanned(kw))  # kw is complete: the record writes it back as it is
             if rec.algo is None and not generated and (digest or not script):  # launchers are the installer's
                 unhashed.append(rec.path)
+        if dist.hashless:  # pdm's linked rows: RECORD vouches for none of their bytes, the state id does
+            named = {path for path, _sha in modified}
+            modified += [(f.path, f.sha256 or _text_sha(f.link or "")) for f in files
+                         if f.record in dist.hashless and f.path not in named and f.state != "missing"
+                         and not is_bytecode(f.record)]
         self._report_rows(dist, folders, unhashed, [f.record for f in files if f.state == "missing"])
         self._report_outward(dist, files)
         build = dist.build_id(self.interp.scripts)
@@ -349,22 +354,23 @@ def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
     read: it may be of any size) or to one that cannot be read (a ``/sys`` file), its own text's. A row
     without a sha256 is ``ok``. Returns the stat of the file read through the link (as opened) and its
     bytes' sha256, or None when none was read. A row without a sha256 is ``ok`` while the link leads to a
-    regular file, else ``modified``, its ``sha256`` the link's own text's (pdm's links into a cache that was
-    pruned, RECORD's rows without a hash once the cached RECORD that gave them is gone too)."""
+    regular file of RECORD's size (a ``stat``, nothing read), else ``modified``, its ``sha256`` the link's own
+    text's (pdm's links into a cache that was pruned or changed, once the cached RECORD that gave their
+    hashes is gone too)."""
     import hashlib
 
     from envvault.model.record import record_sha256
 
     if rec.algo != "sha256" or rec.digest is None:
         try:
-            there = statmod.S_ISREG(os.stat(absolute).st_mode)  # (followed; nothing opened)
+            st = os.stat(absolute)  # (followed; nothing opened)
+            there = statmod.S_ISREG(st.st_mode) and (rec.size is None or rec.size == st.st_size)
         except (OSError, ValueError):
             there = False
         if there:
             entry["state"] = "ok"
         else:
-            entry.update(state="modified",
-                         sha256=record_sha256(hashlib.sha256(entry["link"].encode("utf-8", "surrogateescape")).digest()))
+            entry.update(state="modified", sha256=_text_sha(entry["link"]))
         return None
 
     sha, exact, opened = None, False, None
@@ -388,12 +394,21 @@ def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
                     sha = None
     if sha is None:
         opened = None
-        sha = record_sha256(hashlib.sha256(entry["link"].encode("utf-8", "surrogateescape")).digest())
+        sha = _text_sha(entry["link"])
     if exact and sha == rec.digest:
         entry["state"] = "ok"
     else:
         entry.update(state="modified", sha256=sha, record_sha256=rec.digest)
     return (opened, sha) if opened is not None else None
+
+
+def _text_sha(text: str) -> str:
+    """The RECORD-style sha256 of a link's own text (what a link is recorded by when no file's bytes are)."""
+    import hashlib
+
+    from envvault.model.record import record_sha256
+
+    return record_sha256(hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest())
 
 
 def summary_of(man: DistManifest, oid: str) -> dict:
