@@ -45,7 +45,7 @@ def _device_rows() -> list[str]:
     """Issue 11's device table: each row of the latest run beside the baseline run's, with the anchors."""
     res = ROOT / "bench" / "results"
     now_p, base_p = res / "gpu_env_run.json", res / "gpu_env_run_baseline.json"
-    mid_name = "ede7ceb"  # the last whole run of median 3 before this one (the thirty-second session)
+    mid_name = "5bef900"  # the last whole run of median 3 before this one (the thirty-sixth session)
     mid_p = res / f"gpu_env_run_{mid_name}.json"
     if not now_p.exists():
         return []
