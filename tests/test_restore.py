@@ -759,19 +759,25 @@ def _listing(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def _requests_linked_out(tmp_path, make_venv) -> tuple[Path, Path, Path]:
+    """A venv with real requests (and its dependencies) whose package folder is a symlink to ``out/requests``."""
+    venv = make_venv("uv")
+    uv_install(venv, "--link-mode", "copy", "requests", index_url="file:///opt/pypi/simple", cache_dir=tmp_path / "uvc")
+    site = site_packages(venv)
+    out = tmp_path / "out" / "requests"
+    out.parent.mkdir()
+    shutil.move(site / "requests", out)
+    (site / "requests").symlink_to(out, target_is_directory=True)
+    return venv, site, out
+
+
 def test_a_package_folder_linked_out_of_the_environment_comes_back_as_a_folder(tmp_path, make_venv):
     """A package whose folder is a symlink into a cache outside the environment (what pdm's older ``symlink``
     cache method left, and any hand-made shared install): the snapshot reads its files through the link, but a
     restore refused to write under a symlink leading out, so once the cache was pruned or changed nothing
     could bring the package back (exit 3). The restore now replaces the link with a folder of the snapshot's
     files; where the link led is left exactly as it was, and a link whose files are all right stays."""
-    venv = make_venv("uv")
-    uv_install(venv, "--link-mode", "copy", "requests", index_url="file:///opt/pypi/simple", cache_dir=tmp_path / "uvc")
-    site = site_packages(venv)
-    cache = tmp_path / "pkg-cache" / "requests-2.34"
-    cache.parent.mkdir()
-    shutil.move(site / "requests", cache)
-    (site / "requests").symlink_to(cache, target_is_directory=True)
+    venv, site, cache = _requests_linked_out(tmp_path, make_venv)
     check = [str(python_of(venv)), "-c", "import requests, requests.adapters; print(requests.__version__)"]
     version = subprocess.run(check, capture_output=True, text=True, check=True).stdout.strip()
     vault = tmp_path / "vault"
@@ -828,18 +834,6 @@ def test_a_link_out_above_the_site_folder_is_still_refused(tmp_path, make_venv, 
     assert r.returncode == 3, (r.returncode, r.stderr)
     assert_one_line_error(r, "leads outside the environment")
     assert site.is_symlink() and _listing(outside) == before
-
-
-def _requests_linked_out(tmp_path, make_venv) -> tuple[Path, Path, Path]:
-    """A venv with real requests (and its dependencies) whose package folder is a symlink to ``out/requests``."""
-    venv = make_venv("uv")
-    uv_install(venv, "--link-mode", "copy", "requests", index_url="file:///opt/pypi/simple", cache_dir=tmp_path / "uvc")
-    site = site_packages(venv)
-    out = tmp_path / "out" / "requests"
-    out.parent.mkdir()
-    shutil.move(site / "requests", out)
-    (site / "requests").symlink_to(out, target_is_directory=True)
-    return venv, site, out
 
 
 def test_a_link_put_back_while_the_restore_replaces_it_is_never_written_through(tmp_path, make_venv):

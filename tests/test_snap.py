@@ -454,6 +454,20 @@ def test_a_dist_info_folder_whose_name_is_not_utf8_is_left_out_with_a_warning(tm
     assert ev_json(vault, "status", "--venv", venv)["empty"] is True
 
 
+def _assert_links_stored_as_files(vault: Path, venv: Path, name: str, linked: list[Path]) -> None:
+    """A first snap of ``venv`` warns of nothing and stores each of ``linked`` (package ``name``'s links into an
+    installer's cache) as the file it leads to: its bytes and mode, no link."""
+    from envvault.vault.store import Vault
+
+    doc = ev_json(vault, "snap", "--no-caches", "--venv", venv)
+    assert not doc["warnings"], doc["warnings"]
+    man = Vault.open(vault).load_manifest(_pkg(ev_json(vault, "show", doc["id"]), name)["manifest"])
+    by_path = {f.path: f for f in man.files}
+    for p in linked:
+        f = by_path[str(p.relative_to(venv))]
+        assert f.link is None and f.state == "ok" and f.chunks is not None and f.mode == p.stat().st_mode & 0o7777, f
+
+
 def _links_of(venv: Path) -> list[Path]:
     return [p for p in site_packages(venv).rglob("*") if p.is_symlink()]
 
@@ -467,8 +481,6 @@ def test_files_linked_from_an_installers_cache_are_stored_and_restored_once_it_i
     writes regular files and the package imports again."""
     import shutil
 
-    from envvault.vault.store import Vault
-
     venv = make_venv("uv")
     cache = tmp_path / "uv-cache"
     uv_install(venv, "--link-mode", "symlink", wheelhouse[C.SMALL_01], cache_dir=cache)
@@ -476,13 +488,7 @@ def test_files_linked_from_an_installers_cache_are_stored_and_restored_once_it_i
     assert linked and all(os.readlink(p).startswith(str(cache)) for p in linked)
     assert any(p.name == "METADATA" for p in linked)
     vault = tmp_path / "vault"
-    doc = ev_json(vault, "snap", "--no-caches", "--venv", venv)
-    assert not doc["warnings"], doc["warnings"]
-    man = Vault.open(vault).load_manifest(_pkg(ev_json(vault, "show", doc["id"]), "smallpkg")["manifest"])
-    by_path = {f.path: f for f in man.files}
-    for p in linked:
-        f = by_path[str(p.relative_to(venv))]
-        assert f.link is None and f.state == "ok" and f.chunks is not None and f.mode == p.stat().st_mode & 0o7777
+    _assert_links_stored_as_files(vault, venv, "smallpkg", linked)
     assert ev_json(vault, "status", "--venv", venv)["empty"] is True
 
     shutil.rmtree(cache)  # the cache pruned: every link dangles
@@ -701,8 +707,6 @@ def test_a_pdm_install_linked_into_its_cache_is_stored_and_restored_once_the_cac
     import glob
     import shutil
 
-    from envvault.vault.store import Vault
-
     venv = make_venv("uv")
     uv_install(venv, "--link-mode", "copy", "charset-normalizer", index_url="file:///opt/pypi/simple",
                cache_dir=tmp_path / "uvc")
@@ -715,14 +719,8 @@ def test_a_pdm_install_linked_into_its_cache_is_stored_and_restored_once_the_cac
     check = [str(python_of(venv)), "-c", "import requests, requests.adapters, urllib3, idna; print(requests.__version__)"]
     assert subprocess.run(check, capture_output=True, text=True).stdout.strip() == "2.34.2"
     vault = tmp_path / "vault"
-    doc = ev_json(vault, "snap", "--no-caches", "--venv", venv)
-    assert not doc["warnings"], doc["warnings"]
-    man = Vault.open(vault).load_manifest(_pkg(ev_json(vault, "show", doc["id"]), "requests")["manifest"])
-    by_path = {f.path: f for f in man.files}
-    for p in linked:
-        if "requests" in p.relative_to(site_packages(venv)).parts[0]:
-            f = by_path[str(p.relative_to(venv))]
-            assert f.link is None and f.state == "ok" and f.chunks is not None, f
+    _assert_links_stored_as_files(vault, venv, "requests",
+                                  [p for p in linked if "requests" in p.relative_to(site_packages(venv)).parts[0]])
     assert ev_json(vault, "status", "--venv", venv)["empty"] is True
 
     shutil.rmtree(cache.parent)  # ``pdm cache clear``: every link dangles

@@ -68,6 +68,17 @@ def _dir_in_the_way(full: str) -> EnvironmentProblem:
     return EnvironmentProblem(f"{full} is in the way: the snapshot needs a directory there; move it and run again")
 
 
+def _folders_of_writes(plan: Plan) -> set[str]:
+    """Every folder the plan's writes lie in, and every folder above those (relative to the environment)."""
+    needed: set[str] = set()
+    for w in plan.writes:
+        d = os.path.dirname(w.path)
+        while d and d not in needed:
+            needed.add(d)
+            d = os.path.dirname(d)
+    return needed
+
+
 def links_out(target: Path, plan: Plan, sites) -> tuple[str, ...]:
     """The folders on the way of ``plan``'s writes that are, on disk, symlinks inside one of the environment's
     site folders (``sites``, relative to ``target``) leading out of it, or to nothing there: a package's folder
@@ -78,12 +89,7 @@ def links_out(target: Path, plan: Plan, sites) -> tuple[str, ...]:
     from envvault.safepaths import FinalTree
 
     prefixes = tuple(s.rstrip("/") + "/" for s in sites if s)
-    needed: set[str] = set()
-    for w in plan.writes:
-        d = os.path.dirname(w.path)
-        while d and d not in needed:
-            needed.add(d)
-            d = os.path.dirname(d)
+    needed = _folders_of_writes(plan)
     tree = FinalTree(target)
     found: list[str] = list(plan.unlinked)  # (replaced already: what lies under them is the restore's)
     missing: set[str] = set()  # folders not there: nothing under them is looked at (a removed torch's 1,000)
@@ -112,12 +118,7 @@ def kind_changes(target: Path, plan: Plan) -> KindChanges:
     A symlink out that the plan replaces with a folder (its ``unlinked``) is cleared like a file in the way."""
     removed = frozenset(plan.removals)
     unlinked = frozenset(plan.unlinked)
-    needed: set[str] = set()
-    for w in plan.writes:
-        d = os.path.dirname(w.path)
-        while d and d not in needed:
-            needed.add(d)
-            d = os.path.dirname(d)
+    needed = _folders_of_writes(plan)
     files: list[str] = []
     for rel in sorted(needed):  # parents first: what lies under a file the restore clears is not looked at
         if any(rel.startswith(f + "/") for f in files):
