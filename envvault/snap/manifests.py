@@ -273,7 +273,8 @@ class ManifestBuilder:
             files.append(FileEntry.scanned(kw))  # kw is complete: the record writes it back as it is
             if rec.algo is None and not generated and (digest or not script):  # launchers are the installer's
                 unhashed.append(rec.path)
-        if dist.hashless:  # pdm's linked rows: RECORD vouches for none of their bytes, the state id does
+        if dist.hashless and self.mode != "lock":  # pdm's linked rows: RECORD vouches for none of their bytes,
+            # the state id does (a lock-only scan reads no file: its state id is the build id, as for any other)
             named = {path for path, _sha in modified}
             modified += [(f.path, f.sha256 or _text_sha(f.link or "")) for f in files
                          if f.record in dist.hashless and f.path not in named and f.state != "missing"
