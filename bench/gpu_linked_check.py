@@ -4,7 +4,9 @@ way pdm installs with its cache on (each file a symlink into its package cache, 
 ``/tmp/gev/exp``); snapped, the cache pruned, ``status``, ``restore latest``, torch imported. Before that
 session every snap of such an environment failed (its RECORDs garbled). Not a figure against an anchor: a
 check, its walls printed for the note. Run from the repository root after ``gpu_env_run.sh`` with the carried
-wheels on ``PYTHONPATH`` (``bench/gpu_linked_check.sh``); writes ``$OUT/linked_check.json``."""
+wheels on ``PYTHONPATH`` (``bench/gpu_linked_check.sh``); writes ``$OUT/linked_check.json``. ``--ab DIR``:
+first, ``--rounds`` first snaps of the linked venv by the envvault installed in ``DIR`` (an older build) and
+by this one, alternately, each into a vault of its own, their walls in the JSON (``ab``)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ def run(name: str, cmd: list[str], out: dict) -> subprocess.CompletedProcess:
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ab", default="")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
     wheels = sorted(glob.glob("/tmp/gev/exp/**/*.whl", recursive=True))
     out: dict = {"wheels": len(wheels)}
     if not wheels:
@@ -56,6 +64,20 @@ def main() -> int:
     out["links"] = links
     print(f"installed {len(wheels) - len(failed)} wheels as {links} links in {out['install_s']} s; failed: {failed[:5]}")
     ev = [sys.executable, "-m", "envvault", "--vault", str(vault)]
+    if args.ab:
+        ab: dict = {"old": [], "new": []}
+        for n in range(args.rounds):
+            for which in ("old", "new"):
+                shutil.rmtree(W / "ab-vault", ignore_errors=True)
+                env = dict(os.environ, PYTHONPATH=args.ab if which == "old" else os.environ.get("PYTHONPATH", ""))
+                t = time.perf_counter()
+                proc = subprocess.run([sys.executable, "-m", "envvault", "--vault", str(W / "ab-vault"), "snap",
+                                       "--no-caches", "--venv", str(venv)], capture_output=True, text=True, env=env,
+                                      cwd="/tmp")
+                ab[which].append(round(time.perf_counter() - t, 3))
+                print(f"first snap, linked, {which} round {n + 1}: {ab[which][-1]} s (rc {proc.returncode})", flush=True)
+        shutil.rmtree(W / "ab-vault", ignore_errors=True)
+        out["ab"] = ab
     probe = [str(venv / "bin" / "python"), "-c", "import torch; print(torch.__version__, torch.cuda.is_available())"]
     run("import before", probe, out)
     snap = run("snap (first, linked)", ev + ["snap", "--no-caches", "--json", "--venv", str(venv)], out)

@@ -43,15 +43,17 @@ GROUP_BYTES = 32 << 20  # a group's small files' bytes (by RECORD), at most ...
 GROUP_FILES = 4096  # ... and its files
 
 
-def small_groups(builder, dists: Sequence) -> list[list[str]]:
+def small_groups(builder, dists: Sequence, digests: list | None = None) -> list[list[str]]:
     """The absolute paths of the files of ``dists`` that RECORD gives as non-empty and below ``SMALL_FILE``
     (bytecode, which a scan never reads, and paths outside the environment left out), in RECORD order, cut
     into groups; none when they add up to less than ``MIN_BYTES``. A path listed more than once (two
     distributions shipping one file, a RECORD naming it twice) is in no group: the pipeline reads it each time
     it is asked for, as without groups (whether a second ask comes depends on how far planning runs ahead,
     which depends on the reader threads). A rule of the environment, never of the cores: the groups, and so
-    the packs, are the same on any host."""
-    small: list[tuple[str, int]] = []
+    the packs, are the same on any host. ``digests``, when given, gets a list a group, each file's RECORD
+    sha256 (or None) in the group's order: what a group checks a file linked out of the environment against
+    before it stores a byte of it (``_build``)."""
+    small: list[tuple[str, int, str | None]] = []
     seen: dict[str, int] = {}
     for dist in dists:
         for rec in dist.record or ():
@@ -59,22 +61,29 @@ def small_groups(builder, dists: Sequence) -> list[list[str]]:
                 continue
             absolute = builder.absolute(dist, rec)
             if absolute is not None:
-                small.append((absolute, rec.size))
+                small.append((absolute, rec.size, rec.digest if rec.algo == "sha256" else None))
                 seen[absolute] = seen.get(absolute, 0) + 1
     groups: list[list[str]] = []
+    sums: list[list[str | None]] = []
     group: list[str] = []
+    gsums: list[str | None] = []
     size = total = 0
-    for absolute, n in small:
+    for absolute, n, digest in small:
         if seen[absolute] > 1:
             continue
         if group and (size + n > GROUP_BYTES or len(group) >= GROUP_FILES):
             groups.append(group)
-            group, size = [], 0
+            sums.append(gsums)
+            group, gsums, size = [], [], 0
         group.append(absolute)
+        gsums.append(digest)
         size += n
         total += n
     if group:
         groups.append(group)
+        sums.append(gsums)
+    if digests is not None and total >= MIN_BYTES:
+        digests.extend(sums)
     return groups if total >= MIN_BYTES else []
 
 
@@ -89,9 +98,11 @@ class SmallGroups:
     and their bytes to ``writer``'s count, once the scan's reads are done: the main stream's deduplication
     never depends on when a group was built."""
 
-    def __init__(self, vault: Vault, groups: list[list[str]]) -> None:
+    def __init__(self, vault: Vault, groups: list[list[str]], digests: list | None = None) -> None:
         self.vault = vault
         self.groups = groups
+        # each group's files' RECORD sha256 (``small_groups``): what a link's bytes must be
+        self.digests = digests if digests is not None else [[None] * len(g) for g in groups]
         self.where = {path: n for n, group in enumerate(groups) for path in group}  # each path once
         # What a group deduplicates against: the index as it was before any group, the same in every process.
         # Groups built at once (``start``) see the index itself, which nothing changes until they are all built;
@@ -118,12 +129,14 @@ class SmallGroups:
         known, vault = self.known, self.vault
         pids: list[int] = []
 
-        def build(group: list[str]) -> bytes:
-            return _build(vault, known, group)
+        groups, digests = self.groups, self.digests
+
+        def build(n: int) -> bytes:
+            return _build(vault, known, groups[n], digests[n])
 
         try:  # here=False: this process keeps no writer's heap; bound: a builder writes packs and holds the
             # vault's lock, so it must not outlive a snap killed with SIGKILL
-            answers = map_all(build, self.groups, [len(g) for g in self.groups],
+            answers = map_all(build, range(len(groups)), [len(g) for g in groups],
                               processes=processes, here=False, pids=pids, bound=True)
         finally:  # a child killed mid-pack (Ctrl-C here, or the kernel) leaves its temp pack: removed now
             vault.state.clean_dead_tmp(pids)
@@ -143,7 +156,7 @@ class SmallGroups:
             if answers is None:
                 if self._built[n] is None:
                     t0 = timing.clock()
-                    self._take(n, _build(self.vault, self.known, self.groups[n]))
+                    self._take(n, _build(self.vault, self.known, self.groups[n], self.digests[n]))
                     if timing.ON:
                         timing.add("readers: small files in groups (this process)", t0)
                 answers = self._open(n)
@@ -179,11 +192,15 @@ class SmallGroups:
             writer.count(nbytes, objects)
 
 
-def _build(vault: Vault, known, group: list[str]) -> bytes:
+def _build(vault: Vault, known, group: list[str], digests: list | None = None) -> bytes:
     """One group read, hashed and packed (its packs stored, with their index files); the answer: the files
     read (position, stat key, sha256, size, chunk ids), the packs stored (``(pack_id, locations)``) and their
     bytes and objects, or b"" when the group failed (a store that failed: its files are left to the pipeline).
-    A file that cannot be read is left out, for the pipeline to read at its turn and say why."""
+    A file that cannot be read is left out, for the pipeline to read at its turn and say why. A symlink (an
+    installer's link into its cache: uv's ``--link-mode symlink``, pdm's) is read as the pipeline reads one,
+    pinned (``Ingester.ingest``'s ``pin``): the file it leads to, of the stat key seen here, stored only when its
+    bytes are exactly RECORD's (``digests``), else left out; its stat key is that file's, so the scan takes the
+    answer only for the very file its plan found (``manifests._plan_linked_in``)."""
     packs: list = []
     writer = vault.writer(threads=1, on_commit=lambda pack_id, locs: packs.append((pack_id, locs)))
     ing = Ingester(writer, known.__contains__, threads=1)
@@ -193,9 +210,15 @@ def _build(vault: Vault, known, group: list[str]) -> bytes:
         for i, path in enumerate(group):
             try:
                 st = os.lstat(path)
+                pin = None
+                if stat.S_ISLNK(st.st_mode) and digests is not None and digests[i] is not None:
+                    st = os.stat(path)  # the file it leads to
+                    pin = (stat_key(st), digests[i])
                 if not stat.S_ISREG(st.st_mode):
                     continue
-                fd = ing.ingest(path, st.st_size)
+                fd = ing.ingest(path, st.st_size, pin=pin)
+                if pin is not None and (fd.chunks is None or fd.sha256 != pin[1] or fd.size != st.st_size):
+                    continue  # not RECORD's bytes: nothing stored; the pipeline reads it and says what it is
             except (OSError, EnvironmentProblem):
                 continue
             done.append((i, stat_key(st), fd.sha256, fd.size, fd.chunks))

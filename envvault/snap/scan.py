@@ -170,9 +170,10 @@ def scan_environment(
 
             from .groups import SmallGroups, small_groups
 
-            found = small_groups(builder, slow)
+            digests: list = []  # each group's RECORD sha256s, for the links among its files
+            found = small_groups(builder, slow, digests)
             if found:
-                groups = SmallGroups(vault, found)
+                groups = SmallGroups(vault, found, digests)
                 groups.start(default_group_processes())
         planned = _planned(builder, ing, slow, groups)
         try:
