@@ -361,29 +361,35 @@ take_snapshot(Vault.open(Path({str(tmp_path / "v")!r}), create=True), Path({str(
     assert not any(map(alive, pids)), [p for p in pids if alive(p)]
 
 
+# A first snap's groups forced (any size), ``files`` a group; ``asked`` gets, for each file of a group whose path
+# holds ``which``, whether its group answered the pipeline for it.
+_COUNTED = """
+        from pathlib import Path
+        from envvault.snap import groups as G, take_snapshot
+        from envvault.vault.store import Vault
+
+        G.MIN_BYTES = 1
+        G.GROUP_FILES = {files}
+        real = G.SmallGroups.digest
+        out = {{}}
+
+        def counted(self, path, key):
+            got = real(self, path, key)
+            if path in self.where and {which!r} in path:
+                asked.append(got is not None)
+            return got
+
+        G.SmallGroups.digest = counted
+"""
+
+
 def test_the_pipeline_takes_every_grouped_files_digest_from_its_group(tmp_path, make_venv, wheelhouse):
     """A first snap with groups (built by the readers, or by 3 forked processes) reads no grouped file a
     second time: every file of a group is answered from it (``SmallGroups.digest`` under the stat key the plan
     found), so the small files' reads, hashes and packs are the groups' alone. A key the pipeline spelled
     differently from the groups' would answer None for each, and the pipeline would read them all again."""
     venv = _venv_with_files(make_venv, wheelhouse)
-    got = _fresh(f"""
-        from pathlib import Path
-        from envvault.snap import groups as G, take_snapshot
-        from envvault.vault.store import Vault
-
-        G.MIN_BYTES = 1
-        G.GROUP_FILES = 3
-        real = G.SmallGroups.digest
-        out = {{}}
-
-        def counted(self, path, key):
-            got = real(self, path, key)
-            if path in self.where:
-                asked.append(got is not None)
-            return got
-
-        G.SmallGroups.digest = counted
+    got = _fresh(_COUNTED.format(files=3, which="") + f"""
         for processes in (1, 3):
             asked = []
             os.environ["ENVVAULT_GROUP_PROCESSES"] = str(processes)
@@ -455,23 +461,7 @@ def test_files_linked_into_an_installers_cache_are_read_in_groups_and_only_recor
     (site_packages(venv) / "linky" / "key.py").symlink_to(secret)
     record = (dist_info / "RECORD").read_text()
     (dist_info / "RECORD").write_text(record + f"linky/key.py,sha256={'A' * 43},{secret.stat().st_size}\n")
-    got = _fresh(f"""
-        from pathlib import Path
-        from envvault.snap import groups as G, take_snapshot
-        from envvault.vault.store import Vault
-
-        G.MIN_BYTES = 1
-        G.GROUP_FILES = 4
-        real = G.SmallGroups.digest
-        out = {{}}
-
-        def counted(self, path, key):
-            got = real(self, path, key)
-            if path in self.where and "/linky/m" in path:
-                asked.append(got is not None)
-            return got
-
-        G.SmallGroups.digest = counted
+    got = _fresh(_COUNTED.format(files=4, which="/linky/m") + f"""
         for processes in (1, 3):
             asked = []
             os.environ["ENVVAULT_GROUP_PROCESSES"] = str(processes)
