@@ -137,12 +137,12 @@ def read_dist(dist_info: Path, site: Path) -> InstalledDist:
         raise _broken(dist_info, f"{dist_info}/RECORD is missing, so the files of {name} are unknown")
     record = _parse_record(record_text, dist_info / "RECORD")
     written, hashless = None, frozenset()
-    if any(r.algo is None for r in record):
-        if any(r.path == f"{dist_info.name}/REFER_TO" for r in record):  # (the installer's own files aside)
-            own = {f"{dist_info.name}/{name}" for name in GENERATED_NAMES}
-            hashless = frozenset(r.path for r in record if r.algo is None and r.path not in own
-                                 and not is_bytecode(r.path))
-        filled = _with_cached_hashes(dist_info, site, record)
+    refer = f"{dist_info.name}/REFER_TO"  # pdm's, naming its cached copy: one lstat a distribution, else nothing
+    if os.path.lexists(dist_info / "REFER_TO") and any(r.path == refer for r in record):
+        own = {f"{dist_info.name}/{name}" for name in GENERATED_NAMES}  # (the installer's own files aside)
+        hashless = frozenset(r.path for r in record if r.algo is None and r.path not in own
+                             and not is_bytecode(r.path))
+        filled = _with_cached_hashes(dist_info, site, record) if hashless else None
         if filled is not None:
             record, written = filled, record
     if meta_text is None and not any(r.path == f"{dist_info.name}/METADATA" for r in record):

@@ -352,9 +352,9 @@ def _link_state(entry: dict, absolute: str, rec) -> tuple[list, str] | None:
     promises a file's bytes, so a row with a sha256 is ``ok`` only while the link leads to a regular file
     holding exactly them; else ``modified``, its ``sha256`` that file's bytes' or, when the link leads to no
     regular file (dangling, a folder, a FIFO: never waited on), to one of another size than RECORD's (never
-    read: it may be of any size) or to one that cannot be read (a ``/sys`` file), its own text's. A row
-    without a sha256 is ``ok``. Returns the stat of the file read through the link (as opened) and its
-    bytes' sha256, or None when none was read. A row without a sha256 is ``ok`` while the link leads to a
+    read: it may be of any size) or to one that cannot be read (a ``/sys`` file), its own text's. Returns the
+    stat of the file read through the link (as opened) and its bytes' sha256, or None when none was read. A
+    row without a sha256 is ``ok`` while the link leads to a
     regular file of RECORD's size (a ``stat``, nothing read), else ``modified``, its ``sha256`` the link's own
     text's (pdm's links into a cache that was pruned or changed, once the cached RECORD that gave their
     hashes is gone too)."""
