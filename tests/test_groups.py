@@ -449,7 +449,8 @@ def test_files_linked_into_an_installers_cache_are_read_in_groups_and_only_recor
     20.8 s against a copied venv's 9.96 s). A group now reads a link as the pipeline does, pinned: the file it
     leads to, exactly RECORD's size and sha256 before a byte is stored, its stat key that file's, so the scan
     takes the group's answer for the very file its plan found. A link to a secret of RECORD's size whose hash
-    RECORD does not give stores nothing, in a group or in the pipeline; with 1 process and with 3."""
+    RECORD does not give stores nothing, in a group or in the pipeline, and a link to a 1 TiB file whose RECORD
+    row says 100 bytes is never read (the group read the file it led to whole); with 1 process and with 3."""
     from fixtures import build_wheel, pdm_link_install
 
     files = {f"linky/m{i}.py": f"X = {i}\n".encode() * (200 + i) for i in range(12)}
@@ -459,8 +460,13 @@ def test_files_linked_into_an_installers_cache_are_read_in_groups_and_only_recor
     secret = tmp_path / "id_ed25519"
     secret.write_bytes(b"envvault-test-secret\n" * 40)
     (site_packages(venv) / "linky" / "key.py").symlink_to(secret)
+    huge = tmp_path / "huge.bin"  # a link to 1 TiB (sparse) whose RECORD row says 100 bytes: never read
+    with open(huge, "wb") as f:
+        f.truncate(1 << 40)
+    (site_packages(venv) / "linky" / "huge.py").symlink_to(huge)
     record = (dist_info / "RECORD").read_text()
-    (dist_info / "RECORD").write_text(record + f"linky/key.py,sha256={'A' * 43},{secret.stat().st_size}\n")
+    (dist_info / "RECORD").write_text(record + f"linky/key.py,sha256={'A' * 43},{secret.stat().st_size}\n"
+                                      f"linky/huge.py,sha256={'B' * 43},100\n")
     got = _fresh(_COUNTED.format(files=4, which="/linky/m") + f"""
         for processes in (1, 3):
             asked = []
@@ -479,4 +485,5 @@ def test_files_linked_into_an_installers_cache_are_read_in_groups_and_only_recor
         assert run["asked"] == run["answered"] == 12, got
         assert not run["secret"], got
         assert run["files"]["key.py"] == ["modified", False, False], got
+        assert run["files"]["huge.py"] == ["modified", False, False], got
         assert all(run["files"][f"m{i}.py"] == ["ok", True, True] for i in range(12)), got

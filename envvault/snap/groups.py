@@ -212,7 +212,9 @@ def _build(vault: Vault, known, group: list[str], digests: list | None = None) -
                 st = os.lstat(path)
                 pin = None
                 if stat.S_ISLNK(st.st_mode) and digests is not None and digests[i] is not None:
-                    st = os.stat(path)  # the file it leads to
+                    st = os.stat(path)  # the file it leads to: read only while small, as the group's files are
+                    if st.st_size >= SMALL_FILE:  # (RECORD said small: never a 1 TiB file read to find out)
+                        continue
                     pin = (stat_key(st), digests[i])
                 if not stat.S_ISREG(st.st_mode):
                     continue
