@@ -540,7 +540,7 @@ def test_a_linked_files_check_and_its_stored_bytes_are_one_file(tmp_path, make_v
     from envvault.vault.store import Vault
 
     wheels = tmp_path / "wheels"
-    big = os.urandom(3 << 20)  # a large file too: cut in chunks, read through a buffered stream
+    big = os.urandom(9 << 20)  # a large file too: cut in chunks (at most 4 MiB each: 3 or more), read through a buffered stream
     build_wheel(wheels, "linky", "1.0", {"linky/__init__.py": b"X = 1\n", "linky/py.typed": b"",
                                          "linky/mod.py": b"Y = 2\n" * 1000, "linky/blob.bin": big})
     venv = make_venv("uv")
